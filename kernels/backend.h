@@ -1,0 +1,127 @@
+/* backend.h: the one interface between the forward pass and the hardware.
+ * model/llama.c calls only these operations; kernels/cpu and kernels/cuda
+ * implement them and must produce the same tokens on the same model. */
+#ifndef DP_KERNELS_BACKEND_H
+#define DP_KERNELS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+typedef struct dp_backend dp_backend;
+
+/* A weight tensor resident on the backend. rows = output features (GGUF
+ * ne[1]), cols = input features (ne[0], contiguous). A vector has rows = 1.
+ * The backend picks the storage type (it may keep a quantized type as is). */
+typedef struct dp_weight {
+    uint32_t type;     /* dp_dtype of data */
+    int64_t rows;
+    int64_t cols;
+    void *data;        /* backend memory */
+    size_t nbytes;
+} dp_weight;
+
+/* The geometry of one KV store (one pool's memory). Each block holds, per
+ * layer, K and V for block_tokens tokens of every KV head, laid out
+ * [kv_head][token][head_dim] so that one head's rows of a block are
+ * contiguous (the compaction copy moves rows per head). */
+typedef struct dp_kv_layout {
+    int32_t n_layers;
+    int32_t n_kv_heads;
+    int32_t head_dim;
+    int32_t block_tokens;
+    int32_t n_blocks;
+} dp_kv_layout;
+
+typedef struct dp_kv_store dp_kv_store;
+
+/* A step's batch as the backend sees it: a flat list of tokens, each with its
+ * sequence, its rotary position and its cache slot. A token's K/V go to slot
+ * `slot` of its sequence's block table, and it attends to slots 0..slot of
+ * the same sequence (keys carry their rotation, so slots need not equal
+ * positions: a compacted sequence attends over its kept tokens). */
+typedef struct dp_batch {
+    int32_t n_tokens;
+    const int32_t *tokens;       /* [n_tokens] */
+    const int32_t *pos;          /* [n_tokens] rotary position */
+    const int32_t *seq;          /* [n_tokens] index into the sequence arrays */
+    const int32_t *slot;         /* [n_tokens] cache slot within the sequence */
+    int32_t n_seqs;
+    const uint8_t *seq_store;    /* [n_seqs] which KV store (index into stores[]) */
+    const int32_t *block_tables; /* [n_seqs * max_blocks] block ids */
+    int32_t max_blocks;          /* row stride of block_tables */
+    int32_t n_out;               /* tokens whose logits are wanted */
+    const int32_t *out_tokens;   /* [n_out] indices into the token list */
+} dp_batch;
+
+typedef struct dp_rope_params {
+    int32_t n_rot;       /* rotated dims per head (<= head_dim) */
+    float freq_base;
+    float freq_scale;    /* 1 / linear scaling factor; 1 when unscaled */
+    bool neox;           /* rotate halves (NeoX) instead of adjacent pairs (LLaMA GGUF: false) */
+} dp_rope_params;
+
+typedef struct dp_backend_ops {
+    const char *name;
+    void (*destroy)(dp_backend *be);
+
+    /* Memory for activations. */
+    void *(*alloc)(dp_backend *be, size_t bytes);
+    void (*free)(dp_backend *be, void *p);
+    int (*upload)(dp_backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(dp_backend *be, void *dst, const void *src, size_t bytes);
+
+    /* Weights: src is a GGUF tensor of the given type and shape (host memory). */
+    int (*weight_load)(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,
+                       const void *src, char *err, size_t errsz);
+    void (*weight_free)(dp_backend *be, dp_weight *w);
+
+    /* KV stores. */
+    int (*kv_create)(dp_backend *be, const dp_kv_layout *layout, dp_kv_store **out);
+    void (*kv_destroy)(dp_backend *be, dp_kv_store *kv);
+    size_t (*kv_bytes_per_block)(dp_backend *be, const dp_kv_layout *layout);
+
+    /* The batch's index arrays, copied to the backend once per step. */
+    int (*batch_set)(dp_backend *be, const dp_batch *b);
+
+    /* out[n, dim] = rows of the embedding table for the batch's tokens. */
+    void (*embed)(dp_backend *be, const dp_weight *table, float *out, int32_t n);
+    /* out[i] = x[i] / rms(x[i]) * w, per row of dim elements. */
+    void (*rmsnorm)(dp_backend *be, float *out, const float *x, const dp_weight *w, int32_t n,
+                    int32_t dim, float eps);
+    /* y[m, rows] = x[m, cols] . W^T */
+    void (*matmul)(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m);
+    /* Rotates q[n, n_heads*head_dim] and k[n, n_kv_heads*head_dim] in place at the batch positions. */
+    void (*rope)(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
+                 int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp);
+    /* Writes k and v rows [n, n_kv_heads*head_dim] into the batch's slots. */
+    void (*kv_write)(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
+                     const float *v);
+    /* out[n, n_heads*head_dim] = causal paged attention over each token's slots 0..slot. */
+    void (*attention)(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
+                      const float *q, int32_t n_heads, float scale);
+    /* x += y (n elements). */
+    void (*add)(dp_backend *be, float *x, const float *y, int64_t n);
+    /* out = silu(gate) * up (n elements). */
+    void (*swiglu)(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+    /* out[i] = x[batch.out_tokens[i]] rows of dim. */
+    void (*gather_rows)(dp_backend *be, float *out, const float *x, int32_t dim);
+} dp_backend_ops;
+
+struct dp_backend {
+    const dp_backend_ops *ops;
+    int n_threads;
+};
+
+/* Creates a backend: "cpu", "cuda", "cuda:N" or "auto" (CUDA when a working
+ * device exists, else the CPU with a log line). n_threads applies to the CPU
+ * backend (0: all cores). */
+int backend_create(dp_backend **out, const char *device, int n_threads, char *err, size_t errsz);
+void backend_destroy(dp_backend *be);
+
+int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz);
+#ifdef DP_HAVE_CUDA
+int backend_cuda_create(dp_backend **out, int device_index, char *err, size_t errsz);
+#endif
+
+#endif

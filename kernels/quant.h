@@ -1,0 +1,75 @@
+/* quant.h: the GGML tensor types (numbering as in GGUF files), their block
+ * geometry, and reference dequantization to f32. Owned by kernels/ because the
+ * backends read quantized weights directly; model/ uses it for tensor sizes. */
+#ifndef DP_KERNELS_QUANT_H
+#define DP_KERNELS_QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+/* Values are the on-disk GGML type ids. */
+typedef enum dp_dtype {
+    DP_TYPE_F32 = 0,
+    DP_TYPE_F16 = 1,
+    DP_TYPE_Q4_0 = 2,
+    DP_TYPE_Q4_1 = 3,
+    DP_TYPE_Q5_0 = 6,
+    DP_TYPE_Q5_1 = 7,
+    DP_TYPE_Q8_0 = 8,
+    DP_TYPE_Q8_1 = 9,
+    DP_TYPE_Q2_K = 10,
+    DP_TYPE_Q3_K = 11,
+    DP_TYPE_Q4_K = 12,
+    DP_TYPE_Q5_K = 13,
+    DP_TYPE_Q6_K = 14,
+    DP_TYPE_Q8_K = 15,
+    DP_TYPE_IQ2_XXS = 16,
+    DP_TYPE_IQ2_XS = 17,
+    DP_TYPE_IQ3_XXS = 18,
+    DP_TYPE_IQ1_S = 19,
+    DP_TYPE_IQ4_NL = 20,
+    DP_TYPE_IQ3_S = 21,
+    DP_TYPE_IQ2_S = 22,
+    DP_TYPE_IQ4_XS = 23,
+    DP_TYPE_I8 = 24,
+    DP_TYPE_I16 = 25,
+    DP_TYPE_I32 = 26,
+    DP_TYPE_I64 = 27,
+    DP_TYPE_F64 = 28,
+    DP_TYPE_IQ1_M = 29,
+    DP_TYPE_BF16 = 30,
+    DP_TYPE_COUNT = 40, /* upper bound for table sizes; ids >= this are unknown */
+} dp_dtype;
+
+/* Name of a type id ("Q4_1"), or "unknown(N)" style text in a static buffer
+ * for ids the project does not know. */
+const char *quant_type_name(uint32_t type);
+
+/* True when the id is a type whose block geometry is known (so a file using
+ * it can be sized and validated), whether or not it can be dequantized. */
+bool quant_type_known(uint32_t type);
+
+/* True when quant_dequant_row supports the type. */
+bool quant_type_supported(uint32_t type);
+
+/* Elements per block (1 for plain types) and bytes per block. 0 if unknown. */
+uint32_t quant_block_elems(uint32_t type);
+uint32_t quant_block_bytes(uint32_t type);
+
+/* Bytes of n elements of the type. Returns 0 on success; DP_EINVAL when n is
+ * not a multiple of the block size or the type is unknown; DP_ERANGE on
+ * overflow. */
+int quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);
+
+/* Dequantizes n elements (a multiple of the block size) from src into dst.
+ * Returns 0, or DP_EUNSUPPORTED / DP_EINVAL. */
+int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
+
+/* IEEE half and bfloat16 conversions (round to nearest even on the way in). */
+float dp_fp16_to_f32(uint16_t h);
+uint16_t dp_f32_to_fp16(float f);
+float dp_bf16_to_f32(uint16_t h);
+uint16_t dp_f32_to_bf16(float f);
+
+#endif

@@ -1,0 +1,1 @@
+/* placeholder */ typedef int dp_placeholder_t;

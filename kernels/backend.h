@@ -35,6 +35,11 @@ typedef struct dp_kv_layout {
 
 typedef struct dp_kv_store dp_kv_store;
 
+/* A step addresses at most this many stores (the prefill and decode pools);
+ * the stores[] argument of the ops below always has this many entries, NULL
+ * where unused. */
+#define DP_KV_MAX_STORES 2
+
 /* A step's batch as the backend sees it: a flat list of tokens, each with its
  * sequence, its rotary position and its cache slot. A token's K/V go to slot
  * `slot` of its sequence's block table, and it attends to slots 0..slot of
@@ -80,6 +85,7 @@ typedef struct dp_backend_ops {
     int (*kv_create)(dp_backend *be, const dp_kv_layout *layout, dp_kv_store **out);
     void (*kv_destroy)(dp_backend *be, dp_kv_store *kv);
     size_t (*kv_bytes_per_block)(dp_backend *be, const dp_kv_layout *layout);
+    const dp_kv_layout *(*kv_layout)(dp_backend *be, const dp_kv_store *kv);
 
     /* The batch's index arrays, copied to the backend once per step. */
     int (*batch_set)(dp_backend *be, const dp_batch *b);

@@ -1,1 +1,130 @@
-/* placeholder */ typedef int dp_placeholder_t;
+/* pool.c: block allocation with reference counts and an LRU free list.
+ * All operations are O(1) except table growth; the engine thread owns a pool. */
+#include "pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+int kv_pool_init(dp_kv_pool *p, int32_t n_blocks, int32_t block_tokens)
+{
+    memset(p, 0, sizeof *p);
+    if (n_blocks <= 0 || block_tokens <= 0)
+        return DP_EINVAL;
+    p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
+    p->prev = malloc((size_t)n_blocks * sizeof *p->prev);
+    p->next = malloc((size_t)n_blocks * sizeof *p->next);
+    if (!p->refcnt || !p->prev || !p->next) {
+        kv_pool_destroy(p);
+        return DP_ENOMEM;
+    }
+    p->n_blocks = n_blocks;
+    p->block_tokens = block_tokens;
+    for (int32_t i = 0; i < n_blocks; i++) {
+        p->prev[i] = i - 1;
+        p->next[i] = i + 1 < n_blocks ? i + 1 : -1;
+    }
+    p->head = 0;
+    p->tail = n_blocks - 1;
+    p->n_free = n_blocks;
+    return 0;
+}
+
+void kv_pool_destroy(dp_kv_pool *p)
+{
+    free(p->refcnt);
+    free(p->prev);
+    free(p->next);
+    memset(p, 0, sizeof *p);
+}
+
+static void unlink_free(dp_kv_pool *p, int32_t b)
+{
+    int32_t pr = p->prev[b], nx = p->next[b];
+    if (pr >= 0)
+        p->next[pr] = nx;
+    else
+        p->head = nx;
+    if (nx >= 0)
+        p->prev[nx] = pr;
+    else
+        p->tail = pr;
+    p->prev[b] = p->next[b] = -1;
+    p->n_free--;
+}
+
+int kv_pool_alloc(dp_kv_pool *p, int32_t *block)
+{
+    if (p->head < 0)
+        return DP_ENOSPC;
+    int32_t b = p->head;
+    unlink_free(p, b);
+    p->refcnt[b] = 1;
+    *block = b;
+    return 0;
+}
+
+void kv_pool_ref(dp_kv_pool *p, int32_t block)
+{
+    if (p->refcnt[block] == 0)
+        unlink_free(p, block); /* revive a cached free block */
+    p->refcnt[block]++;
+}
+
+void kv_pool_unref(dp_kv_pool *p, int32_t block)
+{
+    if (p->refcnt[block] == 0 || --p->refcnt[block] > 0)
+        return;
+    p->prev[block] = p->tail;
+    p->next[block] = -1;
+    if (p->tail >= 0)
+        p->next[p->tail] = block;
+    else
+        p->head = block;
+    p->tail = block;
+    p->n_free++;
+}
+
+void kv_table_init(dp_block_table *t) { memset(t, 0, sizeof *t); }
+
+int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens)
+{
+    int32_t need = kv_pool_blocks_for(p, n_tokens);
+    if (need <= t->n_blocks)
+        return 0;
+    if (need - t->n_blocks > p->n_free)
+        return DP_ENOSPC;
+    if (need > t->cap) {
+        int32_t cap = t->cap ? t->cap : 8;
+        while (cap < need)
+            cap *= 2;
+        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
+        if (!nb)
+            return DP_ENOMEM;
+        t->blocks = nb;
+        t->cap = cap;
+    }
+    while (t->n_blocks < need) {
+        int rc = kv_pool_alloc(p, &t->blocks[t->n_blocks]);
+        if (rc)
+            return rc; /* cannot happen: n_free was checked */
+        t->n_blocks++;
+    }
+    return 0;
+}
+
+void kv_table_release(dp_block_table *t, dp_kv_pool *p)
+{
+    /* Release newest first so the oldest (prefix) blocks are reused last. */
+    for (int32_t i = t->n_blocks - 1; i >= 0; i--)
+        kv_pool_unref(p, t->blocks[i]);
+    t->n_blocks = 0;
+}
+
+void kv_table_destroy(dp_block_table *t, dp_kv_pool *p)
+{
+    kv_table_release(t, p);
+    free(t->blocks);
+    memset(t, 0, sizeof *t);
+}

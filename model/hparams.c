@@ -1,1 +1,150 @@
-/* placeholder */ typedef int dp_placeholder_t;
+/* hparams.c: the {arch}.* metadata keys of a LLaMA-family GGUF, checked for
+ * presence and sane ranges before any weight is touched. */
+#include <stdio.h>
+#include <string.h>
+
+#include "common/dp.h"
+#include "llama.h"
+
+static int get_u32(const dp_gguf *g, const char *arch, const char *suffix, bool required,
+                   uint32_t def, uint32_t *out, char *err, size_t errsz)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_u32(g, key, out);
+    if (rc == DP_ENOTFOUND && !required) {
+        *out = def;
+        return 0;
+    }
+    if (rc == DP_ENOTFOUND)
+        return dp_err(err, errsz, DP_EFORMAT, "model: missing metadata key '%s'", key);
+    if (rc)
+        return dp_err(err, errsz, DP_EFORMAT, "model: metadata key '%s' is not an unsigned integer",
+                      key);
+    return 0;
+}
+
+static int get_f32(const dp_gguf *g, const char *arch, const char *suffix, bool required, float def,
+                   float *out, char *err, size_t errsz)
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int rc = gguf_get_f32(g, key, out);
+    if (rc == DP_ENOTFOUND && !required) {
+        *out = def;
+        return 0;
+    }
+    if (rc == DP_ENOTFOUND)
+        return dp_err(err, errsz, DP_EFORMAT, "model: missing metadata key '%s'", key);
+    if (rc)
+        return dp_err(err, errsz, DP_EFORMAT, "model: metadata key '%s' is not a number", key);
+    return 0;
+}
+
+#define RANGE(v, lo, hi, name)                                                             \
+    do {                                                                                   \
+        if ((int64_t)(v) < (lo) || (int64_t)(v) > (hi))                                    \
+            return dp_err(err, errsz, DP_EFORMAT, "model: %s.%s = %lld is out of range [%lld, %lld]", \
+                          hp->arch, name, (long long)(v), (long long)(lo), (long long)(hi)); \
+    } while (0)
+
+int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
+{
+    memset(hp, 0, sizeof *hp);
+    dp_gguf_str arch;
+    if (gguf_get_str(g, "general.architecture", &arch))
+        return dp_err(err, errsz, DP_EFORMAT, "model: missing metadata key 'general.architecture'");
+    if (arch.len >= sizeof hp->arch)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "model: architecture name too long");
+    memcpy(hp->arch, arch.ptr, arch.len);
+    hp->arch[arch.len] = 0;
+    if (strcmp(hp->arch, "llama") != 0)
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: architecture '%s' is not supported (only llama)", hp->arch);
+
+    uint32_t u;
+    int rc;
+#define U32(field, key, req, def)                                                   \
+    if ((rc = get_u32(g, hp->arch, key, req, def, &u, err, errsz)))                  \
+        return rc;                                                                  \
+    hp->field = (int32_t)(u > INT32_MAX ? INT32_MAX : u);
+    U32(n_layers, "block_count", true, 0);
+    U32(dim, "embedding_length", true, 0);
+    U32(n_heads, "attention.head_count", true, 0);
+    U32(n_kv_heads, "attention.head_count_kv", false, (uint32_t)hp->n_heads);
+    U32(ffn, "feed_forward_length", true, 0);
+    U32(n_ctx_train, "context_length", true, 0);
+#undef U32
+    RANGE(hp->n_layers, 1, 1024, "block_count");
+    RANGE(hp->dim, 1, 1 << 16, "embedding_length");
+    RANGE(hp->n_heads, 1, 1024, "attention.head_count");
+    RANGE(hp->n_kv_heads, 1, hp->n_heads, "attention.head_count_kv");
+    RANGE(hp->ffn, 1, 1 << 20, "feed_forward_length");
+    RANGE(hp->n_ctx_train, 1, 1 << 24, "context_length");
+    if (hp->dim % hp->n_heads)
+        return dp_err(err, errsz, DP_EFORMAT, "model: embedding_length %d is not a multiple of head_count %d",
+                      hp->dim, hp->n_heads);
+    if (hp->n_heads % hp->n_kv_heads)
+        return dp_err(err, errsz, DP_EFORMAT,
+                      "model: head_count %d is not a multiple of head_count_kv %d", hp->n_heads,
+                      hp->n_kv_heads);
+    hp->head_dim = hp->dim / hp->n_heads;
+    if ((rc = get_u32(g, hp->arch, "rope.dimension_count", false, (uint32_t)hp->head_dim, &u, err, errsz)))
+        return rc;
+    hp->n_rot = (int32_t)(u > INT32_MAX ? INT32_MAX : u);
+    RANGE(hp->n_rot, 2, hp->head_dim, "rope.dimension_count");
+    if (hp->n_rot % 2)
+        return dp_err(err, errsz, DP_EFORMAT, "model: rope.dimension_count %d is odd", hp->n_rot);
+    if ((rc = get_f32(g, hp->arch, "rope.freq_base", false, 10000.0f, &hp->rope_base, err, errsz)))
+        return rc;
+    if (!(hp->rope_base > 1.0f))
+        return dp_err(err, errsz, DP_EFORMAT, "model: rope.freq_base %g must be > 1", hp->rope_base);
+    if ((rc = get_f32(g, hp->arch, "attention.layer_norm_rms_epsilon", false, 1e-5f, &hp->rms_eps,
+                      err, errsz)))
+        return rc;
+    if (!(hp->rms_eps > 0.0f && hp->rms_eps < 1.0f))
+        return dp_err(err, errsz, DP_EFORMAT, "model: layer_norm_rms_epsilon %g is out of range",
+                      hp->rms_eps);
+
+    /* RoPE scaling: linear is a position scale; other kinds change the
+     * frequencies in ways this forward pass does not implement, so refuse them
+     * rather than produce subtly wrong output. */
+    hp->rope_freq_scale = 1.0f;
+    char key[128];
+    dp_gguf_str stype;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    bool has_type = gguf_get_str(g, key, &stype) == 0;
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", hp->arch);
+    if (gguf_get_f32(g, key, &factor) != 0) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", hp->arch);
+        if (gguf_get_f32(g, key, &factor) != 0)
+            factor = 0.0f;
+    }
+    if (has_type && !gguf_str_eq(stype, "none") && !gguf_str_eq(stype, "linear"))
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "model: rope scaling type '%.*s' is not supported",
+                      (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
+    if (factor != 0.0f && (!has_type || !gguf_str_eq(stype, "none"))) {
+        if (!(factor >= 1.0f && factor <= 1024.0f))
+            return dp_err(err, errsz, DP_EFORMAT, "model: rope scaling factor %g is out of range", factor);
+        hp->rope_freq_scale = 1.0f / factor;
+    }
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: per-frequency rope factors (rope_freqs.weight) are not supported");
+
+    const dp_gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    if (!emb)
+        return dp_err(err, errsz, DP_EFORMAT, "model: missing tensor 'token_embd.weight'");
+    uint32_t vocab;
+    if ((rc = get_u32(g, hp->arch, "vocab_size", false, (uint32_t)emb->ne[1], &vocab, err, errsz)))
+        return rc;
+    if (vocab != emb->ne[1])
+        return dp_err(err, errsz, DP_EFORMAT,
+                      "model: vocab_size %u does not match token_embd.weight rows %llu", vocab,
+                      (unsigned long long)emb->ne[1]);
+    hp->vocab = (int32_t)(vocab > INT32_MAX ? INT32_MAX : vocab);
+    RANGE(hp->vocab, 1, 1 << 22, "vocab_size");
+    hp->tied_output = gguf_find_tensor(g, "output.weight") == NULL;
+    return 0;
+}

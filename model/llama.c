@@ -1,1 +1,248 @@
-/* placeholder */ typedef int dp_placeholder_t;
+/* llama.c: the only file that knows the LLaMA architecture. It loads the
+ * weights onto a backend and runs one batched forward step, top to bottom. */
+#include "llama.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+#include "kernels/quant.h"
+
+typedef struct layer_w {
+    dp_weight attn_norm, wq, wk, wv, wo;
+    dp_weight ffn_norm, w_gate, w_up, w_down;
+} layer_w;
+
+struct dp_llama {
+    dp_hparams hp;
+    dp_backend *be;
+    int32_t max_tokens, max_out;
+    dp_weight tok_embd, out_norm, output;
+    layer_w *layers;
+    /* Activations, sized for max_tokens. */
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits;
+};
+
+const dp_hparams *llama_hparams(const dp_llama *m) { return &m->hp; }
+dp_backend *llama_backend(const dp_llama *m) { return m->be; }
+int32_t llama_max_tokens(const dp_llama *m) { return m->max_tokens; }
+int32_t llama_max_out(const dp_llama *m) { return m->max_out; }
+
+dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
+{
+    dp_kv_layout l = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, block_tokens, n_blocks};
+    return l;
+}
+
+/* Loads tensor `name`, checking it is [cols, rows] in GGUF order (ne[0] = cols). */
+static int load_w(dp_llama *m, const dp_gguf *g, const char *name, int64_t rows, int64_t cols,
+                  dp_weight *w, char *err, size_t errsz)
+{
+    const dp_gguf_tensor *t = gguf_find_tensor(g, name);
+    if (!t)
+        return dp_err(err, errsz, DP_EFORMAT, "model: missing tensor '%s'", name);
+    bool vec = rows == 1;
+    uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
+    if (t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows || t->n_dims > (vec ? 1u : 2u))
+        return dp_err(err, errsz, DP_EFORMAT,
+                      "model: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
+                      (unsigned long long)t->ne[0], (unsigned long long)ne1, (long long)cols,
+                      (long long)rows);
+    if (vec && t->type != DP_TYPE_F32)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "model: norm tensor '%s' is %s, expected F32",
+                      name, quant_type_name(t->type));
+    if (!quant_type_supported(t->type))
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: tensor '%s' has type %s, which is not supported", name,
+                      quant_type_name(t->type));
+    char werr[DP_ERRLEN];
+    int rc = m->be->ops->weight_load(m->be, w, t->type, rows, cols, t->data, werr, sizeof werr);
+    if (rc)
+        return dp_err(err, errsz, rc, "model: tensor '%s': %s", name, werr);
+    return 0;
+}
+
+static void free_w(dp_llama *m, dp_weight *w)
+{
+    if (w->data)
+        m->be->ops->weight_free(m->be, w);
+}
+
+void llama_destroy(dp_llama *m)
+{
+    if (!m)
+        return;
+    dp_backend *be = m->be;
+    free_w(m, &m->tok_embd);
+    free_w(m, &m->out_norm);
+    free_w(m, &m->output);
+    if (m->layers) {
+        for (int32_t l = 0; l < m->hp.n_layers; l++) {
+            layer_w *L = &m->layers[l];
+            dp_weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
+                               &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+            for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
+                free_w(m, ws[i]);
+        }
+        free(m->layers);
+    }
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        if (bufs[i])
+            be->ops->free(be, bufs[i]);
+    free(m);
+}
+
+int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
+               int32_t max_out, char *err, size_t errsz)
+{
+    if (max_tokens < 1 || max_out < 1 || max_out > max_tokens)
+        return dp_err(err, errsz, DP_EINVAL, "model: bad batch limits (%d tokens, %d outputs)",
+                      max_tokens, max_out);
+    dp_llama *m = calloc(1, sizeof *m);
+    if (!m)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    m->be = be;
+    m->max_tokens = max_tokens;
+    m->max_out = max_out;
+    int rc = hparams_load(&m->hp, g, err, errsz);
+    if (rc)
+        goto fail;
+    const dp_hparams *hp = &m->hp;
+    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
+    m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        goto fail;
+    }
+    if ((rc = load_w(m, g, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd, err, errsz)) ||
+        (rc = load_w(m, g, "output_norm.weight", 1, hp->dim, &m->out_norm, err, errsz)))
+        goto fail;
+    if (!hp->tied_output &&
+        (rc = load_w(m, g, "output.weight", hp->vocab, hp->dim, &m->output, err, errsz)))
+        goto fail;
+    for (int32_t l = 0; l < hp->n_layers; l++) {
+        layer_w *L = &m->layers[l];
+        char name[96];
+#define LW(field, suffix, rows, cols)                                                  \
+    snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                        \
+    if ((rc = load_w(m, g, name, rows, cols, &L->field, err, errsz)))                  \
+        goto fail;
+        LW(attn_norm, "attn_norm", 1, hp->dim);
+        LW(wq, "attn_q", qd, hp->dim);
+        LW(wk, "attn_k", kvd, hp->dim);
+        LW(wv, "attn_v", kvd, hp->dim);
+        LW(wo, "attn_output", hp->dim, qd);
+        LW(ffn_norm, "ffn_norm", 1, hp->dim);
+        LW(w_gate, "ffn_gate", hp->ffn, hp->dim);
+        LW(w_up, "ffn_up", hp->ffn, hp->dim);
+        LW(w_down, "ffn_down", hp->dim, hp->ffn);
+#undef LW
+    }
+    size_t T = (size_t)max_tokens;
+    struct {
+        float **p;
+        size_t n;
+    } acts[] = {
+        {&m->x, T * hp->dim}, {&m->xn, T * hp->dim}, {&m->q, T * qd}, {&m->k, T * kvd},
+        {&m->v, T * kvd}, {&m->att, T * qd}, {&m->tmp, T * hp->dim}, {&m->gate, T * hp->ffn},
+        {&m->up, T * hp->ffn}, {&m->outx, (size_t)max_out * hp->dim},
+        {&m->logits, (size_t)max_out * hp->vocab},
+    };
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
+        *acts[i].p = be->ops->alloc(be, acts[i].n * sizeof(float));
+        if (!*acts[i].p) {
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory for activations (%d tokens)", max_tokens);
+            goto fail;
+        }
+    }
+    *out = m;
+    return 0;
+fail:
+    llama_destroy(m);
+    return rc;
+}
+
+/* The backend trusts the batch; a bad index here would be a stray write. */
+static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
+{
+    const dp_kv_layout *layouts[DP_KV_MAX_STORES] = {0};
+    for (int i = 0; i < DP_KV_MAX_STORES; i++)
+        if (stores[i]) {
+            layouts[i] = m->be->ops->kv_layout(m->be, stores[i]);
+            if (layouts[i]->n_kv_heads != m->hp.n_kv_heads ||
+                layouts[i]->head_dim != m->hp.head_dim || layouts[i]->n_layers != m->hp.n_layers)
+                return DP_EINVAL;
+        }
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        if (b->seq_store[s] >= DP_KV_MAX_STORES || !layouts[b->seq_store[s]])
+            return DP_EINVAL;
+    if (b->n_tokens < 1 || b->n_tokens > m->max_tokens || b->n_out < 0 || b->n_out > m->max_out ||
+        b->n_seqs < 1 || b->max_blocks < 1)
+        return DP_EINVAL;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab || b->seq[i] < 0 ||
+            b->seq[i] >= b->n_seqs || b->slot[i] < 0 || b->pos[i] < 0)
+            return DP_EINVAL;
+        const dp_kv_layout *l = layouts[b->seq_store[b->seq[i]]];
+        int32_t bi = b->slot[i] / l->block_tokens;
+        if (bi >= b->max_blocks)
+            return DP_EINVAL;
+        /* Every block the token attends to must exist. */
+        for (int32_t j = 0; j <= bi; j++) {
+            int32_t blk = b->block_tables[(size_t)b->seq[i] * (size_t)b->max_blocks + (size_t)j];
+            if (blk < 0 || blk >= l->n_blocks)
+                return DP_EINVAL;
+        }
+    }
+    for (int32_t i = 0; i < b->n_out; i++)
+        if (b->out_tokens[i] < 0 || b->out_tokens[i] >= b->n_tokens)
+            return DP_EINVAL;
+    return 0;
+}
+
+int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits)
+{
+    const dp_hparams *hp = &m->hp;
+    const dp_backend_ops *op = m->be->ops;
+    dp_backend *be = m->be;
+    const int32_t n = b->n_tokens;
+    int rc = check_batch(m, b, stores);
+    if (rc)
+        return rc;
+    if ((rc = op->batch_set(be, b)))
+        return rc;
+    const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, false};
+    const float scale = 1.0f / sqrtf((float)hp->head_dim);
+
+    op->embed(be, &m->tok_embd, m->x, n);
+    for (int32_t l = 0; l < hp->n_layers; l++) {
+        const layer_w *L = &m->layers[l];
+        /* Attention block. */
+        op->rmsnorm(be, m->xn, m->x, &L->attn_norm, n, hp->dim, hp->rms_eps);
+        op->matmul(be, m->q, m->xn, &L->wq, n);
+        op->matmul(be, m->k, m->xn, &L->wk, n);
+        op->matmul(be, m->v, m->xn, &L->wv, n);
+        op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
+        op->kv_write(be, stores, l, m->k, m->v);
+        op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale);
+        op->matmul(be, m->tmp, m->att, &L->wo, n);
+        op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
+        /* Feed-forward block (SwiGLU). */
+        op->rmsnorm(be, m->xn, m->x, &L->ffn_norm, n, hp->dim, hp->rms_eps);
+        op->matmul(be, m->gate, m->xn, &L->w_gate, n);
+        op->matmul(be, m->up, m->xn, &L->w_up, n);
+        op->swiglu(be, m->gate, m->gate, m->up, (int64_t)n * hp->ffn);
+        op->matmul(be, m->tmp, m->gate, &L->w_down, n);
+        op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
+    }
+    if (b->n_out == 0)
+        return 0;
+    /* Only the rows whose logits are wanted go through the output head. */
+    op->gather_rows(be, m->xn, m->x, hp->dim);
+    op->rmsnorm(be, m->outx, m->xn, &m->out_norm, b->n_out, hp->dim, hp->rms_eps);
+    op->matmul(be, m->logits, m->outx, hp->tied_output ? &m->tok_embd : &m->output, b->n_out);
+    return op->download(be, logits, m->logits, (size_t)b->n_out * hp->vocab * sizeof(float));
+}

@@ -1,1 +1,436 @@
-/* placeholder */ typedef int dp_placeholder_t;
+/* cpu_backend.c: the CPU implementation of backend.h (all but matmul and
+ * attention, which have their own files): memory, KV stores, batch metadata
+ * and the element-wise ops. "Device" memory is host memory here. */
+#include <cblas.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/dp.h"
+#include "cpu_internal.h"
+#include "kernels/quant.h"
+
+#define TILE_LARGE_ROWS 64
+
+static void *cpu_alloc(dp_backend *be, size_t bytes)
+{
+    size_t n = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, n ? n : 64);
+}
+
+static void cpu_free(dp_backend *be, void *p) { free(p); }
+
+static int cpu_copy(dp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+    return 0;
+}
+
+static void free_scratch(float **s, int n)
+{
+    if (!s)
+        return;
+    for (int i = 0; i < n; i++)
+        free(s[i]);
+    free(s);
+}
+
+static int grow_scratch(float ***s, size_t *have, size_t want, int n_threads)
+{
+    if ((want <= *have && *s) || n_threads <= 0)
+        return 0;
+    if (!*s) {
+        *s = calloc((size_t)n_threads, sizeof **s);
+        if (!*s)
+            return DP_ENOMEM;
+    }
+    for (int i = 0; i < n_threads; i++) {
+        float *p = aligned_alloc(64, ((want * sizeof(float)) + 63) & ~(size_t)63);
+        if (!p)
+            return DP_ENOMEM;
+        free((*s)[i]);
+        (*s)[i] = p;
+    }
+    *have = want;
+    return 0;
+}
+
+int cpu_scratch_reserve(cpu_backend *c, size_t w_elems, size_t s_elems)
+{
+    int n = threadpool_size(c->tp);
+    int rc = grow_scratch(&c->wscratch, &c->wscratch_elems, w_elems, n);
+    if (!rc)
+        rc = grow_scratch(&c->sscratch, &c->sscratch_elems, s_elems, n);
+    return rc;
+}
+
+static int weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,
+                       const void *src, char *err, size_t errsz)
+{
+    cpu_backend *c = cpu_of(be);
+    int rc = cpu_weight_load(be, w, type, rows, cols, src, err, errsz);
+    if (rc)
+        return rc;
+    size_t tile = (size_t)TILE_LARGE_ROWS * (size_t)cols;
+    if (cpu_scratch_reserve(c, tile > c->wscratch_elems ? tile : c->wscratch_elems,
+                            c->sscratch_elems ? c->sscratch_elems : 4096)) {
+        cpu_weight_free(be, w);
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory for matmul scratch");
+    }
+    return 0;
+}
+
+static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
+{
+    return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
+           (size_t)l->head_dim * sizeof(float);
+}
+
+static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
+{
+    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
+        l->n_blocks <= 0)
+        return DP_EINVAL;
+    dp_kv_store *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return DP_ENOMEM;
+    kv->l = *l;
+    size_t half = kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
+    /* calloc: untouched pages cost nothing until a block is first written. */
+    kv->k = calloc(1, half);
+    kv->v = calloc(1, half);
+    if (!kv->k || !kv->v) {
+        free(kv->k);
+        free(kv->v);
+        free(kv);
+        return DP_ENOMEM;
+    }
+    *out = kv;
+    return 0;
+}
+
+static void kv_destroy(dp_backend *be, dp_kv_store *kv)
+{
+    if (!kv)
+        return;
+    free(kv->k);
+    free(kv->v);
+    free(kv);
+}
+
+static const dp_kv_layout *kv_get_layout(dp_backend *be, const dp_kv_store *kv)
+{
+    return &kv->l;
+}
+
+static int batch_set(dp_backend *be, const dp_batch *b)
+{
+    cpu_backend *c = cpu_of(be);
+    size_t need = (size_t)b->n_tokens * 4 + (size_t)b->n_seqs * (size_t)b->max_blocks +
+                  (size_t)b->n_out;
+    if (need > c->arrays_cap) {
+        int32_t *p = realloc(c->arrays, need * sizeof *p);
+        if (!p)
+            return DP_ENOMEM;
+        c->arrays = p;
+        c->arrays_cap = need;
+    }
+    if ((size_t)b->n_seqs > c->seq_store_cap) {
+        uint8_t *p = realloc(c->seq_store, (size_t)b->n_seqs);
+        if (!p)
+            return DP_ENOMEM;
+        c->seq_store = p;
+        c->seq_store_cap = (size_t)b->n_seqs;
+    }
+    int32_t *a = c->arrays;
+    size_t nt = (size_t)b->n_tokens;
+    memcpy(a, b->tokens, nt * sizeof *a);
+    memcpy(a + nt, b->pos, nt * sizeof *a);
+    memcpy(a + 2 * nt, b->seq, nt * sizeof *a);
+    memcpy(a + 3 * nt, b->slot, nt * sizeof *a);
+    size_t nbt = (size_t)b->n_seqs * (size_t)b->max_blocks;
+    memcpy(a + 4 * nt, b->block_tables, nbt * sizeof *a);
+    memcpy(a + 4 * nt + nbt, b->out_tokens, (size_t)b->n_out * sizeof *a);
+    memcpy(c->seq_store, b->seq_store, (size_t)b->n_seqs);
+    c->b = *b;
+    c->b.tokens = a;
+    c->b.pos = a + nt;
+    c->b.seq = a + 2 * nt;
+    c->b.slot = a + 3 * nt;
+    c->b.block_tables = a + 4 * nt;
+    c->b.out_tokens = a + 4 * nt + nbt;
+    c->b.seq_store = c->seq_store;
+    /* Attention scratch holds one score per attended slot. */
+    int32_t max_slots = 1;
+    for (int32_t i = 0; i < b->n_tokens; i++)
+        if (b->slot[i] + 1 > max_slots)
+            max_slots = b->slot[i] + 1;
+    if ((size_t)max_slots > c->sscratch_elems)
+        return cpu_scratch_reserve(c, c->wscratch_elems, (size_t)max_slots * 2);
+    return 0;
+}
+
+/* Row-parallel helper: small row counts run inline, the pool's wake-up costs
+ * more than the work. */
+typedef void (*row_fn)(void *ctx, int64_t row);
+typedef struct rows_job {
+    row_fn fn;
+    void *ctx;
+    int64_t n;
+    int64_t per;
+} rows_job;
+
+static void rows_task(void *p, int64_t t, int thread)
+{
+    rows_job *j = p;
+    int64_t end = (t + 1) * j->per < j->n ? (t + 1) * j->per : j->n;
+    for (int64_t r = t * j->per; r < end; r++)
+        j->fn(j->ctx, r);
+}
+
+static void for_rows(cpu_backend *c, row_fn fn, void *ctx, int64_t n, int64_t min_parallel)
+{
+    if (n < min_parallel) {
+        for (int64_t r = 0; r < n; r++)
+            fn(ctx, r);
+        return;
+    }
+    int64_t tasks = threadpool_size(c->tp) * 4;
+    rows_job j = {fn, ctx, n, (n + tasks - 1) / tasks};
+    threadpool_run(c->tp, rows_task, &j, (n + j.per - 1) / j.per);
+}
+
+typedef struct embed_ctx {
+    cpu_backend *c;
+    const dp_weight *table;
+    float *out;
+} embed_ctx;
+
+static void embed_row(void *p, int64_t i)
+{
+    embed_ctx *e = p;
+    int32_t tok = e->c->b.tokens[i];
+    cpu_weight_row(e->table, tok, e->out + (size_t)i * (size_t)e->table->cols);
+}
+
+static void cpu_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n)
+{
+    embed_ctx e = {cpu_of(be), table, out};
+    for_rows(e.c, embed_row, &e, n, 16);
+}
+
+typedef struct norm_ctx {
+    float *out;
+    const float *x;
+    const float *w;
+    int32_t dim;
+    float eps;
+} norm_ctx;
+
+static void norm_row(void *p, int64_t i)
+{
+    norm_ctx *c = p;
+    const float *x = c->x + (size_t)i * (size_t)c->dim;
+    float *o = c->out + (size_t)i * (size_t)c->dim;
+    double ss = 0.0;
+    for (int32_t d = 0; d < c->dim; d++)
+        ss += (double)x[d] * x[d];
+    float inv = (float)(1.0 / sqrt(ss / c->dim + c->eps));
+    for (int32_t d = 0; d < c->dim; d++)
+        o[d] = x[d] * inv * c->w[d];
+}
+
+static void cpu_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w, int32_t n,
+                        int32_t dim, float eps)
+{
+    norm_ctx c = {out, x, (const float *)w->data, dim, eps};
+    for_rows(cpu_of(be), norm_row, &c, n, 16);
+}
+
+typedef struct rope_ctx {
+    cpu_backend *c;
+    float *q, *k;
+    int32_t n_heads, n_kv_heads, head_dim;
+    const dp_rope_params *rp;
+} rope_ctx;
+
+static void rope_vec(float *x, int32_t n_rot, const float *cs, const float *sn, bool neox)
+{
+    int32_t half = n_rot / 2;
+    for (int32_t i = 0; i < half; i++) {
+        int32_t a = neox ? i : 2 * i, b = neox ? i + half : 2 * i + 1;
+        float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs[i] - x1 * sn[i];
+        x[b] = x0 * sn[i] + x1 * cs[i];
+    }
+}
+
+static void rope_row(void *p, int64_t i)
+{
+    rope_ctx *r = p;
+    const dp_rope_params *rp = r->rp;
+    float cs[512], sn[512];
+    int32_t half = rp->n_rot / 2;
+    double pos = (double)r->c->b.pos[i] * rp->freq_scale;
+    for (int32_t d = 0; d < half; d++) {
+        /* theta_d = pos * base^(-2d/n_rot), in double: positions reach 1e5. */
+        double th = pos * pow((double)rp->freq_base, -2.0 * d / rp->n_rot);
+        cs[d] = (float)cos(th);
+        sn[d] = (float)sin(th);
+    }
+    for (int32_t h = 0; h < r->n_heads; h++)
+        rope_vec(r->q + ((size_t)i * r->n_heads + h) * r->head_dim, rp->n_rot, cs, sn, rp->neox);
+    for (int32_t h = 0; h < r->n_kv_heads; h++)
+        rope_vec(r->k + ((size_t)i * r->n_kv_heads + h) * r->head_dim, rp->n_rot, cs, sn,
+                 rp->neox);
+}
+
+static void cpu_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
+                     int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp)
+{
+    rope_ctx r = {cpu_of(be), q, k, n_heads, n_kv_heads, head_dim, rp};
+    for_rows(r.c, rope_row, &r, n, 8);
+}
+
+typedef struct kvw_ctx {
+    cpu_backend *c;
+    dp_kv_store *const *stores;
+    int32_t layer;
+    const float *k, *v;
+} kvw_ctx;
+
+static void kvw_row(void *p, int64_t i)
+{
+    kvw_ctx *w = p;
+    const dp_batch *b = &w->c->b;
+    int32_t s = b->seq[i];
+    dp_kv_store *kv = w->stores[b->seq_store[s]];
+    const dp_kv_layout *l = &kv->l;
+    int32_t slot = b->slot[i];
+    int32_t block = b->block_tables[(size_t)s * (size_t)b->max_blocks + slot / l->block_tokens];
+    size_t row = (size_t)l->n_kv_heads * (size_t)l->head_dim;
+    for (int32_t h = 0; h < l->n_kv_heads; h++) {
+        memcpy(kv_row(kv, kv->k, w->layer, block, h, slot % l->block_tokens),
+               w->k + (size_t)i * row + (size_t)h * l->head_dim, (size_t)l->head_dim * sizeof(float));
+        memcpy(kv_row(kv, kv->v, w->layer, block, h, slot % l->block_tokens),
+               w->v + (size_t)i * row + (size_t)h * l->head_dim, (size_t)l->head_dim * sizeof(float));
+    }
+}
+
+static void cpu_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
+                         const float *v)
+{
+    kvw_ctx w = {cpu_of(be), stores, layer, k, v};
+    for_rows(w.c, kvw_row, &w, w.c->b.n_tokens, 64);
+}
+
+typedef struct ew_ctx {
+    float *out;
+    const float *a, *b;
+    int64_t n;
+    int64_t chunk;
+    int op;
+} ew_ctx;
+
+static void ew_chunk(void *p, int64_t t)
+{
+    ew_ctx *e = p;
+    int64_t lo = t * e->chunk, hi = lo + e->chunk < e->n ? lo + e->chunk : e->n;
+    if (e->op == 0) {
+        for (int64_t i = lo; i < hi; i++)
+            e->out[i] += e->a[i];
+    } else {
+        for (int64_t i = lo; i < hi; i++) {
+            float g = e->a[i];
+            e->out[i] = g / (1.0f + expf(-g)) * e->b[i];
+        }
+    }
+}
+
+static void run_elementwise(cpu_backend *c, ew_ctx *e)
+{
+    e->chunk = 4096;
+    for_rows(c, ew_chunk, e, (e->n + e->chunk - 1) / e->chunk, 4);
+}
+
+static void cpu_add(dp_backend *be, float *x, const float *y, int64_t n)
+{
+    ew_ctx e = {x, y, NULL, n, 0, 0};
+    run_elementwise(cpu_of(be), &e);
+}
+
+static void cpu_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
+{
+    ew_ctx e = {out, gate, up, n, 0, 1};
+    run_elementwise(cpu_of(be), &e);
+}
+
+static void cpu_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim)
+{
+    cpu_backend *c = cpu_of(be);
+    for (int32_t i = 0; i < c->b.n_out; i++)
+        memcpy(out + (size_t)i * dim, x + (size_t)c->b.out_tokens[i] * dim, (size_t)dim * sizeof(float));
+}
+
+static void cpu_destroy(dp_backend *be)
+{
+    cpu_backend *c = cpu_of(be);
+    int n = c->tp ? threadpool_size(c->tp) : 0;
+    free_scratch(c->wscratch, n);
+    free_scratch(c->sscratch, n);
+    threadpool_destroy(c->tp);
+    free(c->arrays);
+    free(c->seq_store);
+    free(c);
+}
+
+static const dp_backend_ops cpu_ops = {
+    .name = "cpu",
+    .destroy = cpu_destroy,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .weight_load = weight_load,
+    .weight_free = cpu_weight_free,
+    .kv_create = kv_create,
+    .kv_destroy = kv_destroy,
+    .kv_bytes_per_block = kv_block_bytes,
+    .kv_layout = kv_get_layout,
+    .batch_set = batch_set,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .matmul = cpu_matmul,
+    .rope = cpu_rope,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .add = cpu_add,
+    .swiglu = cpu_swiglu,
+    .gather_rows = cpu_gather_rows,
+};
+
+int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz)
+{
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    cpu_backend *c = calloc(1, sizeof *c);
+    if (!c)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    c->base.ops = &cpu_ops;
+    c->base.n_threads = n_threads;
+    if (threadpool_init(&c->tp, n_threads)) {
+        free(c);
+        return dp_err(err, errsz, DP_ENOMEM, "cannot start %d CPU threads", n_threads);
+    }
+    if (cpu_scratch_reserve(c, 4096, 4096)) {
+        cpu_destroy(&c->base);
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    }
+    /* Our workers split every GEMM themselves; OpenBLAS threads would fight them. */
+    openblas_set_num_threads(1);
+    *out = &c->base;
+    return 0;
+}

@@ -1,1 +1,171 @@
-int main(void) { return 0; } /* placeholder */
+/* test_chat_template.c: format detection, SmolLM2's default system prompt, and
+ * renderings compared with what jinja2 renders from the real templates. */
+#include "t.h"
+
+#include "common/dp.h"
+#include "model/chat_template.h"
+
+/* SmolLM2-135M-Instruct's tokenizer.chat_template, verbatim. */
+static const char smollm2_src[] =
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}";
+/* ChatML without a default system message. */
+static const char chatml_src[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+/* Meta's published Llama-3 Instruct and Llama-2 chat templates. */
+static const char llama3_src[] =
+    "{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
+    "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
+    "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
+    "{{ content }}{% endfor %}{% if add_generation_prompt %}"
+    "{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}";
+static const char llama2_src[] =
+    "{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}"
+    "{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}"
+    "{% set system_message = false %}{% endif %}{% for message in loop_messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}{% if loop.index0 == 0 and system_message != false %}"
+    "{% set content = '<<SYS>>\\n' + system_message + '\\n<</SYS>>\\n\\n' + message['content'] %}"
+    "{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}"
+    "{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}"
+    "{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}";
+
+/* The conversations of tests/golden/gen_chat_template_golden.py. */
+static const dp_chat_msg conv_a[] = {{"user", "Hello!"}};
+static const dp_chat_msg conv_b[] = {{"system", "You are terse."}, {"user", "Hi"}, {"assistant", "Hello."},
+                                     {"user", "  What is 2+2?\n"}};
+static const dp_chat_msg conv_c[] = {{"user", "a"}, {"assistant", " b \t"}};
+static const dp_chat_msg conv_d[] = {{"system", " S "}, {"user", " u1 "}, {"assistant", "a1"},
+                                     {"user", "u2\xE3\x80\x80"}};
+static const struct {
+    const dp_chat_msg *m;
+    size_t n;
+    bool gen;
+} convs[4] = {{conv_a, 1, true}, {conv_b, 4, true}, {conv_c, 2, false}, {conv_d, 4, false}};
+
+/* Rendered by jinja2 from the templates above (the leading bos_token, which
+ * the tokenizer adds, removed). */
+static const char *const want_smollm2[4] = {
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n  What is 2+2?\n<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n b \t<|im_end|>\n",
+    "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n",
+};
+static const char *const want_chatml[4] = {
+    "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n  What is 2+2?\n<|im_end|>\n<|im_start|>assistant\n",
+    "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n b \t<|im_end|>\n",
+    "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n",
+};
+static const char *const want_llama3[4] = {
+    "<|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "<|start_header_id|>system<|end_header_id|>\n\nYou are terse.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nHello.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nWhat is 2+2?<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "<|start_header_id|>user<|end_header_id|>\n\na<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\nb<|eot_id|>",
+    "<|start_header_id|>system<|end_header_id|>\n\nS<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nu1<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\na1<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nu2<|eot_id|>",
+};
+static const char *const want_llama2[4] = {
+    "[INST] Hello! [/INST]",
+    "[INST] <<SYS>>\nYou are terse.\n<</SYS>>\n\nHi [/INST] Hello. </s><s>[INST] What is 2+2? [/INST]",
+    "[INST] a [/INST] b </s>",
+    "[INST] <<SYS>>\n S \n<</SYS>>\n\n u1 [/INST] a1 </s><s>[INST] u2 [/INST]",
+};
+
+static void check_renders(const char *src, dp_chat_format fmt, const char *const want[4])
+{
+    dp_chat_template ct;
+    CHECK(chat_template_init(&ct, src, strlen(src)) == 0);
+    CHECK_EQ_INT(ct.format, fmt);
+    for (int i = 0; i < 4; i++) {
+        char *out = NULL, err[DP_ERRLEN];
+        int rc = chat_template_apply(&ct, convs[i].m, convs[i].n, convs[i].gen, &out, err, sizeof err);
+        CHECK_MSG(rc == 0, "%s conv %d: %s", chat_format_name(fmt), i, err);
+        CHECK_MSG(strcmp(out, want[i]) == 0, "%s conv %d:\n got: %s\nwant: %s", chat_format_name(fmt), i, out,
+                  want[i]);
+        free(out);
+    }
+    chat_template_destroy(&ct);
+}
+
+int main(void)
+{
+    dp_log_set_level(DP_LOG_ERROR);  /* the fallback's warning is expected below */
+
+    dp_chat_template ct;
+    CHECK(chat_template_init(&ct, smollm2_src, strlen(smollm2_src)) == 0);
+    CHECK(ct.format == DP_CHAT_CHATML && ct.bos_text == NULL);
+    CHECK(ct.default_system != NULL &&
+          strcmp(ct.default_system, "You are a helpful AI assistant named SmolLM, trained by Hugging Face") == 0);
+    chat_template_destroy(&ct);
+    chat_template_destroy(&ct);  /* idempotent */
+
+    check_renders(smollm2_src, DP_CHAT_CHATML, want_smollm2);
+    check_renders(chatml_src, DP_CHAT_CHATML, want_chatml);
+    check_renders(llama3_src, DP_CHAT_LLAMA3, want_llama3);
+    check_renders(llama2_src, DP_CHAT_LLAMA2, want_llama2);
+
+    CHECK(chat_template_init(&ct, llama3_src, strlen(llama3_src)) == 0);
+    CHECK(ct.default_system == NULL && ct.bos_text && strcmp(ct.bos_text, "<|begin_of_text|>") == 0);
+    chat_template_destroy(&ct);
+    CHECK(chat_template_init(&ct, llama2_src, strlen(llama2_src)) == 0);
+    CHECK(ct.bos_text && strcmp(ct.bos_text, "<s>") == 0);
+    char *out = NULL, err[DP_ERRLEN];
+    /* Llama-2 insists on user/assistant alternation. */
+    static const dp_chat_msg uu[] = {{"user", "a"}, {"user", "b"}};
+    CHECK(chat_template_apply(&ct, uu, 2, true, &out, err, sizeof err) == DP_EINVAL && out == NULL);
+    CHECK(strstr(err, "alternate") != NULL);
+    static const dp_chat_msg au[] = {{"assistant", "a"}};
+    CHECK(chat_template_apply(&ct, au, 1, true, &out, err, sizeof err) == DP_EINVAL);
+    chat_template_destroy(&ct);
+
+    /* A default system prompt in an escaped literal is found as well. */
+    static const char esc_src[] = "{% if messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nBe "
+                                  "\\'nice\\'.<|im_end|>\\n' }}{% endif %}{{ '<|im_start|>' }}";
+    CHECK(chat_template_init(&ct, esc_src, strlen(esc_src)) == 0);
+    CHECK(ct.default_system && strcmp(ct.default_system, "Be 'nice'.") == 0);
+    chat_template_destroy(&ct);
+    /* A system header followed by the caller's content is no default. */
+    static const char var_src[] = "{{ '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>' }}";
+    CHECK(chat_template_init(&ct, var_src, strlen(var_src)) == 0);
+    CHECK(ct.default_system == NULL);
+    chat_template_destroy(&ct);
+
+    /* Unknown or absent templates: ChatML, no default system message. */
+    static const char odd_src[] = "{% for m in messages %}{{ m.role }}: {{ m.content }}{% endfor %}";
+    const char *fallbacks[3] = {odd_src, "", NULL};
+    for (int i = 0; i < 3; i++) {
+        const char *s = fallbacks[i];
+        CHECK(chat_template_init(&ct, s, s ? strlen(s) : 0) == 0);
+        CHECK(ct.format == DP_CHAT_CHATML && ct.default_system == NULL && ct.bos_text == NULL);
+        CHECK(chat_template_apply(&ct, conv_a, 1, true, &out, err, sizeof err) == 0);
+        CHECK(strcmp(out, want_chatml[0]) == 0);
+        free(out);
+        chat_template_destroy(&ct);
+    }
+
+    /* Errors: unknown roles, missing content, no messages. */
+    CHECK(chat_template_init(&ct, smollm2_src, strlen(smollm2_src)) == 0);
+    static const dp_chat_msg bad_role[] = {{"user", "a"}, {"tool", "b"}};
+    out = NULL;
+    CHECK(chat_template_apply(&ct, bad_role, 2, true, &out, err, sizeof err) == DP_EINVAL && out == NULL);
+    CHECK(strstr(err, "tool") != NULL);
+    static const dp_chat_msg null_role[] = {{NULL, "a"}};
+    CHECK(chat_template_apply(&ct, null_role, 1, true, &out, err, sizeof err) == DP_EINVAL);
+    static const dp_chat_msg null_content[] = {{"user", NULL}};
+    CHECK(chat_template_apply(&ct, null_content, 1, true, &out, err, sizeof err) == DP_EINVAL);
+    CHECK(chat_template_apply(&ct, conv_a, 0, true, &out, err, sizeof err) == DP_EINVAL);
+    /* Without the generation prompt the assistant header is absent. */
+    CHECK(chat_template_apply(&ct, conv_b, 4, false, &out, err, sizeof err) == 0);
+    size_t l = strlen(out);
+    CHECK(l > 11 && strcmp(out + l - 11, "<|im_end|>\n") == 0);
+    free(out);
+    chat_template_destroy(&ct);
+
+    CHECK(strcmp(chat_format_name(DP_CHAT_CHATML), "chatml") == 0);
+    CHECK(strcmp(chat_format_name(DP_CHAT_LLAMA3), "llama3") == 0);
+    CHECK(strcmp(chat_format_name(DP_CHAT_LLAMA2), "llama2") == 0);
+    T_DONE("chat_template");
+}

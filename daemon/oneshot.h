@@ -1,0 +1,27 @@
+/* oneshot.h: `dualpathd --prompt`: load the model, generate one completion to
+ * stdout, exit. */
+#ifndef DP_DAEMON_ONESHOT_H
+#define DP_DAEMON_ONESHOT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+typedef struct dp_oneshot_opts {
+    const char *model;
+    const char *prompt;
+    const char *device;
+    int32_t max_tokens;
+    float temperature;
+    int32_t top_k;
+    float top_p;
+    float min_p;
+    uint64_t seed;
+    bool chat;
+    int threads;
+    bool verbose;
+} dp_oneshot_opts;
+
+/* Returns a process exit status. */
+int oneshot_run(const dp_oneshot_opts *o);
+
+#endif

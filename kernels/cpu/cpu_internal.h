@@ -1,0 +1,53 @@
+/* cpu_internal.h: state shared by the CPU backend's files (ops, matmul,
+ * attention). Not part of any public surface. */
+#ifndef DP_KERNELS_CPU_INTERNAL_H
+#define DP_KERNELS_CPU_INTERNAL_H
+
+#include "kernels/backend.h"
+#include "threadpool.h"
+
+struct dp_kv_store {
+    dp_kv_layout l;
+    float *k;   /* [layer][block][kv_head][token][head_dim] */
+    float *v;
+};
+
+typedef struct cpu_backend {
+    dp_backend base;
+    dp_threadpool *tp;
+    /* Per-thread scratch: a tile of dequantized weight rows, and attention scores. */
+    float **wscratch;
+    size_t wscratch_elems;
+    float **sscratch;
+    size_t sscratch_elems;
+    /* The current batch (copied by batch_set). */
+    dp_batch b;
+    int32_t *arrays;       /* backing store of the batch's index arrays */
+    size_t arrays_cap;
+    uint8_t *seq_store;
+    size_t seq_store_cap;
+} cpu_backend;
+
+static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
+
+static inline float *kv_row(const dp_kv_store *kv, float *base, int32_t layer, int32_t block,
+                            int32_t head, int32_t tok)
+{
+    const dp_kv_layout *l = &kv->l;
+    size_t idx = (((size_t)layer * (size_t)l->n_blocks + (size_t)block) * (size_t)l->n_kv_heads +
+                  (size_t)head) * (size_t)l->block_tokens + (size_t)tok;
+    return base + idx * (size_t)l->head_dim;
+}
+
+int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,
+                    const void *src, char *err, size_t errsz);
+void cpu_weight_free(dp_backend *be, dp_weight *w);
+void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m);
+/* Row r of w as f32 into dst (cols elements). */
+void cpu_weight_row(const dp_weight *w, int64_t r, float *dst);
+void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
+                   const float *q, int32_t n_heads, float scale);
+int cpu_scratch_reserve(cpu_backend *c, size_t wscratch_elems, size_t sscratch_elems);
+float cpu_dot(const float *a, const float *b, int64_t n);
+
+#endif

@@ -1,0 +1,53 @@
+/* pool.h: a KV block pool's bookkeeping (the memory itself is a backend KV
+ * store): free blocks in LRU order, reference counts, and per-sequence block
+ * tables. Freed blocks go to the tail so that recently used ones stay intact
+ * longest (a later prefix cache can revive them). */
+#ifndef DP_KVCACHE_POOL_H
+#define DP_KVCACHE_POOL_H
+
+#include <stdint.h>
+#include <stdbool.h>
+
+typedef struct dp_kv_pool {
+    int32_t n_blocks;
+    int32_t block_tokens;
+    int32_t n_free;
+    uint32_t *refcnt;   /* [n_blocks] 0 = free */
+    int32_t *prev;      /* free-list links, -1 = none */
+    int32_t *next;
+    int32_t head;       /* least recently freed (allocated first) */
+    int32_t tail;
+} dp_kv_pool;
+
+int kv_pool_init(dp_kv_pool *p, int32_t n_blocks, int32_t block_tokens);
+void kv_pool_destroy(dp_kv_pool *p);
+
+/* Takes the least recently freed block (refcount 1); DP_ENOSPC when none. */
+int kv_pool_alloc(dp_kv_pool *p, int32_t *block);
+void kv_pool_ref(dp_kv_pool *p, int32_t block);
+/* Drops one reference; at zero the block returns to the free list's tail. */
+void kv_pool_unref(dp_kv_pool *p, int32_t block);
+static inline int32_t kv_pool_n_free(const dp_kv_pool *p) { return p->n_free; }
+static inline int32_t kv_pool_n_used(const dp_kv_pool *p) { return p->n_blocks - p->n_free; }
+/* Blocks needed to hold n tokens. */
+static inline int32_t kv_pool_blocks_for(const dp_kv_pool *p, int64_t n_tokens)
+{
+    return (int32_t)((n_tokens + p->block_tokens - 1) / p->block_tokens);
+}
+
+/* A sequence's block table on one pool. */
+typedef struct dp_block_table {
+    int32_t *blocks;
+    int32_t n_blocks;
+    int32_t cap;
+} dp_block_table;
+
+void kv_table_init(dp_block_table *t);
+/* Grows the table so that it covers n_tokens slots, allocating from p.
+ * On DP_ENOSPC nothing is allocated (all-or-nothing). */
+int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens);
+/* Returns every block to p and empties the table. */
+void kv_table_release(dp_block_table *t, dp_kv_pool *p);
+void kv_table_destroy(dp_block_table *t, dp_kv_pool *p);
+
+#endif

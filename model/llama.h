@@ -1,0 +1,52 @@
+/* llama.h: the LLaMA-family model: hyperparameters from GGUF metadata, weights
+ * on a backend, and the one batched forward pass over paged KV. */
+#ifndef DP_MODEL_LLAMA_H
+#define DP_MODEL_LLAMA_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "gguf.h"
+#include "kernels/backend.h"
+
+typedef struct dp_hparams {
+    char arch[32];          /* general.architecture ("llama") */
+    int32_t n_layers;
+    int32_t dim;            /* embedding length */
+    int32_t n_heads;
+    int32_t n_kv_heads;     /* < n_heads with GQA */
+    int32_t head_dim;
+    int32_t ffn;            /* feed-forward length */
+    int32_t n_ctx_train;    /* context length the model was trained for */
+    int32_t vocab;
+    int32_t n_rot;          /* rotary dims per head */
+    float rope_base;
+    float rope_freq_scale; /* 1 / linear scaling factor */
+    float rms_eps;
+    bool tied_output;       /* no output.weight: the embedding table projects */
+} dp_hparams;
+
+/* Reads and checks hyperparameters ({arch}.* keys); the message names a
+ * missing or out-of-range key. */
+int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz);
+
+typedef struct dp_llama dp_llama;
+
+/* Loads the weights onto be and sizes activations for up to max_tokens tokens
+ * and max_out logit rows per step. */
+int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
+               int32_t max_out, char *err, size_t errsz);
+void llama_destroy(dp_llama *m);
+
+const dp_hparams *llama_hparams(const dp_llama *m);
+dp_backend *llama_backend(const dp_llama *m);
+int32_t llama_max_tokens(const dp_llama *m);
+int32_t llama_max_out(const dp_llama *m);
+/* Layout of a KV store that fits this model, with the given block geometry. */
+dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks);
+
+/* One step: runs the batch, writing K/V into its slots, and copies the logits
+ * of the batch's out_tokens to the host array logits [n_out * vocab]. */
+int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits);
+
+#endif

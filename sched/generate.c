@@ -1,0 +1,213 @@
+/* generate.c: the static-batch driver: block tables from the pool, prompt
+ * chunks packed into steps, lockstep decoding, and blocks returned at the end
+ * (the continuous scheduler replaces this for serving). */
+#include "generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+int gen_init(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, char *err,
+             size_t errsz)
+{
+    memset(g, 0, sizeof *g);
+    g->model = m;
+    dp_backend *be = llama_backend(m);
+    dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
+    int rc = kv_pool_init(&g->pool, n_blocks, block_tokens);
+    if (rc)
+        return dp_err(err, errsz, rc, "kv pool: bad geometry (%d blocks of %d tokens)", n_blocks,
+                      block_tokens);
+    if ((rc = be->ops->kv_create(be, &l, &g->store))) {
+        kv_pool_destroy(&g->pool);
+        return dp_err(err, errsz, rc, "kv store: cannot allocate %d blocks of %d tokens", n_blocks,
+                      block_tokens);
+    }
+    const dp_hparams *hp = llama_hparams(m);
+    g->logits = malloc((size_t)llama_max_out(m) * (size_t)hp->vocab * sizeof(float));
+    if (!g->logits || sampler_init(&g->sampler, hp->vocab)) {
+        gen_destroy(g);
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    }
+    return 0;
+}
+
+void gen_destroy(dp_gen *g)
+{
+    if (g->store)
+        llama_backend(g->model)->ops->kv_destroy(llama_backend(g->model), g->store);
+    kv_pool_destroy(&g->pool);
+    sampler_destroy(&g->sampler);
+    free(g->logits);
+    memset(g, 0, sizeof *g);
+}
+
+typedef struct seq_state {
+    dp_block_table table;
+    dp_rng rng;
+    int32_t n_done;     /* prompt tokens already run */
+    int32_t last;       /* last sampled token */
+    bool finished;
+} seq_state;
+
+typedef struct step_buf {
+    int32_t *tokens, *pos, *seq, *slot, *out_tokens, *out_seq, *tables;
+    uint8_t *seq_store;
+} step_buf;
+
+static int sample_into(dp_gen *g, dp_gen_seq *sq, seq_state *st, int32_t si, const float *row,
+                       const dp_tokenizer *tok, dp_gen_token_cb cb, void *ud)
+{
+    int32_t t = sampler_sample(&g->sampler, &sq->sampling, &st->rng, row);
+    sq->out[sq->n_out++] = t;
+    st->last = t;
+    if (cb)
+        cb(ud, si, t);
+    if (sq->n_out >= sq->max_new || (sq->stop_at_eog && tok && tokenizer_is_eog(tok, t)))
+        st->finished = true;
+    return 0;
+}
+
+int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_gen_token_cb cb,
+            void *ud, char *err, size_t errsz)
+{
+    dp_llama *m = g->model;
+    const dp_hparams *hp = llama_hparams(m);
+    const int32_t T = llama_max_tokens(m), O = llama_max_out(m);
+    int rc = 0;
+    if (n <= 0)
+        return 0;
+    seq_state *st = calloc((size_t)n, sizeof *st);
+    step_buf sb = {0};
+    int32_t max_blocks = 1;
+    for (int32_t i = 0; i < n; i++) {
+        if (seqs[i].n_prompt < 1 || seqs[i].max_new < 0) {
+            rc = dp_err(err, errsz, DP_EINVAL, "sequence %d: empty prompt", i);
+            goto out;
+        }
+        int32_t nb = kv_pool_blocks_for(&g->pool, (int64_t)seqs[i].n_prompt + seqs[i].max_new);
+        if (nb > max_blocks)
+            max_blocks = nb;
+    }
+    sb.tokens = malloc((size_t)T * sizeof(int32_t));
+    sb.pos = malloc((size_t)T * sizeof(int32_t));
+    sb.seq = malloc((size_t)T * sizeof(int32_t));
+    sb.slot = malloc((size_t)T * sizeof(int32_t));
+    sb.out_tokens = malloc((size_t)T * sizeof(int32_t));
+    sb.out_seq = malloc((size_t)T * sizeof(int32_t));
+    sb.tables = malloc((size_t)n * (size_t)max_blocks * sizeof(int32_t));
+    sb.seq_store = calloc((size_t)n, 1);
+    if (!st || !sb.tokens || !sb.pos || !sb.seq || !sb.slot || !sb.out_tokens || !sb.out_seq ||
+        !sb.tables || !sb.seq_store) {
+        rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        kv_table_init(&st[i].table);
+        rng_seed(&st[i].rng, seqs[i].sampling.seed);
+        seqs[i].n_out = 0;
+        if (seqs[i].max_new == 0)
+            st[i].finished = true;
+        if ((rc = kv_table_reserve(&st[i].table, &g->pool,
+                                   (int64_t)seqs[i].n_prompt + seqs[i].max_new))) {
+            rc = dp_err(err, errsz, rc, "kv pool full: sequence %d needs %d blocks, %d free", i,
+                        kv_pool_blocks_for(&g->pool, (int64_t)seqs[i].n_prompt + seqs[i].max_new),
+                        kv_pool_n_free(&g->pool));
+            goto out;
+        }
+        memset(sb.tables + (size_t)i * max_blocks, 0, (size_t)max_blocks * sizeof(int32_t));
+        memcpy(sb.tables + (size_t)i * max_blocks, st[i].table.blocks,
+               (size_t)st[i].table.n_blocks * sizeof(int32_t));
+    }
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {g->store, NULL};
+    dp_batch b = {.tokens = sb.tokens, .pos = sb.pos, .seq = sb.seq, .slot = sb.slot,
+                  .n_seqs = n, .seq_store = sb.seq_store, .block_tables = sb.tables,
+                  .max_blocks = max_blocks, .out_tokens = sb.out_tokens};
+
+    /* Prefill: pack prompt chunks until the step's budget is used. */
+    int32_t cur = 0;
+    while (cur < n) {
+        double t0 = dp_now();
+        int32_t nt = 0, no = 0;
+        for (int32_t i = cur; i < n && nt < T && no < O; i++) {
+            dp_gen_seq *sq = &seqs[i];
+            while (st[i].n_done < sq->n_prompt && nt < T) {
+                int32_t p = st[i].n_done++;
+                sb.tokens[nt] = sq->prompt[p];
+                sb.pos[nt] = p;
+                sb.slot[nt] = p;
+                sb.seq[nt] = i;
+                nt++;
+            }
+            if (st[i].n_done == sq->n_prompt) {
+                sb.out_seq[no] = i;
+                sb.out_tokens[no++] = nt - 1;
+            }
+        }
+        b.n_tokens = nt;
+        b.n_out = no;
+        if ((rc = llama_forward(m, &b, stores, g->logits))) {
+            rc = dp_err(err, errsz, rc, "forward pass failed during prefill");
+            goto out;
+        }
+        for (int32_t o = 0; o < no; o++) {
+            int32_t i = sb.out_seq[o];
+            const float *row = g->logits + (size_t)o * hp->vocab;
+            if (seqs[i].prompt_logits)
+                memcpy(seqs[i].prompt_logits, row, (size_t)hp->vocab * sizeof(float));
+            if (!st[i].finished)
+                sample_into(g, &seqs[i], &st[i], i, row, tok, cb, ud);
+        }
+        while (cur < n && st[cur].n_done == seqs[cur].n_prompt)
+            cur++;
+        g->t_prefill += dp_now() - t0;
+        g->n_prefill_tokens += nt;
+    }
+
+    /* Decode: every live sequence advances one token per step. */
+    for (;;) {
+        double t0 = dp_now();
+        int32_t nt = 0;
+        for (int32_t i = 0; i < n && nt < T && nt < O; i++) {
+            if (st[i].finished)
+                continue;
+            int32_t p = seqs[i].n_prompt + seqs[i].n_out - 1;
+            sb.tokens[nt] = st[i].last;
+            sb.pos[nt] = p;
+            sb.slot[nt] = p;
+            sb.seq[nt] = i;
+            sb.out_seq[nt] = i;
+            sb.out_tokens[nt] = nt;
+            nt++;
+        }
+        if (nt == 0)
+            break;
+        b.n_tokens = nt;
+        b.n_out = nt;
+        if ((rc = llama_forward(m, &b, stores, g->logits))) {
+            rc = dp_err(err, errsz, rc, "forward pass failed during decode");
+            goto out;
+        }
+        for (int32_t o = 0; o < nt; o++) {
+            int32_t i = sb.out_seq[o];
+            sample_into(g, &seqs[i], &st[i], i, g->logits + (size_t)o * hp->vocab, tok, cb, ud);
+        }
+        g->t_decode += dp_now() - t0;
+        g->n_decode_tokens += nt;
+    }
+out:
+    if (st)
+        for (int32_t i = 0; i < n; i++)
+            kv_table_destroy(&st[i].table, &g->pool);
+    free(st);
+    free(sb.tokens);
+    free(sb.pos);
+    free(sb.seq);
+    free(sb.slot);
+    free(sb.out_tokens);
+    free(sb.out_seq);
+    free(sb.tables);
+    free(sb.seq_store);
+    return rc;
+}

@@ -1,0 +1,41 @@
+/* sampler.h: turns one row of logits into a token: greedy, or temperature
+ * with top-k / top-p / min-p truncation, from a per-sequence seeded RNG so a
+ * request's output does not depend on what else shares its batch. */
+#ifndef DP_SCHED_SAMPLER_H
+#define DP_SCHED_SAMPLER_H
+
+#include <stdint.h>
+
+typedef struct dp_sampling {
+    float temperature;  /* <= 0: greedy */
+    int32_t top_k;      /* <= 0: off */
+    float top_p;        /* >= 1: off */
+    float min_p;        /* <= 0: off */
+    uint64_t seed;
+} dp_sampling;
+
+void sampling_default(dp_sampling *sp);
+
+typedef struct dp_rng {
+    uint64_t s[4];
+} dp_rng;
+
+void rng_seed(dp_rng *r, uint64_t seed);
+uint64_t rng_next(dp_rng *r);
+/* Uniform in [0, 1). */
+double rng_uniform(dp_rng *r);
+
+typedef struct dp_sampler {
+    int32_t vocab;
+    struct dp_cand *cand;  /* scratch, vocab entries */
+} dp_sampler;
+
+int sampler_init(dp_sampler *s, int32_t vocab);
+void sampler_destroy(dp_sampler *s);
+
+/* Index of the largest logit (lowest index on ties). */
+int32_t sampler_argmax(const float *logits, int32_t vocab);
+/* Samples one token; logits are not modified. */
+int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const float *logits);
+
+#endif

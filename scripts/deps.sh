@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the build and tests need (only those missing),
+# and the Python test tools into a virtual environment under the cache.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PKGS="build-essential meson ninja-build pkg-config libopenblas-dev libuv1-dev libmicrohttpd-dev libcjson-dev python3 python3-venv python3-pip"
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+# python3/pip may come from elsewhere (pyenv); accept them when they work.
+if [ -n "$missing" ]; then
+    filtered=""
+    for p in $missing; do
+        case "$p" in
+            python3) command -v python3 >/dev/null || filtered="$filtered $p" ;;
+            python3-venv) python3 -c 'import venv, ensurepip' 2>/dev/null || filtered="$filtered $p" ;;
+            python3-pip) python3 -m pip --version >/dev/null 2>&1 || filtered="$filtered $p" ;;
+            *) filtered="$filtered $p" ;;
+        esac
+    done
+    missing="$filtered"
+fi
+if [ -n "${missing// /}" ]; then
+    echo "deps: installing Debian packages:$missing"
+    SUDO=""
+    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $missing
+else
+    echo "deps: Debian packages present"
+fi
+if [ "${1:-}" = "--python" ]; then
+    CACHE="${DP_CACHE:-$HOME/.cache/dualpath}"
+    VENV="$CACHE/venv"
+    if [ ! -x "$VENV/bin/python" ]; then
+        echo "deps: creating Python venv $VENV"
+        python3 -m venv "$VENV"
+    fi
+    if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers' 2>/dev/null; then
+        echo "deps: installing Python test packages into $VENV"
+        "$VENV/bin/pip" install --quiet -r tests/requirements.txt
+    else
+        echo "deps: Python test packages present in $VENV"
+    fi
+fi

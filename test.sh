@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Runs every test: installs deps and the default model, builds, runs the C unit
+# tests (release and ASan/UBSan builds), then the model tests against the real
+# model and an independent NumPy reference.
+set -euo pipefail
+cd "$(dirname "$0")"
+scripts/deps.sh --python
+scripts/fetch-model.sh
+PY="${DP_CACHE:-$HOME/.cache/dualpath}/venv/bin/python"
+export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
+
+if [ ! -f build/build.ninja ]; then
+    echo "test: configuring build/ (release)"
+    meson setup build --buildtype=release
+fi
+echo "test: building build/"
+ninja -C build
+echo "test: unit tests (release)"
+meson test -C build --print-errorlogs
+
+if [ ! -f build-asan/build.ninja ]; then
+    echo "test: configuring build-asan/ (ASan + UBSan)"
+    meson setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Dcuda=disabled
+fi
+echo "test: building build-asan/"
+ninja -C build-asan
+echo "test: unit tests (ASan + UBSan)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    meson test -C build-asan --print-errorlogs --timeout-multiplier 4
+
+echo "test: model tests"
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
+"$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits
+tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
+echo "test: all tests passed"

@@ -1,1 +1,567 @@
-/* placeholder */
+/* cuda_backend.cu: the CUDA implementation of backend.h: device and stream,
+ * memory, fp16 weights, KV stores, the step's batch arrays and the cuBLAS matmul. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+/* The runtime's current device is per host thread, and the engine thread
+ * that runs steps is not the one that created the backend: every entry point
+ * that may be the first on a thread binds the device (cheap when current). */
+static void cuda_bind(cuda_backend *c) { cudaSetDevice(c->device); }
+
+void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
+{
+    if (c->failed)
+        return;
+    c->failed = DP_EIO;
+    snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cudaGetErrorString(e));
+    dp_log(DP_LOG_ERROR, "cuda: %s", c->fail_msg);
+}
+
+void cuda_check_launch(cuda_backend *c, const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        cuda_note_error(c, what, e);
+}
+
+static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
+{
+    if (c->failed)
+        return;
+    c->failed = DP_EIO;
+    snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cublasGetStatusString(s));
+    dp_log(DP_LOG_ERROR, "cuda: %s", c->fail_msg);
+}
+
+int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem)
+{
+    if (want <= *cap && *p)
+        return 0;
+    size_t n = want + want / 4 + 1024;
+    /* Work queued on the stream may still read the old buffer. */
+    cudaStreamSynchronize(c->stream);
+    cudaFree(*p);
+    *p = NULL;
+    *cap = 0;
+    cudaError_t e = cudaMalloc(p, n * elem);
+    if (e != cudaSuccess) {
+        *p = NULL;
+        cuda_note_error(c, "scratch allocation", e);
+        return DP_ENOMEM;
+    }
+    *cap = n;
+    return 0;
+}
+
+static void *cuda_alloc(dp_backend *be, size_t bytes)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    void *p = NULL;
+    /* cudaMalloc(0) yields NULL, which callers read as out of memory. */
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_free(dp_backend *be, void *p)
+{
+    cuda_bind(cuda_of(be));
+    cudaFree(p);
+}
+
+/* Synchronous: the caller may reuse or free src as soon as this returns
+ * (uploads are set-up and test traffic, not per-step work). */
+static int cuda_upload(dp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cuda_note_error(c, "upload", e);
+        return DP_EIO;
+    }
+    return 0;
+}
+
+/* The one synchronization of a step: the logits must be on the host. A failed
+ * launch earlier in the step is reported here, since the ops are void. */
+static int cuda_download(dp_backend *be, void *dst, const void *src, size_t bytes)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        cuda_note_error(c, "download", e);
+    return c->failed ? c->failed : 0;
+}
+
+/* ---- weights -------------------------------------------------------------
+ * Every 2-D weight lives on the device as fp16, whatever its file type: the
+ * host dequantizes it once at load (quant_dequant_row) and the matmul is one
+ * tensor-core GEMM. Vectors (norm weights, rows == 1) stay f32: they are tiny
+ * and rmsnorm reads them as f32 like the CPU does. */
+
+#define CUDA_WSTAGE_ELEMS ((size_t)8 << 20) /* 16 MiB of fp16 per staged copy */
+
+static int cuda_copy_sync(cuda_backend *c, void *dst, const void *src, size_t bytes)
+{
+    cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    return e == cudaSuccess ? 0 : DP_EIO;
+}
+
+static int cuda_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,
+                            const void *src, char *err, size_t errsz)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    memset(w, 0, sizeof *w);
+    if (!quant_type_supported(type))
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "weight type %s is not supported",
+                      quant_type_name(type));
+    if (rows < 1 || cols < 1)
+        return dp_err(err, errsz, DP_EINVAL, "weight of %lld x %lld elements", (long long)rows,
+                      (long long)cols);
+    uint64_t row_bytes;
+    int rc = quant_row_bytes(type, (uint64_t)cols, &row_bytes);
+    if (rc)
+        return dp_err(err, errsz, rc, "weight row of %lld %s elements has no valid size",
+                      (long long)cols, quant_type_name(type));
+    const bool vec = rows == 1;
+    const size_t elem = vec ? sizeof(float) : sizeof(uint16_t);
+    const size_t nbytes = (size_t)rows * (size_t)cols * elem;
+    void *d = NULL;
+    cudaError_t e = cudaMalloc(&d, nbytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dp_err(err, errsz, DP_ENOMEM, "out of device memory for a %zu-byte weight", nbytes);
+    }
+    const uint8_t *s = (const uint8_t *)src;
+    float *tmp = NULL;
+    if (vec) {
+        tmp = (float *)malloc((size_t)cols * sizeof *tmp);
+        if (!tmp) {
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            goto fail;
+        }
+        if ((rc = quant_dequant_row(type, s, tmp, cols))) {
+            rc = dp_err(err, errsz, rc, "cannot dequantize %s", quant_type_name(type));
+            goto fail;
+        }
+        if (cuda_copy_sync(c, d, tmp, nbytes)) {
+            rc = dp_err(err, errsz, DP_EIO, "weight upload failed");
+            goto fail;
+        }
+    } else if (type == DP_TYPE_F16) {
+        /* Already the device format: one straight copy. */
+        if (cuda_copy_sync(c, d, s, nbytes)) {
+            rc = dp_err(err, errsz, DP_EIO, "weight upload failed");
+            goto fail;
+        }
+    } else {
+        if (!c->wstage) {
+            if (cudaMallocHost((void **)&c->wstage, CUDA_WSTAGE_ELEMS * sizeof(uint16_t)) !=
+                cudaSuccess) {
+                cudaGetLastError();
+                c->wstage = NULL;
+                rc = dp_err(err, errsz, DP_ENOMEM, "out of pinned memory for weight staging");
+                goto fail;
+            }
+            c->wstage_cap = CUDA_WSTAGE_ELEMS;
+        }
+        tmp = (float *)malloc((size_t)cols * sizeof *tmp);
+        if (!tmp) {
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            goto fail;
+        }
+        /* Rows are converted into the staging buffer a chunk at a time; a row
+         * longer than the buffer is not a weight any model has. */
+        int64_t chunk = (int64_t)(c->wstage_cap / (size_t)cols);
+        if (chunk < 1) {
+            rc = dp_err(err, errsz, DP_EUNSUPPORTED, "weight rows of %lld elements are too long",
+                        (long long)cols);
+            goto fail;
+        }
+        uint16_t *dd = (uint16_t *)d;
+        for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+            int64_t nr = rows - r0 < chunk ? rows - r0 : chunk;
+            for (int64_t r = 0; r < nr; r++) {
+                const uint8_t *sr = s + (size_t)(r0 + r) * row_bytes;
+                const float *f = (const float *)sr;
+                if (type != DP_TYPE_F32) {
+                    if ((rc = quant_dequant_row(type, sr, tmp, cols))) {
+                        rc = dp_err(err, errsz, rc, "cannot dequantize %s", quant_type_name(type));
+                        goto fail;
+                    }
+                    f = tmp;
+                } else {
+                    /* f32 rows may be unaligned in a GGUF buffer: copy first. */
+                    memcpy(tmp, sr, (size_t)cols * sizeof *tmp);
+                    f = tmp;
+                }
+                uint16_t *o = c->wstage + (size_t)r * (size_t)cols;
+                for (int64_t j = 0; j < cols; j++)
+                    o[j] = dp_f32_to_fp16(f[j]);
+            }
+            if (cuda_copy_sync(c, dd + (size_t)r0 * (size_t)cols, c->wstage,
+                               (size_t)nr * (size_t)cols * sizeof(uint16_t))) {
+                rc = dp_err(err, errsz, DP_EIO, "weight upload failed");
+                goto fail;
+            }
+        }
+    }
+    free(tmp);
+    w->type = vec ? DP_TYPE_F32 : DP_TYPE_F16;
+    w->rows = rows;
+    w->cols = cols;
+    w->data = d;
+    w->nbytes = nbytes;
+    return 0;
+fail:
+    free(tmp);
+    cudaFree(d);
+    return rc;
+}
+
+static void cuda_weight_free(dp_backend *be, dp_weight *w)
+{
+    cuda_bind(cuda_of(be));
+    cudaFree(w->data);
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- KV stores ----------------------------------------------------------- */
+
+static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
+{
+    return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
+           (size_t)l->head_dim * sizeof(__half);
+}
+
+static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
+        l->n_blocks <= 0)
+        return DP_EINVAL;
+    /* The kernels move KV rows as 16-byte vectors and size shared memory
+     * for head_dim <= 256 (every LLaMA-family model fits). */
+    if (l->head_dim % CUDA_KV_VEC || l->head_dim > CUDA_MAX_HEAD_DIM) {
+        dp_log(DP_LOG_ERROR, "cuda: head_dim %d is not supported (a multiple of %d up to %d)",
+               l->head_dim, CUDA_KV_VEC, CUDA_MAX_HEAD_DIM);
+        return DP_EUNSUPPORTED;
+    }
+    dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
+    if (!kv)
+        return DP_ENOMEM;
+    kv->l = *l;
+    size_t half = cuda_kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
+    if (cudaMalloc((void **)&kv->k, half) != cudaSuccess ||
+        cudaMalloc((void **)&kv->v, half) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(kv->k);
+        cudaFree(kv->v);
+        free(kv);
+        return DP_ENOMEM;
+    }
+    /* Zeros, so that no slot ever holds a NaN bit pattern (a padded key of an
+     * attention tile is weighted 0, and 0 * NaN would poison the sum). */
+    if (cudaMemsetAsync(kv->k, 0, half, c->stream) != cudaSuccess ||
+        cudaMemsetAsync(kv->v, 0, half, c->stream) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFree(kv->k);
+        cudaFree(kv->v);
+        free(kv);
+        return DP_EIO;
+    }
+    *out = kv;
+    return 0;
+}
+
+static void cuda_kv_destroy(dp_backend *be, dp_kv_store *kv)
+{
+    if (!kv)
+        return;
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    cudaStreamSynchronize(c->stream);
+    cudaFree(kv->k);
+    cudaFree(kv->v);
+    free(kv);
+}
+
+static const dp_kv_layout *cuda_kv_get_layout(dp_backend *be, const dp_kv_store *kv)
+{
+    return &kv->l;
+}
+
+/* ---- the step's batch -----------------------------------------------------
+ * All index arrays travel in one async copy from a pinned staging buffer:
+ * tokens, pos, seq, slot [n_tokens each], block tables [n_seqs * max_blocks],
+ * out_tokens [n_out], seq_store widened to int32 [n_seqs], and the query
+ * tiles the attention kernel walks [n_tiles + 1]. */
+
+static int cuda_arrays_reserve(cuda_backend *c, size_t need)
+{
+    if (need <= c->arrays_cap)
+        return 0;
+    size_t n = need + need / 2 + 4096;
+    cudaStreamSynchronize(c->stream); /* queued kernels may read the old arrays */
+    cudaFreeHost(c->h_arrays);
+    cudaFree(c->d_arrays);
+    c->h_arrays = NULL;
+    c->d_arrays = NULL;
+    c->arrays_cap = 0;
+    c->arrays_pending = false;
+    if (cudaMallocHost((void **)&c->h_arrays, n * sizeof(int32_t)) != cudaSuccess ||
+        cudaMalloc((void **)&c->d_arrays, n * sizeof(int32_t)) != cudaSuccess) {
+        cudaGetLastError();
+        cudaFreeHost(c->h_arrays);
+        cudaFree(c->d_arrays);
+        c->h_arrays = NULL;
+        c->d_arrays = NULL;
+        return DP_ENOMEM;
+    }
+    c->arrays_cap = n;
+    return 0;
+}
+
+static int cuda_batch_set(dp_backend *be, const dp_batch *b)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    if (b->n_tokens < 1 || b->n_seqs < 1 || b->max_blocks < 1 || b->n_out < 0)
+        return DP_EINVAL;
+    const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
+    const size_t nbt = ns * (size_t)b->max_blocks;
+    /* Tiles: at most one per token. */
+    const size_t need = 4 * nt + nbt + (size_t)b->n_out + ns + nt + 1;
+    /* The previous step's copy may still be reading the staging buffer (a
+     * step without logits ends without a download). */
+    if (c->arrays_pending) {
+        cudaEventSynchronize(c->arrays_copied);
+        c->arrays_pending = false;
+    }
+    if (cuda_arrays_reserve(c, need))
+        return DP_ENOMEM;
+    int32_t *h = c->h_arrays;
+    memcpy(h, b->tokens, nt * sizeof *h);
+    memcpy(h + nt, b->pos, nt * sizeof *h);
+    memcpy(h + 2 * nt, b->seq, nt * sizeof *h);
+    memcpy(h + 3 * nt, b->slot, nt * sizeof *h);
+    memcpy(h + 4 * nt, b->block_tables, nbt * sizeof *h);
+    size_t o = 4 * nt + nbt;
+    if (b->n_out)
+        memcpy(h + o, b->out_tokens, (size_t)b->n_out * sizeof *h);
+    o += (size_t)b->n_out;
+    for (size_t s = 0; s < ns; s++)
+        h[o + s] = b->seq_store[s];
+    const size_t o_store = o;
+    o += ns;
+    /* Query tiles: runs of consecutive tokens of one sequence, cut at
+     * CUDA_QTILE, so the keys of a prefill chunk are read once per tile. */
+    const size_t o_tiles = o;
+    int32_t n_tiles = 0, max_len = 0, max_slots = 0, len = 0;
+    for (int32_t i = 0; i < b->n_tokens; i++) {
+        if (i == 0 || b->seq[i] != b->seq[i - 1] || len == CUDA_QTILE) {
+            h[o_tiles + (size_t)n_tiles++] = i;
+            len = 0;
+        }
+        len++;
+        if (len > max_len)
+            max_len = len;
+        if (b->slot[i] + 1 > max_slots)
+            max_slots = b->slot[i] + 1;
+    }
+    h[o_tiles + (size_t)n_tiles] = b->n_tokens;
+    const size_t used = o_tiles + (size_t)n_tiles + 1;
+    cudaError_t e = cudaMemcpyAsync(c->d_arrays, h, used * sizeof *h, cudaMemcpyHostToDevice,
+                                    c->stream);
+    if (e == cudaSuccess)
+        e = cudaEventRecord(c->arrays_copied, c->stream);
+    if (e != cudaSuccess) {
+        cuda_note_error(c, "batch copy", e);
+        return DP_EIO;
+    }
+    c->arrays_pending = true;
+    const int32_t *d = c->d_arrays;
+    c->bd.tokens = d;
+    c->bd.pos = d + nt;
+    c->bd.seq = d + 2 * nt;
+    c->bd.slot = d + 3 * nt;
+    c->bd.block_tables = d + 4 * nt;
+    c->bd.out_tokens = d + 4 * nt + nbt;
+    c->bd.seq_store = d + o_store;
+    c->bd.tile_start = d + o_tiles;
+    c->n_tokens = b->n_tokens;
+    c->n_seqs = b->n_seqs;
+    c->max_blocks = b->max_blocks;
+    c->n_out = b->n_out;
+    c->n_tiles = n_tiles;
+    c->max_tile_len = max_len;
+    c->max_slots = max_slots;
+    return 0;
+}
+
+/* ---- matmul ---------------------------------------------------------------
+ * y[m, rows] = x[m, cols] . W^T, all row-major. cuBLAS is column-major, and a
+ * row-major [a, b] matrix is the same memory as a column-major [b, a] one
+ * (its transpose) with leading dimension b. So:
+ *   W (row-major [rows, cols]) is column-major W^T [cols, rows], ld = cols;
+ *   x (row-major [m, cols])    is column-major x^T [cols, m],    ld = cols;
+ *   y (row-major [m, rows])    is column-major y^T [rows, m],    ld = rows.
+ * y^T = W . x^T, i.e. C[rows, m] = op(A) . B with A = W's memory transposed
+ * (CUBLAS_OP_T, lda = cols) and B = x's memory as is (CUBLAS_OP_N, ldb = cols):
+ * the "TN" GEMM, cuBLAS's preferred layout for tensor cores. The activations
+ * are converted to fp16 first; accumulation and output are f32. */
+static void cuda_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m)
+{
+    cuda_backend *c = cuda_of(be);
+    if (m <= 0)
+        return;
+    const float one = 1.0f, zero = 0.0f;
+    const int rows = (int)w->rows, cols = (int)w->cols;
+    cublasStatus_t s;
+    if (w->type == DP_TYPE_F16) {
+        const size_t n = (size_t)m * (size_t)cols;
+        if (cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, n, sizeof(__half)))
+            return;
+        cuda_to_half(c, c->xh, x, (int64_t)n);
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, cols, &one, w->data,
+                         CUDA_R_16F, cols, c->xh, CUDA_R_16F, cols, &zero, y, CUDA_R_32F, rows,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    } else {
+        /* f32 weights exist only as vectors; kept for completeness. */
+        s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, cols, &one, w->data,
+                         CUDA_R_32F, cols, x, CUDA_R_32F, cols, &zero, y, CUDA_R_32F, rows,
+                         CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    }
+    if (s != CUBLAS_STATUS_SUCCESS)
+        cuda_note_blas(c, "matmul", s);
+}
+
+/* ---- life cycle ------------------------------------------------------------ */
+
+static void cuda_destroy(dp_backend *be)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    if (c->stream)
+        cudaStreamSynchronize(c->stream);
+    if (c->blas)
+        cublasDestroy(c->blas);
+    cudaFree(c->xh);
+    cudaFree(c->part);
+    cudaFree(c->d_arrays);
+    cudaFreeHost(c->h_arrays);
+    cudaFreeHost(c->wstage);
+    if (c->arrays_copied)
+        cudaEventDestroy(c->arrays_copied);
+    if (c->stream)
+        cudaStreamDestroy(c->stream);
+    free(c);
+}
+
+/* Filled field by field: C++ has no designated initializers before C++20,
+ * and a positional list would silently shift when backend.h gains an op. */
+static dp_backend_ops cuda_make_ops(void)
+{
+    dp_backend_ops o;
+    memset(&o, 0, sizeof o);
+    o.name = "cuda";
+    o.destroy = cuda_destroy;
+    o.alloc = cuda_alloc;
+    o.free = cuda_free;
+    o.upload = cuda_upload;
+    o.download = cuda_download;
+    o.weight_load = cuda_weight_load;
+    o.weight_free = cuda_weight_free;
+    o.kv_create = cuda_kv_create;
+    o.kv_destroy = cuda_kv_destroy;
+    o.kv_bytes_per_block = cuda_kv_block_bytes;
+    o.kv_layout = cuda_kv_get_layout;
+    o.batch_set = cuda_batch_set;
+    o.embed = cuda_embed;
+    o.rmsnorm = cuda_rmsnorm;
+    o.matmul = cuda_matmul;
+    o.rope = cuda_rope;
+    o.kv_write = cuda_kv_write;
+    o.attention = cuda_attention;
+    o.add = cuda_add;
+    o.swiglu = cuda_swiglu;
+    o.gather_rows = cuda_gather_rows;
+    return o;
+}
+
+static const dp_backend_ops cuda_ops = cuda_make_ops();
+
+extern "C" int backend_cuda_create(dp_backend **out, int device_index, char *err, size_t errsz)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "no CUDA device: %s", cudaGetErrorString(e));
+    }
+    if (n <= 0)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "no CUDA device: none found");
+    if (device_index < 0 || device_index >= n)
+        return dp_err(err, errsz, DP_EINVAL, "CUDA device %d out of range (%d device%s)",
+                      device_index, n, n == 1 ? "" : "s");
+    cudaDeviceProp prop;
+    if ((e = cudaGetDeviceProperties(&prop, device_index)) != cudaSuccess)
+        return dp_err(err, errsz, DP_EIO, "CUDA device %d: %s", device_index, cudaGetErrorString(e));
+    /* The build carries sm_80 and sm_90 code (+ compute_90 PTX). */
+    if (prop.major < 8)
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "CUDA device %d (%s) has compute capability %d.%d; 8.0 or newer is needed",
+                      device_index, prop.name, prop.major, prop.minor);
+    if ((e = cudaSetDevice(device_index)) != cudaSuccess)
+        return dp_err(err, errsz, DP_EIO, "CUDA device %d: %s", device_index, cudaGetErrorString(e));
+    cuda_backend *c = (cuda_backend *)calloc(1, sizeof *c);
+    if (!c)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    c->base.ops = &cuda_ops;
+    c->base.n_threads = 1;
+    c->device = device_index;
+    c->sm_count = prop.multiProcessorCount;
+    int rc = 0;
+    cublasStatus_t bs;
+    if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->arrays_copied, cudaEventDisableTiming)) != cudaSuccess) {
+        rc = dp_err(err, errsz, DP_EIO, "CUDA device %d: %s", device_index, cudaGetErrorString(e));
+        goto fail;
+    }
+    if ((bs = cublasCreate(&c->blas)) != CUBLAS_STATUS_SUCCESS) {
+        c->blas = NULL;
+        rc = dp_err(err, errsz, DP_EIO, "cuBLAS: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    if ((bs = cublasSetStream(c->blas, c->stream)) != CUBLAS_STATUS_SUCCESS) {
+        rc = dp_err(err, errsz, DP_EIO, "cuBLAS: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    if ((rc = cuda_attention_setup(c, err, errsz)))
+        goto fail;
+    dp_log(DP_LOG_INFO, "cuda: device %d: %s (sm_%d%d, %d SMs, %.1f GiB)", device_index, prop.name,
+           prop.major, prop.minor, prop.multiProcessorCount,
+           (double)prop.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
+    *out = &c->base;
+    return 0;
+fail:
+    cuda_destroy(&c->base);
+    return rc;
+}

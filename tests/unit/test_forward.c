@@ -168,7 +168,10 @@ static void check_errors(void)
         if (variant)
             t->ne[1] = 3;                 /* wrong shape */
         else
+        {
             t->name.ptr = "renamed.weight"; /* disappears from lookups */
+            t->name.len = strlen(t->name.ptr);
+        }
         dp_llama *m;
         int rc = llama_init(&m, &g, be, 16, 4, err, sizeof err);
         CHECK(rc != 0);

@@ -1,0 +1,294 @@
+/* cuda_elementwise.cu: the CUDA kernels of the small ops: embedding lookup,
+ * RMSNorm, RoPE, KV write into paged fp16 blocks, add, SwiGLU, row gather. */
+#include <math.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define EW_THREADS 256
+
+/* Grid size for a grid-stride loop over n items: enough blocks to fill the
+ * device, no more (the loop covers the rest). */
+static unsigned cuda_grid(const cuda_backend *c, int64_t n, int threads)
+{
+    int64_t want = (n + threads - 1) / threads;
+    int64_t cap = (int64_t)c->sm_count * 32;
+    if (want > cap)
+        want = cap;
+    return (unsigned)(want < 1 ? 1 : want);
+}
+
+bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
+{
+    memset(d, 0, sizeof *d);
+    bool any = false;
+    for (int i = 0; i < DP_KV_MAX_STORES; i++) {
+        const dp_kv_store *kv = stores[i];
+        if (!kv)
+            continue;
+        d->k[i] = kv->k;
+        d->v[i] = kv->v;
+        d->n_blocks[i] = kv->l.n_blocks;
+        d->block_tokens[i] = kv->l.block_tokens;
+        d->n_kv = kv->l.n_kv_heads;
+        d->head_dim = kv->l.head_dim;
+        any = true;
+    }
+    return any;
+}
+
+/* ---- embedding ----------------------------------------------------------- */
+
+__device__ __forceinline__ float cuda_ld(const __half *p, size_t i) { return __half2float(p[i]); }
+__device__ __forceinline__ float cuda_ld(const float *p, size_t i) { return p[i]; }
+
+template <typename T>
+__global__ void cuda_embed_kernel(const T *table, const int32_t *tokens, float *out, int32_t dim)
+{
+    const size_t row = (size_t)tokens[blockIdx.x] * (size_t)dim;
+    float *o = out + (size_t)blockIdx.x * (size_t)dim;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        o[d] = cuda_ld(table, row + (size_t)d);
+}
+
+void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n)
+{
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    const int32_t dim = (int32_t)table->cols;
+    if (table->type == DP_TYPE_F16)
+        cuda_embed_kernel<<<n, EW_THREADS, 0, c->stream>>>((const __half *)table->data,
+                                                           c->bd.tokens, out, dim);
+    else
+        cuda_embed_kernel<<<n, EW_THREADS, 0, c->stream>>>((const float *)table->data,
+                                                           c->bd.tokens, out, dim);
+    cuda_check_launch(c, "embed");
+}
+
+/* ---- RMSNorm ---------------------------------------------------------------- */
+
+/* Sum over the block; every thread gets the result. red holds 32 floats. */
+__device__ float cuda_block_sum(float v, float *red)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + 31) / 32;
+    v = lane < n_warps ? red[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* One block per row; f32 accumulation (the CPU uses double, the difference
+ * is far below fp16 rounding for any dim a model has). */
+template <typename T>
+__global__ void cuda_rmsnorm_kernel(float *out, const float *x, const T *w, int32_t dim, float eps)
+{
+    __shared__ float red[32];
+    const float *xr = x + (size_t)blockIdx.x * (size_t)dim;
+    float *o = out + (size_t)blockIdx.x * (size_t)dim;
+    float ss = 0.0f;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        ss += xr[d] * xr[d];
+    ss = cuda_block_sum(ss, red);
+    const float inv = rsqrtf(ss / (float)dim + eps);
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        o[d] = xr[d] * inv * cuda_ld(w, (size_t)d);
+}
+
+void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w, int32_t n,
+                  int32_t dim, float eps)
+{
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    if (w->type == DP_TYPE_F16)
+        cuda_rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, (const __half *)w->data, dim,
+                                                             eps);
+    else
+        cuda_rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, (const float *)w->data, dim,
+                                                             eps);
+    cuda_check_launch(c, "rmsnorm");
+}
+
+/* ---- RoPE --------------------------------------------------------------------
+ * One thread per (token, rotated pair), looping over every head: the angle is
+ * computed once and shared. The angle is computed in double like the CPU
+ * reference: theta = pos * base^(-2i/n_rot) reaches 1e5 rad at long
+ * positions, where a float angle (and a float sincos's range reduction) is
+ * off by far more than fp16 rounding. It costs one pow and one sincos per
+ * (token, pair), nothing next to the matmuls. */
+__global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t n,
+                                 int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
+                                 int32_t n_rot, float freq_base, float freq_scale, bool neox)
+{
+    const int32_t half = n_rot / 2;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n * half)
+        return;
+    const int32_t i = (int32_t)(idx / half), d = (int32_t)(idx % half);
+    const double p = (double)pos[i] * (double)freq_scale;
+    const double th = p * pow((double)freq_base, -2.0 * d / n_rot);
+    double sd, cd;
+    sincos(th, &sd, &cd);
+    const float cs = (float)cd, sn = (float)sd;
+    const int32_t a = neox ? d : 2 * d, b = neox ? d + half : 2 * d + 1;
+    float *qr = q + (size_t)i * (size_t)n_heads * (size_t)head_dim;
+    for (int32_t h = 0; h < n_heads; h++) {
+        float *x = qr + (size_t)h * head_dim;
+        const float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs - x1 * sn;
+        x[b] = x0 * sn + x1 * cs;
+    }
+    float *kr = k + (size_t)i * (size_t)n_kv_heads * (size_t)head_dim;
+    for (int32_t h = 0; h < n_kv_heads; h++) {
+        float *x = kr + (size_t)h * head_dim;
+        const float x0 = x[a], x1 = x[b];
+        x[a] = x0 * cs - x1 * sn;
+        x[b] = x0 * sn + x1 * cs;
+    }
+}
+
+void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
+               int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp)
+{
+    cuda_backend *c = cuda_of(be);
+    const int32_t half = rp->n_rot / 2;
+    if (n <= 0 || half <= 0)
+        return;
+    const int64_t total = (int64_t)n * half;
+    const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
+    cuda_rope_kernel<<<blocks, EW_THREADS, 0, c->stream>>>(q, k, c->bd.pos, n, n_heads, n_kv_heads,
+                                                           head_dim, rp->n_rot, rp->freq_base,
+                                                           rp->freq_scale, rp->neox);
+    cuda_check_launch(c, "rope");
+}
+
+/* ---- KV write ------------------------------------------------------------------
+ * One thread per (token, kv head, 8 dims): converts 8 floats of K and of V to
+ * fp16 and stores each as one 16-byte vector into the token's slot. */
+__global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_dev bd,
+                                     int32_t max_blocks, int32_t n_tokens, const float *k,
+                                     const float *v)
+{
+    const int32_t hd = kd.head_dim, n_kv = kd.n_kv;
+    const int32_t vecs = hd / CUDA_KV_VEC;
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)n_tokens * n_kv * vecs)
+        return;
+    const int32_t vi = (int32_t)(idx % vecs);
+    const int32_t h = (int32_t)((idx / vecs) % n_kv);
+    const int32_t i = (int32_t)(idx / ((int64_t)vecs * n_kv));
+    const int32_t s = bd.seq[i];
+    const int32_t st = bd.seq_store[s];
+    const int32_t bt = kd.block_tokens[st];
+    const int32_t slot = bd.slot[i];
+    const int32_t block = bd.block_tables[(size_t)s * (size_t)max_blocks + (size_t)(slot / bt)];
+    const size_t row = (((size_t)layer * (size_t)kd.n_blocks[st] + (size_t)block) * (size_t)n_kv +
+                        (size_t)h) * (size_t)bt + (size_t)(slot % bt);
+    const size_t dst = row * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
+    const size_t src = ((size_t)i * n_kv + h) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
+    __align__(16) __half2 hk[CUDA_KV_VEC / 2], hv[CUDA_KV_VEC / 2];
+#pragma unroll
+    for (int j = 0; j < CUDA_KV_VEC / 2; j++) {
+        hk[j] = __floats2half2_rn(k[src + 2 * j], k[src + 2 * j + 1]);
+        hv[j] = __floats2half2_rn(v[src + 2 * j], v[src + 2 * j + 1]);
+    }
+    *(uint4 *)(kd.k[st] + dst) = *(const uint4 *)hk;
+    *(uint4 *)(kd.v[st] + dst) = *(const uint4 *)hv;
+}
+
+void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
+                   const float *v)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_kv_desc kd;
+    if (!cuda_kv_desc_make(stores, &kd) || c->n_tokens <= 0)
+        return;
+    const int64_t total = (int64_t)c->n_tokens * kd.n_kv * (kd.head_dim / CUDA_KV_VEC);
+    const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
+    cuda_kv_write_kernel<<<blocks, EW_THREADS, 0, c->stream>>>(kd, layer, c->bd, c->max_blocks,
+                                                               c->n_tokens, k, v);
+    cuda_check_launch(c, "kv_write");
+}
+
+/* ---- add, SwiGLU, gather, fp16 conversion --------------------------------------- */
+
+__global__ void cuda_add_kernel(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+void cuda_add(dp_backend *be, float *x, const float *y, int64_t n)
+{
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    cuda_add_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, y, n);
+    cuda_check_launch(c, "add");
+}
+
+/* out may alias gate (the forward pass writes SwiGLU in place). expf, not
+ * __expf: the build does not use fast math, so this matches the CPU's expf. */
+__global__ void cuda_swiglu_kernel(float *out, const float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
+
+void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
+{
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    cuda_swiglu_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(out, gate, up, n);
+    cuda_check_launch(c, "swiglu");
+}
+
+__global__ void cuda_gather_kernel(float *out, const float *x, const int32_t *rows, int32_t dim)
+{
+    const float *src = x + (size_t)rows[blockIdx.x] * (size_t)dim;
+    float *dst = out + (size_t)blockIdx.x * (size_t)dim;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
+        dst[d] = src[d];
+}
+
+void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim)
+{
+    cuda_backend *c = cuda_of(be);
+    if (c->n_out <= 0)
+        return;
+    cuda_gather_kernel<<<c->n_out, EW_THREADS, 0, c->stream>>>(out, x, c->bd.out_tokens, dim);
+    cuda_check_launch(c, "gather_rows");
+}
+
+__global__ void cuda_to_half_kernel(__half *dst, const float *src, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = src[i];
+        /* Saturate finite values; a NaN compares false and stays NaN, so a
+         * bug upstream still shows in the output. */
+        if (fabsf(v) > 65504.0f)
+            v = copysignf(65504.0f, v);
+        dst[i] = __float2half_rn(v);
+    }
+}
+
+void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n)
+{
+    if (n <= 0)
+        return;
+    cuda_to_half_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(dst, src, n);
+    cuda_check_launch(c, "fp16 conversion");
+}

@@ -1,0 +1,121 @@
+/* cuda_internal.h: state shared by the CUDA backend's files (ops table and
+ * memory, element-wise kernels, attention). Not part of any public surface. */
+#ifndef DP_KERNELS_CUDA_INTERNAL_H
+#define DP_KERNELS_CUDA_INTERNAL_H
+
+#include <cublas_v2.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+/* The project's headers are C without extern "C" guards. */
+extern "C" {
+#include "common/dp.h"
+#include "kernels/backend.h"
+#include "kernels/quant.h"
+}
+
+/* KV rows are moved as 16-byte vectors (8 halves), and the attention kernel
+ * keeps a tile of query rows in shared memory sized for this head_dim. */
+#define CUDA_KV_VEC 8
+#define CUDA_MAX_HEAD_DIM 256
+
+/* Attention tiling: a query tile is up to CUDA_QTILE consecutive batch tokens
+ * of one sequence (a prefill chunk; a decode token is a tile of one), and one
+ * thread block handles up to CUDA_ATT_ROWS (token, head) rows of it against
+ * CUDA_ATT_KT keys at a time. */
+#define CUDA_QTILE 16
+#define CUDA_ATT_ROWS 16
+#define CUDA_ATT_KT 64
+#define CUDA_ATT_THREADS 128
+
+struct dp_kv_store {
+    dp_kv_layout l;
+    __half *k; /* [layer][block][kv_head][token][head_dim] */
+    __half *v;
+};
+
+/* The stores of a step, as kernels see them (passed by value). Every store
+ * of a model shares n_kv_heads and head_dim; block geometry may differ. */
+typedef struct cuda_kv_desc {
+    __half *k[DP_KV_MAX_STORES];
+    __half *v[DP_KV_MAX_STORES];
+    int32_t n_blocks[DP_KV_MAX_STORES];
+    int32_t block_tokens[DP_KV_MAX_STORES];
+    int32_t n_kv;
+    int32_t head_dim;
+} cuda_kv_desc;
+
+/* Fills d from stores[]; false when every entry is NULL. */
+bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d);
+
+/* Device copies of the step's index arrays (one allocation, see batch_set). */
+typedef struct cuda_batch_dev {
+    const int32_t *tokens, *pos, *seq, *slot, *block_tables, *out_tokens, *seq_store;
+    const int32_t *tile_start; /* [n_tiles + 1] first batch token of each query tile */
+} cuda_batch_dev;
+
+typedef struct cuda_backend {
+    dp_backend base;
+    int device;
+    int sm_count;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    /* First failure of a void op (launch errors), reported by download. */
+    int failed;
+    char fail_msg[DP_ERRLEN];
+
+    /* The step's batch: host copies of the sizes that shape launches, and
+     * the index arrays packed in pinned memory, copied in one async copy. */
+    int32_t n_tokens, n_seqs, max_blocks, n_out;
+    int32_t n_tiles, max_tile_len, max_slots;
+    int32_t *h_arrays;   /* pinned staging */
+    int32_t *d_arrays;
+    size_t arrays_cap;   /* int32 elements of both */
+    cudaEvent_t arrays_copied; /* staging may be rewritten once this fired */
+    bool arrays_pending;
+    cuda_batch_dev bd;
+
+    /* matmul: activations converted to fp16. */
+    __half *xh;
+    size_t xh_cap;       /* elements */
+    /* attention: split-K partial results. */
+    float *part;
+    size_t part_cap;     /* floats */
+    /* weight_load: pinned staging for converted rows. */
+    uint16_t *wstage;
+    size_t wstage_cap;   /* elements */
+} cuda_backend;
+
+static inline cuda_backend *cuda_of(dp_backend *be) { return (cuda_backend *)be; }
+
+/* Records the first failure (and logs it once); later ops still run, and
+ * the next download reports it. */
+void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e);
+/* Checks the last launch. */
+void cuda_check_launch(cuda_backend *c, const char *what);
+/* Grows a device scratch buffer (rare: only when a step is larger than any
+ * before it; cudaFree/cudaMalloc synchronize, so never on a steady state). */
+int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem);
+
+/* Element-wise ops (cuda_elementwise.cu). */
+void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n);
+void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w, int32_t n,
+                  int32_t dim, float eps);
+void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
+               int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp);
+void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
+                   const float *v);
+void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
+void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
+/* dst[n] = fp16(src[n]), saturating at the fp16 range so that no inf reaches
+ * a GEMM (inf * 0 would turn into NaN). */
+void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n);
+
+/* Attention (cuda_attention.cu). */
+void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
+                    const float *q, int32_t n_heads, float scale);
+/* One-time kernel attributes (shared memory opt-in); 0 or a DP_E* code. */
+int cuda_attention_setup(cuda_backend *c, char *err, size_t errsz);
+
+#endif

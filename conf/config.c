@@ -913,7 +913,7 @@ void config_print(const dp_config *c, FILE *f)
 static void describe_type(dp_config_type t, double min, double max, const char *const *values,
                           unsigned flags, char *buf, size_t bufsz)
 {
-    static const char *const names[] = {"string", "int",  "integer", "float",
+    static const char *const names[] = {"string", "int",  "uint",  "float",
                                         "bool",   "size", "duration", "enum"};
     size_t n = (size_t)snprintf(buf, bufsz, "%s", names[t]);
     if (t == DP_CONF_ENUM) {

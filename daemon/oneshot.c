@@ -103,7 +103,12 @@ int oneshot_run(const dp_oneshot_opts *o)
         goto done;
     dp_gen_seq sq = {.prompt = ids, .n_prompt = (int32_t)n_ids, .max_new = max_new,
                      .stop_at_eog = true, .out = out};
-    sq.sampling = (dp_sampling){o->temperature, o->top_k, o->top_p, o->min_p, o->seed};
+    sampling_default(&sq.sampling);
+    sq.sampling.temperature = o->temperature;
+    sq.sampling.top_k = o->top_k;
+    sq.sampling.top_p = o->top_p;
+    sq.sampling.min_p = o->min_p;
+    sq.sampling.seed = o->seed;
     print_ctx pc = {.tok = tok};
     detok_init(&pc.detok, false);
     if (gen_run(&gen, &sq, 1, tok, print_token, &pc, err, sizeof err)) {

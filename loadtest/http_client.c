@@ -75,7 +75,7 @@ int lg_http_request_build(char **out, size_t *out_len, const char *method, const
                      "Accept: */*\r\nConnection: keep-alive\r\n"
                      "Content-Type: application/json\r\nContent-Length: %zu\r\n%s\r\n",
                      method, u->prefix, path, v6 ? "[" : "", u->host, v6 ? "]" : "", u->port,
-                     extra_headers ? extra_headers : "", body_len);
+                     body_len, extra_headers ? extra_headers : "");
     else
         n = snprintf(head, sizeof head,
                      "%s %s%s HTTP/1.1\r\nHost: %s%s%s:%d\r\nUser-Agent: dp-loadgen\r\n"

@@ -57,6 +57,7 @@ typedef struct lg_run_result {
     size_t incomplete;       /* measured requests still in flight at the time limit */
     bool time_limited, interrupted;
     int concurrency_seen;    /* max in flight */
+    size_t retries;          /* requests resent after a kept-alive connection closed unused */
 } lg_run_result;
 
 /* Runs the whole thing; `w` provides the bodies. Returns 0 (failures of requests

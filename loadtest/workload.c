@@ -630,6 +630,7 @@ static int session_turn(lg_workload *w, lg_session *s, lg_work_item *out)
     }
     out->prompt_words = words;
     out->session = s;
+    out->session_id = (int64_t)s->id;
     out->turn = s->turns_done;
     return 0;
 }
@@ -637,6 +638,7 @@ static int session_turn(lg_workload *w, lg_session *s, lg_work_item *out)
 int lg_workload_next(lg_workload *w, lg_work_item *out)
 {
     memset(out, 0, sizeof *out);
+    out->session_id = -1;
     if (w->o.kind == LG_WL_CHAT) {
         lg_session *s = calloc(1, sizeof *s);
         if (!s)

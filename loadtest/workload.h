@@ -74,6 +74,7 @@ typedef struct lg_work_item {
     int max_tokens;
     lg_session *session; /* LG_WL_CHAT only */
     int turn;            /* 0-based turn in its session */
+    int64_t session_id;  /* -1 outside chat sessions */
 } lg_work_item;
 
 typedef struct lg_workload {

@@ -21,6 +21,9 @@ void sampling_default(dp_sampling *sp)
     sp->top_k = 0;
     sp->top_p = 1.0f;
     sp->min_p = 0.0f;
+    sp->presence_penalty = 0.0f;
+    sp->frequency_penalty = 0.0f;
+    sp->repetition_penalty = 1.0f;
     sp->seed = 0;
 }
 
@@ -60,13 +63,16 @@ int sampler_init(dp_sampler *s, int32_t vocab)
 {
     s->vocab = vocab;
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    return s->cand ? 0 : DP_ENOMEM;
+    s->counts = calloc((size_t)vocab, sizeof *s->counts);
+    return s->cand && s->counts ? 0 : DP_ENOMEM;
 }
 
 void sampler_destroy(dp_sampler *s)
 {
     free(s->cand);
+    free(s->counts);
     s->cand = NULL;
+    s->counts = NULL;
 }
 
 int32_t sampler_argmax(const float *logits, int32_t vocab)
@@ -138,4 +144,82 @@ int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const 
             return c[i].id;
     }
     return c[n - 1].id;
+}
+
+void sampler_apply_bias(float *logits, int32_t vocab, const int32_t *ids, const float *bias,
+                        int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && ids[i] < vocab)
+            logits[ids[i]] += bias[i];
+}
+
+void sampler_apply_penalties(dp_sampler *s, const dp_sampling *sp, float *logits,
+                             const int32_t *prompt, int32_t n_prompt, const int32_t *gen,
+                             int32_t n_gen)
+{
+    const float rep = sp->repetition_penalty;
+    const bool use_rep = rep > 0.0f && rep != 1.0f;
+    const bool use_pf = sp->presence_penalty != 0.0f || sp->frequency_penalty != 0.0f;
+    if (!use_rep && !use_pf)
+        return;
+    /* counts[t]: bit 30 marks "seen anywhere" for the repetition penalty, the
+     * low bits count generated occurrences. Reset afterwards by walking the
+     * same lists, so the cost is O(tokens), not O(vocab). */
+    const int32_t SEEN = 1 << 30;
+    for (int32_t i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < s->vocab)
+            s->counts[prompt[i]] |= SEEN;
+    for (int32_t i = 0; i < n_gen; i++)
+        if (gen[i] >= 0 && gen[i] < s->vocab)
+            s->counts[gen[i]] = (s->counts[gen[i]] | SEEN) + 1;
+    for (int pass = 0; pass < 2; pass++) {
+        const int32_t *list = pass ? gen : prompt;
+        int32_t n = pass ? n_gen : n_prompt;
+        for (int32_t i = 0; i < n; i++) {
+            int32_t t = list[i];
+            if (t < 0 || t >= s->vocab || s->counts[t] == 0)
+                continue;
+            int32_t c = s->counts[t] & (SEEN - 1);
+            if (use_rep)
+                logits[t] = logits[t] > 0 ? logits[t] / rep : logits[t] * rep;
+            if (use_pf && c > 0)
+                logits[t] -= sp->presence_penalty + sp->frequency_penalty * (float)c;
+            s->counts[t] = 0; /* each distinct token once; also resets the scratch */
+        }
+    }
+}
+
+float sampler_logprobs(dp_sampler *s, const float *logits, int32_t token, int32_t k,
+                       int32_t *top_ids, float *top_lp)
+{
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < s->vocab; i++)
+        if (logits[i] > mx)
+            mx = logits[i];
+    double sum = 0.0;
+    for (int32_t i = 0; i < s->vocab; i++)
+        sum += exp((double)logits[i] - mx);
+    const float lse = mx + (float)log(sum);
+    if (k > 0) {
+        /* Insertion into a k-sized sorted list: k is at most 20. */
+        int32_t n = 0;
+        for (int32_t i = 0; i < s->vocab; i++) {
+            float v = logits[i];
+            if (n == k && v <= top_lp[n - 1])
+                continue;
+            int32_t j = n < k ? n++ : k - 1;
+            while (j > 0 && top_lp[j - 1] < v) {
+                top_lp[j] = top_lp[j - 1];
+                top_ids[j] = top_ids[j - 1];
+                j--;
+            }
+            top_lp[j] = v;
+            top_ids[j] = i;
+        }
+        for (int32_t i = 0; i < n; i++)
+            top_lp[i] -= lse;
+    }
+    float lp = logits[token] - lse;
+    return lp > 0.0f ? 0.0f : lp;
 }

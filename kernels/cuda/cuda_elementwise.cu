@@ -186,10 +186,10 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
     const int32_t i = (int32_t)(idx / ((int64_t)vecs * n_kv));
     const int32_t s = bd.seq[i];
     const int32_t st = bd.seq_store[s];
-    const int32_t bt = kd.block_tokens[st];
+    const int32_t bt = cuda_pick(kd.block_tokens, st);
     const int32_t slot = bd.slot[i];
     const int32_t block = bd.block_tables[(size_t)s * (size_t)max_blocks + (size_t)(slot / bt)];
-    const size_t row = (((size_t)layer * (size_t)kd.n_blocks[st] + (size_t)block) * (size_t)n_kv +
+    const size_t row = (((size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) + (size_t)block) * (size_t)n_kv +
                         (size_t)h) * (size_t)bt + (size_t)(slot % bt);
     const size_t dst = row * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
     const size_t src = ((size_t)i * n_kv + h) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
@@ -199,8 +199,8 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
         hk[j] = __floats2half2_rn(k[src + 2 * j], k[src + 2 * j + 1]);
         hv[j] = __floats2half2_rn(v[src + 2 * j], v[src + 2 * j + 1]);
     }
-    *(uint4 *)(kd.k[st] + dst) = *(const uint4 *)hk;
-    *(uint4 *)(kd.v[st] + dst) = *(const uint4 *)hv;
+    *(uint4 *)(cuda_pick(kd.k, st) + dst) = *(const uint4 *)hk;
+    *(uint4 *)(cuda_pick(kd.v, st) + dst) = *(const uint4 *)hv;
 }
 
 void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,

@@ -45,6 +45,15 @@ typedef struct cuda_kv_desc {
     int32_t head_dim;
 } cuda_kv_desc;
 
+/* Member i of a desc array without a dynamic index into the kernel's
+ * parameter space (which would copy the struct to local memory). */
+template <typename T>
+__device__ __forceinline__ T cuda_pick(const T (&a)[DP_KV_MAX_STORES], int32_t i)
+{
+    static_assert(DP_KV_MAX_STORES == 2, "cuda_pick selects between two stores");
+    return i ? a[1] : a[0];
+}
+
 /* Fills d from stores[]; false when every entry is NULL. */
 bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d);
 

@@ -48,7 +48,7 @@ import numpy as np
 import gguf
 
 CACHE_DIR = os.path.expanduser("~/.cache/dualpath/ref")
-CACHE_VERSION = 1  # bump when the cached content or its layout changes
+CACHE_VERSION = 2  # bump when the cached content or its layout changes
 
 
 # --------------------------------------------------------------------------
@@ -144,30 +144,35 @@ def file_digest(path):
     return h.hexdigest()[:16]
 
 
-def load_tensors(path, reader):
-    """All tensors of the file, dequantized to float32; cached in a .npz."""
+def read_file(path):
+    """(Config, {tensor name: float32 array}) of a GGUF file.
+
+    Parsing the GGUF metadata and dequantizing take seconds, so the result is
+    cached in ~/.cache/dualpath/ref/, keyed by the file's sha256 prefix."""
     cache = os.path.join(CACHE_DIR, f"{file_digest(path)}-v{CACHE_VERSION}.npz")
     if os.path.exists(cache):
         try:
             with np.load(cache) as z:
-                return {k: z[k] for k in z.files}
-        except Exception as e:  # a damaged cache is rebuilt
+                cfg = Config(**json.loads(str(z["__config__"])))
+                return cfg, {k: z[k] for k in z.files if k != "__config__"}
+        except Exception as e:  # a damaged or stale cache is rebuilt
             print(f"ref_llama: ignoring unreadable cache {cache}: {e}", file=sys.stderr)
+    reader = gguf.GGUFReader(path)
+    cfg = read_config(reader)
     tensors = {t.name: tensor_to_array(t) for t in reader.tensors}
     try:
         os.makedirs(CACHE_DIR, exist_ok=True)
         tmp = cache + f".tmp{os.getpid()}.npz"
-        np.savez(tmp, **tensors)
+        np.savez(tmp, __config__=np.array(json.dumps(cfg.__dict__)), **tensors)
         os.replace(tmp, cache)
     except OSError as e:
         print(f"ref_llama: could not write cache {cache}: {e}", file=sys.stderr)
-    return tensors
+    return cfg, tensors
 
 
 def load(path):
-    reader = gguf.GGUFReader(path)
-    cfg = read_config(reader)
-    t = load_tensors(path, reader)
+    """The model, all weights dequantized (float32, exact) and held as float64."""
+    cfg, t = read_file(path)
     f64 = lambda name: t[name].astype(np.float64)
 
     def check(name, shape):

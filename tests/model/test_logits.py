@@ -18,6 +18,15 @@ and compares it with the reference:
   * the greedy ids identical.
 
 Exit status: 0 all passed, 1 a prompt failed, 2 the binary is missing.
+
+The tolerance presumes that the C side computes with the exactly dequantized
+weights in float32 (a float32 C implementation lands near 1e-6).  Quantizing
+the activations for integer dot products, as llama.cpp does on the CPU (Q8_1
+against Q4_1 weights) with its f16 KV cache, moves these logits by 1e-2..1e-1
+relative L2 on this 135M Q4_1 model and even flips the argmax of the
+"chat-france" prompt; llama.cpp running on the same weights dequantized to
+F32, with an F32 KV cache, agrees with ref_llama to ~1e-6 and with all 32
+greedy tokens on every prompt here.
 """
 
 import argparse
@@ -68,6 +77,16 @@ PROMPTS = [
                                1398, 260, 4962, 14797, 282, 260, 24594, 281, 1686, 28, 4335, 429,
                                2382, 30] + END),
 ]
+
+
+class LazyVocab:
+    def __init__(self, path):
+        self.path, self.v = path, None
+
+    def decode(self, ids):
+        if self.v is None:
+            self.v = ref_llama.Vocab(self.path)
+        return self.v.decode(ids)
 
 
 def run_c(binary, model, tokens, steps, timeout):
@@ -159,7 +178,7 @@ def main(argv=None):
 
     t0 = time.time()
     model = ref_llama.load(a.model)
-    vocab = ref_llama.Vocab(a.model)
+    vocab = LazyVocab(a.model)  # only to show text when something fails
     print(f"reference loaded in {time.time() - t0:.1f}s; {len(prompts)} prompts, {a.steps} steps, "
           f"tol {a.tol:g}; C tool {a.bin}")
 

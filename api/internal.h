@@ -1,0 +1,108 @@
+/* internal.h: the server's state shared by http.c (libmicrohttpd on libuv),
+ * routes.c (dispatch) and server.c (jobs and engine events). Not public. */
+#ifndef DP_API_INTERNAL_H
+#define DP_API_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <microhttpd.h>
+#include <uv.h>
+
+#include "errors.h"
+#include "metrics.h"
+#include "openai.h"
+#include "server.h"
+
+typedef struct dp_job dp_job;
+
+/* One HTTP request (MHD's per-request context). */
+typedef struct dp_hreq {
+    dp_server *srv;
+    struct MHD_Connection *conn;
+    const char *method;
+    const char *url;
+    char *body;
+    size_t len, cap;
+    bool too_large;
+    bool answered;   /* a response is queued */
+    dp_job *job;     /* generation request, if any (holds a reference) */
+} dp_hreq;
+
+/* One completion request: n_choices engine requests and their output. */
+struct dp_job {
+    dp_server *srv;
+    int refs;                 /* hreq + stream response + each unfinished choice */
+    dp_job *prev, *next;      /* the server's live list */
+    struct MHD_Connection *conn; /* NULL once the HTTP request completed */
+    bool suspended;
+    dp_oai_req req;
+    char id[48];
+    long long created;
+    int n_choices;
+    dp_request **reqs;
+    dp_oai_choice *choices;
+    int n_done;
+    bool finished;            /* every choice has its FINISH */
+    char *error;              /* first engine error */
+    bool cancelled;
+    /* stream state */
+    char *out;
+    size_t out_len, out_off, out_cap;
+    bool stream_ended;        /* [DONE] queued: the reader ends after out drains */
+    double last_write;
+};
+
+struct dp_server {
+    uv_loop_t *loop;
+    dp_server_opts opts;
+    const dp_tokenizer *tok;
+    const dp_chat_template *tmpl;
+    dp_engine *engine;
+    dp_oai_ctx oai;
+    dp_metrics metrics;
+    struct MHD_Daemon *mhd;
+    uv_poll_t poll;
+    uv_timer_t timer;
+    uv_timer_t ping;
+    uv_timer_t drain_timer;
+    uv_async_t async;
+    bool poll_open, timers_open, async_open;
+    bool in_mhd;              /* inside MHD_run: never re-enter */
+    int port;
+    int listen_fd;            /* returned by quiesce; closed at stop */
+    dp_job *jobs;             /* live jobs */
+    int n_jobs;
+    int n_hreqs;
+    bool draining;
+    bool drain_forced;
+    bool drain_done;
+    void (*drain_cb)(void *ud);
+    void *drain_ud;
+    uint64_t id_counter;
+    uint64_t id_salt;
+    char *model_name;
+    char *model_alias;
+};
+
+/* http.c */
+int http_open(dp_server *s, char *err, size_t errsz);
+void http_kick(dp_server *s);
+void http_quiesce(dp_server *s);
+void http_close(dp_server *s);
+/* Queues a response and counts its status; takes ownership of body (malloc'd). */
+enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len);
+enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e);
+void http_resume(dp_job *j);
+
+/* routes.c */
+enum MHD_Result routes_handle(dp_server *s, dp_hreq *h);
+
+/* server.c */
+enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind);
+enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h);
+void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe);
+void server_check_drain(dp_server *s);
+
+#endif

@@ -1,0 +1,195 @@
+/* metrics.c: Prometheus text format 0.0.4. Names carry the dualpath_ prefix,
+ * base units (seconds) and _total on counters, so promtool's lint passes. */
+#include "metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const double k_latency_bounds[] = {0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16,
+                                          0.32,  0.64,   1.28,  2.56, 5.12, 10.24, 20.48, 40.96,
+                                          81.92};
+static const double k_itl_bounds[] = {0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05,
+                                      0.075, 0.1,   0.15,  0.2,  0.3,   0.5,  1.0,  2.5};
+
+static void hist_init(dp_hist *h, const double *b, int n)
+{
+    memset(h, 0, sizeof *h);
+    h->bounds = b;
+    h->n_bounds = n < DP_HIST_MAX_BUCKETS - 1 ? n : DP_HIST_MAX_BUCKETS - 1;
+}
+
+void metrics_init(dp_metrics *m)
+{
+    memset(m, 0, sizeof *m);
+    hist_init(&m->ttft, k_latency_bounds, (int)(sizeof k_latency_bounds / sizeof *k_latency_bounds));
+    hist_init(&m->e2e, k_latency_bounds, (int)(sizeof k_latency_bounds / sizeof *k_latency_bounds));
+    hist_init(&m->itl, k_itl_bounds, (int)(sizeof k_itl_bounds / sizeof *k_itl_bounds));
+}
+
+void hist_observe(dp_hist *h, double v)
+{
+    if (v != v || v < 0)
+        v = 0;
+    int i = 0;
+    while (i < h->n_bounds && v > h->bounds[i])
+        i++;
+    h->counts[i]++;  /* i == n_bounds: the +Inf bucket */
+    h->count++;
+    h->sum += v;
+}
+
+void metrics_count_response(dp_metrics *m, int status)
+{
+    for (int i = 0; i < m->n_codes; i++)
+        if (m->codes[i] == status) {
+            m->code_counts[i]++;
+            return;
+        }
+    if (m->n_codes < DP_METRICS_MAX_CODES) {
+        m->codes[m->n_codes] = status;
+        m->code_counts[m->n_codes++] = 1;
+    }
+}
+
+typedef struct tbuf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} tbuf;
+
+static void tb_printf(tbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void tb_printf(tbuf *b, const char *fmt, ...)
+{
+    if (b->oom)
+        return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t nc = b->cap * 2 + (size_t)k + 1;
+        char *np = realloc(b->p, nc);
+        if (!np) {
+            b->oom = 1;
+            return;
+        }
+        b->p = np;
+        b->cap = nc;
+    }
+}
+
+static void family(tbuf *b, const char *name, const char *type, const char *help)
+{
+    tb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void hist_render(tbuf *b, const char *name, const char *help, const dp_hist *h)
+{
+    family(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (int i = 0; i < h->n_bounds; i++) {
+        cum += h->counts[i];
+        tb_printf(b, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[i], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n_bounds];
+    tb_printf(b, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    tb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+}
+
+/* Label values here are ours (version, backend) or the model name the
+ * operator chose: escape what the format requires anyway. */
+static void label_value(tbuf *b, const char *s)
+{
+    for (; s && *s; s++) {
+        if (*s == '\\' || *s == '"')
+            tb_printf(b, "\\%c", *s);
+        else if (*s == '\n')
+            tb_printf(b, "\\n");
+        else
+            tb_printf(b, "%c", *s);
+    }
+}
+
+char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_metrics_info *info,
+                     size_t *len)
+{
+    static const char *reasons[5] = {"none", "stop", "length", "cancelled", "error"};
+    tbuf b = {.cap = 8192};
+    b.p = malloc(b.cap);
+    if (!b.p)
+        return NULL;
+    b.p[0] = 0;
+
+    family(&b, "dualpath_build_info", "gauge", "Build and model facts; the value is always 1.");
+    tb_printf(&b, "dualpath_build_info{version=\"");
+    label_value(&b, info->version);
+    tb_printf(&b, "\",backend=\"");
+    label_value(&b, info->backend);
+    tb_printf(&b, "\",model=\"");
+    label_value(&b, info->model);
+    tb_printf(&b, "\"} 1\n");
+
+    family(&b, "dualpath_draining", "gauge", "1 while the daemon drains before shutdown.");
+    tb_printf(&b, "dualpath_draining %d\n", info->draining ? 1 : 0);
+
+    family(&b, "dualpath_requests_running", "gauge", "Sequences being prefilled or decoded.");
+    tb_printf(&b, "dualpath_requests_running %d\n", st->running);
+    family(&b, "dualpath_requests_waiting", "gauge", "Sequences queued or preempted.");
+    tb_printf(&b, "dualpath_requests_waiting %d\n", st->waiting);
+
+    family(&b, "dualpath_requests_finished_total", "counter",
+           "Engine requests finished, by finish reason.");
+    for (int i = 1; i < 5; i++)
+        tb_printf(&b, "dualpath_requests_finished_total{reason=\"%s\"} %llu\n", reasons[i],
+                  (unsigned long long)m->finished[i]);
+
+    family(&b, "dualpath_prompt_tokens_total", "counter", "Prompt tokens of finished requests.");
+    tb_printf(&b, "dualpath_prompt_tokens_total %llu\n", (unsigned long long)m->prompt_tokens);
+    family(&b, "dualpath_generation_tokens_total", "counter",
+           "Tokens generated for finished requests.");
+    tb_printf(&b, "dualpath_generation_tokens_total %llu\n",
+              (unsigned long long)m->generation_tokens);
+    family(&b, "dualpath_engine_prefill_tokens_total", "counter",
+           "Tokens prefilled by the engine, recomputation included.");
+    tb_printf(&b, "dualpath_engine_prefill_tokens_total %lld\n", (long long)st->prompt_tokens);
+    family(&b, "dualpath_engine_steps_total", "counter", "Scheduler steps run.");
+    tb_printf(&b, "dualpath_engine_steps_total %lld\n", (long long)st->steps);
+    family(&b, "dualpath_engine_busy_seconds_total", "counter", "Time spent inside steps.");
+    tb_printf(&b, "dualpath_engine_busy_seconds_total %.9g\n", st->busy_seconds);
+    family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
+    tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
+
+    family(&b, "dualpath_kv_blocks_used", "gauge", "KV cache blocks in use, per pool.");
+    tb_printf(&b, "dualpath_kv_blocks_used{pool=\"kv\"} %d\n", st->blocks_used);
+    family(&b, "dualpath_kv_blocks_capacity", "gauge", "KV cache blocks in the pool, per pool.");
+    tb_printf(&b, "dualpath_kv_blocks_capacity{pool=\"kv\"} %d\n", st->blocks_total);
+
+    hist_render(&b, "dualpath_time_to_first_token_seconds",
+                "Time from arrival to the first generated token.", &m->ttft);
+    hist_render(&b, "dualpath_inter_token_latency_seconds",
+                "Mean time between generated tokens, one sample per request.", &m->itl);
+    hist_render(&b, "dualpath_e2e_request_latency_seconds",
+                "Time from arrival to the last token.", &m->e2e);
+
+    family(&b, "dualpath_http_responses_total", "counter", "HTTP responses sent, by status code.");
+    for (int i = 0; i < m->n_codes; i++)
+        tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} %llu\n", m->codes[i],
+                  (unsigned long long)m->code_counts[i]);
+    if (b.oom) {
+        free(b.p);
+        return NULL;
+    }
+    if (len)
+        *len = b.n;
+    return b.p;
+}

@@ -1,0 +1,50 @@
+/* metrics.h: the daemon's Prometheus counters and histograms (kept on the loop
+ * thread) and their rendering in text exposition format 0.0.4, merged with a
+ * snapshot of the engine's own counters. */
+#ifndef DP_API_METRICS_H
+#define DP_API_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "daemon/engine.h"
+
+#define DP_HIST_MAX_BUCKETS 24
+#define DP_METRICS_MAX_CODES 32
+
+typedef struct dp_hist {
+    const double *bounds;  /* upper bounds, increasing; +Inf is implicit */
+    int n_bounds;
+    uint64_t counts[DP_HIST_MAX_BUCKETS]; /* per bucket, not cumulative */
+    uint64_t count;
+    double sum;
+} dp_hist;
+
+typedef struct dp_metrics {
+    dp_hist ttft;          /* arrival -> first token, seconds */
+    dp_hist itl;           /* mean gap between tokens of a request, seconds */
+    dp_hist e2e;           /* arrival -> finish, seconds */
+    uint64_t finished[5];  /* by dp_finish */
+    uint64_t prompt_tokens;
+    uint64_t generation_tokens;
+    int n_codes;
+    int codes[DP_METRICS_MAX_CODES];
+    uint64_t code_counts[DP_METRICS_MAX_CODES];
+} dp_metrics;
+
+void metrics_init(dp_metrics *m);
+void hist_observe(dp_hist *h, double v);
+void metrics_count_response(dp_metrics *m, int status);
+
+typedef struct dp_metrics_info {
+    const char *version;
+    const char *model;
+    const char *backend;
+    int draining;
+} dp_metrics_info;
+
+/* malloc'd exposition text; NULL on allocation failure. */
+char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_metrics_info *info,
+                     size_t *len);
+
+#endif

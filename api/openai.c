@@ -1,0 +1,904 @@
+/* openai.c: request validation (types, ranges, context limits) and response
+ * building for /v1/completions and /v1/chat/completions. Every value is type
+ * checked before it is read; JSON null counts as absent. */
+#include "openai.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+/* ---- small helpers ---- */
+
+static cJSON *field(const cJSON *root, const char *name)
+{
+    cJSON *v = cJSON_GetObjectItemCaseSensitive(root, name);
+    return (v && cJSON_IsNull(v)) ? NULL : v;
+}
+
+static int get_bool(const cJSON *root, const char *name, bool *out, dp_api_err *e)
+{
+    cJSON *v = field(root, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsBool(v))
+        return api_err_invalid(e, name, "'%s' must be a boolean", name);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+/* A number in [lo, hi] (lo excluded when lo_open). */
+static int get_num(const cJSON *root, const char *name, double lo, double hi, bool lo_open,
+                   float *out, dp_api_err *e)
+{
+    cJSON *v = field(root, name);
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble))
+        return api_err_invalid(e, name, "'%s' must be a number", name);
+    double d = v->valuedouble;
+    if (d > hi || d < lo || (lo_open && d == lo))
+        return api_err_invalid(e, name, "'%s' must be %s %g and <= %g, got %g", name,
+                               lo_open ? ">" : ">=", lo, hi, d);
+    *out = (float)d;
+    return 0;
+}
+
+/* An integer in [lo, hi]; *present tells whether it was given. */
+static int get_int(const cJSON *root, const char *name, double lo, double hi, long long *out,
+                   bool *present, dp_api_err *e)
+{
+    cJSON *v = field(root, name);
+    if (present)
+        *present = false;
+    if (!v)
+        return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || floor(v->valuedouble) != v->valuedouble)
+        return api_err_invalid(e, name, "'%s' must be an integer", name);
+    double d = v->valuedouble;
+    if (d < lo || d > hi)
+        return api_err_invalid(e, name, "'%s' must be between %.0f and %.0f, got %.0f", name, lo,
+                               hi, d);
+    *out = (long long)d;
+    if (present)
+        *present = true;
+    return 0;
+}
+
+bool oai_utf8_valid(const char *s, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    size_t i = 0;
+    while (i < n) {
+        unsigned c = p[i];
+        size_t k;
+        unsigned min;
+        if (c < 0x80) {
+            i++;
+            continue;
+        } else if ((c & 0xe0) == 0xc0) {
+            k = 1, min = 0x80, c &= 0x1f;
+        } else if ((c & 0xf0) == 0xe0) {
+            k = 2, min = 0x800, c &= 0x0f;
+        } else if ((c & 0xf8) == 0xf0) {
+            k = 3, min = 0x10000, c &= 0x07;
+        } else {
+            return false;
+        }
+        if (i + k >= n)
+            return false;
+        for (size_t j = 1; j <= k; j++) {
+            if ((p[i + j] & 0xc0) != 0x80)
+                return false;
+            c = (c << 6) | (p[i + j] & 0x3f);
+        }
+        if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+            return false;
+        i += k + 1;
+    }
+    return true;
+}
+
+/* A copy of n bytes that is valid UTF-8 (bad bytes become U+FFFD). */
+static char *utf8_clean(const char *s, size_t n)
+{
+    char *o = malloc(n * 3 + 1);
+    if (!o)
+        return NULL;
+    size_t w = 0, i = 0;
+    while (i < n) {
+        size_t k = 1;
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) {
+            k = (c & 0xe0) == 0xc0 ? 2 : (c & 0xf0) == 0xe0 ? 3 : (c & 0xf8) == 0xf0 ? 4 : 0;
+            if (!k || i + k > n || !oai_utf8_valid(s + i, k)) {
+                memcpy(o + w, "\xef\xbf\xbd", 3);
+                w += 3;
+                i++;
+                continue;
+            }
+        }
+        memcpy(o + w, s + i, k);
+        w += k;
+        i += k;
+    }
+    o[w] = 0;
+    return o;
+}
+
+/* ---- parameters ---- */
+
+int oai_params_clone(dp_request_params *dst, const dp_request_params *src)
+{
+    *dst = *src;
+    dst->logit_bias = NULL;
+    memset(dst->stops, 0, sizeof dst->stops);
+    if (src->n_logit_bias) {
+        dst->logit_bias = malloc((size_t)src->n_logit_bias * sizeof *dst->logit_bias);
+        if (!dst->logit_bias)
+            goto oom;
+        memcpy(dst->logit_bias, src->logit_bias, (size_t)src->n_logit_bias * sizeof *dst->logit_bias);
+    }
+    for (int i = 0; i < src->n_stops; i++) {
+        dst->stops[i] = strdup(src->stops[i]);
+        if (!dst->stops[i])
+            goto oom;
+    }
+    return 0;
+oom:
+    request_params_free(dst);
+    return DP_ENOMEM;
+}
+
+static int parse_stop(const cJSON *root, dp_request_params *p, dp_api_err *e)
+{
+    cJSON *v = field(root, "stop");
+    if (!v)
+        return 0;
+    if (cJSON_IsString(v)) {
+        if (!v->valuestring[0])
+            return api_err_invalid(e, "stop", "'stop' must not be an empty string");
+        p->stops[0] = strdup(v->valuestring);
+        if (!p->stops[0])
+            return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        p->n_stops = 1;
+        return 0;
+    }
+    if (!cJSON_IsArray(v))
+        return api_err_invalid(e, "stop", "'stop' must be a string or an array of strings");
+    int n = cJSON_GetArraySize(v);
+    if (n > DP_MAX_STOPS)
+        return api_err_invalid(e, "stop", "'stop' has %d entries; at most %d are allowed", n,
+                               DP_MAX_STOPS);
+    cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsString(it) || !it->valuestring[0])
+            return api_err_invalid(e, "stop", "'stop' entries must be non-empty strings");
+        p->stops[p->n_stops] = strdup(it->valuestring);
+        if (!p->stops[p->n_stops])
+            return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        p->n_stops++;
+    }
+    return 0;
+}
+
+static int parse_logit_bias(const cJSON *root, int32_t n_vocab, dp_request_params *p,
+                            dp_api_err *e)
+{
+    cJSON *v = field(root, "logit_bias");
+    if (!v)
+        return 0;
+    if (!cJSON_IsObject(v))
+        return api_err_invalid(e, "logit_bias", "'logit_bias' must be an object mapping token ids to numbers");
+    int n = cJSON_GetArraySize(v);
+    if (n > 1024)
+        return api_err_invalid(e, "logit_bias", "'logit_bias' has %d entries; at most 1024 are allowed", n);
+    if (n == 0)
+        return 0;
+    p->logit_bias = calloc((size_t)n, sizeof *p->logit_bias);
+    if (!p->logit_bias)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        char *end;
+        long id = strtol(it->string ? it->string : "", &end, 10);
+        if (!it->string || !it->string[0] || *end || id < 0 || id >= n_vocab)
+            return api_err_invalid(e, "logit_bias", "'logit_bias' key '%.40s' is not a token id in [0, %d)",
+                                   it->string ? it->string : "", n_vocab);
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) || it->valuedouble < -100 ||
+            it->valuedouble > 100)
+            return api_err_invalid(e, "logit_bias", "'logit_bias' values must be numbers in [-100, 100]");
+        p->logit_bias[p->n_logit_bias].token = (int32_t)id;
+        p->logit_bias[p->n_logit_bias].bias = (float)it->valuedouble;
+        p->n_logit_bias++;
+    }
+    return 0;
+}
+
+/* Fields both endpoints share. */
+static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
+{
+    dp_request_params *p = &r->params;
+    long long v;
+    bool present;
+    cJSON *m = field(root, "model");
+    if (m) {
+        if (!cJSON_IsString(m))
+            return api_err_invalid(e, "model", "'model' must be a string");
+        if (strcmp(m->valuestring, c->model_name) &&
+            !(c->model_alias && !strcmp(m->valuestring, c->model_alias)))
+            return api_err_set(e, 404, "invalid_request_error", "model_not_found", "model",
+                               "The model '%.100s' does not exist; this server serves '%s'",
+                               m->valuestring, c->model_name);
+    }
+    if (get_num(root, "temperature", 0, 2, false, &p->sampling.temperature, e) ||
+        get_num(root, "top_p", 0, 1, true, &p->sampling.top_p, e) ||
+        get_num(root, "min_p", 0, 1, false, &p->sampling.min_p, e) ||
+        get_num(root, "presence_penalty", -2, 2, false, &p->sampling.presence_penalty, e) ||
+        get_num(root, "frequency_penalty", -2, 2, false, &p->sampling.frequency_penalty, e) ||
+        get_num(root, "repetition_penalty", 0, 2, true, &p->sampling.repetition_penalty, e))
+        return -1;
+    if (get_int(root, "top_k", -1, 1 << 30, &v, &present, e))
+        return -1;
+    if (present)
+        p->sampling.top_k = (int32_t)(v < 0 ? 0 : v);
+    if (get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &v, &present, e))
+        return -1;
+    if (present) {
+        cJSON *sv = field(root, "seed");
+        p->sampling.seed = sv->valuedouble >= 9223372036854775807.0 ? (uint64_t)sv->valuedouble
+                                                                    : (uint64_t)v;
+        r->has_seed = true;
+    }
+    r->n = 1;
+    if (get_int(root, "n", 1, DP_OAI_MAX_N, &v, &present, e))
+        return -1;
+    if (present)
+        r->n = (int)v;
+    if (get_bool(root, "stream", &r->stream, e) || get_bool(root, "ignore_eos", &p->ignore_eos, e) ||
+        get_bool(root, "include_stop_str_in_output", &p->include_stop_str, e))
+        return -1;
+    cJSON *so = field(root, "stream_options");
+    if (so) {
+        if (!cJSON_IsObject(so))
+            return api_err_invalid(e, "stream_options", "'stream_options' must be an object");
+        if (!r->stream)
+            return api_err_invalid(e, "stream_options",
+                                   "'stream_options' is only allowed when 'stream' is true");
+        if (get_bool(so, "include_usage", &r->include_usage, e)) {
+            snprintf(e->param, sizeof e->param, "stream_options.include_usage");
+            return -1;
+        }
+    }
+    cJSON *u = field(root, "user");
+    if (u && !cJSON_IsString(u))
+        return api_err_invalid(e, "user", "'user' must be a string");
+    if (parse_stop(root, p, e) || parse_logit_bias(root, tokenizer_n_vocab(c->tok), p, e))
+        return -1;
+    cJSON *tools = field(root, "tools");
+    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
+        return api_err_invalid(e, "tools", "'tools' are not supported by this server");
+    cJSON *rf = field(root, "response_format");
+    if (rf) {
+        cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
+        if (!t || !cJSON_IsString(t))
+            return api_err_invalid(e, "response_format",
+                                   "'response_format' must be an object with a string 'type'");
+        if (strcmp(t->valuestring, "text"))
+            return api_err_invalid(e, "response_format",
+                                   "response_format type '%.40s' is not supported (only 'text')",
+                                   t->valuestring);
+    }
+    return 0;
+}
+
+static int prompt_from_text(const dp_oai_ctx *c, dp_oai_prompt *pr, const char *s, size_t n,
+                            const char *param, dp_api_err *e)
+{
+    size_t nid = 0;
+    if (tokenizer_encode(c->tok, s, n, tokenizer_add_bos(c->tok), true, &pr->ids, &nid))
+        return api_err_set(e, 500, "server_error", NULL, NULL, "tokenization failed");
+    pr->n_ids = (int32_t)nid;
+    if (nid == 0)
+        return api_err_invalid(e, param, "'%s' must not be empty", param);
+    pr->text = utf8_clean(s, n);
+    if (!pr->text)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return 0;
+}
+
+static int prompt_from_ids(const dp_oai_ctx *c, dp_oai_prompt *pr, const cJSON *arr,
+                           dp_api_err *e)
+{
+    int n = cJSON_GetArraySize(arr);
+    int32_t nv = tokenizer_n_vocab(c->tok);
+    if (n == 0)
+        return api_err_invalid(e, "prompt", "'prompt' must not be empty");
+    pr->ids = malloc((size_t)n * sizeof *pr->ids);
+    if (!pr->ids)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    cJSON *it;
+    cJSON_ArrayForEach(it, arr) {
+        if (!cJSON_IsNumber(it) || floor(it->valuedouble) != it->valuedouble ||
+            it->valuedouble < 0 || it->valuedouble >= nv)
+            return api_err_invalid(e, "prompt", "'prompt' token ids must be integers in [0, %d)", nv);
+        pr->ids[pr->n_ids++] = (int32_t)it->valuedouble;
+    }
+    char *t = NULL;
+    size_t tl = 0;
+    if (tokenizer_decode(c->tok, pr->ids, (size_t)pr->n_ids, true, &t, &tl))
+        return api_err_set(e, 500, "server_error", NULL, NULL, "detokenization failed");
+    pr->text = utf8_clean(t, tl);
+    free(t);
+    if (!pr->text)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    return 0;
+}
+
+static int parse_prompts(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
+{
+    cJSON *p = field(root, "prompt");
+    if (!p)
+        return api_err_invalid(e, "prompt", "'prompt' is required");
+    const char *bad = "'prompt' must be a string, an array of strings, an array of token ids "
+                      "or an array of token-id arrays";
+    int count = 1;
+    bool ids_single = false;
+    if (cJSON_IsArray(p)) {
+        count = cJSON_GetArraySize(p);
+        if (count == 0)
+            return api_err_invalid(e, "prompt", "'prompt' must not be empty");
+        cJSON *first = cJSON_GetArrayItem(p, 0);
+        if (cJSON_IsNumber(first)) {
+            ids_single = true;
+            count = 1;
+        }
+    } else if (!cJSON_IsString(p)) {
+        return api_err_invalid(e, "prompt", "%s", bad);
+    }
+    if (count * r->n > DP_OAI_MAX_CHOICES)
+        return api_err_invalid(e, "prompt", "%d prompts x n=%d exceeds %d choices per request",
+                               count, r->n, DP_OAI_MAX_CHOICES);
+    r->prompts = calloc((size_t)count, sizeof *r->prompts);
+    if (!r->prompts)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    r->n_prompts = count;
+    if (cJSON_IsString(p))
+        return prompt_from_text(c, &r->prompts[0], p->valuestring, strlen(p->valuestring),
+                                "prompt", e);
+    if (ids_single)
+        return prompt_from_ids(c, &r->prompts[0], p, e);
+    int i = 0;
+    cJSON *it;
+    cJSON_ArrayForEach(it, p) {
+        int rc;
+        if (cJSON_IsString(it))
+            rc = prompt_from_text(c, &r->prompts[i], it->valuestring, strlen(it->valuestring),
+                                  "prompt", e);
+        else if (cJSON_IsArray(it))
+            rc = prompt_from_ids(c, &r->prompts[i], it, e);
+        else
+            rc = api_err_invalid(e, "prompt", "%s", bad);
+        if (rc)
+            return rc;
+        i++;
+    }
+    return 0;
+}
+
+/* Text of a message's content: a string or a list of text parts. */
+static int content_text(const cJSON *m, int idx, char **out, dp_api_err *e)
+{
+    char param[64];
+    snprintf(param, sizeof param, "messages[%d].content", idx);
+    cJSON *ct = field(m, "content");
+    if (!ct)
+        return api_err_invalid(e, param, "'%s' is required", param);
+    if (cJSON_IsString(ct)) {
+        *out = strdup(ct->valuestring);
+        return *out ? 0 : api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    }
+    if (!cJSON_IsArray(ct))
+        return api_err_invalid(e, param, "'%s' must be a string or an array of text parts", param);
+    size_t total = 1;
+    cJSON *it;
+    cJSON_ArrayForEach(it, ct) {
+        cJSON *t = cJSON_IsObject(it) ? field(it, "type") : NULL;
+        cJSON *tx = cJSON_IsObject(it) ? field(it, "text") : NULL;
+        if (!t || !cJSON_IsString(t) || strcmp(t->valuestring, "text") || !tx || !cJSON_IsString(tx))
+            return api_err_invalid(e, param, "'%s' parts must be {\"type\": \"text\", \"text\": string} "
+                                   "(other part types are not supported)", param);
+        total += strlen(tx->valuestring) + 1;
+    }
+    char *s = malloc(total);
+    if (!s)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    size_t w = 0;
+    cJSON_ArrayForEach(it, ct) {
+        const char *tx = field(it, "text")->valuestring;
+        if (w)
+            s[w++] = '\n';
+        size_t l = strlen(tx);
+        memcpy(s + w, tx, l);
+        w += l;
+    }
+    s[w] = 0;
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
+{
+    cJSON *ms = field(root, "messages");
+    if (!ms)
+        return api_err_invalid(e, "messages", "'messages' is required");
+    if (!cJSON_IsArray(ms))
+        return api_err_invalid(e, "messages", "'messages' must be an array of message objects");
+    int n = cJSON_GetArraySize(ms);
+    if (n == 0)
+        return api_err_invalid(e, "messages", "'messages' must not be empty");
+    if (n > 4096)
+        return api_err_invalid(e, "messages", "'messages' has %d entries; at most 4096", n);
+    dp_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
+    char **texts = calloc((size_t)n, sizeof *texts);
+    int rc = -1, i = 0;
+    char *prompt = NULL;
+    if (!msgs || !texts) {
+        api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        char param[64];
+        snprintf(param, sizeof param, "messages[%d]", i);
+        if (!cJSON_IsObject(m)) {
+            api_err_invalid(e, param, "'%s' must be an object", param);
+            goto out;
+        }
+        cJSON *role = field(m, "role");
+        snprintf(param, sizeof param, "messages[%d].role", i);
+        if (!role || !cJSON_IsString(role)) {
+            api_err_invalid(e, param, "'%s' must be a string", param);
+            goto out;
+        }
+        const char *rs = role->valuestring;
+        if (!strcmp(rs, "developer"))
+            rs = "system";
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
+            api_err_invalid(e, param, "'%s' must be 'system', 'user' or 'assistant', got '%.40s'",
+                            param, role->valuestring);
+            goto out;
+        }
+        if (content_text(m, i, &texts[i], e))
+            goto out;
+        msgs[i].role = rs;
+        msgs[i].content = texts[i];
+        i++;
+    }
+    char err[DP_ERRLEN];
+    if (chat_template_apply(c->tmpl, msgs, (size_t)n, true, &prompt, err, sizeof err)) {
+        api_err_invalid(e, "messages", "%s", err);
+        goto out;
+    }
+    r->prompts = calloc(1, sizeof *r->prompts);
+    if (!r->prompts) {
+        api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        goto out;
+    }
+    r->n_prompts = 1;
+    rc = prompt_from_text(c, &r->prompts[0], prompt, strlen(prompt), "messages", e);
+out:
+    for (int k = 0; texts && k < n; k++)
+        free(texts[k]);
+    free(texts);
+    free(msgs);
+    free(prompt);
+    return rc;
+}
+
+static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, dp_oai_req *r,
+                      dp_api_err *e)
+{
+    dp_request_params *p = &r->params;
+    long long v;
+    bool present, mt_present = false;
+    long long max_tokens = 0;
+    const char *mt_name = "max_tokens";
+    if (!cJSON_IsObject(root))
+        return api_err_invalid(e, NULL, "the request body must be a JSON object");
+    if (parse_common(c, root, r, e))
+        return -1;
+    if (get_int(root, "max_tokens", 1, 1 << 30, &max_tokens, &mt_present, e))
+        return -1;
+    if (kind == DP_OAI_CHAT) {
+        if (get_int(root, "max_completion_tokens", 1, 1 << 30, &v, &present, e))
+            return -1;
+        if (present) {
+            max_tokens = v;
+            mt_present = true;
+            mt_name = "max_completion_tokens";
+        }
+        bool lp = false;
+        if (get_bool(root, "logprobs", &lp, e))
+            return -1;
+        if (get_int(root, "top_logprobs", 0, DP_MAX_TOP_LOGPROBS, &v, &present, e))
+            return -1;
+        if (present && !lp)
+            return api_err_invalid(e, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
+        p->logprobs = lp ? (present ? (int32_t)v : 0) : -1;
+        if (field(root, "echo"))
+            return api_err_invalid(e, "echo", "'echo' is not supported for chat completions");
+        if (parse_messages(c, root, r, e))
+            return -1;
+    } else {
+        cJSON *lpv = field(root, "logprobs");
+        if (lpv && cJSON_IsBool(lpv))
+            return api_err_invalid(e, "logprobs", "'logprobs' must be an integer in [0, %d] for completions",
+                                   DP_MAX_TOP_LOGPROBS);
+        if (get_int(root, "logprobs", 0, DP_MAX_TOP_LOGPROBS, &v, &present, e))
+            return -1;
+        p->logprobs = present ? (int32_t)v : -1;
+        if (get_bool(root, "echo", &r->echo, e))
+            return -1;
+        cJSON *sfx = field(root, "suffix");
+        if (sfx)
+            return api_err_invalid(e, "suffix", "'suffix' is not supported");
+        cJSON *bo = field(root, "best_of");
+        if (bo && !(cJSON_IsNumber(bo) && bo->valuedouble == r->n))
+            return api_err_invalid(e, "best_of", "'best_of' other than n is not supported");
+        if (parse_prompts(c, root, r, e))
+            return -1;
+    }
+    const char *pname = kind == DP_OAI_CHAT ? "messages" : "prompt";
+    int32_t ctx = c->context_length;
+    for (int i = 0; i < r->n_prompts; i++) {
+        dp_oai_prompt *pr = &r->prompts[i];
+        if (pr->n_ids >= ctx)
+            return api_err_invalid(e, pname,
+                                   "This model's maximum context length is %d tokens, but the %s "
+                                   "has %d tokens (at least 1 token must be left to generate)",
+                                   ctx, pname,
+                                   pr->n_ids);
+        if (mt_present) {
+            if ((long long)pr->n_ids + max_tokens > ctx)
+                return api_err_invalid(e, mt_name,
+                                       "This model's maximum context length is %d tokens. However, "
+                                       "you requested %lld tokens (%d in the %s, %lld for the "
+                                       "completion). Reduce the %s or '%s'.",
+                                       ctx, (long long)pr->n_ids + max_tokens, pr->n_ids, pname,
+                                       max_tokens, pname, mt_name);
+            pr->max_tokens = (int32_t)max_tokens;
+        } else {
+            int32_t room = ctx - pr->n_ids;
+            pr->max_tokens = kind == DP_OAI_CHAT ? room : (room < 16 ? room : 16);
+        }
+    }
+    return 0;
+}
+
+int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t len,
+              dp_oai_req *out, dp_api_err *e)
+{
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    sampling_default(&out->params.sampling);
+    out->params.logprobs = -1;
+    if (!body || len == 0) {
+        api_err_invalid(e, NULL, "the request body is empty; a JSON object is required");
+        return -1;
+    }
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) {
+        size_t at = 0;
+        const char *ep = cJSON_GetErrorPtr();
+        if (ep && ep >= body && ep <= body + len)
+            at = (size_t)(ep - body);
+        api_err_invalid(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
+        return -1;
+    }
+    int rc = parse_body(c, kind, root, out, e);
+    cJSON_Delete(root);
+    if (rc)
+        oai_req_free(out);
+    return rc;
+}
+
+void oai_req_free(dp_oai_req *r)
+{
+    for (int i = 0; r->prompts && i < r->n_prompts; i++) {
+        free(r->prompts[i].ids);
+        free(r->prompts[i].text);
+    }
+    free(r->prompts);
+    r->prompts = NULL;
+    r->n_prompts = 0;
+    request_params_free(&r->params);
+}
+
+/* ---- output ---- */
+
+int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n)
+{
+    if (ch->len + n + 1 > ch->cap) {
+        size_t nc = ch->cap ? ch->cap : 256;
+        while (nc < ch->len + n + 1)
+            nc *= 2;
+        char *np = realloc(ch->text, nc);
+        if (!np)
+            return DP_ENOMEM;
+        ch->text = np;
+        ch->cap = nc;
+    }
+    memcpy(ch->text + ch->len, s, n);
+    ch->len += n;
+    ch->text[ch->len] = 0;
+    return 0;
+}
+
+void oai_choice_free(dp_oai_choice *ch)
+{
+    free(ch->text);
+    cJSON_Delete(ch->logprobs);
+    memset(ch, 0, sizeof *ch);
+}
+
+const char *oai_finish_name(dp_finish f)
+{
+    switch (f) {
+    case DP_FINISH_STOP: return "stop";
+    case DP_FINISH_LENGTH: return "length";
+    case DP_FINISH_CANCELLED: return "abort";
+    case DP_FINISH_ERROR: return "error";
+    default: return NULL;
+    }
+}
+
+cJSON *oai_logprobs_new(dp_oai_kind kind)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    if (kind == DP_OAI_CHAT) {
+        cJSON_AddArrayToObject(o, "content");
+    } else {
+        cJSON_AddArrayToObject(o, "tokens");
+        cJSON_AddArrayToObject(o, "token_logprobs");
+        cJSON_AddArrayToObject(o, "top_logprobs");
+        cJSON_AddArrayToObject(o, "text_offset");
+    }
+    return o;
+}
+
+/* The token's text for logprobs; bytes that are not valid UTF-8 by
+ * themselves (a piece of a multi-byte character) are spelled "bytes:\xNN". */
+static int token_str(const dp_tokenizer *tok, int32_t id, char *raw, size_t rawcap, int *nraw,
+                     char *out, size_t outcap)
+{
+    int n = tokenizer_token_bytes(tok, id, false, raw, rawcap);
+    if (n < 0)
+        n = 0;
+    if ((size_t)n > rawcap)
+        n = (int)rawcap;
+    *nraw = n;
+    if (oai_utf8_valid(raw, (size_t)n)) {
+        size_t k = (size_t)n < outcap - 1 ? (size_t)n : outcap - 1;
+        memcpy(out, raw, k);
+        out[k] = 0;
+        return n;
+    }
+    size_t w = (size_t)snprintf(out, outcap, "bytes:");
+    for (int i = 0; i < n && w + 5 < outcap; i++)
+        w += (size_t)snprintf(out + w, outcap - w, "\\x%02x", (unsigned char)raw[i]);
+    return n;
+}
+
+static double finite_lp(float lp)
+{
+    return isfinite(lp) ? (lp > 0 ? 0.0 : (double)lp) : -9999.0;
+}
+
+static cJSON *bytes_array(const char *raw, int n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw[i]));
+    return a;
+}
+
+void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
+                      size_t *text_offset)
+{
+    if (!lp || tokenizer_is_eog(tok, ev->token))
+        return;
+    char raw[256], s[1100];
+    int nraw;
+    token_str(tok, ev->token, raw, sizeof raw, &nraw, s, sizeof s);
+    int ntop = ev->n_top < DP_MAX_TOP_LOGPROBS ? ev->n_top : DP_MAX_TOP_LOGPROBS;
+    if (kind == DP_OAI_CHAT) {
+        cJSON *e = cJSON_CreateObject();
+        if (!e)
+            return;
+        cJSON_AddStringToObject(e, "token", s);
+        cJSON_AddNumberToObject(e, "logprob", finite_lp(ev->logprob));
+        cJSON_AddItemToObject(e, "bytes", bytes_array(raw, nraw));
+        cJSON *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; tops && i < ntop; i++) {
+            char r2[256], s2[1100];
+            int n2;
+            token_str(tok, ev->top[i].token, r2, sizeof r2, &n2, s2, sizeof s2);
+            cJSON *t = cJSON_CreateObject();
+            if (!t)
+                break;
+            cJSON_AddStringToObject(t, "token", s2);
+            cJSON_AddNumberToObject(t, "logprob", finite_lp(ev->top[i].logprob));
+            cJSON_AddItemToObject(t, "bytes", bytes_array(r2, n2));
+            cJSON_AddItemToArray(tops, t);
+        }
+        cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "content"), e);
+        return;
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), cJSON_CreateString(s));
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
+                         cJSON_CreateNumber(finite_lp(ev->logprob)));
+    cJSON *top = cJSON_CreateObject();
+    if (top) {
+        if (ntop == 0)
+            cJSON_AddNumberToObject(top, s, finite_lp(ev->logprob));
+        for (int i = 0; i < ntop; i++) {
+            char r2[256], s2[1100];
+            int n2;
+            token_str(tok, ev->top[i].token, r2, sizeof r2, &n2, s2, sizeof s2);
+            if (!cJSON_GetObjectItemCaseSensitive(top, s2))
+                cJSON_AddNumberToObject(top, s2, finite_lp(ev->top[i].logprob));
+        }
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top ? top : cJSON_CreateNull());
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
+                         cJSON_CreateNumber((double)(text_offset ? *text_offset : 0)));
+    if (text_offset)
+        *text_offset += (size_t)nraw;
+}
+
+static cJSON *envelope(dp_oai_kind kind, bool chunk, const char *id, long long created,
+                       const char *model)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    cJSON_AddStringToObject(o, "id", id);
+    cJSON_AddStringToObject(o, "object",
+                            kind == DP_OAI_CHAT ? (chunk ? "chat.completion.chunk" : "chat.completion")
+                                                : "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)created);
+    cJSON_AddStringToObject(o, "model", model);
+    return o;
+}
+
+static void add_usage(cJSON *o, long long pt, long long ct)
+{
+    cJSON *u = cJSON_AddObjectToObject(o, "usage");
+    if (!u)
+        return;
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
+}
+
+static void add_finish(cJSON *c, const char *f)
+{
+    if (f)
+        cJSON_AddStringToObject(c, "finish_reason", f);
+    else
+        cJSON_AddNullToObject(c, "finish_reason");
+}
+
+static char *print_owned(cJSON *o, size_t *len)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    if (s && len)
+        *len = strlen(s);
+    return s;
+}
+
+char *oai_response(const dp_oai_req *r, const char *id, long long created, const char *model,
+                   dp_oai_choice *choices, int n_choices, size_t *len)
+{
+    cJSON *o = envelope(r->kind, false, id, created, model);
+    if (!o)
+        return NULL;
+    cJSON *arr = cJSON_AddArrayToObject(o, "choices");
+    long long pt = 0, ct = 0;
+    for (int i = 0; i < r->n_prompts; i++)
+        pt += r->prompts[i].n_ids;
+    for (int i = 0; arr && i < n_choices; i++) {
+        dp_oai_choice *ch = &choices[i];
+        ct += ch->completion_tokens;
+        cJSON *c = cJSON_CreateObject();
+        if (!c)
+            break;
+        cJSON_AddNumberToObject(c, "index", i);
+        if (r->kind == DP_OAI_CHAT) {
+            cJSON *m = cJSON_AddObjectToObject(c, "message");
+            if (m) {
+                cJSON_AddStringToObject(m, "role", "assistant");
+                cJSON_AddStringToObject(m, "content", ch->text ? ch->text : "");
+            }
+        } else {
+            cJSON_AddStringToObject(c, "text", ch->text ? ch->text : "");
+        }
+        if (ch->logprobs) {
+            cJSON_AddItemToObject(c, "logprobs", ch->logprobs);
+            ch->logprobs = NULL;
+        } else {
+            cJSON_AddNullToObject(c, "logprobs");
+        }
+        add_finish(c, oai_finish_name(ch->finish));
+        cJSON_AddItemToArray(arr, c);
+    }
+    add_usage(o, pt, ct);
+    return print_owned(o, len);
+}
+
+static char *sse_wrap(char *json, size_t *len)
+{
+    if (!json)
+        return NULL;
+    size_t n = strlen(json);
+    char *s = malloc(n + 9);
+    if (s) {
+        memcpy(s, "data: ", 6);
+        memcpy(s + 6, json, n);
+        memcpy(s + 6 + n, "\n\n", 3);
+        if (len)
+            *len = n + 8;
+    }
+    free(json);
+    return s;
+}
+
+char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char *model, int index,
+                const char *role, const char *text, cJSON *lp, const char *finish, size_t *len)
+{
+    cJSON *o = envelope(kind, true, id, created, model);
+    cJSON *arr = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *c = arr ? cJSON_CreateObject() : NULL;
+    if (!c) {
+        cJSON_Delete(o);
+        cJSON_Delete(lp);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    if (kind == DP_OAI_CHAT) {
+        cJSON *d = cJSON_AddObjectToObject(c, "delta");
+        if (d && role)
+            cJSON_AddStringToObject(d, "role", role);
+        if (d && text)
+            cJSON_AddStringToObject(d, "content", text);
+    } else {
+        cJSON_AddStringToObject(c, "text", text ? text : "");
+    }
+    if (lp)
+        cJSON_AddItemToObject(c, "logprobs", lp);
+    else
+        cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, finish);
+    size_t l;
+    char *s = sse_wrap(print_owned(o, &l), len);
+    return s;
+}
+
+char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
+                      long long prompt_tokens, long long completion_tokens, size_t *len)
+{
+    cJSON *o = envelope(kind, true, id, created, model);
+    if (!o)
+        return NULL;
+    cJSON_AddArrayToObject(o, "choices");
+    add_usage(o, prompt_tokens, completion_tokens);
+    size_t l;
+    return sse_wrap(print_owned(o, &l), len);
+}

@@ -1,0 +1,93 @@
+/* openai.h: the OpenAI wire format: request JSON -> validated generation
+ * parameters and prompt tokens (every bad field becomes a 400 naming it), and
+ * choices -> response JSON or SSE chunks. No I/O here. */
+#ifndef DP_API_OPENAI_H
+#define DP_API_OPENAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cjson/cJSON.h>
+
+#include "errors.h"
+#include "model/chat_template.h"
+#include "model/tokenizer.h"
+#include "sched/request.h"
+
+typedef enum dp_oai_kind { DP_OAI_COMPLETION = 1, DP_OAI_CHAT = 2 } dp_oai_kind;
+
+#define DP_OAI_MAX_N 8          /* choices per prompt */
+#define DP_OAI_MAX_CHOICES 64   /* prompts x n */
+
+typedef struct dp_oai_ctx {
+    const dp_tokenizer *tok;
+    const dp_chat_template *tmpl;
+    const char *model_name;    /* the id /v1/models lists */
+    const char *model_alias;   /* also accepted (e.g. the file name); may be NULL */
+    int32_t context_length;
+} dp_oai_ctx;
+
+typedef struct dp_oai_prompt {
+    int32_t *ids;       /* owned */
+    int32_t n_ids;
+    char *text;         /* owned: the prompt as text (for echo) */
+    int32_t max_tokens; /* resolved per prompt when the request gives none */
+} dp_oai_prompt;
+
+typedef struct dp_oai_req {
+    dp_oai_kind kind;
+    dp_oai_prompt *prompts;     /* owned */
+    int n_prompts;
+    int n;                      /* choices per prompt */
+    bool stream;
+    bool include_usage;
+    bool echo;
+    bool has_seed;
+    dp_request_params params;   /* template for every choice (owned parts) */
+} dp_oai_req;
+
+/* Parses and validates a request body; on failure fills e (status 400 or 404)
+ * and returns -1, leaving nothing allocated in out. */
+int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t len,
+              dp_oai_req *out, dp_api_err *e);
+void oai_req_free(dp_oai_req *r);
+/* Deep copy (stops, logit_bias); 0 or DP_ENOMEM. */
+int oai_params_clone(dp_request_params *dst, const dp_request_params *src);
+
+/* One choice's output as it accumulates. */
+typedef struct dp_oai_choice {
+    char *text;
+    size_t len, cap;
+    cJSON *logprobs;     /* non-stream accumulation; NULL when logprobs are off */
+    size_t text_offset;  /* completions: offset of the next token in the text */
+    dp_finish finish;
+    int32_t completion_tokens;
+    bool done;
+} dp_oai_choice;
+
+int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n);
+void oai_choice_free(dp_oai_choice *ch);
+/* An empty logprobs container of the kind's shape. */
+cJSON *oai_logprobs_new(dp_oai_kind kind);
+/* Adds one TOKEN event's entry (nothing for end-of-generation tokens). */
+void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
+                      size_t *text_offset);
+const char *oai_finish_name(dp_finish f);
+
+/* Non-stream body: every choice, in order, and usage. malloc'd. */
+char *oai_response(const dp_oai_req *r, const char *id, long long created, const char *model,
+                   dp_oai_choice *choices, int n_choices, size_t *len);
+
+/* One SSE event "data: {...}\n\n" for one choice. role (chat: the first chunk)
+ * and finish may be NULL; lp is consumed (may be NULL). malloc'd. */
+char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char *model, int index,
+                const char *role, const char *text, cJSON *lp, const char *finish, size_t *len);
+/* The usage chunk (empty choices) sent before [DONE] when include_usage. */
+char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
+                      long long prompt_tokens, long long completion_tokens, size_t *len);
+
+/* True when n bytes are valid UTF-8. */
+bool oai_utf8_valid(const char *s, size_t n);
+
+#endif

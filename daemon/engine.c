@@ -1,0 +1,663 @@
+/* engine.c: the engine thread. Each loop iteration takes new requests and
+ * cancellations from the inbox, plans a step (sched/), runs the forward pass
+ * over it, samples, applies stop conditions, and queues token events for the
+ * loop thread. Only this thread touches the model, the pool and sequences. */
+#include "engine.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dp.h"
+#include "kvcache/pool.h"
+#include "sched/sampler.h"
+#include "sched/scheduler.h"
+#include "sched/stop.h"
+
+/* The engine's state for one sequence (dp_seq.owner). */
+typedef struct eng_seq {
+    dp_request *req;
+    dp_seq *seq;
+    dp_rng rng;
+    dp_detok detok;
+    dp_stop stop;
+    int32_t n_gen;
+    bool started;          /* admitted at least once (no longer counts as queued) */
+    double t_first;
+    int32_t *bias_ids;
+    float *bias_vals;
+    struct eng_seq *next;  /* all live sequences */
+} eng_seq;
+
+struct dp_engine {
+    dp_llama *model;
+    const dp_tokenizer *tok;
+    dp_engine_opts opts;
+    int32_t ctx_len;
+    int32_t vocab;
+    dp_backend *be;
+    dp_kv_pool pool;
+    dp_kv_store *store;
+    dp_sched sched;
+    dp_sampler sampler;
+    float *logits;
+    float *raw_row;        /* copy of a logits row before processing, for logprobs */
+    /* Batch arrays (engine thread only). */
+    int32_t *b_tokens, *b_pos, *b_seq, *b_slot, *b_out, *b_tables;
+    uint8_t *b_store;
+    size_t b_tables_cap;
+    eng_seq *live;
+    /* Inbox and outbox. */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    dp_request **in_q;
+    int32_t in_n, in_cap;
+    bool wake;             /* a cancellation or a stop asks for attention */
+    dp_event *out_head, *out_tail;
+    atomic_int queued;     /* submitted, not yet admitted or finished */
+    atomic_bool stopping;
+    pthread_t thread;
+    bool started;
+    dp_engine_notify_fn notify;
+    void *notify_ud;
+    /* Stats (written under stats_mu by the engine thread). */
+    pthread_mutex_t stats_mu;
+    dp_engine_stats stats;
+};
+
+void engine_opts_default(dp_engine_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->max_batched_tokens = 512;
+    o->max_seqs = 64;
+    o->block_tokens = 16;
+    o->kv_bytes = (int64_t)1 << 30;
+    o->max_queue = 256;
+}
+
+int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
+
+/* ---- outbox --------------------------------------------------------------- */
+
+static dp_event *event_new(dp_engine *e, dp_request *req, dp_event_kind kind)
+{
+    dp_event *ev = calloc(1, sizeof *ev);
+    if (!ev)
+        return NULL;
+    ev->kind = kind;
+    ev->req = req;
+    request_ref(req);
+    return ev;
+}
+
+static void push_event(dp_engine *e, dp_event *ev)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->out_tail)
+        e->out_tail->next = ev;
+    else
+        e->out_head = ev;
+    e->out_tail = ev;
+    pthread_mutex_unlock(&e->mu);
+}
+
+dp_event *engine_take_events(dp_engine *e)
+{
+    pthread_mutex_lock(&e->mu);
+    dp_event *h = e->out_head;
+    e->out_head = e->out_tail = NULL;
+    pthread_mutex_unlock(&e->mu);
+    return h;
+}
+
+/* ---- sequences ------------------------------------------------------------ */
+
+/* Releases what the detokenizer and the stop matcher still hold: the end of
+ * the text when generation ends for any reason but a stop string. */
+static char *flush_text(eng_seq *es, size_t *len)
+{
+    char tail[64], *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    int nt = detok_flush(&es->detok, tail, sizeof tail);
+    int m = nt > 0 ? stop_push(&es->stop, tail, (size_t)nt, es->req->params.include_stop_str, &a, &na) : 0;
+    if (m != 1)
+        stop_flush(&es->stop, &b, &nb);
+    char *t = malloc(na + nb + 1);
+    if (t) {
+        memcpy(t, a ? a : "", na);
+        memcpy(t + na, b ? b : "", nb);
+        t[na + nb] = 0;
+        *len = na + nb;
+    }
+    free(a);
+    free(b);
+    return t;
+}
+
+/* Emits the FINISH event and frees the sequence. flush: release held text. */
+static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *error, bool flush)
+{
+    dp_event *ev = event_new(e, es->req, DP_EV_FINISH);
+    if (ev) {
+        size_t n = 0;
+        ev->text = flush ? flush_text(es, &n) : NULL;
+        ev->text_len = ev->text ? n : 0;
+        if (!ev->text)
+            ev->text = calloc(1, 1);
+        ev->finish = why;
+        ev->prompt_tokens = es->req->n_prompt;
+        ev->completion_tokens = es->n_gen;
+        ev->n_preemptions = es->seq->n_preemptions;
+        ev->t_first_token = es->t_first;
+        ev->t_finish = dp_now();
+        if (error)
+            ev->error = strdup(error);
+        push_event(e, ev);
+    }
+    if (!es->started)
+        atomic_fetch_sub(&e->queued, 1);
+    sched_remove(&e->sched, es->seq);
+    /* Unlink from the live list. */
+    for (eng_seq **pp = &e->live; *pp; pp = &(*pp)->next)
+        if (*pp == es) {
+            *pp = es->next;
+            break;
+        }
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.requests_finished[why]++;
+    pthread_mutex_unlock(&e->stats_mu);
+    seq_free(es->seq);
+    stop_destroy(&es->stop);
+    free(es->bias_ids);
+    free(es->bias_vals);
+    request_unref(es->req);
+    free(es);
+}
+
+static int admit_request(dp_engine *e, dp_request *req)
+{
+    eng_seq *es = calloc(1, sizeof *es);
+    if (!es)
+        return DP_ENOMEM;
+    es->req = req; /* the inbox's reference moves here */
+    es->seq = seq_new(req->id, req->prompt, req->n_prompt, req->params.priority);
+    const dp_request_params *p = &req->params;
+    if (p->n_logit_bias > 0) {
+        es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
+        es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
+    }
+    if (!es->seq || (p->n_logit_bias > 0 && (!es->bias_ids || !es->bias_vals))) {
+        seq_free(es->seq);
+        free(es->bias_ids);
+        free(es->bias_vals);
+        free(es);
+        return DP_ENOMEM;
+    }
+    for (int32_t i = 0; i < p->n_logit_bias; i++) {
+        es->bias_ids[i] = p->logit_bias[i].token;
+        es->bias_vals[i] = p->logit_bias[i].bias;
+    }
+    es->seq->owner = es;
+    rng_seed(&es->rng, p->sampling.seed);
+    detok_init(&es->detok, false);
+    stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
+    es->next = e->live;
+    e->live = es;
+    sched_add(&e->sched, es->seq);
+    return 0;
+}
+
+/* ---- sampling and stop conditions ----------------------------------------- */
+
+static void emit_token(dp_engine *e, eng_seq *es, float *row)
+{
+    const dp_request_params *p = &es->req->params;
+    dp_seq *q = es->seq;
+    if (p->logprobs >= 0)
+        memcpy(e->raw_row, row, (size_t)e->vocab * sizeof *row);
+    if (p->n_logit_bias > 0)
+        sampler_apply_bias(row, e->vocab, es->bias_ids, es->bias_vals, p->n_logit_bias);
+    sampler_apply_penalties(&e->sampler, &p->sampling, row, q->tokens, q->n_prompt,
+                            q->tokens + q->n_prompt, q->n_tokens - q->n_prompt);
+    if (p->ignore_eos)
+        for (int32_t t = 0; t < e->vocab; t++)
+            if (tokenizer_is_eog(e->tok, t))
+                row[t] = -INFINITY;
+    int32_t tok = sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
+    es->n_gen++;
+    if (es->n_gen == 1)
+        es->t_first = dp_now();
+
+    dp_event *ev = event_new(e, es->req, DP_EV_TOKEN);
+    if (!ev) {
+        finish_seq(e, es, DP_FINISH_ERROR, "out of memory", false);
+        return;
+    }
+    ev->token = tok;
+    if (p->logprobs >= 0) {
+        int32_t k = p->logprobs > DP_MAX_TOP_LOGPROBS ? DP_MAX_TOP_LOGPROBS : p->logprobs;
+        int32_t ids[DP_MAX_TOP_LOGPROBS];
+        float lps[DP_MAX_TOP_LOGPROBS];
+        ev->logprob = sampler_logprobs(&e->sampler, e->raw_row, tok, k, ids, lps);
+        ev->n_top = k;
+        for (int32_t i = 0; i < k; i++)
+            ev->top[i] = (dp_top_logprob){ids[i], lps[i]};
+    }
+    dp_finish why = DP_FINISH_NONE;
+    bool eog = tokenizer_is_eog(e->tok, tok) && !p->ignore_eos;
+    char piece[512];
+    char *rel = NULL;
+    size_t n_rel = 0;
+    if (!eog) {
+        int n = detok_push(&es->detok, e->tok, tok, piece, sizeof piece);
+        int m = stop_push(&es->stop, piece, n > 0 ? (size_t)n : 0, p->include_stop_str, &rel, &n_rel);
+        if (m == 1)
+            why = DP_FINISH_STOP;
+    } else {
+        why = DP_FINISH_STOP;
+    }
+    ev->text = rel ? rel : calloc(1, 1);
+    ev->text_len = n_rel;
+    push_event(e, ev);
+    if (why == DP_FINISH_NONE && (es->n_gen >= p->max_tokens || q->n_tokens + 1 >= e->ctx_len))
+        why = DP_FINISH_LENGTH;
+    if (why == DP_FINISH_NONE && seq_append(q, tok) != 0) {
+        finish_seq(e, es, DP_FINISH_ERROR, "out of memory", false);
+        return;
+    }
+    if (why != DP_FINISH_NONE) /* a stop string ends the text at the match */
+        finish_seq(e, es, why, NULL, !(why == DP_FINISH_STOP && !eog));
+}
+
+/* ---- one step ------------------------------------------------------------- */
+
+static int ensure_tables(dp_engine *e, size_t n)
+{
+    if (n <= e->b_tables_cap)
+        return 0;
+    int32_t *t = realloc(e->b_tables, n * sizeof *t);
+    if (!t)
+        return DP_ENOMEM;
+    e->b_tables = t;
+    e->b_tables_cap = n;
+    return 0;
+}
+
+static void fail_all(dp_engine *e, const char *why)
+{
+    while (e->live)
+        finish_seq(e, e->live, DP_FINISH_ERROR, why, false);
+}
+
+static void run_step(dp_engine *e)
+{
+    double t0 = dp_now();
+    dp_sched_plan plan;
+    sched_schedule(&e->sched, &plan);
+    if (plan.n_items == 0) {
+        /* Nothing fits. If nothing runs either, the head of the queue can
+         * never fit (submit checks against the whole pool, so this is a
+         * safety net); otherwise running prefills hold every block: free
+         * the newest so the others can finish. */
+        if (!e->sched.run_head) {
+            if (e->sched.wait_head)
+                finish_seq(e, (eng_seq *)e->sched.wait_head->owner, DP_FINISH_ERROR,
+                           "the KV pool cannot hold this request", false);
+            return;
+        }
+        dp_seq *v = e->sched.run_tail;
+        sched_remove(&e->sched, v);
+        v->n_computed = 0;
+        v->n_preemptions++;
+        e->sched.n_preemptions++;
+        sched_add(&e->sched, v);
+        return;
+    }
+    int32_t max_blocks = 1;
+    for (int32_t i = 0; i < plan.n_items; i++)
+        if (plan.items[i].seq->table.n_blocks > max_blocks)
+            max_blocks = plan.items[i].seq->table.n_blocks;
+    if (ensure_tables(e, (size_t)plan.n_items * (size_t)max_blocks)) {
+        fail_all(e, "out of memory");
+        return;
+    }
+    int32_t nt = 0, no = 0;
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        const dp_sched_item *it = &plan.items[i];
+        dp_seq *q = it->seq;
+        eng_seq *es = q->owner;
+        if (!es->started) {
+            es->started = true;
+            atomic_fetch_sub(&e->queued, 1);
+        }
+        for (int32_t k = 0; k < it->n; k++) {
+            int32_t p = it->start + k;
+            e->b_tokens[nt] = q->tokens[p];
+            e->b_pos[nt] = p;
+            e->b_slot[nt] = p;
+            e->b_seq[nt] = i;
+            nt++;
+        }
+        if (it->emits)
+            e->b_out[no++] = nt - 1;
+        e->b_store[i] = 0;
+        int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
+        memcpy(row, q->table.blocks, (size_t)q->table.n_blocks * sizeof *row);
+        for (int32_t k = q->table.n_blocks; k < max_blocks; k++)
+            row[k] = 0;
+    }
+    dp_batch b = {nt, e->b_tokens, e->b_pos, e->b_seq, e->b_slot, plan.n_items, e->b_store,
+                  e->b_tables, max_blocks, no, e->b_out};
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {e->store, NULL};
+    double tf = dp_now();
+    int rc = llama_forward(e->model, &b, stores, e->logits);
+    double tf_end = dp_now();
+    if (rc) {
+        dp_log(DP_LOG_ERROR, "engine: forward pass failed (%s); failing running requests",
+               dp_strerror(rc));
+        sched_commit(&e->sched, &plan);
+        fail_all(e, "internal error in the forward pass");
+        return;
+    }
+    sched_commit(&e->sched, &plan);
+    int64_t prompt_toks = 0, gen_toks = 0;
+    for (int32_t i = 0, o = 0; i < plan.n_items; i++) {
+        const dp_sched_item *it = &plan.items[i];
+        if (it->path == DP_PATH_PREFILL)
+            prompt_toks += it->n;
+        if (!it->emits)
+            continue;
+        gen_toks++;
+        emit_token(e, it->seq->owner, e->logits + (size_t)(o++) * (size_t)e->vocab);
+    }
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.steps++;
+    e->stats.prompt_tokens += prompt_toks;
+    e->stats.generation_tokens += gen_toks;
+    e->stats.busy_seconds += dp_now() - t0;
+    e->stats.forward_seconds += tf_end - tf;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+static void update_gauges(dp_engine *e)
+{
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.running = e->sched.n_running;
+    e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
+    e->stats.blocks_total = e->pool.n_blocks;
+    e->stats.blocks_used = kv_pool_n_used(&e->pool);
+    e->stats.preemptions = e->sched.n_preemptions;
+    e->stats.heartbeat++;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+static void *engine_main(void *arg)
+{
+    dp_engine *e = arg;
+    int32_t cap = 0;
+    dp_request **batch = NULL;
+    for (;;) {
+        /* Take the inbox; sleep when there is nothing at all to do. */
+        pthread_mutex_lock(&e->mu);
+        while (!e->in_n && !e->wake && !atomic_load(&e->stopping) && sched_idle(&e->sched)) {
+            pthread_mutex_unlock(&e->mu);
+            update_gauges(e);
+            pthread_mutex_lock(&e->mu);
+            if (e->in_n || e->wake || atomic_load(&e->stopping))
+                break;
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            ts.tv_nsec += 250 * 1000000L;
+            if (ts.tv_nsec >= 1000000000L)
+                ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&e->cv, &e->mu, &ts); /* heartbeat while idle */
+        }
+        int32_t n = e->in_n;
+        if (n > cap) {
+            dp_request **nb = realloc(batch, (size_t)n * sizeof *nb);
+            if (nb) {
+                batch = nb;
+                cap = n;
+            } else {
+                n = cap;
+            }
+        }
+        if (n > 0) {
+            memcpy(batch, e->in_q, (size_t)n * sizeof *batch);
+            memmove(e->in_q, e->in_q + n, (size_t)(e->in_n - n) * sizeof *e->in_q);
+            e->in_n -= n;
+        }
+        e->wake = false;
+        bool stop = atomic_load(&e->stopping);
+        pthread_mutex_unlock(&e->mu);
+
+        for (int32_t i = 0; i < n; i++)
+            if (admit_request(e, batch[i]) != 0) {
+                dp_event *ev = event_new(e, batch[i], DP_EV_FINISH);
+                if (ev) {
+                    ev->finish = DP_FINISH_ERROR;
+                    ev->error = strdup("out of memory");
+                    ev->text = calloc(1, 1);
+                    ev->prompt_tokens = batch[i]->n_prompt;
+                    push_event(e, ev);
+                }
+                atomic_fetch_sub(&e->queued, 1);
+                request_unref(batch[i]);
+            }
+        /* Cancellations (and everything, when stopping). */
+        for (eng_seq *es = e->live, *nx; es; es = nx) {
+            nx = es->next;
+            if (stop || atomic_load(&es->req->cancelled))
+                finish_seq(e, es, DP_FINISH_CANCELLED, NULL, false);
+        }
+        if (stop)
+            break;
+        if (!sched_idle(&e->sched))
+            run_step(e);
+        update_gauges(e);
+        if (e->out_head && e->notify)
+            e->notify(e->notify_ud);
+    }
+    update_gauges(e);
+    if (e->notify)
+        e->notify(e->notify_ud);
+    free(batch);
+    return NULL;
+}
+
+/* ---- public API ----------------------------------------------------------- */
+
+int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
+                const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
+                size_t errsz)
+{
+    dp_engine *e = calloc(1, sizeof *e);
+    if (!e)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    e->model = model;
+    e->tok = tok;
+    e->opts = *opts;
+    e->notify = notify;
+    e->notify_ud = ud;
+    e->be = llama_backend(model);
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->cv, NULL);
+    pthread_mutex_init(&e->stats_mu, NULL);
+    const dp_hparams *hp = llama_hparams(model);
+    e->vocab = hp->vocab;
+    e->ctx_len = opts->context_length > 0 && opts->context_length < hp->n_ctx_train
+                     ? opts->context_length
+                     : hp->n_ctx_train;
+    int rc;
+    if (opts->max_batched_tokens > llama_max_tokens(model) || opts->max_seqs > llama_max_out(model)) {
+        rc = dp_err(err, errsz, DP_EINVAL,
+                    "engine: model sized for %d tokens / %d outputs per step, engine wants %d / %d",
+                    llama_max_tokens(model), llama_max_out(model), opts->max_batched_tokens,
+                    opts->max_seqs);
+        goto fail;
+    }
+    int32_t n_blocks = opts->n_blocks;
+    if (n_blocks <= 0) {
+        dp_kv_layout l1 = llama_kv_layout(model, opts->block_tokens, 1);
+        size_t per = e->be->ops->kv_bytes_per_block(e->be, &l1);
+        int64_t nb = per ? opts->kv_bytes / (int64_t)per : 0;
+        n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+    }
+    if (n_blocks < 1) {
+        rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
+                    opts->block_tokens);
+        goto fail;
+    }
+    dp_kv_layout l = llama_kv_layout(model, opts->block_tokens, n_blocks);
+    if ((rc = kv_pool_init(&e->pool, n_blocks, opts->block_tokens)) ||
+        (rc = e->be->ops->kv_create(e->be, &l, &e->store))) {
+        rc = dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d tokens",
+                    n_blocks, opts->block_tokens);
+        goto fail;
+    }
+    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs};
+    size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
+    e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
+    e->raw_row = malloc((size_t)e->vocab * sizeof(float));
+    e->b_tokens = malloc(T * sizeof(int32_t));
+    e->b_pos = malloc(T * sizeof(int32_t));
+    e->b_seq = malloc(T * sizeof(int32_t));
+    e->b_slot = malloc(T * sizeof(int32_t));
+    e->b_out = malloc(S * sizeof(int32_t));
+    e->b_store = calloc(S, 1);
+    e->in_cap = 64;
+    e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
+    if (sched_init(&e->sched, &so, &e->pool) || sampler_init(&e->sampler, e->vocab) || !e->logits ||
+        !e->raw_row || !e->b_tokens || !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out ||
+        !e->b_store || !e->in_q) {
+        rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        goto fail;
+    }
+    atomic_init(&e->queued, 0);
+    update_gauges(e);
+    *out = e;
+    return 0;
+fail:
+    engine_destroy(e);
+    return rc;
+}
+
+int engine_start(dp_engine *e)
+{
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0)
+        return DP_ENOMEM;
+    e->started = true;
+    return 0;
+}
+
+void engine_stop(dp_engine *e)
+{
+    if (!e->started)
+        return;
+    pthread_mutex_lock(&e->mu);
+    atomic_store(&e->stopping, true);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    e->started = false;
+}
+
+void engine_destroy(dp_engine *e)
+{
+    if (!e)
+        return;
+    engine_stop(e);
+    while (e->live)
+        finish_seq(e, e->live, DP_FINISH_CANCELLED, NULL, false);
+    for (int32_t i = 0; i < e->in_n; i++)
+        request_unref(e->in_q[i]);
+    event_free_list(e->out_head);
+    if (e->store)
+        e->be->ops->kv_destroy(e->be, e->store);
+    kv_pool_destroy(&e->pool);
+    sched_destroy(&e->sched);
+    sampler_destroy(&e->sampler);
+    free(e->logits);
+    free(e->raw_row);
+    free(e->b_tokens);
+    free(e->b_pos);
+    free(e->b_seq);
+    free(e->b_slot);
+    free(e->b_out);
+    free(e->b_store);
+    free(e->b_tables);
+    free(e->in_q);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->stats_mu);
+    free(e);
+}
+
+int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
+{
+    const dp_request_params *p = &req->params;
+    if (req->n_prompt < 1)
+        return dp_err(err, errsz, DP_EINVAL, "the prompt is empty");
+    for (int32_t i = 0; i < req->n_prompt; i++)
+        if (req->prompt[i] < 0 || req->prompt[i] >= e->vocab)
+            return dp_err(err, errsz, DP_EINVAL, "prompt token %d is outside the vocabulary (0..%d)",
+                          req->prompt[i], e->vocab - 1);
+    if (p->max_tokens < 1)
+        return dp_err(err, errsz, DP_EINVAL, "max_tokens must be at least 1");
+    if ((int64_t)req->n_prompt + p->max_tokens > e->ctx_len)
+        return dp_err(err, errsz, DP_EINVAL,
+                      "this model's maximum context length is %d tokens; the prompt has %d tokens "
+                      "and max_tokens is %d (%lld in total)",
+                      e->ctx_len, req->n_prompt, p->max_tokens,
+                      (long long)req->n_prompt + p->max_tokens);
+    int32_t need = kv_pool_blocks_for(&e->pool, (int64_t)req->n_prompt + p->max_tokens);
+    if (need > e->pool.n_blocks)
+        return dp_err(err, errsz, DP_EINVAL,
+                      "the request needs %d KV blocks (%d prompt + %d max_tokens tokens) but the "
+                      "pool holds %d",
+                      need, req->n_prompt, p->max_tokens, e->pool.n_blocks);
+    pthread_mutex_lock(&e->mu);
+    if (atomic_load(&e->stopping)) {
+        pthread_mutex_unlock(&e->mu);
+        return dp_err(err, errsz, DP_ENOSPC, "the engine is stopping");
+    }
+    if (atomic_load(&e->queued) >= e->opts.max_queue) {
+        pthread_mutex_unlock(&e->mu);
+        return dp_err(err, errsz, DP_ENOSPC, "too many requests are waiting (%d)", e->opts.max_queue);
+    }
+    if (e->in_n == e->in_cap) {
+        dp_request **nq = realloc(e->in_q, (size_t)e->in_cap * 2 * sizeof *nq);
+        if (!nq) {
+            pthread_mutex_unlock(&e->mu);
+            return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        }
+        e->in_q = nq;
+        e->in_cap *= 2;
+    }
+    request_ref(req);
+    req->t_arrival = dp_now();
+    e->in_q[e->in_n++] = req;
+    atomic_fetch_add(&e->queued, 1);
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return 0;
+}
+
+void engine_cancel(dp_engine *e, dp_request *req)
+{
+    atomic_store(&req->cancelled, true);
+    pthread_mutex_lock(&e->mu);
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_get_stats(dp_engine *e, dp_engine_stats *s)
+{
+    pthread_mutex_lock(&e->stats_mu);
+    *s = e->stats;
+    pthread_mutex_unlock(&e->stats_mu);
+}

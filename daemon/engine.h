@@ -1,0 +1,69 @@
+/* engine.h: the engine thread: owns the model, the backend, the KV pools and
+ * the scheduler; takes requests and cancellations from an inbox and emits
+ * token events to an outbox. It never blocks on the network: the consumer is
+ * woken through a callback (the HTTP layer binds it to uv_async_send). */
+#ifndef DP_DAEMON_ENGINE_H
+#define DP_DAEMON_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "model/llama.h"
+#include "model/tokenizer.h"
+#include "sched/request.h"
+
+typedef struct dp_engine dp_engine;
+
+typedef struct dp_engine_opts {
+    int32_t max_batched_tokens;  /* tokens per step */
+    int32_t max_seqs;            /* sequences per step */
+    int32_t block_tokens;        /* KV block size */
+    int32_t n_blocks;            /* KV pool size in blocks (0: from kv_bytes) */
+    int64_t kv_bytes;            /* KV memory when n_blocks is 0 */
+    int32_t context_length;      /* cap per sequence (0: the model's) */
+    int32_t max_queue;           /* waiting requests before submit refuses */
+} dp_engine_opts;
+
+void engine_opts_default(dp_engine_opts *o);
+
+/* Called on the engine thread after a step produced events, or when idle
+ * work completes; must be cheap and thread-safe (uv_async_send is). */
+typedef void (*dp_engine_notify_fn)(void *ud);
+
+/* A consistent snapshot of counters for /metrics and tests. */
+typedef struct dp_engine_stats {
+    int32_t running;          /* sequences being prefilled or decoded */
+    int32_t waiting;          /* queued or preempted */
+    int32_t blocks_total;
+    int32_t blocks_used;
+    int64_t steps;
+    int64_t prompt_tokens;    /* prefilled (recomputation included) */
+    int64_t generation_tokens;
+    int64_t preemptions;
+    int64_t requests_finished[5]; /* indexed by dp_finish */
+    double busy_seconds;      /* time inside steps */
+    double forward_seconds;   /* of which in the forward pass */
+    uint64_t heartbeat;       /* bumped every loop iteration, idle or not */
+} dp_engine_stats;
+
+/* The engine borrows model and tokenizer (they must outlive it). */
+int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
+                const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
+                size_t errsz);
+int engine_start(dp_engine *e);
+/* Stops the thread (finishing every request as cancelled) and joins it. */
+void engine_stop(dp_engine *e);
+void engine_destroy(dp_engine *e);
+
+/* Thread-safe. Takes a reference on req. Returns DP_ENOSPC when max_queue
+ * requests are already waiting, DP_EINVAL when the prompt cannot fit the
+ * context (the message says why). */
+int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz);
+/* Thread-safe: marks req cancelled and wakes the engine. */
+void engine_cancel(dp_engine *e, dp_request *req);
+/* Thread-safe: takes every pending event (in order) and returns the list. */
+dp_event *engine_take_events(dp_engine *e);
+void engine_get_stats(dp_engine *e, dp_engine_stats *s);
+int32_t engine_context_length(const dp_engine *e);
+
+#endif

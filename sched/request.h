@@ -1,0 +1,101 @@
+/* request.h: what the HTTP layer hands the engine (a request: prompt tokens
+ * and generation parameters) and what comes back (events: text pieces, token
+ * ids and log-probabilities, the finish reason and usage). Requests are
+ * reference-counted and shared by the two threads; everything else in them is
+ * written by one side only, as noted per field. */
+#ifndef DP_SCHED_REQUEST_H
+#define DP_SCHED_REQUEST_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "sampler.h"
+
+#define DP_MAX_STOPS 8
+#define DP_MAX_TOP_LOGPROBS 20
+
+typedef struct dp_logit_bias {
+    int32_t token;
+    float bias;
+} dp_logit_bias;
+
+typedef struct dp_request_params {
+    int32_t max_tokens;           /* generated tokens at most (>= 1) */
+    dp_sampling sampling;         /* temperature, top-k/p, min-p, penalties, seed */
+    dp_logit_bias *logit_bias;    /* owned; n_logit_bias entries */
+    int32_t n_logit_bias;
+    int32_t logprobs;             /* -1: none; 0: chosen token only; k: plus top k */
+    char *stops[DP_MAX_STOPS];    /* owned, NUL-terminated; n_stops used */
+    int32_t n_stops;
+    bool ignore_eos;              /* generate exactly max_tokens unless a stop string hits */
+    bool include_stop_str;        /* append the matched stop string to the output */
+    int32_t priority;             /* lower runs first; FCFS within a priority */
+} dp_request_params;
+
+typedef enum dp_finish {
+    DP_FINISH_NONE = 0,
+    DP_FINISH_STOP,      /* EOS/EOT or a stop string */
+    DP_FINISH_LENGTH,    /* max_tokens or the context length */
+    DP_FINISH_CANCELLED, /* the client went away or the daemon stopped */
+    DP_FINISH_ERROR,     /* the engine failed this request (message in the event) */
+} dp_finish;
+
+const char *finish_reason_name(dp_finish f);
+
+typedef struct dp_request {
+    atomic_int refs;
+    atomic_bool cancelled;  /* set by the loop thread; the engine frees the sequence next step */
+    uint64_t id;            /* unique per daemon run */
+    int32_t *prompt;        /* owned */
+    int32_t n_prompt;
+    dp_request_params params;
+    void *user;             /* the HTTP layer's per-request context (loop thread only) */
+    double t_arrival;       /* dp_now() at submission */
+} dp_request;
+
+/* Creates a request with refs = 1 taking ownership of prompt (malloc'd). */
+dp_request *request_new(int32_t *prompt, int32_t n_prompt, const dp_request_params *p);
+void request_ref(dp_request *r);
+void request_unref(dp_request *r);
+/* Frees what params owns (logit_bias, stops); safe on a zeroed struct. */
+void request_params_free(dp_request_params *p);
+
+typedef enum dp_event_kind {
+    DP_EV_TOKEN = 1,    /* one generated token (text may be empty while held back) */
+    DP_EV_FINISH,       /* the last event of a request: finish reason and usage */
+} dp_event_kind;
+
+typedef struct dp_top_logprob {
+    int32_t token;
+    float logprob;
+} dp_top_logprob;
+
+typedef struct dp_event {
+    struct dp_event *next;
+    dp_event_kind kind;
+    dp_request *req;       /* holds a reference, dropped by event_free */
+    /* TOKEN */
+    int32_t token;
+    float logprob;         /* of the chosen token (0 when logprobs are off) */
+    int32_t n_top;
+    dp_top_logprob top[DP_MAX_TOP_LOGPROBS];
+    /* TOKEN and FINISH: the text released by this event (complete UTF-8, never
+     * part of a stop string), owned, NUL-terminated; may be empty. */
+    char *text;
+    size_t text_len;
+    /* FINISH */
+    dp_finish finish;
+    int32_t prompt_tokens;
+    int32_t completion_tokens;
+    int32_t n_preemptions;
+    char *error;           /* owned message when finish == DP_FINISH_ERROR */
+    double t_first_token;  /* dp_now() of the first token (0 if none) */
+    double t_finish;
+} dp_event;
+
+void event_free(dp_event *ev);
+void event_free_list(dp_event *ev);
+
+#endif

@@ -1,0 +1,959 @@
+/* check_kernels.c: the CUDA backend against the CPU reference, op by op on
+ * fresh random data; greedy generation on both; then a 7B-shaped benchmark
+ * with each figure's ratio to the device's physical limit.
+ *
+ * Exit status: 0 all checks passed, 1 a check failed, 2 set-up error,
+ * 3 no usable CUDA device (tests/gpu/check.sh relies on 3).
+ *
+ *   check_kernels [--seed N] [--no-bench] [--bench-only] [--self-test]
+ *
+ * --self-test runs the comparisons with the CPU backend on both sides (no GPU
+ * needed): it checks this program's own plumbing on a machine without one. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "common/dp.h"
+#include "kernels/backend.h"
+#include "kernels/quant.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "sched/generate.h"
+#include "tools/synth_gguf.h"
+
+#define EXIT_CHECK 1
+#define EXIT_SETUP 2
+#define EXIT_NO_DEVICE 3
+
+/* Tolerances: relative L2 error of the CUDA result against the CPU's. fp16
+ * storage of weights, activations fed to GEMMs and KV rounds at 2^-11
+ * relative; these leave a few times that. */
+#define TOL_GEMM 2e-3
+#define TOL_ATT 2e-3
+#define TOL_EW 1e-3
+
+static uint64_t g_rs;
+static int g_failed;
+static int g_checks;
+
+static uint64_t rnd64(void)
+{
+    g_rs ^= g_rs << 13;
+    g_rs ^= g_rs >> 7;
+    g_rs ^= g_rs << 17;
+    return g_rs;
+}
+
+static float frand(void) /* uniform in [-1, 1) */
+{
+    return (float)((rnd64() >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
+}
+
+static void fill(float *p, size_t n, float amp)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * amp;
+}
+
+static void die(int code, const char *fmt, const char *msg)
+{
+    fprintf(stderr, "check_kernels: ");
+    fprintf(stderr, fmt, msg);
+    fprintf(stderr, "\n");
+    exit(code);
+}
+
+static void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die(EXIT_SETUP, "%s", "out of host memory");
+    return p;
+}
+
+/* ---- buffers on a backend --------------------------------------------------- */
+
+static float *dev_alloc(dp_backend *be, size_t n)
+{
+    float *p = be->ops->alloc(be, n * sizeof(float));
+    if (!p)
+        die(EXIT_SETUP, "%s: out of backend memory", be->ops->name);
+    return p;
+}
+
+static void dev_put(dp_backend *be, float *d, const float *h, size_t n)
+{
+    if (be->ops->upload(be, d, h, n * sizeof(float)))
+        die(EXIT_SETUP, "%s: upload failed", be->ops->name);
+}
+
+static void dev_get(dp_backend *be, float *h, const float *d, size_t n)
+{
+    if (be->ops->download(be, h, d, n * sizeof(float)))
+        die(EXIT_CHECK, "%s: download failed (an op failed, see the log above)", be->ops->name);
+}
+
+/* Fills a backend buffer with NaN, so an element an op forgets to write shows. */
+static void dev_poison(dp_backend *be, float *d, size_t n)
+{
+    float *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    dev_put(be, d, h, n);
+    free(h);
+}
+
+static float *dev_from(dp_backend *be, const float *h, size_t n)
+{
+    float *d = dev_alloc(be, n);
+    dev_put(be, d, h, n);
+    return d;
+}
+
+/* ---- comparison ------------------------------------------------------------------ */
+
+static void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
+                   double tol)
+{
+    double num = 0, den = 0;
+    size_t nan_got = 0, nan_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) {
+            nan_got++;
+            continue;
+        }
+        if (!isfinite(ref[i])) {
+            nan_ref++;
+            continue;
+        }
+        double d = (double)got[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double rel = sqrt(num / (den > 0 ? den : 1));
+    bool ok = nan_got == 0 && nan_ref == 0 && rel <= tol;
+    g_checks++;
+    if (!ok)
+        g_failed++;
+    printf("  %-12s %-46s rel %.2e (tol %.0e)%s%s\n", op, what, rel, tol,
+           nan_got ? "  NON-FINITE in cuda output" : (nan_ref ? "  NON-FINITE in cpu output" : ""),
+           ok ? "  ok" : "  FAIL");
+    if (nan_got)
+        printf("  %-12s %zu of %zu elements not finite\n", "", nan_got, n);
+}
+
+/* ---- a batch on both backends ------------------------------------------------------ */
+
+typedef struct hbatch {
+    int32_t n_tokens, n_seqs, max_blocks, n_out;
+    int32_t *tokens, *pos, *seq, *slot, *tables, *out_tokens;
+    uint8_t *seq_store;
+} hbatch;
+
+static void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks)
+{
+    memset(b, 0, sizeof *b);
+    b->n_tokens = n_tokens;
+    b->n_seqs = n_seqs;
+    b->max_blocks = max_blocks;
+    b->tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->pos = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->seq = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->slot = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->out_tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->tables = calloc((size_t)n_seqs * (size_t)max_blocks, sizeof(int32_t));
+    b->seq_store = calloc((size_t)n_seqs, 1);
+    if (!b->tables || !b->seq_store)
+        die(EXIT_SETUP, "%s", "out of host memory");
+    for (int32_t i = 0; i < n_tokens; i++) {
+        b->tokens[i] = 0;
+        b->pos[i] = i;
+        b->seq[i] = 0;
+        b->slot[i] = 0;
+        b->out_tokens[i] = i;
+    }
+}
+
+static void hbatch_free(hbatch *b)
+{
+    free(b->tokens);
+    free(b->pos);
+    free(b->seq);
+    free(b->slot);
+    free(b->out_tokens);
+    free(b->tables);
+    free(b->seq_store);
+}
+
+static void hbatch_set(dp_backend *be, const hbatch *h)
+{
+    dp_batch b = {h->n_tokens, h->tokens, h->pos, h->seq, h->slot, h->n_seqs, h->seq_store,
+                  h->tables, h->max_blocks, h->n_out, h->out_tokens};
+    if (be->ops->batch_set(be, &b))
+        die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
+}
+
+/* ---- op checks ----------------------------------------------------------------------- */
+
+static void check_matmul(dp_backend *be[2])
+{
+    const uint32_t types[] = {DP_TYPE_F32, DP_TYPE_Q4_1, DP_TYPE_Q8_0, DP_TYPE_F16};
+    const int64_t shapes[][2] = {{96, 256}, {1000, 512}};
+    const int32_t ms[] = {1, 7, 16, 64, 300};
+    char err[DP_ERRLEN], what[96];
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+        for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t rows = shapes[si][0], cols = shapes[si][1];
+            uint64_t rb;
+            if (quant_row_bytes(types[ti], (uint64_t)cols, &rb))
+                die(EXIT_SETUP, "%s", "bad matmul shape");
+            uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
+            float *row = xmalloc((size_t)cols * sizeof *row);
+            for (int64_t r = 0; r < rows; r++) {
+                fill(row, (size_t)cols, 0.1f);
+                if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, cols))
+                    die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+            }
+            dp_weight w[2];
+            for (int b = 0; b < 2; b++)
+                if (be[b]->ops->weight_load(be[b], &w[b], types[ti], rows, cols, raw, err, sizeof err))
+                    die(EXIT_SETUP, "weight_load: %s", err);
+            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                const int32_t m = ms[mi];
+                float *x = xmalloc((size_t)m * (size_t)cols * sizeof *x);
+                fill(x, (size_t)m * (size_t)cols, 1.0f);
+                float *y[2];
+                for (int b = 0; b < 2; b++) {
+                    float *dx = dev_from(be[b], x, (size_t)m * (size_t)cols);
+                    float *dy = dev_alloc(be[b], (size_t)m * (size_t)rows);
+                    dev_poison(be[b], dy, (size_t)m * (size_t)rows);
+                    be[b]->ops->matmul(be[b], dy, dx, &w[b], m);
+                    y[b] = xmalloc((size_t)m * (size_t)rows * sizeof(float));
+                    dev_get(be[b], y[b], dy, (size_t)m * (size_t)rows);
+                    be[b]->ops->free(be[b], dx);
+                    be[b]->ops->free(be[b], dy);
+                }
+                snprintf(what, sizeof what, "%s [%lld x %lld] m=%d", quant_type_name(types[ti]),
+                         (long long)rows, (long long)cols, m);
+                report("matmul", what, y[0], y[1], (size_t)m * (size_t)rows, TOL_GEMM);
+                free(y[0]);
+                free(y[1]);
+                free(x);
+            }
+            for (int b = 0; b < 2; b++)
+                be[b]->ops->weight_free(be[b], &w[b]);
+            free(raw);
+            free(row);
+        }
+}
+
+static void check_rmsnorm(dp_backend *be[2])
+{
+    const int32_t cases[][2] = {{37, 576}, {3, 4096}, {1, 64}};
+    char err[DP_ERRLEN], what[64];
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n = cases[ci][0], dim = cases[ci][1];
+        const size_t ne = (size_t)n * (size_t)dim;
+        float *wv = xmalloc((size_t)dim * sizeof *wv), *x = xmalloc(ne * sizeof *x), *o[2];
+        for (int32_t d = 0; d < dim; d++)
+            wv[d] = 1.0f + 0.2f * frand();
+        fill(x, ne, 3.0f);
+        for (int b = 0; b < 2; b++) {
+            dp_weight w;
+            if (be[b]->ops->weight_load(be[b], &w, DP_TYPE_F32, 1, dim, wv, err, sizeof err))
+                die(EXIT_SETUP, "weight_load: %s", err);
+            float *dx = dev_from(be[b], x, ne), *dout = dev_alloc(be[b], ne);
+            dev_poison(be[b], dout, ne);
+            be[b]->ops->rmsnorm(be[b], dout, dx, &w, n, dim, 1e-5f);
+            o[b] = xmalloc(ne * sizeof(float));
+            dev_get(be[b], o[b], dout, ne);
+            be[b]->ops->free(be[b], dx);
+            be[b]->ops->free(be[b], dout);
+            be[b]->ops->weight_free(be[b], &w);
+        }
+        snprintf(what, sizeof what, "n=%d dim=%d", n, dim);
+        report("rmsnorm", what, o[0], o[1], ne, TOL_EW);
+        free(o[0]);
+        free(o[1]);
+        free(wv);
+        free(x);
+    }
+}
+
+static void check_rope(dp_backend *be[2])
+{
+    struct {
+        int32_t n, n_heads, n_kv, hd, n_rot;
+        float base, scale;
+        bool neox;
+        int32_t max_pos;
+    } cases[] = {
+        {33, 4, 2, 64, 64, 10000.0f, 1.0f, false, 4096},
+        {17, 8, 8, 128, 128, 500000.0f, 1.0f, false, 120000},
+        {9, 6, 2, 128, 64, 10000.0f, 0.25f, true, 30000},
+    };
+    char what[96];
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n = cases[ci].n, hd = cases[ci].hd;
+        const size_t nq = (size_t)n * cases[ci].n_heads * hd, nk = (size_t)n * cases[ci].n_kv * hd;
+        hbatch hb;
+        hbatch_alloc(&hb, n, 1, 1);
+        for (int32_t i = 0; i < n; i++)
+            hb.pos[i] = (int32_t)(rnd64() % (uint64_t)cases[ci].max_pos);
+        float *q = xmalloc(nq * sizeof *q), *k = xmalloc(nk * sizeof *k);
+        fill(q, nq, 1.0f);
+        fill(k, nk, 1.0f);
+        float *oq[2], *ok[2];
+        dp_rope_params rp = {cases[ci].n_rot, cases[ci].base, cases[ci].scale, cases[ci].neox};
+        for (int b = 0; b < 2; b++) {
+            hbatch_set(be[b], &hb);
+            float *dq = dev_from(be[b], q, nq), *dk = dev_from(be[b], k, nk);
+            be[b]->ops->rope(be[b], dq, dk, n, cases[ci].n_heads, cases[ci].n_kv, hd, &rp);
+            oq[b] = xmalloc(nq * sizeof(float));
+            ok[b] = xmalloc(nk * sizeof(float));
+            dev_get(be[b], oq[b], dq, nq);
+            dev_get(be[b], ok[b], dk, nk);
+            be[b]->ops->free(be[b], dq);
+            be[b]->ops->free(be[b], dk);
+        }
+        snprintf(what, sizeof what, "q hd=%d n_rot=%d %s pos<%d", hd, cases[ci].n_rot,
+                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos);
+        report("rope", what, oq[0], oq[1], nq, TOL_EW);
+        snprintf(what, sizeof what, "k hd=%d n_rot=%d %s pos<%d", hd, cases[ci].n_rot,
+                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos);
+        report("rope", what, ok[0], ok[1], nk, TOL_EW);
+        for (int b = 0; b < 2; b++) {
+            free(oq[b]);
+            free(ok[b]);
+        }
+        free(q);
+        free(k);
+        hbatch_free(&hb);
+    }
+}
+
+static void check_elementwise(dp_backend *be[2])
+{
+    const size_t n = 100003;
+    float *a = xmalloc(n * sizeof *a), *c = xmalloc(n * sizeof *c), *o[2];
+    fill(a, n, 6.0f);
+    fill(c, n, 2.0f);
+    for (int op = 0; op < 3; op++) {
+        for (int b = 0; b < 2; b++) {
+            float *da = dev_from(be[b], a, n), *dc = dev_from(be[b], c, n), *dout = da;
+            if (op == 0) {
+                be[b]->ops->add(be[b], da, dc, (int64_t)n);
+            } else if (op == 1) {
+                dout = dev_alloc(be[b], n);
+                dev_poison(be[b], dout, n);
+                be[b]->ops->swiglu(be[b], dout, da, dc, (int64_t)n);
+            } else {
+                be[b]->ops->swiglu(be[b], da, da, dc, (int64_t)n); /* in place, as the model does */
+            }
+            o[b] = xmalloc(n * sizeof(float));
+            dev_get(be[b], o[b], dout, n);
+            if (dout != da)
+                be[b]->ops->free(be[b], dout);
+            be[b]->ops->free(be[b], da);
+            be[b]->ops->free(be[b], dc);
+        }
+        report(op == 0 ? "add" : "swiglu", op == 0 ? "n=100003" : op == 1 ? "n=100003" : "n=100003 in place",
+               o[0], o[1], n, TOL_EW);
+        free(o[0]);
+        free(o[1]);
+    }
+    free(a);
+    free(c);
+}
+
+static void check_embed_gather(dp_backend *be[2])
+{
+    const uint32_t types[] = {DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_F32};
+    const int64_t vocab = 300, dim = 96;
+    const int32_t n = 50;
+    char err[DP_ERRLEN], what[64];
+    hbatch hb;
+    hbatch_alloc(&hb, n, 1, 1);
+    for (int32_t i = 0; i < n; i++)
+        hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)vocab);
+    hb.n_out = 13;
+    for (int32_t i = 0; i < hb.n_out; i++)
+        hb.out_tokens[i] = (int32_t)(rnd64() % (uint64_t)n);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint64_t rb;
+        if (quant_row_bytes(types[ti], (uint64_t)dim, &rb))
+            die(EXIT_SETUP, "%s", "bad embed shape");
+        uint8_t *raw = xmalloc((size_t)rb * (size_t)vocab);
+        float row[96];
+        for (int64_t r = 0; r < vocab; r++) {
+            fill(row, (size_t)dim, 1.0f);
+            if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, dim))
+                die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+        }
+        float *o[2];
+        for (int b = 0; b < 2; b++) {
+            dp_weight w;
+            if (be[b]->ops->weight_load(be[b], &w, types[ti], vocab, dim, raw, err, sizeof err))
+                die(EXIT_SETUP, "weight_load: %s", err);
+            hbatch_set(be[b], &hb);
+            float *dout = dev_alloc(be[b], (size_t)n * dim);
+            dev_poison(be[b], dout, (size_t)n * dim);
+            be[b]->ops->embed(be[b], &w, dout, n);
+            o[b] = xmalloc((size_t)n * dim * sizeof(float));
+            dev_get(be[b], o[b], dout, (size_t)n * dim);
+            be[b]->ops->free(be[b], dout);
+            be[b]->ops->weight_free(be[b], &w);
+        }
+        snprintf(what, sizeof what, "%s table [%lld x %lld] n=%d", quant_type_name(types[ti]),
+                 (long long)vocab, (long long)dim, n);
+        report("embed", what, o[0], o[1], (size_t)n * dim, TOL_EW);
+        free(o[0]);
+        free(o[1]);
+        free(raw);
+    }
+    /* gather_rows */
+    const int32_t gdim = 80;
+    float *x = xmalloc((size_t)n * gdim * sizeof *x), *o[2];
+    fill(x, (size_t)n * gdim, 1.0f);
+    for (int b = 0; b < 2; b++) {
+        hbatch_set(be[b], &hb);
+        float *dx = dev_from(be[b], x, (size_t)n * gdim);
+        float *dout = dev_alloc(be[b], (size_t)hb.n_out * gdim);
+        dev_poison(be[b], dout, (size_t)hb.n_out * gdim);
+        be[b]->ops->gather_rows(be[b], dout, dx, gdim);
+        o[b] = xmalloc((size_t)hb.n_out * gdim * sizeof(float));
+        dev_get(be[b], o[b], dout, (size_t)hb.n_out * gdim);
+        be[b]->ops->free(be[b], dx);
+        be[b]->ops->free(be[b], dout);
+    }
+    snprintf(what, sizeof what, "n_out=%d of %d, dim %d", hb.n_out, n, gdim);
+    report("gather_rows", what, o[0], o[1], (size_t)hb.n_out * gdim, 0.0);
+    free(o[0]);
+    free(o[1]);
+    free(x);
+    hbatch_free(&hb);
+}
+
+/* ---- KV write + attention ------------------------------------------------------------
+ * Sequences on one or two stores (different block sizes), with fragmented
+ * (shuffled) block tables. A first batch writes each sequence's history
+ * (slots 0 .. hist-1, every layer); the checked batch then mixes prefill
+ * chunks and decode tokens, writes its own K/V and attends. Attention reads
+ * the KV the backend wrote, so kv_write is checked through it. */
+
+typedef struct att_cfg {
+    const char *name;
+    int32_t n_layers, n_kv, hd, n_heads;
+    int32_t bt[2], nb[2]; /* nb[1] == 0: one store */
+} att_cfg;
+
+typedef struct att_seq {
+    int32_t store, hist, n_new;
+} att_seq;
+
+static void shuffle(int32_t *a, int32_t n)
+{
+    for (int32_t i = n - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rnd64() % (uint64_t)(i + 1)), t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+static void run_kv_write(dp_backend *be, dp_kv_store *const *st, int32_t layer, const float *k,
+                         const float *v, size_t nkv)
+{
+    float *dk = dev_from(be, k, nkv), *dv = dev_from(be, v, nkv);
+    be->ops->kv_write(be, st, layer, dk, dv);
+    be->ops->free(be, dk);
+    be->ops->free(be, dv);
+}
+
+static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const att_seq *seqs,
+                                 int32_t n_seqs, const int32_t *order, float q_amp,
+                                 const char *label)
+{
+    const int32_t n_stores = cfg->nb[1] ? 2 : 1;
+    /* Block tables: each store's block ids shuffled, handed out in turn. */
+    int32_t *ids[2] = {NULL, NULL}, next[2] = {0, 0};
+    for (int s = 0; s < n_stores; s++) {
+        ids[s] = xmalloc((size_t)cfg->nb[s] * sizeof(int32_t));
+        for (int32_t i = 0; i < cfg->nb[s]; i++)
+            ids[s][i] = i;
+        shuffle(ids[s], cfg->nb[s]);
+    }
+    int32_t max_blocks = 1, n_hist = 0, n_new = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        int32_t nb = (seqs[i].hist + seqs[i].n_new + cfg->bt[seqs[i].store] - 1) / cfg->bt[seqs[i].store];
+        if (nb > max_blocks)
+            max_blocks = nb;
+        n_hist += seqs[i].hist;
+        n_new += seqs[i].n_new;
+    }
+    int32_t *tables = calloc((size_t)n_seqs * (size_t)max_blocks, sizeof(int32_t));
+    if (!tables)
+        die(EXIT_SETUP, "%s", "out of host memory");
+    for (int32_t i = 0; i < n_seqs; i++) {
+        int s = seqs[i].store;
+        int32_t nb = (seqs[i].hist + seqs[i].n_new + cfg->bt[s] - 1) / cfg->bt[s];
+        if (next[s] + nb > cfg->nb[s])
+            die(EXIT_SETUP, "%s", "attention case: store too small");
+        memcpy(tables + (size_t)i * max_blocks, ids[s] + next[s], (size_t)nb * sizeof(int32_t));
+        next[s] += nb;
+    }
+    const size_t kvw = (size_t)cfg->n_kv * cfg->hd, qw = (size_t)cfg->n_heads * cfg->hd;
+
+    /* History batch: every sequence's slots 0 .. hist-1, in sequence order. */
+    hbatch hh = {0}, ht;
+    if (n_hist > 0) {
+        hbatch_alloc(&hh, n_hist, n_seqs, max_blocks);
+        int32_t t = 0;
+        for (int32_t i = 0; i < n_seqs; i++)
+            for (int32_t p = 0; p < seqs[i].hist; p++, t++) {
+                hh.seq[t] = i;
+                hh.slot[t] = hh.pos[t] = p;
+            }
+    }
+    /* Checked batch: sequences in the given order, each one's new tokens together. */
+    hbatch_alloc(&ht, n_new, n_seqs, max_blocks);
+    {
+        int32_t t = 0;
+        for (int32_t oi = 0; oi < n_seqs; oi++) {
+            int32_t i = order[oi];
+            for (int32_t p = 0; p < seqs[i].n_new; p++, t++) {
+                ht.seq[t] = i;
+                ht.slot[t] = ht.pos[t] = seqs[i].hist + p;
+            }
+        }
+    }
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (n_hist > 0)
+            hh.seq_store[i] = (uint8_t)seqs[i].store;
+        ht.seq_store[i] = (uint8_t)seqs[i].store;
+    }
+    if (hh.tables)
+        memcpy(hh.tables, tables, (size_t)n_seqs * max_blocks * sizeof(int32_t));
+    memcpy(ht.tables, tables, (size_t)n_seqs * max_blocks * sizeof(int32_t));
+
+    const int32_t layer = cfg->n_layers - 1;
+    size_t nh = (size_t)n_hist * kvw, nn = (size_t)n_new * kvw;
+    float *hk = xmalloc((nh ? nh : 1) * cfg->n_layers * sizeof(float));
+    float *hv = xmalloc((nh ? nh : 1) * cfg->n_layers * sizeof(float));
+    float *nk = xmalloc(nn * sizeof(float)), *nv = xmalloc(nn * sizeof(float));
+    float *q = xmalloc((size_t)n_new * qw * sizeof(float));
+    fill(hk, nh * cfg->n_layers, 1.0f);
+    fill(hv, nh * cfg->n_layers, 1.0f);
+    fill(nk, nn, 1.0f);
+    fill(nv, nn, 1.0f);
+    fill(q, (size_t)n_new * qw, q_amp);
+    const float scale = 1.0f / sqrtf((float)cfg->hd);
+
+    float *o[2];
+    for (int b = 0; b < 2; b++) {
+        dp_kv_store *st[DP_KV_MAX_STORES] = {NULL, NULL};
+        for (int s = 0; s < n_stores; s++) {
+            dp_kv_layout l = {cfg->n_layers, cfg->n_kv, cfg->hd, cfg->bt[s], cfg->nb[s]};
+            if (be[b]->ops->kv_create(be[b], &l, &st[s]))
+                die(EXIT_SETUP, "%s: kv_create failed", be[b]->ops->name);
+        }
+        if (n_hist > 0) {
+            hbatch_set(be[b], &hh);
+            for (int32_t l = 0; l < cfg->n_layers; l++)
+                run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
+        }
+        hbatch_set(be[b], &ht);
+        run_kv_write(be[b], st, layer, nk, nv, nn);
+        float *dq = dev_from(be[b], q, (size_t)n_new * qw);
+        float *dout = dev_alloc(be[b], (size_t)n_new * qw);
+        dev_poison(be[b], dout, (size_t)n_new * qw);
+        be[b]->ops->attention(be[b], st, layer, dout, dq, cfg->n_heads, scale);
+        o[b] = xmalloc((size_t)n_new * qw * sizeof(float));
+        dev_get(be[b], o[b], dout, (size_t)n_new * qw);
+        be[b]->ops->free(be[b], dq);
+        be[b]->ops->free(be[b], dout);
+        for (int s = 0; s < n_stores; s++)
+            be[b]->ops->kv_destroy(be[b], st[s]);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "%s %s: %d tokens", cfg->name, label, n_new);
+    report("attention", what, o[0], o[1], (size_t)n_new * qw, TOL_ATT);
+    free(o[0]);
+    free(o[1]);
+    free(hk);
+    free(hv);
+    free(nk);
+    free(nv);
+    free(q);
+    free(tables);
+    free(ids[0]);
+    free(ids[1]);
+    if (n_hist > 0)
+        hbatch_free(&hh);
+    hbatch_free(&ht);
+}
+
+static void check_attention(dp_backend *be[2])
+{
+    const att_cfg cfgs[] = {
+        {"hd64 gqa8/2 2 stores", 2, 2, 64, 8, {16, 8}, {64, 400}},
+        {"hd128 mha4", 2, 4, 128, 4, {16, 0}, {256, 0}},
+        {"hd256 gqa3/1", 1, 1, 256, 3, {32, 0}, {128, 0}},
+        {"hd80 gqa12/2 2 stores", 2, 2, 80, 12, {16, 4}, {64, 800}},
+    };
+    for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
+        const att_cfg *c = &cfgs[ci];
+        const int32_t s1 = c->nb[1] ? 1 : 0;
+        /* Long: a decode token over 3000 slots makes the kernel split over
+         * the KV length; the prefill chunks cross block boundaries. */
+        const att_seq lng[] = {{0, 100, 40}, {s1, 2999, 1}, {s1, 5, 1}, {0, 0, 21}, {0, 0, 1}};
+        const int32_t lorder[] = {1, 0, 2, 3, 4};
+        check_attention_case(be, c, lng, 5, lorder, 6.0f, "long ctx, prefill+decode");
+        /* Short: every context under the split threshold (one pass). */
+        const att_seq sht[] = {{0, 100, 40}, {s1, 200, 1}, {s1, 5, 1}, {0, 0, 21}, {0, 0, 1},
+                               {0, 31, 1}, {s1, 16, 17}};
+        const int32_t sorder[] = {1, 0, 2, 3, 4, 6, 5};
+        check_attention_case(be, c, sht, 7, sorder, 2.0f, "short ctx, prefill+decode");
+        /* Decode only, several sequences at mixed lengths (one long). */
+        const att_seq dec[] = {{0, 7, 1}, {s1, 1500, 1}, {0, 64, 1}, {s1, 0, 1}, {0, 255, 1}};
+        const int32_t dorder[] = {0, 1, 2, 3, 4};
+        check_attention_case(be, c, dec, 5, dorder, 4.0f, "decode only");
+    }
+}
+
+/* ---- greedy generation on both backends ----------------------------------------------- */
+
+static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
+{
+    dp_synth_shape sh;
+    char err[DP_ERRLEN];
+    if (synth_shape_preset("tiny", &sh))
+        die(EXIT_SETUP, "%s", "no tiny preset");
+    gguf_writer w;
+    void *buf;
+    size_t size;
+    dp_gguf g;
+    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), type, err, sizeof err) ||
+        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
+        die(EXIT_SETUP, "synthetic model: %s", err);
+    enum { NSEQ = 4, NEW = 32 };
+    const int32_t lens[NSEQ] = {5, 17, 33, 1};
+    int32_t *prompts[NSEQ], out[2][NSEQ][NEW];
+    for (int i = 0; i < NSEQ; i++) {
+        prompts[i] = xmalloc((size_t)lens[i] * sizeof(int32_t));
+        for (int32_t j = 0; j < lens[i]; j++)
+            prompts[i][j] = (int32_t)(rnd64() % (sh.vocab - 3));
+    }
+    for (int b = 0; b < 2; b++) {
+        dp_llama *m;
+        dp_gen gen;
+        if (llama_init(&m, &g, be[b], 64, 8, err, sizeof err))
+            die(EXIT_SETUP, "llama_init: %s", err);
+        if (gen_init(&gen, m, 16, 64, err, sizeof err))
+            die(EXIT_SETUP, "gen_init: %s", err);
+        dp_gen_seq sq[NSEQ];
+        memset(sq, 0, sizeof sq);
+        for (int i = 0; i < NSEQ; i++) {
+            sq[i].prompt = prompts[i];
+            sq[i].n_prompt = lens[i];
+            sq[i].max_new = NEW;
+            sq[i].sampling.temperature = 0;
+            sq[i].out = out[b][i];
+        }
+        if (gen_run(&gen, sq, NSEQ, NULL, NULL, NULL, err, sizeof err))
+            die(EXIT_CHECK, "generation: %s", err);
+        gen_destroy(&gen);
+        llama_destroy(m);
+    }
+    int ok = 1, total = 0;
+    char line[256];
+    int off = snprintf(line, sizeof line, "tiny %s, %d seqs x %d greedy tokens: agree", quant_type_name(type),
+                       NSEQ, NEW);
+    for (int i = 0; i < NSEQ; i++) {
+        int32_t a = 0;
+        while (a < NEW && out[0][i][a] == out[1][i][a])
+            a++;
+        total += a;
+        if (a < required)
+            ok = 0;
+        off += snprintf(line + off, sizeof line - (size_t)off, " %d", a);
+    }
+    g_checks++;
+    if (required > 0 && !ok)
+        g_failed++;
+    printf("  %-12s %s (%d/%d identical prefix tokens%s)%s\n", "generate", line, total, NSEQ * NEW,
+           required > 0 ? "" : ", report only",
+           required > 0 ? (ok ? "  ok" : "  FAIL: required identical first tokens") : "");
+    for (int i = 0; i < NSEQ; i++)
+        free(prompts[i]);
+    gguf_close(&g);
+    free(buf);
+    gguf_writer_destroy(&w);
+    return ok;
+}
+
+/* ---- benchmark ------------------------------------------------------------------------- */
+
+#define CU(call)                                                                                \
+    do {                                                                                        \
+        cudaError_t e_ = (call);                                                                \
+        if (e_ != cudaSuccess)                                                                  \
+            die(EXIT_SETUP, "%s", cudaGetErrorString(e_));                                     \
+    } while (0)
+
+/* Device-to-device copy rate, counting read + write bytes (what a kernel
+ * streaming weights sees as its ceiling). */
+static double measure_bandwidth(void)
+{
+    const size_t bytes = (size_t)4 << 30;
+    void *a, *b;
+    CU(cudaMalloc(&a, bytes));
+    CU(cudaMalloc(&b, bytes));
+    CU(cudaMemset(a, 1, bytes));
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
+    const int iters = 10;
+    CU(cudaEventRecord(e0, 0));
+    for (int i = 0; i < iters; i++)
+        CU(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+    CU(cudaEventRecord(e1, 0));
+    CU(cudaEventSynchronize(e1));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    return 2.0 * (double)bytes * iters / (ms * 1e-3);
+}
+
+/* fp16 GEMM with f32 accumulation and output, the configuration the backend
+ * uses, at a large square shape. */
+static double measure_gemm(void)
+{
+    const int n = 8192;
+    void *a, *b, *c;
+    CU(cudaMalloc(&a, (size_t)n * n * 2));
+    CU(cudaMalloc(&b, (size_t)n * n * 2));
+    CU(cudaMalloc(&c, (size_t)n * n * 4));
+    CU(cudaMemset(a, 0, (size_t)n * n * 2));
+    CU(cudaMemset(b, 0, (size_t)n * n * 2));
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+        die(EXIT_SETUP, "%s", "cublasCreate failed");
+    const float one = 1.0f, zero = 0.0f;
+    cudaEvent_t e0, e1;
+    CU(cudaEventCreate(&e0));
+    CU(cudaEventCreate(&e1));
+    const int iters = 20;
+    for (int i = -3; i < iters; i++) {
+        if (i == 0)
+            CU(cudaEventRecord(e0, 0));
+        if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F,
+                         n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+            die(EXIT_SETUP, "%s", "cublasGemmEx failed");
+    }
+    CU(cudaEventRecord(e1, 0));
+    CU(cudaEventSynchronize(e1));
+    float ms;
+    CU(cudaEventElapsedTime(&ms, e0, e1));
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cublasDestroy(h);
+    cudaFree(a);
+    cudaFree(b);
+    cudaFree(c);
+    return 2.0 * n * (double)n * n * iters / (ms * 1e-3);
+}
+
+static int run_bench(dp_backend *gpu)
+{
+    char err[DP_ERRLEN];
+    printf("\nbenchmark (7B-shaped synthetic model, fp16 weights)\n");
+    const double bw = measure_bandwidth();
+    const double flops = measure_gemm();
+    printf("  device-to-device bandwidth  %.2f TB/s (cudaMemcpy of 4 GiB, read + write)\n", bw / 1e12);
+    printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (8192^3, f32 accumulate)\n", flops / 1e12);
+
+    dp_synth_shape sh;
+    if (synth_shape_preset("7b", &sh))
+        die(EXIT_SETUP, "%s", "no 7b preset");
+    double t0 = dp_now();
+    gguf_writer w;
+    void *buf;
+    size_t size;
+    dp_gguf g;
+    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, 7, DP_TYPE_F16, err, sizeof err) ||
+        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
+        die(EXIT_SETUP, "7B synthetic model: %s", err);
+    double t1 = dp_now();
+    const int32_t max_b = 256, prompt = 2048;
+    dp_llama *m;
+    if (llama_init(&m, &g, gpu, prompt, max_b, err, sizeof err))
+        die(EXIT_SETUP, "llama_init: %s", err);
+    double t2 = dp_now();
+    printf("  model: %u layers, dim %u, %u/%u heads, ffn %u, vocab %u: built in %.0f s, loaded in %.1f s\n",
+           sh.n_layers, sh.dim, sh.n_heads, sh.n_kv_heads, sh.ffn, sh.vocab, t1 - t0, t2 - t1);
+    gguf_close(&g);
+    free(buf);
+    gguf_writer_destroy(&w);
+
+    const dp_hparams *hp = llama_hparams(m);
+    const double hd = hp->head_dim;
+    const double layer_params = (double)hp->dim * (hp->n_heads * hd) * 2 +
+                                (double)hp->dim * (hp->n_kv_heads * hd) * 2 + 3.0 * hp->dim * hp->ffn;
+    const double matmul_params = layer_params * hp->n_layers;
+    const double head_params = (double)hp->dim * hp->vocab;
+    /* Bytes a decode step must read: every weight once (fp16), plus the KV
+     * of every attended slot (fp16 K and V, every layer). */
+    const double weight_bytes = 2.0 * (matmul_params + head_params);
+    const double kv_bytes_per_slot = 2.0 * 2.0 * hp->n_layers * hp->n_kv_heads * hd;
+
+    const int32_t ctx = 512, warm = 2, steps = 8, bt = 16;
+    const int32_t bps = (ctx + warm + steps + bt - 1) / bt;
+    int32_t n_blocks = max_b * bps;
+    if (n_blocks < prompt / bt)
+        n_blocks = prompt / bt;
+    dp_kv_layout l = llama_kv_layout(m, bt, n_blocks);
+    dp_kv_store *kv;
+    if (gpu->ops->kv_create(gpu, &l, &kv))
+        die(EXIT_SETUP, "%s", "kv_create failed for the benchmark");
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+    float *logits;
+    CU(cudaMallocHost((void **)&logits, (size_t)max_b * hp->vocab * sizeof(float)));
+
+    printf("  %-24s %12s %12s %8s   %s\n", "case", "tokens/s", "limit", "ratio", "notes");
+    const int32_t bs[] = {1, 16, 64, 256};
+    hbatch hb;
+    hbatch_alloc(&hb, prompt, max_b, bps > prompt / bt ? bps : prompt / bt);
+    for (size_t bi = 0; bi < sizeof bs / sizeof bs[0]; bi++) {
+        const int32_t B = bs[bi];
+        dp_batch b = {B, hb.tokens, hb.pos, hb.seq, hb.slot, B, hb.seq_store, hb.tables, bps, B,
+                      hb.out_tokens};
+        for (int32_t i = 0; i < B; i++) {
+            hb.seq[i] = i;
+            hb.out_tokens[i] = i;
+            for (int32_t j = 0; j < bps; j++)
+                hb.tables[(size_t)i * bps + j] = i * bps + j;
+        }
+        double t = 0, kv_read = 0;
+        for (int32_t s = 0; s < warm + steps; s++) {
+            for (int32_t i = 0; i < B; i++) {
+                hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
+                hb.pos[i] = hb.slot[i] = ctx + s;
+            }
+            double a = dp_now();
+            if (llama_forward(m, &b, stores, logits))
+                die(EXIT_CHECK, "%s", "decode step failed");
+            if (s >= warm) {
+                t += dp_now() - a;
+                kv_read += (double)B * (ctx + s + 1) * kv_bytes_per_slot;
+            }
+        }
+        const double tps = (double)B * steps / t;
+        const double limit = (double)B * steps / ((weight_bytes * steps + kv_read) / bw);
+        char name[32], notes[96];
+        snprintf(name, sizeof name, "decode batch %d", B);
+        snprintf(notes, sizeof notes, "ctx %d; %.1f GB weights + %.1f GB KV per step", ctx,
+                 weight_bytes / 1e9, kv_read / steps / 1e9);
+        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit, notes);
+    }
+    {
+        dp_batch b = {prompt, hb.tokens, hb.pos, hb.seq, hb.slot, 1, hb.seq_store, hb.tables,
+                      prompt / bt, 1, hb.out_tokens};
+        for (int32_t i = 0; i < prompt; i++) {
+            hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
+            hb.pos[i] = hb.slot[i] = i;
+            hb.seq[i] = 0;
+        }
+        for (int32_t j = 0; j < prompt / bt; j++)
+            hb.tables[j] = j;
+        hb.out_tokens[0] = prompt - 1;
+        double t = 0;
+        const int runs = 3;
+        for (int r = -1; r < runs; r++) {
+            double a = dp_now();
+            if (llama_forward(m, &b, stores, logits))
+                die(EXIT_CHECK, "%s", "prefill step failed");
+            if (r >= 0)
+                t += dp_now() - a;
+        }
+        const double tps = (double)prompt * runs / t;
+        const double limit = flops / (2.0 * matmul_params);
+        char notes[96];
+        snprintf(notes, sizeof notes, "%d-token prompt; limit = GEMM rate / (2 x %.2fB params)", prompt,
+                 matmul_params / 1e9);
+        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", "prefill 2048", tps, limit, 100.0 * tps / limit,
+               notes);
+    }
+    printf("  %-24s %s\n", "kv_compact", "kv_compact: not in this build");
+    hbatch_free(&hb);
+    cudaFreeHost(logits);
+    gpu->ops->kv_destroy(gpu, kv);
+    llama_destroy(m);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    uint64_t seed = (uint64_t)time(NULL);
+    bool bench = true, checks = true, self_test = false;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
+            seed = strtoull(argv[++i], NULL, 0);
+        else if (strcmp(argv[i], "--no-bench") == 0)
+            bench = false;
+        else if (strcmp(argv[i], "--bench-only") == 0)
+            checks = false;
+        else if (strcmp(argv[i], "--self-test") == 0)
+            self_test = true, bench = false;
+        else {
+            fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--self-test]\n", argv[0]);
+            return EXIT_SETUP;
+        }
+    }
+    g_rs = seed ? seed : 1;
+    char err[DP_ERRLEN];
+    dp_backend *be[2];
+    if (backend_cpu_create(&be[0], 0, err, sizeof err))
+        die(EXIT_SETUP, "cpu backend: %s", err);
+    if (self_test) {
+        if (backend_cpu_create(&be[1], 0, err, sizeof err))
+            die(EXIT_SETUP, "cpu backend: %s", err);
+    } else if (backend_cuda_create(&be[1], 0, err, sizeof err)) {
+        printf("no usable CUDA device: %s\n", err);
+        backend_destroy(be[0]);
+        return EXIT_NO_DEVICE;
+    }
+    printf("check_kernels: seed %llu (rerun with --seed %llu)%s\n", (unsigned long long)seed,
+           (unsigned long long)seed, self_test ? ", self-test: cpu against cpu" : "");
+    if (checks) {
+        printf("ops: cuda against the cpu reference (relative L2 error)\n");
+        check_matmul(be);
+        check_rmsnorm(be);
+        check_rope(be);
+        check_elementwise(be);
+        check_embed_gather(be);
+        check_attention(be);
+        printf("generation: greedy tokens, cpu against cuda\n");
+        /* F16 weights: both backends hold the same weights, so only activation
+         * and KV rounding differ; the first tokens must agree. */
+        check_generation(be, DP_TYPE_F16, 8);
+        check_generation(be, DP_TYPE_Q8_0, 0);
+        printf("checks: %d, failed: %d\n", g_checks, g_failed);
+    }
+    int rc = g_failed ? EXIT_CHECK : 0;
+    backend_destroy(be[0]);
+    if (bench && !self_test)
+        run_bench(be[1]);
+    backend_destroy(be[1]);
+    return rc;
+}

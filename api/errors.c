@@ -15,6 +15,7 @@ static void set_v(dp_api_err *e, int status, const char *type, const char *code,
     e->status = status;
     e->type = type;
     e->code = code;
+    e->allow = NULL;
     snprintf(e->param, sizeof e->param, "%s", param ? param : "");
     vsnprintf(e->message, sizeof e->message, fmt, ap);
 }

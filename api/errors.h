@@ -11,6 +11,7 @@ typedef struct dp_api_err {
     const char *type;    /* "invalid_request_error", ... (static string) */
     const char *code;    /* static string or NULL */
     char param[64];      /* empty: null */
+    const char *allow; /* 405: the Allow header (static string) */
     char message[512];
 } dp_api_err;
 

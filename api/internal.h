@@ -82,6 +82,7 @@ struct dp_server {
     void *drain_ud;
     uint64_t id_counter;
     uint64_t id_salt;
+    long long created;        /* start time, for /v1/models */
     char *model_name;
     char *model_alias;
 };

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "common/dp.h"
+#include "kvcache/compress.h"
 #include "kvcache/pool.h"
 #include "sched/sampler.h"
 #include "sched/scheduler.h"
@@ -26,6 +27,11 @@ typedef struct eng_seq {
     dp_stop stop;
     int32_t n_gen;
     bool started;          /* admitted at least once (no longer counts as queued) */
+    bool dualpath;         /* compacts at the switch to the decode path */
+    dp_compress_opts copts;
+    int32_t capture_at;    /* this step: first captured query index, or -1 */
+    int32_t n_capture;
+    int32_t tokens_kept, tokens_evicted;
     double t_first;
     int32_t *bias_ids;
     float *bias_vals;
@@ -39,8 +45,15 @@ struct dp_engine {
     int32_t ctx_len;
     int32_t vocab;
     dp_backend *be;
-    dp_kv_pool pool;
+    dp_kv_pool pool;           /* prefill pool (the only one without dualpath) */
     dp_kv_store *store;
+    dp_kv_pool dpool;          /* decode pool */
+    dp_kv_store *dstore;
+    bool dual;
+    dp_compressor comp;
+    int32_t *keep;             /* migration scratch: keep lists */
+    size_t keep_cap;
+    int32_t *b_capture;
     dp_sched sched;
     dp_sampler sampler;
     float *logits;
@@ -68,6 +81,9 @@ struct dp_engine {
     dp_engine_stats stats;
 };
 
+const double dp_migration_bucket_bounds[DP_MIGRATION_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005,
+                                                                  0.01,   0.025, 0.05,   0.1};
+
 void engine_opts_default(dp_engine_opts *o)
 {
     memset(o, 0, sizeof *o);
@@ -76,6 +92,10 @@ void engine_opts_default(dp_engine_opts *o)
     o->block_tokens = 16;
     o->kv_bytes = (int64_t)1 << 30;
     o->max_queue = 256;
+    o->dualpath = true;
+    o->prefill_fraction = 0.5;
+    o->decode_block_tokens = 16;
+    o->compress = (dp_compress_opts){DP_SCORER_KNORM, 0.5f, 4, 32, 0};
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -151,6 +171,8 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
         ev->prompt_tokens = es->req->n_prompt;
         ev->completion_tokens = es->n_gen;
         ev->n_preemptions = es->seq->n_preemptions;
+        ev->tokens_kept = es->tokens_kept;
+        ev->tokens_evicted = es->tokens_evicted;
         ev->t_first_token = es->t_first;
         ev->t_finish = dp_now();
         if (error)
@@ -201,6 +223,14 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_vals[i] = p->logit_bias[i].bias;
     }
     es->seq->owner = es;
+    es->dualpath = e->dual && p->dualpath_mode != DP_DUALPATH_OFF;
+    es->copts = e->opts.compress;
+    if (p->scorer > 0)
+        es->copts.scorer = (dp_scorer)(p->scorer - 1);
+    if (p->keep_ratio > 0.0f)
+        es->copts.keep_ratio = p->keep_ratio;
+    es->copts.seed = p->sampling.seed ^ req->id;
+    es->capture_at = -1;
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
     stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
@@ -212,7 +242,7 @@ static int admit_request(dp_engine *e, dp_request *req)
 
 /* ---- sampling and stop conditions ----------------------------------------- */
 
-static void emit_token(dp_engine *e, eng_seq *es, float *row)
+static bool emit_token(dp_engine *e, eng_seq *es, float *row)
 {
     const dp_request_params *p = &es->req->params;
     dp_seq *q = es->seq;
@@ -234,7 +264,7 @@ static void emit_token(dp_engine *e, eng_seq *es, float *row)
     dp_event *ev = event_new(e, es->req, DP_EV_TOKEN);
     if (!ev) {
         finish_seq(e, es, DP_FINISH_ERROR, "out of memory", false);
-        return;
+        return false;
     }
     ev->token = tok;
     if (p->logprobs >= 0) {
@@ -266,10 +296,179 @@ static void emit_token(dp_engine *e, eng_seq *es, float *row)
         why = DP_FINISH_LENGTH;
     if (why == DP_FINISH_NONE && seq_append(q, tok) != 0) {
         finish_seq(e, es, DP_FINISH_ERROR, "out of memory", false);
+        return false;
+    }
+    if (why != DP_FINISH_NONE) { /* a stop string ends the text at the match */
+        finish_seq(e, es, why, NULL, !(why == DP_FINISH_STOP && !eog));
+        return false;
+    }
+    return true;
+}
+
+/* ---- the dual path: migration and recompression --------------------------- */
+
+/* Slots kept when a sequence hits the decode budget: a quarter of the budget
+ * is freed each time, so recompression runs every budget/4 tokens rather than
+ * every token (which would compound the loss geometrically). */
+static int32_t budget_keep(const dp_engine *e)
+{
+    int32_t k = e->opts.decode_budget - e->opts.decode_budget / 4;
+    int32_t floor_k = e->opts.compress.sinks + e->opts.compress.window;
+    return k > floor_k ? k : floor_k;
+}
+
+/* Decode-path slots a sequence can need: its compressed cache plus what it
+ * may still generate, or, with a decode budget, the budget plus the copy made
+ * while recompressing. Used by admission. */
+static int32_t decode_slots(void *ud, const dp_seq *q)
+{
+    dp_engine *e = ud;
+    const eng_seq *es = q->owner;
+    if (!es->dualpath)
+        return 0;
+    int64_t left = (int64_t)es->req->params.max_tokens - es->n_gen;
+    int64_t need = (int64_t)compress_n_keep(&es->copts, q->n_tokens) + (left > 0 ? left : 0) + 1;
+    int32_t B = e->opts.decode_budget;
+    if (B > 0) {
+        int64_t cap = (int64_t)B + budget_keep(e) + 1;
+        if (need > cap)
+            need = cap;
+    }
+    return need > INT32_MAX ? INT32_MAX : (int32_t)need;
+}
+
+static int ensure_keep(dp_engine *e, size_t n)
+{
+    if (n <= e->keep_cap)
+        return 0;
+    int32_t *k = realloc(e->keep, n * sizeof *k);
+    if (!k)
+        return DP_ENOMEM;
+    e->keep = k;
+    e->keep_cap = n;
+    return 0;
+}
+
+static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t kept, int64_t evicted,
+                             bool recompress)
+{
+    pthread_mutex_lock(&e->stats_mu);
+    if (recompress) {
+        e->stats.recompressions += n_seqs;
+    } else {
+        e->stats.migrations += n_seqs;
+        e->stats.tokens_kept += kept;
+        e->stats.tokens_evicted += evicted;
+    }
+    e->stats.migration_seconds += dt;
+    e->stats.migration_batches++;
+    int b = 0;
+    while (b < DP_MIGRATION_BUCKETS && dt > dp_migration_bucket_bounds[b])
+        b++;
+    e->stats.migration_hist[b]++;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
+/* Compacts each sequence's cache from (src store, its table) into a new
+ * decode-pool table of n_keep[i] slots, all in one kv_compact call. For
+ * migrations src is the prefill store; for recompression the decode store. */
+static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, bool recompress,
+                         const float *q, int64_t q_stride)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    const size_t per_keep = (size_t)hp->n_layers * (size_t)hp->n_kv_heads;
+    double t0 = dp_now();
+    dp_compact_seq cs[64];
+    dp_block_table tables[64];
+    int32_t n_keep[64];
+    size_t off[64], total = 0;
+    int32_t m = 0;
+    int64_t kept = 0, evicted = 0;
+    for (int32_t i = 0; i < n && m < 64; i++) {
+        dp_seq *s = list[i]->seq;
+        int32_t k = recompress ? budget_keep(e) : compress_n_keep(&list[i]->copts, s->n_slots);
+        if (k > s->n_slots)
+            k = s->n_slots;
+        n_keep[m] = k;
+        off[m] = total;
+        total += per_keep * (size_t)k;
+        list[m++] = list[i];
+    }
+    if (ensure_keep(e, total ? total : 1)) {
+        for (int32_t i = 0; i < m; i++)
+            list[i]->dualpath = false; /* stays whole on its current path */
         return;
     }
-    if (why != DP_FINISH_NONE) /* a stop string ends the text at the match */
-        finish_seq(e, es, why, NULL, !(why == DP_FINISH_STOP && !eog));
+    int32_t ok = 0;
+    for (int32_t i = 0; i < m; i++) {
+        eng_seq *es = list[i];
+        dp_seq *s = es->seq;
+        kv_table_init(&tables[ok]);
+        const float *qq = NULL;
+        int32_t nq = 0, qslot[DP_MAX_CAPTURE];
+        if (!recompress && es->capture_at >= 0) {
+            qq = q + (size_t)es->capture_at * (size_t)hp->n_heads * (size_t)hp->head_dim;
+            nq = es->n_capture;
+            for (int32_t j = 0; j < nq; j++)
+                qslot[j] = s->n_slots - nq + j;
+        }
+        dp_kv_store *src = recompress ? e->dstore : e->store;
+        if (sched_decode_reserve(&e->sched, s, &tables[ok], n_keep[i]) != 0 ||
+            compressor_select(&e->comp, &es->copts, src, s->table.blocks, s->n_slots, qq, q_stride,
+                              qslot, nq, n_keep[i], e->keep + off[i]) != 0) {
+            /* No room (or no memory) for the copy: the sequence keeps its
+             * cache as it is; correctness never depends on compaction. */
+            kv_table_destroy(&tables[ok], e->sched.dpool);
+            if (!recompress)
+                es->dualpath = false;
+            continue;
+        }
+        cs[ok] = (dp_compact_seq){s->table.blocks, s->table.n_blocks, tables[ok].blocks,
+                                  tables[ok].n_blocks, n_keep[i], e->keep + off[i]};
+        list[ok] = es;
+        n_keep[ok] = n_keep[i];
+        ok++;
+    }
+    if (ok == 0)
+        return;
+    int rc = e->be->ops->kv_compact(e->be, recompress ? e->dstore : e->store, e->dstore, cs, ok);
+    for (int32_t i = 0; i < ok; i++) {
+        eng_seq *es = list[i];
+        dp_seq *s = es->seq;
+        if (rc) {
+            kv_table_destroy(&tables[i], e->sched.dpool);
+            es->dualpath = false;
+            continue;
+        }
+        if (!recompress) {
+            es->tokens_kept = n_keep[i];
+            es->tokens_evicted = s->n_slots - n_keep[i];
+            kept += es->tokens_kept;
+            evicted += es->tokens_evicted;
+            sched_switch_to_decode(&e->sched, s, &tables[i], n_keep[i]);
+        } else {
+            sched_replace_decode_table(&e->sched, s, &tables[i], n_keep[i]);
+        }
+    }
+    if (rc)
+        dp_log(DP_LOG_ERROR, "engine: kv_compact failed (%s); sequences keep full caches",
+               dp_strerror(rc));
+    record_migration(e, dp_now() - t0, ok, kept, evicted, recompress);
+}
+
+/* Sequences over the decode budget are compressed back below it. */
+static void recompress_over_budget(dp_engine *e)
+{
+    if (!e->dual || e->opts.decode_budget <= 0)
+        return;
+    eng_seq *list[64];
+    int32_t n = 0;
+    for (eng_seq *es = e->live; es && n < 64; es = es->next)
+        if (es->seq->state == DP_SEQ_RUNNING && es->seq->path == DP_PATH_DECODE &&
+            es->seq->n_slots >= e->opts.decode_budget && es->seq->n_computed == es->seq->n_tokens - 1)
+            list[n++] = es;
+    if (n > 0)
+        compact_seqs(e, list, n, true, NULL, 0);
 }
 
 /* ---- one step ------------------------------------------------------------- */
@@ -295,13 +494,14 @@ static void fail_all(dp_engine *e, const char *why)
 static void run_step(dp_engine *e)
 {
     double t0 = dp_now();
+    recompress_over_budget(e);
     dp_sched_plan plan;
     sched_schedule(&e->sched, &plan);
     if (plan.n_items == 0) {
         /* Nothing fits. If nothing runs either, the head of the queue can
-         * never fit (submit checks against the whole pool, so this is a
-         * safety net); otherwise running prefills hold every block: free
-         * the newest so the others can finish. */
+         * never fit (submit checks against the pools, so this is a safety
+         * net); otherwise free the newest running sequence so that the
+         * others can finish. */
         if (!e->sched.run_head) {
             if (e->sched.wait_head)
                 finish_seq(e, (eng_seq *)e->sched.wait_head->owner, DP_FINISH_ERROR,
@@ -324,7 +524,7 @@ static void run_step(dp_engine *e)
         fail_all(e, "out of memory");
         return;
     }
-    int32_t nt = 0, no = 0;
+    int32_t nt = 0, no = 0, nc = 0;
     for (int32_t i = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
         dp_seq *q = it->seq;
@@ -334,24 +534,39 @@ static void run_step(dp_engine *e)
             atomic_fetch_sub(&e->queued, 1);
         }
         for (int32_t k = 0; k < it->n; k++) {
-            int32_t p = it->start + k;
-            e->b_tokens[nt] = q->tokens[p];
-            e->b_pos[nt] = p;
-            e->b_slot[nt] = p;
+            e->b_tokens[nt] = q->tokens[it->start + k];
+            e->b_pos[nt] = it->start + k;
+            e->b_slot[nt] = it->slot_start + k;
             e->b_seq[nt] = i;
             nt++;
         }
+        /* The last queries of a prompt feed SnapKV scoring at the switch. */
+        es->capture_at = -1;
+        if (it->emits && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath &&
+            es->copts.scorer == DP_SCORER_SNAPKV) {
+            int32_t w = es->copts.window < it->n ? es->copts.window : it->n;
+            if (w > DP_MAX_CAPTURE - nc)
+                w = DP_MAX_CAPTURE - nc;
+            if (w > 0) {
+                es->capture_at = nc;
+                es->n_capture = w;
+                for (int32_t k = 0; k < w; k++)
+                    e->b_capture[nc++] = nt - w + k;
+            }
+        }
         if (it->emits)
             e->b_out[no++] = nt - 1;
-        e->b_store[i] = 0;
+        e->b_store[i] = (uint8_t)it->path;
         int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
         memcpy(row, q->table.blocks, (size_t)q->table.n_blocks * sizeof *row);
         for (int32_t k = q->table.n_blocks; k < max_blocks; k++)
             row[k] = 0;
     }
-    dp_batch b = {nt, e->b_tokens, e->b_pos, e->b_seq, e->b_slot, plan.n_items, e->b_store,
-                  e->b_tables, max_blocks, no, e->b_out};
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {e->store, NULL};
+    dp_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
+                  .slot = e->b_slot, .n_seqs = plan.n_items, .seq_store = e->b_store,
+                  .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no,
+                  .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture};
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {e->store, e->dstore};
     double tf = dp_now();
     int rc = llama_forward(e->model, &b, stores, e->logits);
     double tf_end = dp_now();
@@ -364,14 +579,26 @@ static void run_step(dp_engine *e)
     }
     sched_commit(&e->sched, &plan);
     int64_t prompt_toks = 0, gen_toks = 0;
+    eng_seq *migrate[64];
+    int32_t n_migrate = 0;
     for (int32_t i = 0, o = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
-        if (it->path == DP_PATH_PREFILL)
+        if (!it->decode_phase)
             prompt_toks += it->n;
         if (!it->emits)
             continue;
         gen_toks++;
-        emit_token(e, it->seq->owner, e->logits + (size_t)(o++) * (size_t)e->vocab);
+        eng_seq *es = it->seq->owner;
+        bool alive = emit_token(e, es, e->logits + (size_t)(o++) * (size_t)e->vocab);
+        /* The prompt is done: the sequence switches to the decode path. */
+        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath &&
+            n_migrate < 64)
+            migrate[n_migrate++] = es;
+    }
+    if (n_migrate > 0) {
+        const dp_hparams *hp = llama_hparams(e->model);
+        compact_seqs(e, migrate, n_migrate, false, llama_captured_queries(e->model),
+                     (int64_t)nc * hp->n_heads * hp->head_dim);
     }
     pthread_mutex_lock(&e->stats_mu);
     e->stats.steps++;
@@ -389,6 +616,14 @@ static void update_gauges(dp_engine *e)
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     e->stats.blocks_total = e->pool.n_blocks;
     e->stats.blocks_used = kv_pool_n_used(&e->pool);
+    e->stats.decode_blocks_total = e->dual ? e->dpool.n_blocks : 0;
+    e->stats.decode_blocks_used = e->dual ? kv_pool_n_used(&e->dpool) : 0;
+    e->stats.block_tokens = e->pool.block_tokens;
+    e->stats.decode_block_tokens = e->dual ? e->dpool.block_tokens : 0;
+    int32_t on_decode = 0;
+    for (eng_seq *es = e->live; es; es = es->next)
+        on_decode += es->seq->path == DP_PATH_DECODE;
+    e->stats.seqs_on_decode_path = on_decode;
     e->stats.preemptions = e->sched.n_preemptions;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
@@ -499,14 +734,32 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     opts->max_seqs);
         goto fail;
     }
-    int32_t n_blocks = opts->n_blocks;
-    if (n_blocks <= 0) {
-        dp_kv_layout l1 = llama_kv_layout(model, opts->block_tokens, 1);
-        size_t per = e->be->ops->kv_bytes_per_block(e->be, &l1);
-        int64_t nb = per ? opts->kv_bytes / (int64_t)per : 0;
-        n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+    e->dual = opts->dualpath;
+    if (e->dual && (opts->compress.keep_ratio <= 0.0f || opts->compress.keep_ratio > 1.0f ||
+                    opts->prefill_fraction <= 0.0 || opts->prefill_fraction >= 1.0)) {
+        rc = dp_err(err, errsz, DP_EINVAL, "engine: bad dual-path settings (keep_ratio %g, "
+                    "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
+        goto fail;
     }
-    if (n_blocks < 1) {
+    /* Pool sizes: explicit block counts, else a split of kv_bytes. */
+    int32_t n_blocks = opts->n_blocks, n_dblocks = opts->n_blocks_decode;
+    int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
+    if (n_blocks <= 0 || (e->dual && n_dblocks <= 0)) {
+        dp_kv_layout l1 = llama_kv_layout(model, opts->block_tokens, 1);
+        dp_kv_layout d1 = llama_kv_layout(model, dbt, 1);
+        int64_t per = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &l1);
+        int64_t dper = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &d1);
+        double fp = e->dual ? opts->prefill_fraction : 1.0;
+        if (n_blocks <= 0) {
+            int64_t nb = per ? (int64_t)((double)opts->kv_bytes * fp) / per : 0;
+            n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+        }
+        if (e->dual && n_dblocks <= 0) {
+            int64_t nb = dper ? (int64_t)((double)opts->kv_bytes * (1.0 - fp)) / dper : 0;
+            n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+        }
+    }
+    if (n_blocks < 1 || (e->dual && n_dblocks < 1)) {
         rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
                     opts->block_tokens);
         goto fail;
@@ -518,7 +771,18 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     n_blocks, opts->block_tokens);
         goto fail;
     }
-    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs};
+    if (e->dual) {
+        dp_kv_layout dl = llama_kv_layout(model, dbt, n_dblocks);
+        if ((rc = kv_pool_init(&e->dpool, n_dblocks, dbt)) ||
+            (rc = e->be->ops->kv_create(e->be, &dl, &e->dstore))) {
+            rc = dp_err(err, errsz, rc,
+                        "engine: cannot allocate a decode pool of %d blocks of %d tokens", n_dblocks,
+                        dbt);
+            goto fail;
+        }
+        compressor_init(&e->comp, e->be, hp->n_layers, hp->n_kv_heads, hp->n_heads, hp->head_dim);
+    }
+    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, decode_slots, e};
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
     e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
     e->raw_row = malloc((size_t)e->vocab * sizeof(float));
@@ -528,9 +792,11 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_slot = malloc(T * sizeof(int32_t));
     e->b_out = malloc(S * sizeof(int32_t));
     e->b_store = calloc(S, 1);
+    e->b_capture = malloc(DP_MAX_CAPTURE * sizeof(int32_t));
     e->in_cap = 64;
     e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
-    if (sched_init(&e->sched, &so, &e->pool) || sampler_init(&e->sampler, e->vocab) || !e->logits ||
+    if (sched_init(&e->sched, &so, &e->pool, e->dual ? &e->dpool : NULL) ||
+        sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture ||
         !e->raw_row || !e->b_tokens || !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out ||
         !e->b_store || !e->in_q) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
@@ -577,7 +843,15 @@ void engine_destroy(dp_engine *e)
     event_free_list(e->out_head);
     if (e->store)
         e->be->ops->kv_destroy(e->be, e->store);
+    if (e->dstore)
+        e->be->ops->kv_destroy(e->be, e->dstore);
     kv_pool_destroy(&e->pool);
+    if (e->dual)
+        kv_pool_destroy(&e->dpool);
+    if (e->comp.be)
+        compressor_destroy(&e->comp);
+    free(e->keep);
+    free(e->b_capture);
     sched_destroy(&e->sched);
     sampler_destroy(&e->sampler);
     free(e->logits);
@@ -613,12 +887,30 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
                       "and max_tokens is %d (%lld in total)",
                       e->ctx_len, req->n_prompt, p->max_tokens,
                       (long long)req->n_prompt + p->max_tokens);
-    int32_t need = kv_pool_blocks_for(&e->pool, (int64_t)req->n_prompt + p->max_tokens);
+    if (p->dualpath_mode == DP_DUALPATH_ON && !e->dual)
+        return dp_err(err, errsz, DP_EINVAL, "dualpath is disabled on this server");
+    bool dual = e->dual && p->dualpath_mode != DP_DUALPATH_OFF;
+    /* Without compaction the whole sequence lives in the prefill pool; with
+     * it, only the prompt does, and the decode pool takes the rest. */
+    int64_t in_prefill = dual ? req->n_prompt : (int64_t)req->n_prompt + p->max_tokens;
+    int32_t need = kv_pool_blocks_for(&e->pool, in_prefill);
     if (need > e->pool.n_blocks)
         return dp_err(err, errsz, DP_EINVAL,
-                      "the request needs %d KV blocks (%d prompt + %d max_tokens tokens) but the "
-                      "pool holds %d",
-                      need, req->n_prompt, p->max_tokens, e->pool.n_blocks);
+                      "the request needs %d KV blocks (%lld tokens) but the prefill pool holds %d",
+                      need, (long long)in_prefill, e->pool.n_blocks);
+    if (dual) {
+        dp_compress_opts co = e->opts.compress;
+        if (p->keep_ratio > 0.0f)
+            co.keep_ratio = p->keep_ratio;
+        int64_t d = (int64_t)compress_n_keep(&co, req->n_prompt + p->max_tokens) + p->max_tokens + 1;
+        if (e->opts.decode_budget > 0 && d > (int64_t)e->opts.decode_budget + budget_keep(e) + 1)
+            d = (int64_t)e->opts.decode_budget + budget_keep(e) + 1;
+        int32_t dneed = kv_pool_blocks_for(&e->dpool, d);
+        if (dneed > e->dpool.n_blocks)
+            return dp_err(err, errsz, DP_EINVAL,
+                          "the request needs %d decode-pool blocks but the pool holds %d", dneed,
+                          e->dpool.n_blocks);
+    }
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "kvcache/compress.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "sched/request.h"
@@ -17,11 +18,18 @@ typedef struct dp_engine dp_engine;
 typedef struct dp_engine_opts {
     int32_t max_batched_tokens;  /* tokens per step */
     int32_t max_seqs;            /* sequences per step */
-    int32_t block_tokens;        /* KV block size */
-    int32_t n_blocks;            /* KV pool size in blocks (0: from kv_bytes) */
-    int64_t kv_bytes;            /* KV memory when n_blocks is 0 */
+    int32_t block_tokens;        /* prefill-pool (or single-pool) block size */
+    int32_t n_blocks;            /* prefill-pool (or single-pool) blocks; 0: from kv_bytes */
+    int64_t kv_bytes;            /* KV memory for both pools when block counts are 0 */
     int32_t context_length;      /* cap per sequence (0: the model's) */
     int32_t max_queue;           /* waiting requests before submit refuses */
+    /* Dual path. */
+    bool dualpath;               /* a decode pool, and compaction at the switch */
+    double prefill_fraction;     /* share of kv_bytes for the prefill pool */
+    int32_t decode_block_tokens;
+    int32_t n_blocks_decode;     /* 0: from kv_bytes */
+    dp_compress_opts compress;   /* default scorer, keep ratio, sinks, window */
+    int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
 } dp_engine_opts;
 
 void engine_opts_default(dp_engine_opts *o);
@@ -31,11 +39,25 @@ void engine_opts_default(dp_engine_opts *o);
 typedef void (*dp_engine_notify_fn)(void *ud);
 
 /* A consistent snapshot of counters for /metrics and tests. */
+#define DP_MIGRATION_BUCKETS 8
+extern const double dp_migration_bucket_bounds[DP_MIGRATION_BUCKETS]; /* seconds */
+
 typedef struct dp_engine_stats {
     int32_t running;          /* sequences being prefilled or decoded */
     int32_t waiting;          /* queued or preempted */
-    int32_t blocks_total;
+    int32_t blocks_total;     /* prefill pool (the only pool without dualpath) */
     int32_t blocks_used;
+    int32_t decode_blocks_total; /* decode pool (0 without dualpath) */
+    int32_t decode_blocks_used;
+    int32_t block_tokens, decode_block_tokens;
+    int32_t seqs_on_decode_path;
+    int64_t migrations;       /* sequences moved prefill -> decode */
+    int64_t tokens_kept;
+    int64_t tokens_evicted;
+    int64_t recompressions;   /* decode-budget compressions */
+    double migration_seconds; /* sum over migration batches */
+    int64_t migration_batches;
+    int64_t migration_hist[DP_MIGRATION_BUCKETS + 1]; /* cumulative-free counts per bucket, last = +Inf */
     int64_t steps;
     int64_t prompt_tokens;    /* prefilled (recomputation included) */
     int64_t generation_tokens;

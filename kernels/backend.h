@@ -57,7 +57,21 @@ typedef struct dp_batch {
     int32_t max_blocks;          /* row stride of block_tables */
     int32_t n_out;               /* tokens whose logits are wanted */
     const int32_t *out_tokens;   /* [n_out] indices into the token list */
+    int32_t n_capture;           /* tokens whose queries are kept for scoring */
+    const int32_t *capture_tokens; /* [n_capture] indices into the token list */
 } dp_batch;
+
+/* One sequence's migration for kv_compact: for every layer and KV head, the
+ * source slots to keep, in order; kept slot s of head h lands in slot s of
+ * the destination table (so one table serves every head). */
+typedef struct dp_compact_seq {
+    const int32_t *src_table;    /* host, block ids in the source store */
+    int32_t n_src_blocks;
+    const int32_t *dst_table;    /* host, block ids in the destination store */
+    int32_t n_dst_blocks;
+    int32_t n_keep;
+    const int32_t *keep;         /* host, [n_layers][n_kv_heads][n_keep] source slots */
+} dp_compact_seq;
 
 typedef struct dp_rope_params {
     int32_t n_rot;       /* rotated dims per head (<= head_dim) */
@@ -112,6 +126,28 @@ typedef struct dp_backend_ops {
     void (*swiglu)(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
     /* out[i] = x[batch.out_tokens[i]] rows of dim. */
     void (*gather_rows)(dp_backend *be, float *out, const float *x, int32_t dim);
+    /* out[i] = x[batch.capture_tokens[i]] rows of dim (queries kept for scoring). */
+    void (*capture_rows)(dp_backend *be, float *out, const float *x, int32_t dim);
+
+    /* Importance scoring over slots [0, n_slots) of one sequence (table: host
+     * block ids). Both write out[layer][kv_head][slot] in backend memory. */
+    /* L2 norm of each key. */
+    void (*kv_score_knorm)(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                           int32_t n_slots, float *out);
+    /* Attention mass: q holds, per layer, n_q captured post-RoPE queries
+     * (query i of layer l at q + l * q_layer_stride + i * n_heads * head_dim);
+     * query i sits at slot q_slot[i] (host) and attends causally. out = the
+     * attention probability each key receives, summed over the queries and
+     * the query heads of its group. */
+    void (*kv_score_attn)(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                          int32_t n_slots, const float *q, int64_t q_layer_stride,
+                          const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale,
+                          float *out);
+    /* The path-aware copy: gathers each head's kept rows of K and V from src
+     * into dst for n_seqs sequences at once. src and dst may be the same store
+     * when the tables do not share blocks. */
+    int (*kv_compact)(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
+                      const dp_compact_seq *seqs, int32_t n_seqs);
 } dp_backend_ops;
 
 struct dp_backend {

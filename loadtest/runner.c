@@ -863,6 +863,8 @@ static void finish_run(struct runner *r)
         r->idle = c->next_idle;
         lg_conn_close(&c->c);
     }
+    if (r->show_progress)
+        print_progress(r, true); /* before the abort, so it shows what was in flight */
     while (r->active) {
         struct req *q = r->active;
         if (!q->warmup)
@@ -883,8 +885,6 @@ static void finish_run(struct runner *r)
         free(p);
     }
     r->pend_tail = NULL;
-    if (r->show_progress)
-        print_progress(r, true);
 }
 
 int lg_run_execute(const lg_run_opts *o, lg_workload *w, lg_run_result *out, char *err,

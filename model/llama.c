@@ -22,13 +22,14 @@ struct dp_llama {
     dp_weight tok_embd, out_norm, output;
     layer_w *layers;
     /* Activations, sized for max_tokens. */
-    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture;
 };
 
 const dp_hparams *llama_hparams(const dp_llama *m) { return &m->hp; }
 dp_backend *llama_backend(const dp_llama *m) { return m->be; }
 int32_t llama_max_tokens(const dp_llama *m) { return m->max_tokens; }
 int32_t llama_max_out(const dp_llama *m) { return m->max_out; }
+const float *llama_captured_queries(const dp_llama *m) { return m->capture; }
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
@@ -88,7 +89,7 @@ void llama_destroy(dp_llama *m)
         }
         free(m->layers);
     }
-    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits};
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
@@ -150,6 +151,7 @@ int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tok
         {&m->v, T * kvd}, {&m->att, T * qd}, {&m->tmp, T * hp->dim}, {&m->gate, T * hp->ffn},
         {&m->up, T * hp->ffn}, {&m->outx, (size_t)max_out * hp->dim},
         {&m->logits, (size_t)max_out * hp->vocab},
+        {&m->capture, (size_t)hp->n_layers * DP_MAX_CAPTURE * qd},
     };
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
         *acts[i].p = be->ops->alloc(be, acts[i].n * sizeof(float));
@@ -200,6 +202,11 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_tokens[i] < 0 || b->out_tokens[i] >= b->n_tokens)
             return DP_EINVAL;
+    if (b->n_capture < 0 || b->n_capture > DP_MAX_CAPTURE)
+        return DP_EINVAL;
+    for (int32_t i = 0; i < b->n_capture; i++)
+        if (b->capture_tokens[i] < 0 || b->capture_tokens[i] >= b->n_tokens)
+            return DP_EINVAL;
     return 0;
 }
 
@@ -216,6 +223,7 @@ int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, fl
         return rc;
     const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, false};
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
+    const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
 
     op->embed(be, &m->tok_embd, m->x, n);
     for (int32_t l = 0; l < hp->n_layers; l++) {
@@ -226,6 +234,8 @@ int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, fl
         op->matmul(be, m->k, m->xn, &L->wk, n);
         op->matmul(be, m->v, m->xn, &L->wv, n);
         op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
+        if (b->n_capture > 0)
+            op->capture_rows(be, m->capture + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
         op->kv_write(be, stores, l, m->k, m->v);
         op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale);
         op->matmul(be, m->tmp, m->att, &L->wo, n);

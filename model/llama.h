@@ -45,6 +45,13 @@ int32_t llama_max_out(const dp_llama *m);
 /* Layout of a KV store that fits this model, with the given block geometry. */
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks);
 
+/* Queries kept per step for attention-mass scoring (dp_batch.capture_tokens). */
+#define DP_MAX_CAPTURE 64
+
+/* Backend buffer holding, after a forward with n_capture > 0, the captured
+ * post-RoPE queries: [n_layers][n_capture][n_heads * head_dim]. */
+const float *llama_captured_queries(const dp_llama *m);
+
 /* One step: runs the batch, writing K/V into its slots, and copies the logits
  * of the batch's out_tokens to the host array logits [n_out * vocab]. */
 int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits);

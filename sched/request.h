@@ -32,7 +32,13 @@ typedef struct dp_request_params {
     bool ignore_eos;              /* generate exactly max_tokens unless a stop string hits */
     bool include_stop_str;        /* append the matched stop string to the output */
     int32_t priority;             /* lower runs first; FCFS within a priority */
+    /* Per-request dual-path override (zero: the server's defaults). */
+    int8_t dualpath_mode;         /* DP_DUALPATH_DEFAULT | _ON | _OFF */
+    int8_t scorer;                /* 0: default; else dp_scorer + 1 */
+    float keep_ratio;             /* 0: default; else (0, 1] */
 } dp_request_params;
+
+enum { DP_DUALPATH_DEFAULT = 0, DP_DUALPATH_ON = 1, DP_DUALPATH_OFF = 2 };
 
 typedef enum dp_finish {
     DP_FINISH_NONE = 0,
@@ -90,6 +96,8 @@ typedef struct dp_event {
     int32_t prompt_tokens;
     int32_t completion_tokens;
     int32_t n_preemptions;
+    int32_t tokens_kept;       /* prompt tokens kept at the switch to the decode path */
+    int32_t tokens_evicted;    /* prompt tokens dropped then (0 without dualpath) */
     char *error;           /* owned message when finish == DP_FINISH_ERROR */
     double t_first_token;  /* dp_now() of the first token (0 if none) */
     double t_finish;

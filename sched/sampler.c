@@ -92,19 +92,58 @@ static int cand_desc(const void *a, const void *b)
     return x->id - y->id; /* deterministic order on ties */
 }
 
-int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const float *logits)
+static bool cand_better(const struct dp_cand *x, const struct dp_cand *y)
 {
-    if (sp->temperature <= 0.0f || sp->top_k == 1)
-        return sampler_argmax(logits, s->vocab);
-    struct dp_cand *c = s->cand;
-    int32_t n = 0;
-    for (int32_t i = 0; i < s->vocab; i++)
-        if (isfinite(logits[i]))
-            c[n++] = (struct dp_cand){i, logits[i] / sp->temperature, 0.0f};
-    if (n == 0)
-        return sampler_argmax(logits, s->vocab);
-    /* Top-k: partial selection would be faster; a full sort of the vocab costs
-     * ~3 ms at 49k entries, so keep it simple unless k is set. */
+    return x->logit != y->logit ? x->logit > y->logit : x->id < y->id;
+}
+
+/* Partitions c[0..n) so that c[0..k) are the k best candidates (in cand_desc
+ * order), in O(n) on average. */
+static void select_top(struct dp_cand *c, int32_t n, int32_t k)
+{
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        struct dp_cand pivot = c[lo + (hi - lo) / 2];
+        int32_t i = lo, j = hi;
+        while (i <= j) {
+            while (cand_better(&c[i], &pivot))
+                i++;
+            while (cand_better(&pivot, &c[j]))
+                j--;
+            if (i <= j) {
+                struct dp_cand t = c[i];
+                c[i++] = c[j];
+                c[j--] = t;
+            }
+        }
+        if (k - 1 <= j)
+            hi = j;
+        else if (k - 1 >= i)
+            lo = i;
+        else
+            break;
+    }
+}
+
+/* Draws from c[0..n) with weights p (need not be normalized or sorted). */
+static int32_t draw(const struct dp_cand *c, int32_t n, dp_rng *rng)
+{
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++)
+        total += c[i].p;
+    double u = rng_uniform(rng) * total, acc = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += c[i].p;
+        if (u < acc)
+            return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+/* The reference path: sort every candidate. Used when the fast path cannot
+ * decide the truncation from the best few hundred candidates. */
+static int32_t sample_sorted(struct dp_cand *c, int32_t n, const dp_sampling *sp, dp_rng *rng)
+{
     qsort(c, (size_t)n, sizeof *c, cand_desc);
     if (sp->top_k > 0 && sp->top_k < n)
         n = sp->top_k;
@@ -134,16 +173,74 @@ int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const 
         }
         n = k;
     }
-    double total = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        total += c[i].p;
-    double u = rng_uniform(rng) * total, acc = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        acc += c[i].p;
-        if (u < acc)
-            return c[i].id;
+    return draw(c, n, rng);
+}
+
+#define FAST_CANDIDATES 256
+
+int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const float *logits)
+{
+    if (sp->temperature <= 0.0f || sp->top_k == 1)
+        return sampler_argmax(logits, s->vocab);
+    struct dp_cand *c = s->cand;
+    int32_t n = 0;
+    float mx = -INFINITY;
+    for (int32_t i = 0; i < s->vocab; i++)
+        if (isfinite(logits[i])) {
+            float l = logits[i] / sp->temperature;
+            c[n++] = (struct dp_cand){i, l, 0.0f};
+            if (l > mx)
+                mx = l;
+        }
+    if (n == 0)
+        return sampler_argmax(logits, s->vocab);
+    bool trunc_p = sp->min_p > 0.0f || sp->top_p < 1.0f;
+    int32_t K = sp->top_k > 0 && sp->top_k < n ? sp->top_k : n;
+    if (!trunc_p) {
+        /* No probability truncation: no order needed, only the top-k set. */
+        if (K < n)
+            select_top(c, n, K);
+        for (int32_t i = 0; i < K; i++)
+            c[i].p = expf(c[i].logit - mx);
+        return draw(c, K, rng);
     }
-    return c[n - 1].id;
+    /* Probability truncation keeps a prefix of the sorted candidates, which
+     * for real models is short: sort only the best M and fall back to the
+     * full sort when the cut is not inside them. */
+    if (K < n)
+        select_top(c, n, K);
+    int32_t M = K < FAST_CANDIDATES ? K : FAST_CANDIDATES;
+    if (M < K)
+        select_top(c, K, M);
+    qsort(c, (size_t)M, sizeof *c, cand_desc);
+    double total = 0.0;
+    for (int32_t i = 0; i < K; i++)
+        total += (c[i].p = expf(c[i].logit - mx));
+    int32_t cut = M;
+    bool decided = M == K;
+    if (sp->min_p > 0.0f) {
+        float floor_p = sp->min_p * c[0].p;
+        for (int32_t i = 1; i < M; i++)
+            if (c[i].p < floor_p) {
+                cut = i;
+                decided = true;
+                break;
+            }
+    }
+    if (sp->top_p < 1.0f) {
+        double cum = 0.0, target = sp->top_p * total;
+        for (int32_t i = 0; i < cut; i++) {
+            cum += c[i].p;
+            if (cum >= target) {
+                cut = i + 1;
+                decided = true;
+                break;
+            }
+        }
+    }
+    if (!decided)
+        return sample_sorted(c, n, sp, rng);
+    return draw(c, cut, rng);
 }
 
 void sampler_apply_bias(float *logits, int32_t vocab, const int32_t *ids, const float *bias,

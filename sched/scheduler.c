@@ -1,7 +1,13 @@
 /* scheduler.c: queue management, block reservation, admission and
- * preemption for continuous batching. Owned by the engine thread; no device
- * work happens here, only bookkeeping, so a step's planning costs
- * microseconds. */
+ * preemption for continuous batching over one or two KV pools. Owned by the
+ * engine thread; no device work happens here, only bookkeeping, so a step's
+ * planning costs microseconds.
+ *
+ * With a decode pool (dualpath), admission is compression-aware: a sequence
+ * is admitted when the prefill pool holds its whole prompt and the decode
+ * pool can promise its compressed size plus its generation budget. The
+ * promise (decode_reserved) is what lets many more sequences run than full
+ * caches would allow, without the decode pool ever running dry. */
 #include "scheduler.h"
 
 #include <stdlib.h>
@@ -51,13 +57,14 @@ int seq_append(dp_seq *s, int32_t token)
     return 0;
 }
 
-int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool)
+int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool)
 {
     memset(s, 0, sizeof *s);
-    if (o->max_batched_tokens < 1 || o->max_seqs < 1)
+    if (o->max_batched_tokens < 1 || o->max_seqs < 1 || (dpool && !o->decode_slots))
         return DP_EINVAL;
     s->opts = *o;
     s->pool = pool;
+    s->dpool = dpool;
     s->items = calloc((size_t)o->max_seqs, sizeof *s->items);
     return s->items ? 0 : DP_ENOMEM;
 }
@@ -116,6 +123,16 @@ void sched_add(dp_sched *s, dp_seq *seq)
     s->n_waiting++;
 }
 
+/* Frees every block the sequence holds or was promised. */
+static void release_all(dp_sched *s, dp_seq *q)
+{
+    kv_table_release(&q->table, sched_pool_of(s, q));
+    s->decode_reserved -= q->decode_reserve;
+    q->decode_reserve = 0;
+    q->path = DP_PATH_PREFILL;
+    q->n_slots = 0;
+}
+
 void sched_remove(dp_sched *s, dp_seq *seq)
 {
     if (seq->state == DP_SEQ_WAITING) {
@@ -125,8 +142,56 @@ void sched_remove(dp_sched *s, dp_seq *seq)
         unlink_seq(&s->run_head, &s->run_tail, seq);
         s->n_running--;
     }
-    kv_table_release(&seq->table, s->pool);
+    release_all(s, seq);
     seq->state = DP_SEQ_FINISHED;
+}
+
+int sched_decode_reserve(dp_sched *s, dp_seq *q, dp_block_table *t, int64_t n_slots)
+{
+    int32_t need = kv_pool_blocks_for(s->dpool, n_slots) - t->n_blocks;
+    if (need <= 0)
+        return 0;
+    /* Blocks promised to others are off limits; this sequence's own promise
+     * is what it draws on first. */
+    int32_t from_reserve = need < q->decode_reserve ? need : q->decode_reserve;
+    if (kv_pool_n_free(s->dpool) - (s->decode_reserved - from_reserve) < need)
+        return DP_ENOSPC;
+    int rc = kv_table_reserve(t, s->dpool, n_slots);
+    if (rc)
+        return rc;
+    q->decode_reserve -= from_reserve;
+    s->decode_reserved -= from_reserve;
+    return 0;
+}
+
+void sched_switch_to_decode(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots)
+{
+    kv_table_release(&q->table, s->pool);
+    free(q->table.blocks);
+    q->table = *t;
+    kv_table_init(t);
+    q->path = DP_PATH_DECODE;
+    q->n_slots = n_slots;
+}
+
+void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots)
+{
+    int32_t freed = q->table.n_blocks;
+    kv_table_release(&q->table, s->dpool);
+    free(q->table.blocks);
+    q->table = *t;
+    kv_table_init(t);
+    q->n_slots = n_slots;
+    /* The freed blocks stay promised to this sequence (up to what it can
+     * still need), so that it can grow back to its budget without competing
+     * with new admissions. */
+    int32_t want = kv_pool_blocks_for(s->dpool, s->opts.decode_slots(s->opts.ud, q)) -
+                   q->table.n_blocks - q->decode_reserve;
+    int32_t add = want < freed ? want : freed;
+    if (add > 0) {
+        q->decode_reserve += add;
+        s->decode_reserved += add;
+    }
 }
 
 /* Frees the sequence's blocks and queues it for recomputation. */
@@ -134,7 +199,7 @@ static void preempt(dp_sched *s, dp_seq *q)
 {
     unlink_seq(&s->run_head, &s->run_tail, q);
     s->n_running--;
-    kv_table_release(&q->table, s->pool);
+    release_all(s, q);
     q->n_computed = 0;
     q->n_preemptions++;
     q->state = DP_SEQ_WAITING;
@@ -143,11 +208,12 @@ static void preempt(dp_sched *s, dp_seq *q)
     s->n_preemptions++;
 }
 
-/* Newest running sequence not already in this step's plan. */
-static dp_seq *pick_victim(dp_sched *s)
+/* Newest running sequence on the given path not already in this step's plan
+ * (its blocks are the ones that help). */
+static dp_seq *pick_victim(dp_sched *s, dp_path path)
 {
     for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled)
+        if (!q->scheduled && q->path == path)
             return q;
     return NULL;
 }
@@ -157,14 +223,48 @@ static void add_item(dp_sched *s, dp_sched_plan *p, dp_seq *q, int32_t n)
     dp_sched_item *it = &s->items[p->n_items++];
     it->seq = q;
     it->start = q->n_computed;
+    it->slot_start = q->n_slots;
     it->n = n;
     it->emits = q->n_computed + n == q->n_tokens;
-    /* One uncomputed token left means the sequence is generating. */
-    it->path = q->n_tokens - q->n_computed == 1 ? DP_PATH_DECODE : DP_PATH_PREFILL;
-    if (it->path == DP_PATH_DECODE)
+    it->path = q->path;
+    /* One uncomputed token left past the prompt means the sequence is generating. */
+    it->decode_phase = q->n_tokens - q->n_computed == 1 && q->n_computed >= q->n_prompt;
+    if (it->decode_phase)
         p->n_decode++;
     p->n_tokens += n;
     q->scheduled = true;
+}
+
+/* Grows q's table by n slots in its pool. */
+static int grow(dp_sched *s, dp_seq *q, int32_t n)
+{
+    if (q->path == DP_PATH_DECODE)
+        return sched_decode_reserve(s, q, &q->table, (int64_t)q->n_slots + n);
+    return kv_table_reserve(&q->table, s->pool, (int64_t)q->n_slots + n);
+}
+
+/* Admission test and allocation for the head of the queue. */
+static bool admit(dp_sched *s, dp_seq *q)
+{
+    /* The prompt (or, after a preemption, prompt + output so far) goes to the
+     * prefill pool whole, so a running prefill never waits for blocks; one
+     * more slot when decoding will continue there. */
+    int64_t slots = s->dpool ? q->n_tokens : (int64_t)q->n_tokens + 1;
+    int32_t need_p = kv_pool_blocks_for(s->pool, slots) - q->table.n_blocks;
+    if (need_p > kv_pool_n_free(s->pool))
+        return false;
+    int32_t need_d = 0;
+    if (s->dpool) {
+        int32_t d = s->opts.decode_slots(s->opts.ud, q);
+        need_d = d > 0 ? kv_pool_blocks_for(s->dpool, d) : 0;
+        if (need_d > kv_pool_n_free(s->dpool) - s->decode_reserved)
+            return false;
+    }
+    if (kv_table_reserve(&q->table, s->pool, slots) != 0)
+        return false;
+    q->decode_reserve = need_d;
+    s->decode_reserved += need_d;
+    return true;
 }
 
 void sched_schedule(dp_sched *s, dp_sched_plan *p)
@@ -180,11 +280,11 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
     dp_seq *next;
     for (dp_seq *q = s->run_head; q && budget > 0 && p->n_items < cap; q = next) {
         next = q->next;
-        if (q->n_tokens - q->n_computed != 1)
+        if (q->n_tokens - q->n_computed != 1 || q->n_computed < q->n_prompt)
             continue;
         bool self_preempted = false;
-        while (kv_table_reserve(&q->table, s->pool, (int64_t)q->n_computed + 1) == DP_ENOSPC) {
-            dp_seq *v = pick_victim(s);
+        while (grow(s, q, 1) == DP_ENOSPC) {
+            dp_seq *v = pick_victim(s, q->path);
             if (!v || v == q) {
                 /* Nothing newer to evict: this sequence yields its own blocks. */
                 next = q->next;
@@ -202,39 +302,33 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         budget--;
     }
 
-    /* 2. Running prefills (prompts already admitted, continued chunk by chunk). */
+    /* 2. Running prompts (admitted, continued chunk by chunk). */
     for (dp_seq *q = s->run_head; q && budget > 0 && p->n_items < cap; q = q->next) {
-        if (q->scheduled || q->n_tokens - q->n_computed <= 1)
+        if (q->scheduled || q->n_computed >= q->n_tokens)
             continue;
         int32_t n = q->n_tokens - q->n_computed;
         if (n > budget)
             n = budget;
-        if (kv_table_reserve(&q->table, s->pool, (int64_t)q->n_computed + n) != 0)
-            continue; /* blocks return when others finish; decodes go first */
+        if (grow(s, q, n) != 0)
+            continue; /* decode-path prompt tail waiting for blocks */
         add_item(s, p, q, n);
         budget -= n;
     }
 
-    /* 3. Admissions in queue order while the whole remaining sequence (plus
-     *    its first generated token) fits in the free blocks. Strict FCFS: a
-     *    large request at the head is not overtaken. */
+    /* 3. Admissions in queue order. Strict FCFS: a large request at the head
+     *    is not overtaken by smaller ones behind it. */
     while (s->wait_head && budget > 0 && p->n_items < cap) {
         dp_seq *q = s->wait_head;
-        int32_t need = kv_pool_blocks_for(s->pool, (int64_t)q->n_tokens + 1) - q->table.n_blocks;
-        if (need > kv_pool_n_free(s->pool))
-            break;
-        int32_t n = q->n_tokens - q->n_computed;
-        if (n > budget)
-            n = budget;
-        if (kv_table_reserve(&q->table, s->pool, (int64_t)q->n_computed + n) != 0)
+        if (!admit(s, q))
             break;
         unlink_seq(&s->wait_head, &s->wait_tail, q);
         s->n_waiting--;
         q->state = DP_SEQ_RUNNING;
         insert_sorted(&s->run_head, &s->run_tail, q, false);
         s->n_running++;
-        add_item(s, p, q, n);
-        budget -= n;
+        int32_t n = q->n_tokens - q->n_computed;
+        add_item(s, p, q, n > budget ? budget : n);
+        budget -= n > budget ? budget : n;
     }
     p->n_preempted = (int32_t)(s->n_preemptions - preempted_before);
 }
@@ -244,6 +338,7 @@ void sched_commit(dp_sched *s, const dp_sched_plan *p)
     for (int32_t i = 0; i < p->n_items; i++) {
         dp_seq *q = p->items[i].seq;
         q->n_computed += p->items[i].n;
+        q->n_slots += p->items[i].n;
         q->scheduled = false;
     }
 }

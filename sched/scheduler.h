@@ -19,7 +19,7 @@ typedef enum dp_seq_state {
     DP_SEQ_FINISHED,
 } dp_seq_state;
 
-/* Which KV path a step's tokens run on. */
+/* Which KV path (and pool) a sequence's cache is on. */
 typedef enum dp_path { DP_PATH_PREFILL = 0, DP_PATH_DECODE = 1 } dp_path;
 
 typedef struct dp_seq {
@@ -31,7 +31,12 @@ typedef struct dp_seq {
     int32_t cap;
     int32_t n_prompt;
     int32_t n_computed;       /* tokens whose K/V are in the cache */
+    int32_t n_slots;          /* cache entries in the current table (== n_computed on the
+                               * prefill path; fewer once compacted on the decode path) */
+    dp_path path;             /* which pool the table lives in */
     dp_block_table table;
+    int32_t decode_reserve;   /* decode-pool blocks reserved at admission, not yet taken */
+    int32_t max_new;          /* tokens still to generate at most (admission estimate) */
     dp_seq_state state;
     int32_t n_preemptions;
     bool scheduled;           /* in the current step's plan */
@@ -50,9 +55,11 @@ int seq_append(dp_seq *s, int32_t token);
  * samples its next token). */
 typedef struct dp_sched_item {
     dp_seq *seq;
-    int32_t start;
+    int32_t start;           /* first token index (its RoPE position) */
+    int32_t slot_start;      /* cache slot of that token */
     int32_t n;
-    dp_path path;
+    dp_path path;            /* the pool its K/V go to */
+    bool decode_phase;       /* generating (one token), not processing a prompt */
     bool emits;
 } dp_sched_item;
 
@@ -60,18 +67,26 @@ typedef struct dp_sched_plan {
     dp_sched_item *items;
     int32_t n_items;
     int32_t n_tokens;
-    int32_t n_decode;        /* items on the decode path */
+    int32_t n_decode;        /* items in the generation phase */
     int32_t n_preempted;     /* preemptions made while planning this step */
 } dp_sched_plan;
+
+/* Decode-pool slots a sequence will need at most once compacted (its
+ * compressed prompt plus its generation budget), from the engine's policy. */
+typedef int32_t (*dp_decode_slots_fn)(void *ud, const dp_seq *q);
 
 typedef struct dp_sched_opts {
     int32_t max_batched_tokens;
     int32_t max_seqs;
+    dp_decode_slots_fn decode_slots;  /* with a decode pool: admission estimate */
+    void *ud;
 } dp_sched_opts;
 
 typedef struct dp_sched {
     dp_sched_opts opts;
-    dp_kv_pool *pool;         /* borrowed */
+    dp_kv_pool *pool;         /* prefill pool (the only pool without dualpath), borrowed */
+    dp_kv_pool *dpool;        /* decode pool, or NULL; borrowed */
+    int32_t decode_reserved;  /* decode blocks promised to admitted sequences, not yet taken */
     dp_seq *wait_head, *wait_tail;
     dp_seq *run_head, *run_tail;
     int32_t n_waiting, n_running;
@@ -80,7 +95,20 @@ typedef struct dp_sched {
     dp_sched_item *items;     /* plan storage, max_seqs entries */
 } dp_sched;
 
-int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool);
+/* dpool may be NULL: one pool, no compaction (dualpath off). */
+int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool);
+static inline dp_kv_pool *sched_pool_of(const dp_sched *s, const dp_seq *q)
+{
+    return q->path == DP_PATH_DECODE ? s->dpool : s->pool;
+}
+/* Takes decode-pool blocks so that table t covers n_slots, drawing on q's
+ * reservation first. All-or-nothing; DP_ENOSPC when the pool is short. */
+int sched_decode_reserve(dp_sched *s, dp_seq *q, dp_block_table *t, int64_t n_slots);
+/* Moves q onto the decode path with table t (already filled by a compaction)
+ * holding n_slots entries; its prefill blocks are released. */
+void sched_switch_to_decode(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots);
+/* Replaces q's decode table by t (a recompression), releasing the old one. */
+void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots);
 void sched_destroy(dp_sched *s);
 /* Queues a new sequence. */
 void sched_add(dp_sched *s, dp_seq *seq);

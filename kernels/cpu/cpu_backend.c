@@ -128,7 +128,7 @@ static int batch_set(dp_backend *be, const dp_batch *b)
 {
     cpu_backend *c = cpu_of(be);
     size_t need = (size_t)b->n_tokens * 4 + (size_t)b->n_seqs * (size_t)b->max_blocks +
-                  (size_t)b->n_out;
+                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0);
     if (need > c->arrays_cap) {
         int32_t *p = realloc(c->arrays, need * sizeof *p);
         if (!p)
@@ -152,6 +152,8 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     size_t nbt = (size_t)b->n_seqs * (size_t)b->max_blocks;
     memcpy(a + 4 * nt, b->block_tables, nbt * sizeof *a);
     memcpy(a + 4 * nt + nbt, b->out_tokens, (size_t)b->n_out * sizeof *a);
+    if (b->n_capture > 0)
+        memcpy(a + 4 * nt + nbt + b->n_out, b->capture_tokens, (size_t)b->n_capture * sizeof *a);
     memcpy(c->seq_store, b->seq_store, (size_t)b->n_seqs);
     c->b = *b;
     c->b.tokens = a;
@@ -160,6 +162,9 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     c->b.slot = a + 3 * nt;
     c->b.block_tables = a + 4 * nt;
     c->b.out_tokens = a + 4 * nt + nbt;
+    c->b.capture_tokens = a + 4 * nt + nbt + b->n_out;
+    if (b->n_capture < 0)
+        c->b.n_capture = 0;
     c->b.seq_store = c->seq_store;
     /* Attention scratch holds one score per attended slot. */
     int32_t max_slots = 1;
@@ -373,6 +378,14 @@ static void cpu_gather_rows(dp_backend *be, float *out, const float *x, int32_t 
         memcpy(out + (size_t)i * dim, x + (size_t)c->b.out_tokens[i] * dim, (size_t)dim * sizeof(float));
 }
 
+static void cpu_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim)
+{
+    cpu_backend *c = cpu_of(be);
+    for (int32_t i = 0; i < c->b.n_capture; i++)
+        memcpy(out + (size_t)i * dim, x + (size_t)c->b.capture_tokens[i] * dim,
+               (size_t)dim * sizeof(float));
+}
+
 static void cpu_destroy(dp_backend *be)
 {
     cpu_backend *c = cpu_of(be);
@@ -408,6 +421,10 @@ static const dp_backend_ops cpu_ops = {
     .add = cpu_add,
     .swiglu = cpu_swiglu,
     .gather_rows = cpu_gather_rows,
+    .capture_rows = cpu_capture_rows,
+    .kv_score_knorm = cpu_kv_score_knorm,
+    .kv_score_attn = cpu_kv_score_attn,
+    .kv_compact = cpu_kv_compact,
 };
 
 int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz)

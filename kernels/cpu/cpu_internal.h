@@ -47,6 +47,13 @@ void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, in
 void cpu_weight_row(const dp_weight *w, int64_t r, float *dst);
 void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
                    const float *q, int32_t n_heads, float scale);
+void cpu_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
+                        float *out);
+void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
+                       const float *q, int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q,
+                       int32_t n_heads, float scale, float *out);
+int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
+                   const dp_compact_seq *seqs, int32_t n_seqs);
 int cpu_scratch_reserve(cpu_backend *c, size_t wscratch_elems, size_t sscratch_elems);
 float cpu_dot(const float *a, const float *b, int64_t n);
 

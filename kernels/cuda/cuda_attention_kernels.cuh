@@ -1,11 +1,12 @@
-/* cuda_attention_kernels.cuh: the attention kernels and their launch plan
- * (split-K, row chunks); included by cuda_attention.cu and by the host emulator
+/* cuda_attention_kernels.cuh: the attention kernels (tiled online softmax and
+ * the split-K merge); included by cuda_attention.cu and by the host emulator
  * tests/gpu/emu_attention.cpp, which runs these same kernels on the CPU. */
 #ifndef DP_KERNELS_CUDA_ATTENTION_KERNELS_CUH
 #define DP_KERNELS_CUDA_ATTENTION_KERNELS_CUH
 
 #include <math.h>
 
+#include "cuda_attention_plan.h"
 #include "cuda_internal.h"
 
 /* The emulator has no dynamic shared memory declaration; it defines this. */
@@ -28,17 +29,6 @@
  *   small batch over a long context), each block covers split_len keys and
  *   writes an unnormalized partial (acc, m, l); a second kernel merges them.
  *   With one split the kernel normalizes and writes the output itself. */
-#define ROWS CUDA_ATT_ROWS
-#define KT CUDA_ATT_KT
-#define NT CUDA_ATT_THREADS
-#define N_WARPS (NT / 32)
-/* No split shorter than this many keys: below it the merge costs more than
- * the parallelism brings. */
-#define MIN_SPLIT 256
-#define MAX_SPLITS 64
-/* Cap on the partial buffer (floats): splits shrink before it grows past. */
-#define MAX_PART_FLOATS ((size_t)64 << 20)
-
 static_assert(NT == 2 * KT, "score phase: two threads (dim halves) per key");
 static_assert(KT == 64, "softmax phase: each lane owns keys lane and lane + 32");
 static_assert(ROWS % N_WARPS == 0 && ROWS <= 16, "softmax phase: rows split over warps");
@@ -155,23 +145,36 @@ __global__ void __launch_bounds__(NT)
         const int32_t nk = min(KT, ke - k0);
         /* 1. K and V rows of keys k0 .. k0 + nk into shared memory; the tail
          * of a short tile is zero (its scores are masked to weight 0). */
-        for (int32_t idx = tid; idx < KT * vecs; idx += NT) {
-            const int32_t j = idx / vecs, vi = idx % vecs;
-            uint4 kk = make_uint4(0, 0, 0, 0), vv = kk;
-            if (j < nk) {
-                const int32_t p = k0 + j;
-                const int32_t blk = table[p / bt];
-                const size_t off = (((size_t)blk * (size_t)n_kv + (size_t)kvh) * (size_t)bt +
-                                    (size_t)(p % bt)) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
-                kk = *(const uint4 *)(kbase + off);
-                vv = *(const uint4 *)(vbase + off);
+        /* Loads are issued LOADS_IN_FLIGHT at a time before their stores,
+         * so each thread keeps several 16-byte requests outstanding. */
+        for (int32_t base = tid; base < KT * vecs; base += NT * LOADS_IN_FLIGHT) {
+            uint4 kk[LOADS_IN_FLIGHT], vv[LOADS_IN_FLIGHT];
+#pragma unroll
+            for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
+                const int32_t idx = base + u * NT, j = idx / vecs, vi = idx % vecs;
+                kk[u] = make_uint4(0, 0, 0, 0);
+                vv[u] = kk[u];
+                if (idx < KT * vecs && j < nk) {
+                    const int32_t p = k0 + j;
+                    const int32_t blk = table[p / bt];
+                    const size_t off = (((size_t)blk * (size_t)n_kv + (size_t)kvh) * (size_t)bt +
+                                        (size_t)(p % bt)) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
+                    kk[u] = *(const uint4 *)(kbase + off);
+                    vv[u] = *(const uint4 *)(vbase + off);
+                }
             }
-            unsigned *kw = (unsigned *)(ks + j * kstride + vi * 4);
-            kw[0] = kk.x;
-            kw[1] = kk.y;
-            kw[2] = kk.z;
-            kw[3] = kk.w;
-            *(uint4 *)(vs + j * hd2 + vi * 4) = vv;
+#pragma unroll
+            for (int u = 0; u < LOADS_IN_FLIGHT; u++) {
+                const int32_t idx = base + u * NT, j = idx / vecs, vi = idx % vecs;
+                if (idx < KT * vecs) {
+                    unsigned *kw = (unsigned *)(ks + j * kstride + vi * 4);
+                    kw[0] = kk[u].x;
+                    kw[1] = kk[u].y;
+                    kw[2] = kk[u].z;
+                    kw[3] = kk[u].w;
+                    *(uint4 *)(vs + j * hd2 + vi * 4) = vv[u];
+                }
+            }
         }
         __syncthreads();
 

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_attention_plan.h"
 #include "cuda_internal.h"
 
 /* The runtime's current device is per host thread, and the engine thread
@@ -311,8 +312,8 @@ static const dp_kv_layout *cuda_kv_get_layout(dp_backend *be, const dp_kv_store 
 /* ---- the step's batch -----------------------------------------------------
  * All index arrays travel in one async copy from a pinned staging buffer:
  * tokens, pos, seq, slot [n_tokens each], block tables [n_seqs * max_blocks],
- * out_tokens [n_out], seq_store widened to int32 [n_seqs], and the query
- * tiles the attention kernel walks [n_tiles + 1]. */
+ * out_tokens [n_out], capture_tokens [n_capture], seq_store widened to int32
+ * [n_seqs], and the query tiles the attention kernel walks [n_tiles + 1]. */
 
 static int cuda_arrays_reserve(cuda_backend *c, size_t need)
 {
@@ -347,8 +348,9 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return DP_EINVAL;
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
     const size_t nbt = ns * (size_t)b->max_blocks;
+    const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* Tiles: at most one per token. */
-    const size_t need = 4 * nt + nbt + (size_t)b->n_out + ns + nt + 1;
+    const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + ns + nt + 1;
     /* The previous step's copy may still be reading the staging buffer (a
      * step without logits ends without a download). */
     if (c->arrays_pending) {
@@ -367,26 +369,21 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     if (b->n_out)
         memcpy(h + o, b->out_tokens, (size_t)b->n_out * sizeof *h);
     o += (size_t)b->n_out;
+    const size_t o_capture = o;
+    if (n_capture)
+        memcpy(h + o, b->capture_tokens, (size_t)n_capture * sizeof *h);
+    o += (size_t)n_capture;
     for (size_t s = 0; s < ns; s++)
         h[o + s] = b->seq_store[s];
     const size_t o_store = o;
     o += ns;
-    /* Query tiles: runs of consecutive tokens of one sequence, cut at
-     * CUDA_QTILE, so the keys of a prefill chunk are read once per tile. */
+    /* Query tiles: the keys of a prefill chunk are read once per tile. */
     const size_t o_tiles = o;
-    int32_t n_tiles = 0, max_len = 0, max_slots = 0, len = 0;
-    for (int32_t i = 0; i < b->n_tokens; i++) {
-        if (i == 0 || b->seq[i] != b->seq[i - 1] || len == CUDA_QTILE) {
-            h[o_tiles + (size_t)n_tiles++] = i;
-            len = 0;
-        }
-        len++;
-        if (len > max_len)
-            max_len = len;
+    int32_t max_len = 0, max_slots = 0;
+    const int32_t n_tiles = cuda_att_tiles(b->seq, b->n_tokens, h + o_tiles, &max_len);
+    for (int32_t i = 0; i < b->n_tokens; i++)
         if (b->slot[i] + 1 > max_slots)
             max_slots = b->slot[i] + 1;
-    }
-    h[o_tiles + (size_t)n_tiles] = b->n_tokens;
     const size_t used = o_tiles + (size_t)n_tiles + 1;
     cudaError_t e = cudaMemcpyAsync(c->d_arrays, h, used * sizeof *h, cudaMemcpyHostToDevice,
                                     c->stream);
@@ -404,12 +401,14 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     c->bd.slot = d + 3 * nt;
     c->bd.block_tables = d + 4 * nt;
     c->bd.out_tokens = d + 4 * nt + nbt;
+    c->bd.capture_tokens = d + o_capture;
     c->bd.seq_store = d + o_store;
     c->bd.tile_start = d + o_tiles;
     c->n_tokens = b->n_tokens;
     c->n_seqs = b->n_seqs;
     c->max_blocks = b->max_blocks;
     c->n_out = b->n_out;
+    c->n_capture = n_capture;
     c->n_tiles = n_tiles;
     c->max_tile_len = max_len;
     c->max_slots = max_slots;
@@ -465,6 +464,8 @@ static void cuda_destroy(dp_backend *be)
         cublasDestroy(c->blas);
     cudaFree(c->xh);
     cudaFree(c->part);
+    cudaFree(c->kvp_idx);
+    cudaFree(c->kvp_scratch);
     cudaFree(c->d_arrays);
     cudaFreeHost(c->h_arrays);
     cudaFreeHost(c->wstage);
@@ -503,6 +504,10 @@ static dp_backend_ops cuda_make_ops(void)
     o.add = cuda_add;
     o.swiglu = cuda_swiglu;
     o.gather_rows = cuda_gather_rows;
+    o.capture_rows = cuda_capture_rows;
+    o.kv_score_knorm = cuda_kv_score_knorm;
+    o.kv_score_attn = cuda_kv_score_attn;
+    o.kv_compact = cuda_kv_compact;
     return o;
 }
 

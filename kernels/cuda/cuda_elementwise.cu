@@ -58,11 +58,11 @@ void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n)
         return;
     const int32_t dim = (int32_t)table->cols;
     if (table->type == DP_TYPE_F16)
-        cuda_embed_kernel<<<n, EW_THREADS, 0, c->stream>>>((const __half *)table->data,
-                                                           c->bd.tokens, out, dim);
+        CUDA_LAUNCH(cuda_embed_kernel, n, EW_THREADS, 0, c->stream, (const __half *)table->data,
+                    c->bd.tokens, out, dim);
     else
-        cuda_embed_kernel<<<n, EW_THREADS, 0, c->stream>>>((const float *)table->data,
-                                                           c->bd.tokens, out, dim);
+        CUDA_LAUNCH(cuda_embed_kernel, n, EW_THREADS, 0, c->stream, (const float *)table->data,
+                    c->bd.tokens, out, dim);
     cuda_check_launch(c, "embed");
 }
 
@@ -108,11 +108,11 @@ void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w
     if (n <= 0)
         return;
     if (w->type == DP_TYPE_F16)
-        cuda_rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, (const __half *)w->data, dim,
-                                                             eps);
+        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, x,
+                    (const __half *)w->data, dim, eps);
     else
-        cuda_rmsnorm_kernel<<<n, EW_THREADS, 0, c->stream>>>(out, x, (const float *)w->data, dim,
-                                                             eps);
+        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, x,
+                    (const float *)w->data, dim, eps);
     cuda_check_launch(c, "rmsnorm");
 }
 
@@ -163,9 +163,8 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
         return;
     const int64_t total = (int64_t)n * half;
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
-    cuda_rope_kernel<<<blocks, EW_THREADS, 0, c->stream>>>(q, k, c->bd.pos, n, n_heads, n_kv_heads,
-                                                           head_dim, rp->n_rot, rp->freq_base,
-                                                           rp->freq_scale, rp->neox);
+    CUDA_LAUNCH(cuda_rope_kernel, blocks, EW_THREADS, 0, c->stream, q, k, c->bd.pos, n, n_heads,
+                n_kv_heads, head_dim, rp->n_rot, rp->freq_base, rp->freq_scale, rp->neox);
     cuda_check_launch(c, "rope");
 }
 
@@ -212,8 +211,8 @@ void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, co
         return;
     const int64_t total = (int64_t)c->n_tokens * kd.n_kv * (kd.head_dim / CUDA_KV_VEC);
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
-    cuda_kv_write_kernel<<<blocks, EW_THREADS, 0, c->stream>>>(kd, layer, c->bd, c->max_blocks,
-                                                               c->n_tokens, k, v);
+    CUDA_LAUNCH(cuda_kv_write_kernel, blocks, EW_THREADS, 0, c->stream, kd, layer, c->bd,
+                c->max_blocks, c->n_tokens, k, v);
     cuda_check_launch(c, "kv_write");
 }
 
@@ -231,7 +230,7 @@ void cuda_add(dp_backend *be, float *x, const float *y, int64_t n)
     cuda_backend *c = cuda_of(be);
     if (n <= 0)
         return;
-    cuda_add_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(x, y, n);
+    CUDA_LAUNCH(cuda_add_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, x, y, n);
     cuda_check_launch(c, "add");
 }
 
@@ -251,7 +250,8 @@ void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up,
     cuda_backend *c = cuda_of(be);
     if (n <= 0)
         return;
-    cuda_swiglu_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(out, gate, up, n);
+    CUDA_LAUNCH(cuda_swiglu_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, out,
+                gate, up, n);
     cuda_check_launch(c, "swiglu");
 }
 
@@ -268,8 +268,20 @@ void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim)
     cuda_backend *c = cuda_of(be);
     if (c->n_out <= 0)
         return;
-    cuda_gather_kernel<<<c->n_out, EW_THREADS, 0, c->stream>>>(out, x, c->bd.out_tokens, dim);
+    CUDA_LAUNCH(cuda_gather_kernel, c->n_out, EW_THREADS, 0, c->stream, out, x, c->bd.out_tokens,
+                dim);
     cuda_check_launch(c, "gather_rows");
+}
+
+/* Queries kept for importance scoring (see kv_score_attn). */
+void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim)
+{
+    cuda_backend *c = cuda_of(be);
+    if (c->n_capture <= 0)
+        return;
+    CUDA_LAUNCH(cuda_gather_kernel, c->n_capture, EW_THREADS, 0, c->stream, out, x,
+                c->bd.capture_tokens, dim);
+    cuda_check_launch(c, "capture_rows");
 }
 
 __global__ void cuda_to_half_kernel(__half *dst, const float *src, int64_t n)
@@ -289,6 +301,7 @@ void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n)
 {
     if (n <= 0)
         return;
-    cuda_to_half_kernel<<<cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream>>>(dst, src, n);
+    CUDA_LAUNCH(cuda_to_half_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, dst,
+                src, n);
     cuda_check_launch(c, "fp16 conversion");
 }

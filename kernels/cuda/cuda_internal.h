@@ -28,6 +28,13 @@ extern "C" {
 #define CUDA_ATT_KT 64
 #define CUDA_ATT_THREADS 128
 
+/* Kernel launches go through this macro so that the host emulator
+ * (tests/gpu/emu.h) can run the same sources on the CPU. */
+#ifndef CUDA_LAUNCH
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
+    kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#endif
+
 struct dp_kv_store {
     dp_kv_layout l;
     __half *k; /* [layer][block][kv_head][token][head_dim] */
@@ -59,7 +66,8 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d);
 
 /* Device copies of the step's index arrays (one allocation, see batch_set). */
 typedef struct cuda_batch_dev {
-    const int32_t *tokens, *pos, *seq, *slot, *block_tables, *out_tokens, *seq_store;
+    const int32_t *tokens, *pos, *seq, *slot, *block_tables, *out_tokens, *capture_tokens;
+    const int32_t *seq_store;
     const int32_t *tile_start; /* [n_tiles + 1] first batch token of each query tile */
 } cuda_batch_dev;
 
@@ -75,7 +83,7 @@ typedef struct cuda_backend {
 
     /* The step's batch: host copies of the sizes that shape launches, and
      * the index arrays packed in pinned memory, copied in one async copy. */
-    int32_t n_tokens, n_seqs, max_blocks, n_out;
+    int32_t n_tokens, n_seqs, max_blocks, n_out, n_capture;
     int32_t n_tiles, max_tile_len, max_slots;
     int32_t *h_arrays;   /* pinned staging */
     int32_t *d_arrays;
@@ -90,6 +98,12 @@ typedef struct cuda_backend {
     /* attention: split-K partial results. */
     float *part;
     size_t part_cap;     /* floats */
+    /* KV-path ops: host tables and index lists copied to the device, and
+     * the scratch rows of kv_score_attn. */
+    int32_t *kvp_idx;
+    size_t kvp_idx_cap;  /* int32 elements */
+    float *kvp_scratch;
+    size_t kvp_scratch_cap; /* floats */
     /* weight_load: pinned staging for converted rows. */
     uint16_t *wstage;
     size_t wstage_cap;   /* elements */
@@ -117,9 +131,19 @@ void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, co
 void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
+void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 /* dst[n] = fp16(src[n]), saturating at the fp16 range so that no inf reaches
  * a GEMM (inf * 0 would turn into NaN). */
 void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n);
+
+/* KV-path ops: importance scores and the compaction copy (cuda_kvpath.cu). */
+void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                         int32_t n_slots, float *out);
+void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                        int32_t n_slots, const float *q, int64_t q_layer_stride,
+                        const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale, float *out);
+int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
+                    const dp_compact_seq *seqs, int32_t n_seqs);
 
 /* Attention (cuda_attention.cu). */
 void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,

@@ -5,8 +5,10 @@
  * Exit status: 0 all checks passed, 1 a check failed, 2 set-up error,
  * 3 no usable CUDA device (tests/gpu/check.sh relies on 3).
  *
- *   check_kernels [--seed N] [--no-bench] [--bench-only] [--self-test]
+ *   check_kernels [--seed N] [--no-bench] [--bench-only] [--bench-small] [--self-test]
  *
+ * --bench-small runs the benchmark code on a tiny model with tiny sizes (its
+ * figures mean nothing; it checks the code path, e.g. under the emulator).
  * --self-test runs the comparisons with the CPU backend on both sides (no GPU
  * needed): it checks this program's own plumbing on a machine without one. */
 #include <math.h>
@@ -193,8 +195,10 @@ static void hbatch_free(hbatch *b)
 
 static void hbatch_set(dp_backend *be, const hbatch *h)
 {
-    dp_batch b = {h->n_tokens, h->tokens, h->pos, h->seq, h->slot, h->n_seqs, h->seq_store,
-                  h->tables, h->max_blocks, h->n_out, h->out_tokens};
+    dp_batch b = {.n_tokens = h->n_tokens, .tokens = h->tokens, .pos = h->pos, .seq = h->seq,
+                  .slot = h->slot, .n_seqs = h->n_seqs, .seq_store = h->seq_store,
+                  .block_tables = h->tables, .max_blocks = h->max_blocks, .n_out = h->n_out,
+                  .out_tokens = h->out_tokens};
     if (be->ops->batch_set(be, &b))
         die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
 }
@@ -626,6 +630,220 @@ static void check_attention(dp_backend *be[2])
     }
 }
 
+/* ---- KV-path ops: capture_rows, importance scores, compaction -------------------------
+ * Two sequences' KV is written into a prefill-like store through kv_write
+ * (every layer); the scores run over each sequence's slots; kv_compact moves
+ * per-head kept rows into a decode-like store with smaller blocks (plus an
+ * in-place compaction within the source store), and the result is read back
+ * through attention over the destination, which touches every kept K and V. */
+
+typedef struct kvp_seq {
+    int32_t n_slots;
+    int32_t *src_table, n_src;
+    int32_t *dst_table, n_dst;
+    int32_t n_keep;
+    int32_t *keep; /* [n_layers][n_kv][n_keep] */
+} kvp_seq;
+
+static void check_capture(dp_backend *be[2])
+{
+    const int32_t n = 40, dim = 96;
+    hbatch hb;
+    hbatch_alloc(&hb, n, 1, 1);
+    int32_t n_capture = 11, cap[11];
+    for (int32_t i = 0; i < n_capture; i++)
+        cap[i] = (int32_t)(rnd64() % (uint64_t)n);
+    float *x = xmalloc((size_t)n * dim * sizeof *x), *o[2];
+    fill(x, (size_t)n * dim, 1.0f);
+    for (int b = 0; b < 2; b++) {
+        dp_batch bt = {.n_tokens = n, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                       .slot = hb.slot, .n_seqs = 1, .seq_store = hb.seq_store,
+                       .block_tables = hb.tables, .max_blocks = 1, .n_out = 0,
+                       .out_tokens = hb.out_tokens, .n_capture = n_capture, .capture_tokens = cap};
+        if (be[b]->ops->batch_set(be[b], &bt))
+            die(EXIT_SETUP, "%s: batch_set failed", be[b]->ops->name);
+        float *dx = dev_from(be[b], x, (size_t)n * dim), *dout = dev_alloc(be[b], (size_t)n_capture * dim);
+        dev_poison(be[b], dout, (size_t)n_capture * dim);
+        be[b]->ops->capture_rows(be[b], dout, dx, dim);
+        o[b] = xmalloc((size_t)n_capture * dim * sizeof(float));
+        dev_get(be[b], o[b], dout, (size_t)n_capture * dim);
+        be[b]->ops->free(be[b], dx);
+        be[b]->ops->free(be[b], dout);
+    }
+    report("capture_rows", "n_capture=11 of 40, dim 96", o[0], o[1], (size_t)n_capture * dim, 0.0);
+    free(o[0]);
+    free(o[1]);
+    free(x);
+    hbatch_free(&hb);
+}
+
+static void check_kvpath(dp_backend *be[2])
+{
+    const int32_t n_layers = 2, n_kv = 2, hd = 64, n_heads = 8, bt_src = 16, bt_dst = 8;
+    const int32_t nb_src = 200, nb_dst = 200;
+    const size_t kvw = (size_t)n_kv * hd, qw = (size_t)n_heads * hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    char what[96];
+    /* Sequence 0 long, 1 short, 2 keeps nothing; block ids drawn shuffled. */
+    kvp_seq sq[3] = {{.n_slots = 700}, {.n_slots = 45}, {.n_slots = 20}};
+    const int32_t keeps[3] = {300, 45, 0};
+    int32_t ids_src[200], ids_dst[200], ns = 0, nd = 0;
+    for (int32_t i = 0; i < 200; i++)
+        ids_src[i] = ids_dst[i] = i;
+    shuffle(ids_src, nb_src);
+    shuffle(ids_dst, nb_dst);
+    int32_t n_hist = 0;
+    for (int i = 0; i < 3; i++) {
+        sq[i].n_src = (sq[i].n_slots + bt_src - 1) / bt_src;
+        sq[i].src_table = ids_src + ns;
+        ns += sq[i].n_src;
+        sq[i].n_keep = keeps[i];
+        sq[i].n_dst = (keeps[i] + bt_dst - 1) / bt_dst;
+        sq[i].dst_table = ids_dst + nd;
+        nd += sq[i].n_dst;
+        n_hist += sq[i].n_slots;
+        /* Per (layer, head): a random increasing subset of the slots. */
+        sq[i].keep = xmalloc((size_t)n_layers * n_kv * (keeps[i] ? keeps[i] : 1) * sizeof(int32_t));
+        for (int32_t lh = 0; lh < n_layers * n_kv; lh++) {
+            int32_t need = keeps[i], k = 0;
+            for (int32_t s = 0; s < sq[i].n_slots && k < need; s++)
+                if ((int64_t)(rnd64() % (uint64_t)(sq[i].n_slots - s)) < need - k)
+                    sq[i].keep[(size_t)lh * keeps[i] + k++] = s;
+        }
+    }
+    int32_t max_blocks = 1;
+    for (int i = 0; i < 3; i++)
+        if (sq[i].n_src > max_blocks)
+            max_blocks = sq[i].n_src;
+    hbatch hh;
+    hbatch_alloc(&hh, n_hist, 3, max_blocks);
+    for (int32_t i = 0, t = 0; i < 3; i++) {
+        memcpy(hh.tables + (size_t)i * max_blocks, sq[i].src_table, (size_t)sq[i].n_src * sizeof(int32_t));
+        for (int32_t p = 0; p < sq[i].n_slots; p++, t++) {
+            hh.seq[t] = i;
+            hh.slot[t] = hh.pos[t] = p;
+        }
+    }
+    const size_t nh = (size_t)n_hist * kvw;
+    float *hk = xmalloc(nh * n_layers * sizeof(float)), *hv = xmalloc(nh * n_layers * sizeof(float));
+    fill(hk, nh * n_layers, 1.0f);
+    fill(hv, nh * n_layers, 1.0f);
+    /* Captured queries: n_q per layer, with a padded layer stride. */
+    const int32_t n_q = 5;
+    const int64_t q_stride = (int64_t)(n_q + 3) * (int64_t)qw;
+    float *q = xmalloc((size_t)q_stride * n_layers * sizeof(float));
+    fill(q, (size_t)q_stride * n_layers, 3.0f);
+    int32_t q_slot[5];
+    for (int32_t i = 0; i < n_q; i++)
+        q_slot[i] = (int32_t)(rnd64() % (uint64_t)sq[0].n_slots);
+    q_slot[n_q - 1] = sq[0].n_slots - 1;
+
+    float *knorm[2][2], *sattn[2][2], *after[2], *inplace[2];
+    const size_t score_n[2] = {(size_t)n_layers * n_kv * sq[0].n_slots, (size_t)n_layers * n_kv * sq[1].n_slots};
+    for (int b = 0; b < 2; b++) {
+        dp_kv_store *src, *dst;
+        dp_kv_layout ls = {n_layers, n_kv, hd, bt_src, nb_src}, ld = {n_layers, n_kv, hd, bt_dst, nb_dst};
+        if (be[b]->ops->kv_create(be[b], &ls, &src) || be[b]->ops->kv_create(be[b], &ld, &dst))
+            die(EXIT_SETUP, "%s: kv_create failed", be[b]->ops->name);
+        dp_kv_store *st[DP_KV_MAX_STORES] = {src, dst};
+        hbatch_set(be[b], &hh);
+        for (int32_t l = 0; l < n_layers; l++)
+            run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
+        /* Scores over sequences 0 and 1. */
+        float *dq = dev_from(be[b], q, (size_t)q_stride * n_layers);
+        for (int i = 0; i < 2; i++) {
+            float *dout = dev_alloc(be[b], score_n[i]);
+            dev_poison(be[b], dout, score_n[i]);
+            be[b]->ops->kv_score_knorm(be[b], src, sq[i].src_table, sq[i].n_slots, dout);
+            knorm[b][i] = xmalloc(score_n[i] * sizeof(float));
+            dev_get(be[b], knorm[b][i], dout, score_n[i]);
+            dev_poison(be[b], dout, score_n[i]);
+            int32_t qs_i[5];
+            for (int32_t k = 0; k < n_q; k++)
+                qs_i[k] = q_slot[k] < sq[i].n_slots ? q_slot[k] : sq[i].n_slots - 1 - k;
+            be[b]->ops->kv_score_attn(be[b], src, sq[i].src_table, sq[i].n_slots, dq, q_stride, qs_i,
+                                      n_q, n_heads, scale, dout);
+            sattn[b][i] = xmalloc(score_n[i] * sizeof(float));
+            dev_get(be[b], sattn[b][i], dout, score_n[i]);
+            be[b]->ops->free(be[b], dout);
+        }
+        be[b]->ops->free(be[b], dq);
+        /* Compaction of all three sequences into dst, in one call. */
+        dp_compact_seq cs[3];
+        for (int i = 0; i < 3; i++)
+            cs[i] = (dp_compact_seq){sq[i].src_table, sq[i].n_src, sq[i].dst_table, sq[i].n_dst,
+                                     sq[i].n_keep, sq[i].keep};
+        if (be[b]->ops->kv_compact(be[b], src, dst, cs, 3))
+            die(EXIT_CHECK, "%s: kv_compact failed", be[b]->ops->name);
+        /* In place: sequence 1's kept rows into fresh blocks of src. */
+        int32_t fresh[8];
+        for (int32_t k = 0; k < 8; k++)
+            fresh[k] = ids_src[ns + k];
+        dp_compact_seq in1 = {sq[1].src_table, sq[1].n_src, fresh, 3, sq[1].n_keep, sq[1].keep};
+        if (be[b]->ops->kv_compact(be[b], src, src, &in1, 1))
+            die(EXIT_CHECK, "%s: in-place kv_compact failed", be[b]->ops->name);
+        /* Read back through attention: sequence 0 over dst (tokens at kept
+         * slots 299, 150, 0) and sequence 1 over the in-place copy in src. */
+        hbatch ha;
+        hbatch_alloc(&ha, 6, 2, sq[0].n_dst > 3 ? sq[0].n_dst : 3);
+        const int32_t slots[6] = {299, 150, 0, 44, 20, 1};
+        for (int32_t t = 0; t < 6; t++) {
+            ha.seq[t] = t < 3 ? 0 : 1;
+            ha.slot[t] = ha.pos[t] = slots[t];
+        }
+        ha.seq_store[0] = 1;
+        ha.seq_store[1] = 0;
+        memcpy(ha.tables, sq[0].dst_table, (size_t)sq[0].n_dst * sizeof(int32_t));
+        memcpy(ha.tables + ha.max_blocks, fresh, 3 * sizeof(int32_t));
+        hbatch_set(be[b], &ha);
+        float *qa = xmalloc(6 * qw * sizeof(float));
+        uint64_t save = g_rs;
+        fill(qa, 6 * qw, 3.0f);
+        if (b == 0)
+            g_rs = save; /* the same queries on both backends */
+        float *dqa = dev_from(be[b], qa, 6 * qw), *dout = dev_alloc(be[b], 6 * qw);
+        dev_poison(be[b], dout, 6 * qw);
+        be[b]->ops->attention(be[b], st, n_layers - 1, dout, dqa, n_heads, scale);
+        after[b] = xmalloc(6 * qw * sizeof(float));
+        dev_get(be[b], after[b], dout, 6 * qw);
+        /* Layer 0 of the in-place copy, through knorm over the fresh table. */
+        float *dn = dev_alloc(be[b], (size_t)n_layers * n_kv * sq[1].n_keep);
+        be[b]->ops->kv_score_knorm(be[b], src, fresh, sq[1].n_keep, dn);
+        inplace[b] = xmalloc((size_t)n_layers * n_kv * sq[1].n_keep * sizeof(float));
+        dev_get(be[b], inplace[b], dn, (size_t)n_layers * n_kv * sq[1].n_keep);
+        be[b]->ops->free(be[b], dn);
+        be[b]->ops->free(be[b], dqa);
+        be[b]->ops->free(be[b], dout);
+        free(qa);
+        hbatch_free(&ha);
+        be[b]->ops->kv_destroy(be[b], src);
+        be[b]->ops->kv_destroy(be[b], dst);
+    }
+    for (int i = 0; i < 2; i++) {
+        snprintf(what, sizeof what, "%d slots, %d layers x %d heads", sq[i].n_slots, n_layers, n_kv);
+        report("kv_score_knorm", what, knorm[0][i], knorm[1][i], score_n[i], TOL_EW);
+        snprintf(what, sizeof what, "%d slots, %d queries, gqa %d/%d", sq[i].n_slots, n_q, n_heads, n_kv);
+        report("kv_score_attn", what, sattn[0][i], sattn[1][i], score_n[i], TOL_ATT);
+        free(knorm[0][i]);
+        free(knorm[1][i]);
+        free(sattn[0][i]);
+        free(sattn[1][i]);
+    }
+    report("kv_compact", "3 seqs (keep 300/45/0) -> 8-token blocks", after[0], after[1], 6 * qw, TOL_ATT);
+    report("kv_compact", "in place, keys read back by knorm", inplace[0], inplace[1],
+           (size_t)n_layers * n_kv * sq[1].n_keep, TOL_EW);
+    for (int b = 0; b < 2; b++) {
+        free(after[b]);
+        free(inplace[b]);
+    }
+    for (int i = 0; i < 3; i++)
+        free(sq[i].keep);
+    free(hk);
+    free(hv);
+    free(q);
+    hbatch_free(&hh);
+}
+
 /* ---- greedy generation on both backends ----------------------------------------------- */
 
 static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
@@ -708,9 +926,8 @@ static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
 
 /* Device-to-device copy rate, counting read + write bytes (what a kernel
  * streaming weights sees as its ceiling). */
-static double measure_bandwidth(void)
+static double measure_bandwidth(size_t bytes)
 {
-    const size_t bytes = (size_t)4 << 30;
     void *a, *b;
     CU(cudaMalloc(&a, bytes));
     CU(cudaMalloc(&b, bytes));
@@ -736,9 +953,8 @@ static double measure_bandwidth(void)
 
 /* fp16 GEMM with f32 accumulation and output, the configuration the backend
  * uses, at a large square shape. */
-static double measure_gemm(void)
+static double measure_gemm(int n)
 {
-    const int n = 8192;
     void *a, *b, *c;
     CU(cudaMalloc(&a, (size_t)n * n * 2));
     CU(cudaMalloc(&b, (size_t)n * n * 2));
@@ -774,18 +990,36 @@ static double measure_gemm(void)
     return 2.0 * n * (double)n * n * iters / (ms * 1e-3);
 }
 
-static int run_bench(dp_backend *gpu)
+/* The benchmark's sizes: the real one, and a miniature that exercises the
+ * same code in seconds (--bench-small, for the emulator). */
+typedef struct bench_cfg {
+    const char *shape;
+    size_t bw_bytes;
+    int gemm_n;
+    int32_t max_b, prompt, ctx, steps;
+    int32_t batches[4];
+    int32_t cmp_seqs, cmp_slots, cmp_keep;
+} bench_cfg;
+
+static const bench_cfg BENCH_FULL = {"7b", (size_t)4 << 30, 8192, 256, 2048, 512, 8,
+                                     {1, 16, 64, 256}, 16, 2048, 1024};
+static const bench_cfg BENCH_SMALL = {"tiny", (size_t)1 << 20, 64, 4, 64, 32, 2,
+                                      {1, 2, 3, 4}, 2, 64, 32};
+
+static int run_bench(dp_backend *gpu, const bench_cfg *bc)
 {
     char err[DP_ERRLEN];
-    printf("\nbenchmark (7B-shaped synthetic model, fp16 weights)\n");
-    const double bw = measure_bandwidth();
-    const double flops = measure_gemm();
-    printf("  device-to-device bandwidth  %.2f TB/s (cudaMemcpy of 4 GiB, read + write)\n", bw / 1e12);
-    printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (8192^3, f32 accumulate)\n", flops / 1e12);
+    printf("\nbenchmark (%s-shaped synthetic model, fp16 weights)\n", bc->shape);
+    const double bw = measure_bandwidth(bc->bw_bytes);
+    const double flops = measure_gemm(bc->gemm_n);
+    printf("  device-to-device bandwidth  %.2f TB/s (cudaMemcpy of %.0f MiB, read + write)\n",
+           bw / 1e12, (double)bc->bw_bytes / (1 << 20));
+    printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (%d^3, f32 accumulate)\n", flops / 1e12,
+           bc->gemm_n);
 
     dp_synth_shape sh;
-    if (synth_shape_preset("7b", &sh))
-        die(EXIT_SETUP, "%s", "no 7b preset");
+    if (synth_shape_preset(bc->shape, &sh))
+        die(EXIT_SETUP, "no %s preset", bc->shape);
     double t0 = dp_now();
     gguf_writer w;
     void *buf;
@@ -795,7 +1029,7 @@ static int run_bench(dp_backend *gpu)
         gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
         die(EXIT_SETUP, "7B synthetic model: %s", err);
     double t1 = dp_now();
-    const int32_t max_b = 256, prompt = 2048;
+    const int32_t max_b = bc->max_b, prompt = bc->prompt;
     dp_llama *m;
     if (llama_init(&m, &g, gpu, prompt, max_b, err, sizeof err))
         die(EXIT_SETUP, "llama_init: %s", err);
@@ -817,7 +1051,7 @@ static int run_bench(dp_backend *gpu)
     const double weight_bytes = 2.0 * (matmul_params + head_params);
     const double kv_bytes_per_slot = 2.0 * 2.0 * hp->n_layers * hp->n_kv_heads * hd;
 
-    const int32_t ctx = 512, warm = 2, steps = 8, bt = 16;
+    const int32_t ctx = bc->ctx, warm = 2, steps = bc->steps, bt = 16;
     const int32_t bps = (ctx + warm + steps + bt - 1) / bt;
     int32_t n_blocks = max_b * bps;
     if (n_blocks < prompt / bt)
@@ -831,13 +1065,15 @@ static int run_bench(dp_backend *gpu)
     CU(cudaMallocHost((void **)&logits, (size_t)max_b * hp->vocab * sizeof(float)));
 
     printf("  %-24s %12s %12s %8s   %s\n", "case", "tokens/s", "limit", "ratio", "notes");
-    const int32_t bs[] = {1, 16, 64, 256};
+    const int32_t *bs = bc->batches;
     hbatch hb;
     hbatch_alloc(&hb, prompt, max_b, bps > prompt / bt ? bps : prompt / bt);
-    for (size_t bi = 0; bi < sizeof bs / sizeof bs[0]; bi++) {
+    for (size_t bi = 0; bi < 4; bi++) {
         const int32_t B = bs[bi];
-        dp_batch b = {B, hb.tokens, hb.pos, hb.seq, hb.slot, B, hb.seq_store, hb.tables, bps, B,
-                      hb.out_tokens};
+        dp_batch b = {.n_tokens = B, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                      .slot = hb.slot, .n_seqs = B, .seq_store = hb.seq_store,
+                      .block_tables = hb.tables, .max_blocks = bps, .n_out = B,
+                      .out_tokens = hb.out_tokens};
         for (int32_t i = 0; i < B; i++) {
             hb.seq[i] = i;
             hb.out_tokens[i] = i;
@@ -867,8 +1103,10 @@ static int run_bench(dp_backend *gpu)
         printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit, notes);
     }
     {
-        dp_batch b = {prompt, hb.tokens, hb.pos, hb.seq, hb.slot, 1, hb.seq_store, hb.tables,
-                      prompt / bt, 1, hb.out_tokens};
+        dp_batch b = {.n_tokens = prompt, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                      .slot = hb.slot, .n_seqs = 1, .seq_store = hb.seq_store,
+                      .block_tables = hb.tables, .max_blocks = prompt / bt, .n_out = 1,
+                      .out_tokens = hb.out_tokens};
         for (int32_t i = 0; i < prompt; i++) {
             hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
             hb.pos[i] = hb.slot[i] = i;
@@ -891,10 +1129,62 @@ static int run_bench(dp_backend *gpu)
         char notes[96];
         snprintf(notes, sizeof notes, "%d-token prompt; limit = GEMM rate / (2 x %.2fB params)", prompt,
                  matmul_params / 1e9);
-        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", "prefill 2048", tps, limit, 100.0 * tps / limit,
+        char name[32];
+        snprintf(name, sizeof name, "prefill %d", prompt);
+        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit,
                notes);
     }
-    printf("  %-24s %s\n", "kv_compact", "kv_compact: not in this build");
+    if (gpu->ops->kv_compact) {
+        /* 16 prefill sequences of 2048 tokens keep 1024 rows per (layer, head),
+         * copied within the benchmark store into disjoint blocks (the engine
+         * copies between pools; the bytes are the same). The time includes
+         * the host's validation and upload of the keep lists (16M indices). */
+        const int32_t n_seqs = bc->cmp_seqs, n_slots = bc->cmp_slots, n_keep = bc->cmp_keep;
+        const int32_t nsb = n_slots / bt, ndb = n_keep / bt;
+        if ((int64_t)n_seqs * (nsb + ndb) > n_blocks)
+            die(EXIT_SETUP, "%s", "benchmark store too small for kv_compact");
+        const size_t per = (size_t)hp->n_layers * hp->n_kv_heads * n_keep;
+        int32_t *tables = xmalloc((size_t)n_seqs * (nsb + ndb) * sizeof(int32_t));
+        int32_t *keep = xmalloc((size_t)n_seqs * per * sizeof(int32_t));
+        dp_compact_seq *cs = xmalloc((size_t)n_seqs * sizeof *cs);
+        for (int32_t i = 0; i < n_seqs * (nsb + ndb); i++)
+            tables[i] = i;
+        for (int32_t i = 0; i < n_seqs; i++) {
+            int32_t *kp = keep + (size_t)i * per;
+            for (size_t lh = 0; lh < per / n_keep; lh++) {
+                int32_t k = 0;
+                for (int32_t sl = 0; sl < n_slots && k < n_keep; sl++)
+                    if ((int64_t)(rnd64() % (uint64_t)(n_slots - sl)) < n_keep - k)
+                        kp[lh * n_keep + k++] = sl;
+            }
+            cs[i] = (dp_compact_seq){tables + (size_t)i * nsb, nsb,
+                                     tables + (size_t)n_seqs * nsb + (size_t)i * ndb, ndb, n_keep, kp};
+        }
+        float *sync_buf = dev_alloc(gpu, 1);
+        double t = 0;
+        for (int r = 0; r < 3; r++) {
+            double a = dp_now();
+            if (gpu->ops->kv_compact(gpu, kv, kv, cs, n_seqs))
+                die(EXIT_CHECK, "%s", "kv_compact failed");
+            if (gpu->ops->download(gpu, logits, sync_buf, sizeof(float)))
+                die(EXIT_CHECK, "%s", "kv_compact: sync failed");
+            if (r > 0)
+                t += dp_now() - a;
+        }
+        t /= 2;
+        const double moved = 2.0 * 2.0 * (double)n_seqs * per * hd * 2.0; /* K+V, read+write */
+        char notes[128];
+        snprintf(notes, sizeof notes, "%d seqs x %d of %d rows per head; %.2f GB moved in %.1f ms (incl. host)",
+                 n_seqs, n_keep, n_slots, moved / 1e9, t * 1e3);
+        printf("  %-24s %7.0f GB/s %7.0f GB/s %7.1f%%   %s\n", "kv_compact", moved / t / 1e9, bw / 1e9,
+               100.0 * moved / t / bw, notes);
+        gpu->ops->free(gpu, sync_buf);
+        free(tables);
+        free(keep);
+        free(cs);
+    } else {
+        printf("  %-24s %s\n", "kv_compact", "kv_compact: not in this build");
+    }
     hbatch_free(&hb);
     cudaFreeHost(logits);
     gpu->ops->kv_destroy(gpu, kv);
@@ -905,7 +1195,7 @@ static int run_bench(dp_backend *gpu)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL);
-    bool bench = true, checks = true, self_test = false;
+    bool bench = true, checks = true, self_test = false, bench_small = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
@@ -913,10 +1203,13 @@ int main(int argc, char **argv)
             bench = false;
         else if (strcmp(argv[i], "--bench-only") == 0)
             checks = false;
+        else if (strcmp(argv[i], "--bench-small") == 0)
+            bench_small = true;
         else if (strcmp(argv[i], "--self-test") == 0)
             self_test = true, bench = false;
         else {
-            fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--self-test]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--bench-small] [--self-test]\n",
+                    argv[0]);
             return EXIT_SETUP;
         }
     }
@@ -943,6 +1236,8 @@ int main(int argc, char **argv)
         check_elementwise(be);
         check_embed_gather(be);
         check_attention(be);
+        check_capture(be);
+        check_kvpath(be);
         printf("generation: greedy tokens, cpu against cuda\n");
         /* F16 weights: both backends hold the same weights, so only activation
          * and KV rounding differ; the first tokens must agree. */
@@ -953,7 +1248,7 @@ int main(int argc, char **argv)
     int rc = g_failed ? EXIT_CHECK : 0;
     backend_destroy(be[0]);
     if (bench && !self_test)
-        run_bench(be[1]);
+        run_bench(be[1], bench_small ? &BENCH_SMALL : &BENCH_FULL);
     backend_destroy(be[1]);
     return rc;
 }

@@ -217,7 +217,9 @@ static void test_attention(dp_backend *be)
             }
         }
         int32_t outs[3] = {0, 1, 2};
-        dp_batch b = {n, tokens, pos, seq, slot, 3, seq_store, tables, max_blocks, 3, outs};
+        dp_batch b = {.n_tokens = n, .tokens = tokens, .pos = pos, .seq = seq, .slot = slot,
+                      .n_seqs = 3, .seq_store = seq_store, .block_tables = tables,
+                      .max_blocks = max_blocks, .n_out = 3, .out_tokens = outs};
         CHECK(be->ops->batch_set(be, &b) == 0);
         float *k = be->ops->alloc(be, (size_t)n * NKV * HD * 4), *v = be->ops->alloc(be, (size_t)n * NKV * HD * 4);
         float *q = be->ops->alloc(be, (size_t)n * NH * HD * 4), *o = be->ops->alloc(be, (size_t)n * NH * HD * 4);

@@ -135,10 +135,19 @@ static void collect(dp_engine *e, int want)
     }
 }
 
+/* Engine options of the next start() (dualpath off unless a test sets it). */
+static dp_engine_opts next_opts;
+static bool next_opts_set;
+
 static dp_engine *start(world *w, int32_t n_blocks, int32_t max_seqs)
 {
     dp_engine_opts o;
-    engine_opts_default(&o);
+    if (next_opts_set) {
+        o = next_opts;
+    } else {
+        engine_opts_default(&o);
+        o.dualpath = false;
+    }
     o.max_batched_tokens = 128;
     o.max_seqs = max_seqs;
     o.n_blocks = n_blocks;
@@ -154,11 +163,12 @@ static void check_idle(dp_engine *e)
     dp_engine_stats st;
     for (int i = 0; i < 2000; i++) {
         engine_get_stats(e, &st);
-        if (st.blocks_used == 0 && st.running == 0 && st.waiting == 0)
+        if (st.blocks_used == 0 && st.decode_blocks_used == 0 && st.running == 0 && st.waiting == 0)
             break;
         usleep(1000);
     }
     CHECK_EQ_INT(st.blocks_used, 0);
+    CHECK_EQ_INT(st.decode_blocks_used, 0);
     CHECK_EQ_INT(st.running, 0);
     CHECK_EQ_INT(st.waiting, 0);
 }
@@ -242,7 +252,7 @@ static void test_cancel(world *w)
     for (int i = 0;; i++) {
         CHECK(i < 100000);
         engine_get_stats(e, &st);
-        if (st.generation_tokens >= 5 && st.blocks_used > 0)
+        if (st.generation_tokens >= 5 && st.blocks_used + st.decode_blocks_used > 0)
             break;
         usleep(100);
     }
@@ -251,7 +261,7 @@ static void test_cancel(world *w)
     for (int i = 0;; i++) {
         CHECK(i < 100000);
         engine_get_stats(e, &st);
-        if (st.blocks_used == 0)
+        if (st.blocks_used + st.decode_blocks_used == 0)
             break;
         usleep(100);
     }
@@ -339,6 +349,113 @@ static void test_stop_string(world *w)
     printf("stop string '%s': text ends right before it, finish=stop\n", stop);
 }
 
+/* Runs specs through one engine with options o; fills res, returns stats. */
+static void run_with(world *w, const dp_engine_opts *o, req_spec *specs, int n, result *res,
+                     dp_engine_stats *st, int8_t mode)
+{
+    next_opts = *o;
+    next_opts_set = true;
+    dp_engine *e = start(w, o->n_blocks, 32);
+    next_opts_set = false;
+    char err[DP_ERRLEN];
+    memset(res, 0, (size_t)n * sizeof *res);
+    for (int i = 0; i < n; i++) {
+        dp_request *r = make_req(&specs[i], &res[i]);
+        r->params.dualpath_mode = mode;
+        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+        request_unref(r);
+    }
+    collect(e, n);
+    check_idle(e);
+    engine_get_stats(e, st);
+    engine_destroy(e);
+}
+
+static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
+{
+    static result off[MAXN], on[MAXN];
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.dualpath = false;
+    o.n_blocks = 2048;
+    dp_engine_stats st;
+    run_with(w, &o, specs, n, off, &st, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(st.migrations, 0);
+    /* keep_ratio 1.0: every token migrates, output is token-identical. */
+    o.dualpath = true;
+    o.n_blocks = 1024;
+    o.n_blocks_decode = 1024;
+    o.decode_block_tokens = 8; /* a different geometry on the decode path */
+    o.compress.keep_ratio = 1.0f;
+    run_with(w, &o, specs, n, on, &st, DP_DUALPATH_DEFAULT);
+    int migrated = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK_MSG(on[i].n == off[i].n && memcmp(on[i].toks, off[i].toks, (size_t)off[i].n * 4) == 0,
+                  "%s: keep_ratio 1.0 changed request %d", what, i);
+        if (specs[i].max_tokens > 1 && off[i].n > 1)
+            migrated++;
+    }
+    CHECK(st.migrations >= migrated);
+    CHECK_EQ_INT(st.tokens_evicted, 0);
+    printf("%s: keep_ratio 1.0 identical to dualpath off (%lld migrations)\n", what,
+           (long long)st.migrations);
+    /* keep_ratio 0.5 (small sinks and window so that short prompts are
+     * compressed too): runs, evicts, and every pool drains to zero. */
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    run_with(w, &o, specs, n, on, &st, DP_DUALPATH_DEFAULT);
+    int64_t kept = 0, evicted = 0;
+    for (int i = 0; i < n; i++) {
+        CHECK(on[i].finish == DP_FINISH_LENGTH || on[i].finish == DP_FINISH_STOP);
+        CHECK(on[i].n >= 1);
+    }
+    kept = st.tokens_kept;
+    evicted = st.tokens_evicted;
+    CHECK(st.migrations > 0);
+    CHECK(evicted > 0);
+    printf("%s: keep_ratio 0.5: %lld migrations, %lld tokens kept, %lld evicted\n", what,
+           (long long)st.migrations, (long long)kept, (long long)evicted);
+    /* Per request: dualpath off in a dual engine migrates nothing. */
+    run_with(w, &o, specs, n, on, &st, DP_DUALPATH_OFF);
+    CHECK_EQ_INT(st.migrations, 0);
+    for (int i = 0; i < n; i++)
+        CHECK(on[i].n == off[i].n && memcmp(on[i].toks, off[i].toks, (size_t)off[i].n * 4) == 0);
+    /* A decode budget recompresses long generations and still drains. */
+    o.decode_budget = 96;
+    o.compress.window = 16;
+    req_spec longgen[4];
+    for (int i = 0; i < 4; i++) {
+        longgen[i] = specs[i];
+        if (longgen[i].n_prompt > 60)
+            longgen[i].n_prompt = 60; /* the tiny model's context is 256 */
+        longgen[i].max_tokens = 160;
+        longgen[i].ignore_eos = true;
+        longgen[i].stop = NULL;
+    }
+    run_with(w, &o, longgen, 4, on, &st, DP_DUALPATH_DEFAULT);
+    CHECK(st.recompressions > 0);
+    for (int i = 0; i < 4; i++)
+        CHECK_EQ_INT(on[i].n, 160);
+    printf("%s: decode budget 96: %lld recompressions, all 4 x 160 tokens generated\n", what,
+           (long long)st.recompressions);
+    /* dualpath requested on a server without it: refused. */
+    o.dualpath = false;
+    o.decode_budget = 0;
+    next_opts = o;
+    next_opts_set = true;
+    dp_engine *e = start(w, 256, 8);
+    next_opts_set = false;
+    char err[DP_ERRLEN];
+    static result r0;
+    dp_request *r = make_req(&specs[0], &r0);
+    r->params.dualpath_mode = DP_DUALPATH_ON;
+    CHECK(engine_submit(e, r, err, sizeof err) == DP_EINVAL);
+    CHECK(strstr(err, "dualpath") != NULL);
+    request_unref(r);
+    engine_destroy(e);
+}
+
 int main(void)
 {
     world w;
@@ -362,6 +479,9 @@ int main(void)
     concurrent_equals_alone(&w, specs, 8, 1024, "tiny sampled");
     test_cancel(&w);
     test_limits(&w);
+    for (int i = 0; i < 16; i++)
+        specs[i].temperature = 0;
+    test_dualpath(&w, specs, 16, "tiny dualpath");
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -394,6 +514,11 @@ int main(void)
     concurrent_equals_alone(&w, specs, 8, 1024, "SmolLM2 sampled (T=0.8, top_p=0.9)");
     test_stop_string(&w);
     test_cancel(&w);
+    for (int i = 0; i < 8; i++) {
+        specs[i].temperature = 0;
+        specs[i].max_tokens = 16;
+    }
+    test_dualpath(&w, specs, 8, "SmolLM2 dualpath");
     world_close(&w);
     T_DONE("engine");
 }

@@ -200,7 +200,9 @@ static void check_bad_batch(const dp_gguf *g)
     int32_t outs[1] = {1};
     uint8_t ss[1] = {0};
     float *logits = malloc((size_t)llama_hparams(m)->vocab * sizeof(float));
-    dp_batch b = {2, tok, pos, seq, slot, 1, ss, table, 2, 1, outs};
+    dp_batch b = {.n_tokens = 2, .tokens = tok, .pos = pos, .seq = seq, .slot = slot, .n_seqs = 1,
+                  .seq_store = ss, .block_tables = table, .max_blocks = 2, .n_out = 1,
+                  .out_tokens = outs};
     CHECK(llama_forward(m, &b, stores, logits) == 0);
     tok[1] = llama_hparams(m)->vocab; /* token out of range */
     CHECK(llama_forward(m, &b, stores, logits) == DP_EINVAL);

@@ -1,6 +1,7 @@
 /* test_sampler.c: greedy, temperature, top-k / top-p / min-p truncation,
  * penalties, logit bias, log-probabilities and seeded reproducibility. */
 #include <math.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,6 +113,67 @@ int main(void)
     CHECK_EQ_INT(top[2], 7);
     CHECK(tlp[0] >= tlp[1] && tlp[1] >= tlp[2] && tlp[0] <= 0);
     CHECK_NEAR(tlp[0], 3.0 - log(zz), 1e-5);
+    sampler_destroy(&s);
+
+    /* A large vocabulary: the fast path (partial selection) must keep exactly
+     * the reference nucleus, for flat and peaked distributions alike. */
+    enum { BIG = 5000 };
+    CHECK(sampler_init(&s, BIG) == 0);
+    static float lg[BIG];
+    static int hits[BIG];
+    for (int shape = 0; shape < 3; shape++) {
+        uint64_t x = 12345 + (uint64_t)shape;
+        for (int i = 0; i < BIG; i++) {
+            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+            float u = (float)((x >> 40) & 0xffffff) / 16777216.0f;
+            lg[i] = shape == 0 ? u : shape == 1 ? 8.0f * u * u * u : 30.0f * u;
+        }
+        dp_sampling q;
+        sampling_default(&q);
+        q.temperature = 0.8f;
+        q.top_p = shape == 0 ? 0.5f : 0.9f;
+        q.min_p = shape == 2 ? 0.05f : 0.0f;
+        /* Reference nucleus by brute force. */
+        static int order[BIG];
+        for (int i = 0; i < BIG; i++)
+            order[i] = i;
+        for (int i = 1; i < BIG; i++) { /* insertion sort by logit desc, id asc */
+            int v = order[i], j = i - 1;
+            while (j >= 0 && (lg[order[j]] < lg[v] || (lg[order[j]] == lg[v] && order[j] > v))) {
+                order[j + 1] = order[j];
+                j--;
+            }
+            order[j + 1] = v;
+        }
+        double zb = 0;
+        for (int i = 0; i < BIG; i++)
+            zb += exp((lg[i] - lg[order[0]]) / 0.8);
+        static bool allowed[BIG];
+        memset(allowed, 0, sizeof allowed);
+        double cum = 0;
+        double p0 = 1.0 / zb;
+        for (int i = 0; i < BIG; i++) {
+            double p = exp((lg[order[i]] - lg[order[0]]) / 0.8) / zb;
+            if (q.min_p > 0 && p < q.min_p * p0)
+                break;
+            allowed[order[i]] = true;
+            cum += p;
+            if (cum >= q.top_p)
+                break;
+        }
+        memset(hits, 0, sizeof hits);
+        dp_rng rr;
+        rng_seed(&rr, 5);
+        for (int i = 0; i < 3000; i++) {
+            int t = sampler_sample(&s, &q, &rr, lg);
+            CHECK_MSG(allowed[t], "shape %d: token %d outside the nucleus", shape, t);
+            hits[t]++;
+        }
+        int distinct = 0;
+        for (int i = 0; i < BIG; i++)
+            distinct += hits[i] > 0;
+        CHECK(distinct > 1);
+    }
     sampler_destroy(&s);
     T_DONE("sampler");
 }

@@ -71,8 +71,8 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
     CHECK(kv_pool_init(&pool, o->n_blocks, BT) == 0);
     fake f = {calloc((size_t)o->n_blocks * BT, sizeof(int32_t)), o->n_blocks};
     dp_sched s;
-    dp_sched_opts so = {o->max_tokens, o->max_seqs};
-    CHECK(sched_init(&s, &so, &pool) == 0);
+    dp_sched_opts so = {o->max_tokens, o->max_seqs, NULL, NULL};
+    CHECK(sched_init(&s, &so, &pool, NULL) == 0);
     memset(st, 0, sizeof *st);
     int32_t done = 0, next_tok[4096];
     for (int64_t step = 0; done < n_jobs; step++) {
@@ -94,18 +94,19 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
         for (int32_t i = 0; i < p.n_items; i++) {
             sum += p.items[i].n;
             CHECK(p.items[i].n >= 1);
-            if (p.items[i].path == DP_PATH_DECODE)
+            if (p.items[i].decode_phase)
                 has_decode = true;
             if (long_job >= 0 && p.items[i].seq == jobs[long_job].seq &&
-                p.items[i].path == DP_PATH_PREFILL) {
+                !p.items[i].decode_phase) {
                 has_long = true;
                 st->long_chunks++;
             }
             /* Decodes come first: no decode after a prefill item. */
-            if (i > 0 && p.items[i].path == DP_PATH_DECODE)
-                CHECK(p.items[i - 1].path == DP_PATH_DECODE);
+            if (i > 0 && p.items[i].decode_phase)
+                CHECK(p.items[i - 1].decode_phase);
             /* Each scheduled slot has a block. */
-            CHECK(p.items[i].seq->table.n_blocks * BT >= p.items[i].start + p.items[i].n);
+            CHECK(p.items[i].seq->table.n_blocks * BT >= p.items[i].slot_start + p.items[i].n);
+            CHECK_EQ_INT(p.items[i].slot_start, p.items[i].start); /* one pool: slot == position */
         }
         CHECK_EQ_INT(sum, p.n_tokens);
         if (has_decode && has_long)
@@ -258,8 +259,8 @@ int main(void)
         dp_kv_pool pool;
         CHECK(kv_pool_init(&pool, 4, BT) == 0);
         dp_sched s;
-        dp_sched_opts so = {256, 8};
-        CHECK(sched_init(&s, &so, &pool) == 0);
+        dp_sched_opts so = {256, 8, NULL, NULL};
+        CHECK(sched_init(&s, &so, &pool, NULL) == 0);
         int32_t pr[40] = {0};
         dp_seq *a = seq_new(1, pr, 40, 0), *b = seq_new(2, pr, 40, 0);
         sched_add(&s, a);

@@ -1,0 +1,225 @@
+/* routes.c: URL + method dispatch (404 for unknown paths, 405 with Allow for
+ * a known path and the wrong method) and the small endpoints: /health,
+ * /v1/models, /metrics, /tokenize, /detokenize. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dp.h"
+#include "internal.h"
+
+#define DP_VERSION_STR "0.1.0"
+
+static enum MHD_Result send_json(dp_hreq *h, unsigned status, cJSON *o)
+{
+    char *s = o ? cJSON_PrintUnformatted(o) : NULL;
+    cJSON_Delete(o);
+    return http_send(h, status, "application/json", s, s ? strlen(s) : 0);
+}
+
+static enum MHD_Result on_health(dp_server *s, dp_hreq *h)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "status", s->draining ? "draining" : "ok");
+    return send_json(h, s->draining ? 503 : 200, o);
+}
+
+static cJSON *model_obj(dp_server *s)
+{
+    cJSON *m = cJSON_CreateObject();
+    if (!m)
+        return NULL;
+    cJSON_AddStringToObject(m, "id", s->model_name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", (double)s->created);
+    cJSON_AddStringToObject(m, "owned_by", "dualpath");
+    cJSON_AddNumberToObject(m, "max_model_len", s->oai.context_length);
+    return m;
+}
+
+static enum MHD_Result on_models(dp_server *s, dp_hreq *h)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "object", "list");
+    cJSON *a = cJSON_AddArrayToObject(o, "data");
+    if (a)
+        cJSON_AddItemToArray(a, model_obj(s));
+    return send_json(h, 200, o);
+}
+
+static enum MHD_Result on_model(dp_server *s, dp_hreq *h, const char *id)
+{
+    if (strcmp(id, s->model_name) && !(s->model_alias && !strcmp(id, s->model_alias))) {
+        dp_api_err e;
+        api_err_set(&e, 404, "invalid_request_error", "model_not_found", "model",
+                    "The model '%.100s' does not exist", id);
+        return http_send_error(h, &e);
+    }
+    return send_json(h, 200, model_obj(s));
+}
+
+static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
+{
+    dp_engine_stats st;
+    memset(&st, 0, sizeof st);
+    if (s->engine)
+        engine_get_stats(s->engine, &st);
+    dp_metrics_info info = {.version = DP_VERSION_STR, .model = s->model_name,
+                            .backend = s->opts.backend ? s->opts.backend : "unknown",
+                            .draining = s->draining};
+    size_t len = 0;
+    /* Count this response before rendering so the scrape includes itself. */
+    metrics_count_response(&s->metrics, 200);
+    char *body = metrics_render(&s->metrics, &st, &info, &len);
+    struct MHD_Response *r = body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
+                                  : NULL;
+    if (!r) {
+        free(body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    enum MHD_Result ret = MHD_queue_response(h->conn, 200, r);
+    MHD_destroy_response(r);
+    h->answered = true;
+    return ret;
+}
+
+static cJSON *parse_obj(dp_hreq *h, dp_api_err *e)
+{
+    cJSON *root = h->len ? cJSON_ParseWithLength(h->body, h->len) : NULL;
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        api_err_invalid(e, NULL, "the request body must be a JSON object");
+        return NULL;
+    }
+    return root;
+}
+
+static enum MHD_Result on_tokenize(dp_server *s, dp_hreq *h)
+{
+    dp_api_err e;
+    cJSON *root = parse_obj(h, &e);
+    if (!root)
+        return http_send_error(h, &e);
+    cJSON *c = cJSON_GetObjectItemCaseSensitive(root, "content");
+    const char *pname = "content";
+    if (!c) {
+        c = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+        pname = "prompt";
+    }
+    cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
+    if (!c || !cJSON_IsString(c) || (as && !cJSON_IsBool(as))) {
+        cJSON_Delete(root);
+        api_err_invalid(&e, c ? (as && !cJSON_IsBool(as) ? "add_special" : pname) : "content",
+                        "'content' (or 'prompt') must be a string and 'add_special' a boolean");
+        return http_send_error(h, &e);
+    }
+    bool add_bos = as ? cJSON_IsTrue(as) : tokenizer_add_bos(s->tok);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    int rc = tokenizer_encode(s->tok, c->valuestring, strlen(c->valuestring), add_bos, true, &ids, &n);
+    cJSON_Delete(root);
+    if (rc) {
+        api_err_set(&e, 500, "server_error", NULL, NULL, "tokenization failed");
+        return http_send_error(h, &e);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON *a = cJSON_AddArrayToObject(o, "tokens");
+    for (size_t i = 0; a && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    cJSON_AddNumberToObject(o, "count", (double)n);
+    cJSON_AddNumberToObject(o, "max_model_len", s->oai.context_length);
+    free(ids);
+    return send_json(h, 200, o);
+}
+
+static enum MHD_Result on_detokenize(dp_server *s, dp_hreq *h)
+{
+    dp_api_err e;
+    cJSON *root = parse_obj(h, &e);
+    if (!root)
+        return http_send_error(h, &e);
+    cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+    int n = t && cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1;
+    int32_t *ids = n > 0 ? malloc((size_t)n * sizeof *ids) : NULL;
+    int32_t nv = tokenizer_n_vocab(s->tok);
+    int k = 0;
+    bool ok = n >= 0 && (n == 0 || ids);
+    cJSON *it;
+    if (ok)
+        cJSON_ArrayForEach(it, t) {
+            if (!cJSON_IsNumber(it) || it->valuedouble < 0 || it->valuedouble >= nv ||
+                (double)(int32_t)it->valuedouble != it->valuedouble) {
+                ok = false;
+                break;
+            }
+            ids[k++] = (int32_t)it->valuedouble;
+        }
+    cJSON_Delete(root);
+    if (!ok) {
+        free(ids);
+        api_err_invalid(&e, "tokens", "'tokens' must be an array of token ids in [0, %d)", nv);
+        return http_send_error(h, &e);
+    }
+    char *text = NULL;
+    size_t tl = 0;
+    int rc = tokenizer_decode(s->tok, ids, (size_t)k, true, &text, &tl);
+    free(ids);
+    if (rc) {
+        api_err_set(&e, 500, "server_error", NULL, NULL, "detokenization failed");
+        return http_send_error(h, &e);
+    }
+    cJSON *o = cJSON_CreateObject();
+    bool valid = oai_utf8_valid(text, tl);
+    cJSON_AddStringToObject(o, "content", valid ? text : "\xef\xbf\xbd");
+    cJSON_AddStringToObject(o, "prompt", valid ? text : "\xef\xbf\xbd");
+    free(text);
+    return send_json(h, 200, o);
+}
+
+enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
+{
+    if (h->job)
+        return server_continue_job(s, h);
+    const char *u = h->url;
+    bool get = !strcmp(h->method, "GET");
+    bool post = !strcmp(h->method, "POST");
+    dp_api_err e;
+    enum { R_NONE, R_GET, R_POST } kind = R_NONE;
+
+    if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
+        !strncmp(u, "/v1/models/", 11)) {
+        kind = R_GET;
+        if (get) {
+            if (!strcmp(u, "/health"))
+                return on_health(s, h);
+            if (!strcmp(u, "/metrics"))
+                return on_metrics(s, h);
+            if (!strcmp(u, "/v1/models"))
+                return on_models(s, h);
+            return on_model(s, h, u + 11);
+        }
+    } else if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
+               !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize")) {
+        kind = R_POST;
+        if (post) {
+            if (!strcmp(u, "/tokenize"))
+                return on_tokenize(s, h);
+            if (!strcmp(u, "/detokenize"))
+                return on_detokenize(s, h);
+            return server_start_job(s, h, !strcmp(u, "/v1/completions") ? DP_OAI_COMPLETION
+                                                                        : DP_OAI_CHAT);
+        }
+    }
+    if (kind == R_NONE) {
+        api_err_set(&e, 404, "invalid_request_error", "not_found", NULL,
+                    "Invalid URL (%.16s %.200s)", h->method, u);
+        return http_send_error(h, &e);
+    }
+    api_err_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
+                "Method %.16s is not allowed for %.200s (use %s)", h->method, u,
+                kind == R_GET ? "GET" : "POST");
+    e.allow = kind == R_GET ? "GET" : "POST";
+    return http_send_error(h, &e);
+}

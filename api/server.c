@@ -1,0 +1,684 @@
+/* server.c: jobs (one HTTP completion request = n engine requests) and the
+ * bridge from the engine's outbox to connections: one uv_async_t drains every
+ * event, appends SSE bytes or choice text, and resumes suspended connections.
+ * Also draining (graceful shutdown) and SSE pings for dead-client detection. */
+#include "server.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/dp.h"
+#include "internal.h"
+
+void server_opts_default(dp_server_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->model_name = "dualpath";
+    o->backend = "cpu";
+    o->max_body = 1u << 20;
+    o->conn_limit = 1024;
+    o->conn_timeout_s = 120;
+    o->ping_interval_s = 1.0;
+}
+
+/* ---- ids ---- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z += 0x9e3779b97f4a7c15ULL;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static uint64_t next_rand(dp_server *s)
+{
+    return mix64(s->id_salt + ++s->id_counter);
+}
+
+/* ---- jobs ---- */
+
+static void job_free(dp_job *j)
+{
+    dp_server *s = j->srv;
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        s->jobs = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    s->n_jobs--;
+    for (int i = 0; i < j->n_choices; i++) {
+        if (j->reqs && j->reqs[i]) {
+            j->reqs[i]->user = NULL;
+            request_unref(j->reqs[i]);
+        }
+        if (j->choices)
+            oai_choice_free(&j->choices[i]);
+    }
+    free(j->reqs);
+    free(j->choices);
+    free(j->out);
+    free(j->error);
+    oai_req_free(&j->req);
+    free(j);
+}
+
+static void job_unref(dp_job *j)
+{
+    if (--j->refs == 0)
+        job_free(j);
+}
+
+static void out_append(dp_job *j, const char *p, size_t n)
+{
+    if (!p)
+        return;
+    if (j->out_off == j->out_len)
+        j->out_off = j->out_len = 0;
+    if (j->out_len + n > j->out_cap) {
+        size_t nc = j->out_cap ? j->out_cap : 1024;
+        while (nc < j->out_len + n)
+            nc *= 2;
+        char *np = realloc(j->out, nc);
+        if (!np) {
+            dp_log(DP_LOG_ERROR, "api: out of memory for a stream; dropping %zu bytes", n);
+            return;
+        }
+        j->out = np;
+        j->out_cap = nc;
+    }
+    memcpy(j->out + j->out_len, p, n);
+    j->out_len += n;
+}
+
+/* Takes a malloc'd piece; its length is read only after it was built (the
+ * builder writes *n), hence the pointer. */
+static void out_take(dp_job *j, char *p, const size_t *n)
+{
+    if (p)
+        out_append(j, p, *n);
+    free(p);
+}
+
+static int choices_total(const dp_job *j)
+{
+    return j->n_choices;
+}
+
+static void job_cancel(dp_job *j)
+{
+    dp_server *s = j->srv;
+    for (int i = 0; i < j->n_choices; i++)
+        if (j->reqs[i] && !j->choices[i].done && s->engine)
+            engine_cancel(s->engine, j->reqs[i]);
+}
+
+static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    dp_job *j = cls;
+    if (j->out_off < j->out_len) {
+        size_t n = j->out_len - j->out_off;
+        if (n > max)
+            n = max;
+        memcpy(buf, j->out + j->out_off, n);
+        j->out_off += n;
+        j->last_write = dp_now();
+        return (ssize_t)n;
+    }
+    if (j->stream_ended)
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    if (!j->conn || j->srv->drain_forced)
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    /* Nothing to send: park the connection until the engine delivers. */
+    j->suspended = true;
+    MHD_suspend_connection(j->conn);
+    return 0;
+}
+
+static void sse_free(void *cls)
+{
+    job_unref(cls);
+}
+
+static const char *kind_prefix(dp_oai_kind k)
+{
+    return k == DP_OAI_CHAT ? "chatcmpl-" : "cmpl-";
+}
+
+static enum MHD_Result submit_fail(dp_server *s, dp_hreq *h, dp_job *j, int rc, const char *msg)
+{
+    dp_api_err e;
+    if (rc == DP_ENOSPC)
+        api_err_set(&e, 429, "rate_limit_error", "queue_full", NULL,
+                    "the server's queue is full (%s); retry later", msg[0] ? msg : "too many requests");
+    else if (rc == DP_EINVAL)
+        api_err_invalid(&e, j->req.kind == DP_OAI_CHAT ? "messages" : "prompt", "%s", msg);
+    else
+        api_err_set(&e, 500, "server_error", NULL, NULL, "the engine refused the request: %s",
+                    msg[0] ? msg : dp_strerror(rc));
+    j->cancelled = true;
+    job_cancel(j);
+    return http_send_error(h, &e);
+}
+
+enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
+{
+    dp_api_err e;
+    if (s->draining || !s->engine) {
+        api_err_set(&e, 503, "service_unavailable", "draining", NULL,
+                    s->draining ? "the server is shutting down" : "the server is not ready");
+        return http_send_error(h, &e);
+    }
+    dp_job *j = calloc(1, sizeof *j);
+    if (!j) {
+        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return http_send_error(h, &e);
+    }
+    j->srv = s;
+    j->refs = 1; /* the hreq */
+    j->conn = h->conn;
+    j->next = s->jobs;
+    if (s->jobs)
+        s->jobs->prev = j;
+    s->jobs = j;
+    s->n_jobs++;
+    h->job = j;
+    if (oai_parse(&s->oai, kind, h->body, h->len, &j->req, &e)) {
+        j->finished = true;
+        return http_send_error(h, &e);
+    }
+    dp_oai_req *r = &j->req;
+    j->n_choices = r->n_prompts * r->n;
+    j->reqs = calloc((size_t)j->n_choices, sizeof *j->reqs);
+    j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
+    snprintf(j->id, sizeof j->id, "%s%016llx%08llx", kind_prefix(kind),
+             (unsigned long long)next_rand(s), (unsigned long long)(next_rand(s) & 0xffffffffu));
+    j->created = (long long)time(NULL);
+    if (!j->reqs || !j->choices)
+        goto oom;
+    for (int p = 0, k = 0; p < r->n_prompts; p++) {
+        dp_oai_prompt *pr = &r->prompts[p];
+        for (int i = 0; i < r->n; i++, k++) {
+            dp_request_params params;
+            if (oai_params_clone(&params, &r->params))
+                goto oom;
+            params.max_tokens = pr->max_tokens;
+            params.sampling.seed = r->has_seed ? r->params.sampling.seed + (uint64_t)i : next_rand(s);
+            int32_t *ids = malloc((size_t)pr->n_ids * sizeof *ids);
+            if (!ids) {
+                request_params_free(&params);
+                goto oom;
+            }
+            memcpy(ids, pr->ids, (size_t)pr->n_ids * sizeof *ids);
+            /* request_new takes the prompt and the params' owned parts. */
+            j->reqs[k] = request_new(ids, pr->n_ids, &params);
+            if (!j->reqs[k]) {
+                free(ids);
+                request_params_free(&params);
+                goto oom;
+            }
+            j->reqs[k]->user = j;
+            if (r->echo) {
+                if (!r->stream)
+                    oai_choice_append(&j->choices[k], pr->text, strlen(pr->text));
+                j->choices[k].text_offset = strlen(pr->text);
+            }
+            if (r->params.logprobs >= 0 && !r->stream) {
+                j->choices[k].logprobs = oai_logprobs_new(kind);
+                if (!j->choices[k].logprobs)
+                    goto oom;
+            }
+        }
+    }
+    for (int k = 0; k < j->n_choices; k++) {
+        char err[DP_ERRLEN] = "";
+        int rc = engine_submit(s->engine, j->reqs[k], err, sizeof err);
+        if (rc) {
+            /* Choices not submitted never finish: mark them done. */
+            for (int m = k; m < j->n_choices; m++) {
+                j->choices[m].done = true;
+                j->n_done++;
+            }
+            if (j->n_done == choices_total(j))
+                j->finished = true;
+            return submit_fail(s, h, j, rc, err);
+        }
+        j->refs++; /* until its FINISH */
+    }
+    if (!r->stream) {
+        j->suspended = true;
+        MHD_suspend_connection(h->conn);
+        return MHD_YES;
+    }
+    /* Streaming: the headers go now, chunks as the engine delivers. */
+    for (int k = 0; k < j->n_choices; k++) {
+        size_t n = 0;
+        int pidx = k / r->n;
+        if (kind == DP_OAI_CHAT)
+            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, "assistant", "", NULL,
+                                  NULL, &n), &n);
+        else if (r->echo)
+            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, NULL,
+                                  r->prompts[pidx].text, NULL, NULL, &n), &n);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                                  sse_reader, j, sse_free);
+    if (!resp) {
+        j->cancelled = true;
+        job_cancel(j);
+        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return http_send_error(h, &e);
+    }
+    j->refs++; /* the response */
+    j->last_write = dp_now();
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(h->conn, 200, resp);
+    MHD_destroy_response(resp);
+    h->answered = true;
+    metrics_count_response(&s->metrics, 200);
+    return ret;
+oom:
+    j->cancelled = true;
+    for (int m = 0; m < j->n_choices && j->choices; m++)
+        j->choices[m].done = true;
+    j->n_done = j->n_choices;
+    j->finished = true;
+    api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+    return http_send_error(h, &e);
+}
+
+/* Non-stream: called again after the job's connection was resumed. */
+enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
+{
+    dp_job *j = h->job;
+    dp_api_err e;
+    if (h->answered)
+        return MHD_YES;
+    if (!j->finished && !s->drain_forced) {
+        j->suspended = true;
+        MHD_suspend_connection(h->conn);
+        return MHD_YES;
+    }
+    if (j->error) {
+        api_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
+        return http_send_error(h, &e);
+    }
+    bool aborted = !j->finished;
+    for (int i = 0; i < j->n_choices; i++)
+        if (j->choices[i].finish == DP_FINISH_CANCELLED)
+            aborted = true;
+    if (aborted) {
+        api_err_set(&e, 503, "service_unavailable", "draining", NULL,
+                    "the request was cancelled because the server is shutting down");
+        return http_send_error(h, &e);
+    }
+    size_t len = 0;
+    char *body = oai_response(&j->req, j->id, j->created, s->model_name, j->choices, j->n_choices,
+                              &len);
+    return http_send(h, 200, "application/json", body, len);
+}
+
+void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe)
+{
+    dp_job *j = h->job;
+    if (j) {
+        j->conn = NULL;
+        j->suspended = false;
+        if (!j->finished) {
+            /* The client went away (or the daemon stops): free its blocks. */
+            if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK)
+                dp_log(DP_LOG_DEBUG, "api: %s: client gone (%d), cancelling", j->id, (int)toe);
+            j->cancelled = true;
+            job_cancel(j);
+        }
+        job_unref(j);
+    }
+    free(h->body);
+    free(h);
+    s->n_hreqs--;
+}
+
+/* ---- engine events ---- */
+
+static void observe_finish(dp_server *s, const dp_event *ev)
+{
+    dp_metrics *m = &s->metrics;
+    if ((int)ev->finish >= 0 && ev->finish < 5)
+        m->finished[ev->finish]++;
+    m->prompt_tokens += (uint64_t)(ev->prompt_tokens > 0 ? ev->prompt_tokens : 0);
+    m->generation_tokens += (uint64_t)(ev->completion_tokens > 0 ? ev->completion_tokens : 0);
+    double t0 = ev->req->t_arrival;
+    if (ev->finish == DP_FINISH_STOP || ev->finish == DP_FINISH_LENGTH) {
+        if (ev->t_first_token > 0)
+            hist_observe(&m->ttft, ev->t_first_token - t0);
+        hist_observe(&m->e2e, ev->t_finish - t0);
+        if (ev->completion_tokens > 1 && ev->t_first_token > 0)
+            hist_observe(&m->itl, (ev->t_finish - ev->t_first_token) / (ev->completion_tokens - 1));
+    }
+}
+
+static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
+{
+    dp_oai_kind kind = j->req.kind;
+    cJSON *lp = NULL;
+    if (j->req.params.logprobs >= 0 && !tokenizer_is_eog(s->tok, ev->token)) {
+        lp = oai_logprobs_new(kind);
+        oai_logprobs_add(lp, kind, s->tok, ev, &j->choices[k].text_offset);
+    }
+    if (!lp && ev->text_len == 0)
+        return;
+    size_t n = 0;
+    out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, NULL, ev->text ? ev->text : "",
+                          lp, NULL, &n), &n);
+}
+
+static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
+{
+    size_t n = 0;
+    if (ev->finish == DP_FINISH_ERROR) {
+        dp_api_err e;
+        api_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
+                    ev->error ? ev->error : "engine error");
+        char *body = api_err_body(&e, &n);
+        if (body) {
+            out_append(j, "data: ", 6);
+            out_append(j, body, n);
+            out_append(j, "\n\n", 2);
+            free(body);
+        }
+        return;
+    }
+    const char *text = ev->text ? ev->text : "";
+    out_take(j, oai_chunk(j->req.kind, j->id, j->created, s->model_name, k, NULL,
+                          j->req.kind == DP_OAI_CHAT && !ev->text_len ? NULL : text, NULL,
+                          oai_finish_name(ev->finish), &n), &n);
+}
+
+static void stream_end(dp_server *s, dp_job *j)
+{
+    if (j->req.include_usage) {
+        long long pt = 0, ct = 0;
+        for (int i = 0; i < j->req.n_prompts; i++)
+            pt += j->req.prompts[i].n_ids;
+        for (int i = 0; i < j->n_choices; i++)
+            ct += j->choices[i].completion_tokens;
+        size_t n = 0;
+        out_take(j, oai_usage_chunk(j->req.kind, j->id, j->created, s->model_name, pt, ct, &n), &n);
+    }
+    static const char done[] = "data: [DONE]\n\n";
+    out_append(j, done, sizeof done - 1);
+    j->stream_ended = true;
+}
+
+static void handle_event(dp_server *s, dp_event *ev)
+{
+    dp_job *j = ev->req ? ev->req->user : NULL;
+    if (!j)
+        return;
+    int k = 0;
+    while (k < j->n_choices && j->reqs[k] != ev->req)
+        k++;
+    if (k == j->n_choices || j->choices[k].done)
+        return;
+    dp_oai_choice *ch = &j->choices[k];
+    bool live = !j->cancelled && j->conn;
+    if (ev->kind == DP_EV_TOKEN) {
+        ch->completion_tokens++;
+        if (!live)
+            return;
+        if (j->req.stream) {
+            stream_token(s, j, k, ev);
+        } else {
+            if (ev->text_len)
+                oai_choice_append(ch, ev->text, ev->text_len);
+            oai_logprobs_add(ch->logprobs, j->req.kind, s->tok, ev, &ch->text_offset);
+        }
+    } else if (ev->kind == DP_EV_FINISH) {
+        observe_finish(s, ev);
+        ch->done = true;
+        ch->finish = ev->finish;
+        ch->completion_tokens = ev->completion_tokens;
+        if (ev->finish == DP_FINISH_ERROR && !j->error)
+            j->error = strdup(ev->error ? ev->error : "engine error");
+        if (live) {
+            if (j->req.stream)
+                stream_finish(s, j, k, ev);
+            else if (ev->text_len)
+                oai_choice_append(ch, ev->text, ev->text_len);
+        }
+        if (++j->n_done == j->n_choices) {
+            j->finished = true;
+            if (live && j->req.stream)
+                stream_end(s, j);
+        }
+    }
+    if (j->suspended && (j->req.stream ? j->out_off < j->out_len || j->stream_ended : j->finished))
+        http_resume(j);
+    if (ev->kind == DP_EV_FINISH)
+        job_unref(j);
+}
+
+static void drain_events(dp_server *s)
+{
+    if (!s->engine)
+        return;
+    dp_event *ev = engine_take_events(s->engine);
+    while (ev) {
+        dp_event *next = ev->next;
+        ev->next = NULL;
+        handle_event(s, ev);
+        event_free(ev);
+        ev = next;
+    }
+}
+
+static void on_async(uv_async_t *a)
+{
+    dp_server *s = a->data;
+    drain_events(s);
+    http_kick(s);
+}
+
+void server_engine_notify(void *ud)
+{
+    dp_server *s = ud;
+    uv_async_send(&s->async);
+}
+
+/* Streams with nothing to say for a while get an SSE comment: writing is the
+ * only way to notice a client that went away while its connection is parked. */
+static void on_ping(uv_timer_t *t)
+{
+    dp_server *s = t->data;
+    double now = dp_now();
+    bool any = false;
+    static const char ping[] = ": ping\n\n";
+    for (dp_job *j = s->jobs; j; j = j->next) {
+        if (!j->req.stream || !j->conn || j->stream_ended || j->cancelled || j->finished)
+            continue;
+        if (now - j->last_write < s->opts.ping_interval_s || j->out_off < j->out_len)
+            continue;
+        out_append(j, ping, sizeof ping - 1);
+        j->last_write = now;
+        if (j->suspended) {
+            http_resume(j);
+            any = true;
+        }
+    }
+    if (any)
+        http_kick(s);
+}
+
+/* ---- lifecycle ---- */
+
+int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
+                const dp_tokenizer *tok, const dp_chat_template *tmpl, char *err, size_t errsz)
+{
+    dp_server *s = calloc(1, sizeof *s);
+    if (!s)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    s->loop = loop;
+    s->opts = *o;
+    s->tok = tok;
+    s->tmpl = tmpl;
+    s->listen_fd = -1;
+    s->model_name = strdup(o->model_name ? o->model_name : "dualpath");
+    s->model_alias = o->model_alias ? strdup(o->model_alias) : NULL;
+    if (!s->model_name || (o->model_alias && !s->model_alias)) {
+        free(s->model_name);
+        free(s->model_alias);
+        free(s);
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    }
+    s->opts.model_name = s->model_name;
+    s->opts.model_alias = s->model_alias;
+    s->oai.tok = tok;
+    s->oai.tmpl = tmpl;
+    s->oai.model_name = s->model_name;
+    s->oai.model_alias = s->model_alias;
+    s->oai.context_length = 2048;
+    s->created = (long long)time(NULL);
+    s->id_salt = mix64(uv_hrtime() ^ ((uint64_t)getpid() << 32));
+    metrics_init(&s->metrics);
+    uv_async_init(loop, &s->async, on_async);
+    s->async.data = s;
+    s->async_open = true;
+    uv_timer_init(loop, &s->timer);
+    uv_timer_init(loop, &s->ping);
+    uv_timer_init(loop, &s->drain_timer);
+    s->timer.data = s->ping.data = s->drain_timer.data = s;
+    s->timers_open = true;
+    *out = s;
+    return 0;
+}
+
+void server_set_engine(dp_server *s, dp_engine *e)
+{
+    s->engine = e;
+    if (e)
+        s->oai.context_length = engine_context_length(e);
+}
+
+int server_listen(dp_server *s, char *err, size_t errsz)
+{
+    int rc = http_open(s, err, errsz);
+    if (rc)
+        return rc;
+    uint64_t ms = (uint64_t)(s->opts.ping_interval_s * 1000.0 / 2);
+    if (ms < 50)
+        ms = 50;
+    uv_timer_start(&s->ping, on_ping, ms, ms);
+    return 0;
+}
+
+int server_port(const dp_server *s)
+{
+    return s->port;
+}
+
+void server_check_drain(dp_server *s)
+{
+    if (!s->draining || s->drain_done || s->n_jobs || s->n_hreqs)
+        return;
+    s->drain_done = true;
+    uv_timer_stop(&s->drain_timer);
+    if (s->drain_cb)
+        s->drain_cb(s->drain_ud);
+}
+
+static void on_drain_timeout(uv_timer_t *t)
+{
+    dp_server *s = t->data;
+    if (!s->drain_forced) {
+        /* Phase 1 over: cancel what still runs; give the cancellations a
+         * moment to come back as FINISH events and end the streams. */
+        dp_log(DP_LOG_WARN, "api: drain timeout: cancelling %d request(s)", s->n_jobs);
+        for (dp_job *j = s->jobs; j; j = j->next)
+            if (!j->finished)
+                job_cancel(j);
+        s->drain_forced = true;
+        uv_timer_start(&s->drain_timer, on_drain_timeout, 3000, 0);
+        return;
+    }
+    /* Phase 2: end every parked connection now. */
+    for (dp_job *j = s->jobs; j; j = j->next)
+        http_resume(j);
+    http_kick(s);
+    if (!s->drain_done) {
+        s->drain_done = true;
+        if (s->drain_cb)
+            s->drain_cb(s->drain_ud);
+    }
+}
+
+void server_drain(dp_server *s, double timeout_s, void (*done)(void *ud), void *ud)
+{
+    if (s->draining)
+        return;
+    s->draining = true;
+    s->drain_cb = done;
+    s->drain_ud = ud;
+    http_quiesce(s);
+    dp_log(DP_LOG_INFO, "api: draining: %d request(s) in flight, timeout %.1f s", s->n_jobs,
+           timeout_s);
+    uv_timer_start(&s->drain_timer, on_drain_timeout,
+                   (uint64_t)(timeout_s > 0 ? timeout_s * 1000.0 : 0), 0);
+    http_kick(s);
+    server_check_drain(s);
+}
+
+void server_stop_http(dp_server *s)
+{
+    /* MHD_stop_daemon must not see suspended connections. */
+    for (dp_job *j = s->jobs; j; j = j->next) {
+        if (!j->finished) {
+            j->cancelled = true;
+            job_cancel(j);
+        }
+        http_resume(j);
+    }
+    s->drain_forced = true;
+    http_close(s);
+    uv_timer_stop(&s->ping);
+    uv_timer_stop(&s->drain_timer);
+}
+
+static void on_handle_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+void server_close(dp_server *s)
+{
+    drain_events(s);
+    /* Whatever the engine never finished (it was stopped) goes now. */
+    while (s->jobs)
+        job_free(s->jobs);
+    if (s->async_open) {
+        uv_close((uv_handle_t *)&s->async, on_handle_closed);
+        s->async_open = false;
+    }
+    if (s->timers_open) {
+        uv_close((uv_handle_t *)&s->timer, on_handle_closed);
+        uv_close((uv_handle_t *)&s->ping, on_handle_closed);
+        uv_close((uv_handle_t *)&s->drain_timer, on_handle_closed);
+        s->timers_open = false;
+    }
+}
+
+void server_destroy(dp_server *s)
+{
+    if (!s)
+        return;
+    free(s->model_name);
+    free(s->model_alias);
+    free(s);
+}

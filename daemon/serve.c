@@ -1,0 +1,212 @@
+/* serve.c: the serving mode: model, tokenizer and chat template, the engine
+ * thread, the HTTP API on a libuv loop, and signals (SIGTERM/SIGINT drain
+ * then exit, SIGHUP reloads the log level). */
+#include "serve.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <uv.h>
+
+#include "api/server.h"
+#include "common/dp.h"
+#include "kernels/backend.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+void serve_opts_default(dp_serve_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->device = "auto";
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->drain_timeout_s = 30.0;
+    engine_opts_default(&o->engine);
+}
+
+typedef struct serve_ctx {
+    const dp_serve_opts *o;
+    uv_loop_t loop;
+    uv_signal_t sig_term, sig_int, sig_hup;
+    bool signals_open;
+    dp_server *srv;
+    dp_engine *engine;
+    bool stopping;
+    bool stopped;
+    int log_level;
+} serve_ctx;
+
+static void on_closed(uv_handle_t *h)
+{
+    (void)h;
+}
+
+/* Runs once no request is left (or the drain timed out). */
+static void on_drained(void *ud)
+{
+    serve_ctx *c = ud;
+    if (c->stopped)
+        return;
+    c->stopped = true;
+    dp_log(DP_LOG_INFO, "serve: stopping");
+    server_stop_http(c->srv);
+    engine_stop(c->engine);
+    server_close(c->srv);
+    if (c->signals_open) {
+        uv_close((uv_handle_t *)&c->sig_term, on_closed);
+        uv_close((uv_handle_t *)&c->sig_int, on_closed);
+        uv_close((uv_handle_t *)&c->sig_hup, on_closed);
+        c->signals_open = false;
+    }
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    serve_ctx *c = h->data;
+    if (signum == SIGHUP) {
+        dp_log_set_level(c->log_level);
+        dp_log(DP_LOG_INFO, "serve: SIGHUP: log level re-applied (%d)", c->log_level);
+        return;
+    }
+    if (c->stopping) {
+        /* A second TERM/INT: stop now. */
+        dp_log(DP_LOG_WARN, "serve: second %s: stopping without waiting", strsignal(signum));
+        on_drained(c);
+        return;
+    }
+    c->stopping = true;
+    dp_log(DP_LOG_INFO, "serve: %s: draining (up to %.0f s)", strsignal(signum),
+           c->o->drain_timeout_s);
+    server_drain(c->srv, c->o->drain_timeout_s, on_drained, c);
+}
+
+static char *default_name(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    size_t n = strlen(b);
+    if (n > 5 && !strcmp(b + n - 5, ".gguf"))
+        n -= 5;
+    char *s = malloc(n + 1);
+    if (s) {
+        memcpy(s, b, n);
+        s[n] = 0;
+    }
+    return s;
+}
+
+int serve_run(const dp_serve_opts *o)
+{
+    char err[DP_ERRLEN];
+    dp_gguf g;
+    dp_tokenizer *tok = NULL;
+    dp_backend *be = NULL;
+    dp_llama *m = NULL;
+    dp_chat_template ct;
+    bool ct_ok = false, loop_ok = false;
+    char *name = NULL;
+    serve_ctx c;
+    int status = 1;
+    double t0 = dp_now();
+
+    memset(&c, 0, sizeof c);
+    c.o = o;
+    c.log_level = o->verbose ? DP_LOG_DEBUG : DP_LOG_INFO;
+    dp_log_set_level(c.log_level);
+    /* Writes to a vanished client must fail with EPIPE, not kill us. */
+    signal(SIGPIPE, SIG_IGN);
+
+    if (gguf_open(&g, o->model, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
+        return 1;
+    }
+    if (tokenizer_init_gguf(&tok, &g, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: model %s: tokenizer: %s\n", o->model, err);
+        goto done;
+    }
+    dp_gguf_str src = {0};
+    gguf_get_str(&g, "tokenizer.chat_template", &src);
+    if (chat_template_init(&ct, src.ptr, src.len)) {
+        fprintf(stderr, "dualpathd: model %s: cannot set up the chat template\n", o->model);
+        goto done;
+    }
+    ct_ok = true;
+    if (backend_create(&be, o->device, o->threads, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        goto done;
+    }
+    if (llama_init(&m, &g, be, o->engine.max_batched_tokens, o->engine.max_seqs, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
+        goto done;
+    }
+    name = o->model_name ? strdup(o->model_name) : default_name(o->model);
+    if (!name || uv_loop_init(&c.loop)) {
+        fprintf(stderr, "dualpathd: out of memory\n");
+        goto done;
+    }
+    loop_ok = true;
+    dp_server_opts so;
+    server_opts_default(&so);
+    so.host = o->host;
+    so.port = o->port;
+    so.model_name = name;
+    so.model_alias = o->model;
+    so.backend = be->ops->name;
+    if (server_init(&c.srv, &c.loop, &so, tok, &ct, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        goto done;
+    }
+    if (engine_init(&c.engine, m, tok, &o->engine, server_engine_notify, c.srv, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        goto done;
+    }
+    server_set_engine(c.srv, c.engine);
+    if (engine_start(c.engine)) {
+        fprintf(stderr, "dualpathd: cannot start the engine thread\n");
+        goto done;
+    }
+    if (server_listen(c.srv, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        goto done;
+    }
+    uv_signal_init(&c.loop, &c.sig_term);
+    uv_signal_init(&c.loop, &c.sig_int);
+    uv_signal_init(&c.loop, &c.sig_hup);
+    c.sig_term.data = c.sig_int.data = c.sig_hup.data = &c;
+    uv_signal_start(&c.sig_term, on_signal, SIGTERM);
+    uv_signal_start(&c.sig_int, on_signal, SIGINT);
+    uv_signal_start(&c.sig_hup, on_signal, SIGHUP);
+    c.signals_open = true;
+    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; listening on http://%s:%d",
+           name, be->ops->name, engine_context_length(c.engine), dp_now() - t0, o->host,
+           server_port(c.srv));
+    uv_run(&c.loop, UV_RUN_DEFAULT);
+    status = c.stopped ? 0 : 1;
+    dp_log(DP_LOG_INFO, "serve: stopped");
+done:
+    if (loop_ok) {
+        if (c.srv && !c.stopped) {
+            /* Failed start: close what exists so the loop can end. */
+            server_stop_http(c.srv);
+            if (c.engine)
+                engine_stop(c.engine);
+            server_close(c.srv);
+        }
+        uv_run(&c.loop, UV_RUN_DEFAULT);
+        uv_loop_close(&c.loop);
+    }
+    engine_destroy(c.engine);
+    server_destroy(c.srv);
+    free(name);
+    llama_destroy(m);
+    backend_destroy(be);
+    if (ct_ok)
+        chat_template_destroy(&ct);
+    tokenizer_destroy(tok);
+    gguf_close(&g);
+    return status;
+}

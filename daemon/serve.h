@@ -1,0 +1,27 @@
+/* serve.h: `dualpathd` without --prompt: load the model, start the engine and
+ * the HTTP API, serve until SIGTERM/SIGINT, drain, exit. */
+#ifndef DP_DAEMON_SERVE_H
+#define DP_DAEMON_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine.h"
+
+typedef struct dp_serve_opts {
+    const char *model;
+    const char *device;
+    int threads;
+    bool verbose;
+    const char *host;        /* default 127.0.0.1 */
+    int port;                /* default 8080; 0: any free port */
+    const char *model_name;  /* default: the file name without .gguf */
+    double drain_timeout_s;  /* default 30 */
+    dp_engine_opts engine;
+} dp_serve_opts;
+
+void serve_opts_default(dp_serve_opts *o);
+/* Returns a process exit status. */
+int serve_run(const dp_serve_opts *o);
+
+#endif

@@ -1,0 +1,153 @@
+/* cpu_kvpath.c: the dual-path KV operations on the CPU: importance scores
+ * (key norms, attention mass from captured queries) and kv_compact, the
+ * per-head gather from prefill blocks into decode blocks. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+#include "cpu_internal.h"
+
+typedef struct knorm_job {
+    const dp_kv_store *kv;
+    const int32_t *table;
+    int32_t n_slots;
+    float *out;
+} knorm_job;
+
+static void knorm_task(void *ctx, int64_t t, int thread)
+{
+    knorm_job *j = ctx;
+    const dp_kv_layout *l = &j->kv->l;
+    int32_t layer = (int32_t)(t / l->n_kv_heads), h = (int32_t)(t % l->n_kv_heads);
+    float *o = j->out + (size_t)t * (size_t)j->n_slots;
+    for (int32_t s = 0; s < j->n_slots; s++) {
+        const float *k = kv_row(j->kv, j->kv->k, layer, j->table[s / l->block_tokens], h,
+                                s % l->block_tokens);
+        o[s] = sqrtf(cpu_dot(k, k, l->head_dim));
+    }
+}
+
+void cpu_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
+                        float *out)
+{
+    knorm_job j = {kv, table, n_slots, out};
+    threadpool_run(cpu_of(be)->tp, knorm_task, &j, (int64_t)kv->l.n_layers * kv->l.n_kv_heads);
+}
+
+typedef struct sattn_job {
+    cpu_backend *c;
+    const dp_kv_store *kv;
+    const int32_t *table;
+    int32_t n_slots;
+    const float *q;
+    int64_t q_layer_stride;
+    const int32_t *q_slot;
+    int32_t n_q, n_heads;
+    float scale;
+    float *out;
+} sattn_job;
+
+/* One task per (layer, KV head): sums the softmax rows of every captured
+ * query of every head in the group into that head's score row. */
+static void sattn_task(void *ctx, int64_t t, int thread)
+{
+    sattn_job *j = ctx;
+    const dp_kv_layout *l = &j->kv->l;
+    const int32_t layer = (int32_t)(t / l->n_kv_heads), kvh = (int32_t)(t % l->n_kv_heads);
+    const int32_t group = j->n_heads / l->n_kv_heads, hd = l->head_dim, bt = l->block_tokens;
+    float *o = j->out + (size_t)t * (size_t)j->n_slots;
+    float *sc = j->c->sscratch[thread];
+    memset(o, 0, (size_t)j->n_slots * sizeof *o);
+    for (int32_t i = 0; i < j->n_q; i++) {
+        int32_t n = j->q_slot[i] + 1 < j->n_slots ? j->q_slot[i] + 1 : j->n_slots;
+        for (int32_t g = 0; g < group; g++) {
+            const float *qh = j->q + (size_t)layer * (size_t)j->q_layer_stride +
+                              ((size_t)i * (size_t)j->n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
+            float mx = -INFINITY;
+            for (int32_t s = 0; s < n; s++) {
+                sc[s] = cpu_dot(qh, kv_row(j->kv, j->kv->k, layer, j->table[s / bt], kvh, s % bt), hd) *
+                        j->scale;
+                if (sc[s] > mx)
+                    mx = sc[s];
+            }
+            double sum = 0;
+            for (int32_t s = 0; s < n; s++)
+                sum += (sc[s] = expf(sc[s] - mx));
+            float inv = (float)(1.0 / sum);
+            for (int32_t s = 0; s < n; s++)
+                o[s] += sc[s] * inv;
+        }
+    }
+}
+
+void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
+                       const float *q, int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q,
+                       int32_t n_heads, float scale, float *out)
+{
+    cpu_backend *c = cpu_of(be);
+    if ((size_t)n_slots > c->sscratch_elems &&
+        cpu_scratch_reserve(c, c->wscratch_elems, (size_t)n_slots * 2)) {
+        /* No scratch: report "no information" (zeros), callers keep sinks and
+         * the window regardless. */
+        memset(out, 0, (size_t)kv->l.n_layers * kv->l.n_kv_heads * n_slots * sizeof *out);
+        return;
+    }
+    sattn_job j = {c, kv, table, n_slots, q, q_layer_stride, q_slot, n_q, n_heads, scale, out};
+    threadpool_run(c->tp, sattn_task, &j, (int64_t)kv->l.n_layers * kv->l.n_kv_heads);
+}
+
+typedef struct compact_job {
+    const dp_kv_store *src;
+    dp_kv_store *dst;
+    const dp_compact_seq *seqs;
+    int32_t n_seqs;
+} compact_job;
+
+/* One task per (sequence, layer): copies each head's kept rows. */
+static void compact_task(void *ctx, int64_t t, int thread)
+{
+    compact_job *j = ctx;
+    const dp_kv_layout *ls = &j->src->l, *ld = &j->dst->l;
+    const dp_compact_seq *q = &j->seqs[t / ls->n_layers];
+    const int32_t layer = (int32_t)(t % ls->n_layers);
+    const size_t row = (size_t)ls->head_dim * sizeof(float);
+    for (int32_t h = 0; h < ls->n_kv_heads; h++) {
+        const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
+        for (int32_t s = 0; s < q->n_keep; s++) {
+            int32_t from = keep[s];
+            int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
+            memcpy(kv_row(j->dst, j->dst->k, layer, db, h, s % ld->block_tokens),
+                   kv_row(j->src, j->src->k, layer, sb, h, from % ls->block_tokens), row);
+            memcpy(kv_row(j->dst, j->dst->v, layer, db, h, s % ld->block_tokens),
+                   kv_row(j->src, j->src->v, layer, sb, h, from % ls->block_tokens), row);
+        }
+    }
+}
+
+int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
+                   const dp_compact_seq *seqs, int32_t n_seqs)
+{
+    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
+    if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads || ls->head_dim != ld->head_dim)
+        return DP_EINVAL;
+    /* Validate every index first: the copy itself trusts them. */
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const dp_compact_seq *q = &seqs[i];
+        if (q->n_keep < 0 || (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens)
+            return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_dst_blocks; b++)
+            if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
+                return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_src_blocks; b++)
+            if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
+                return DP_EINVAL;
+        size_t n = (size_t)ls->n_layers * (size_t)ls->n_kv_heads * (size_t)q->n_keep;
+        for (size_t k = 0; k < n; k++)
+            if (q->keep[k] < 0 || q->keep[k] >= q->n_src_blocks * ls->block_tokens)
+                return DP_EINVAL;
+    }
+    compact_job j = {src, dst, seqs, n_seqs};
+    threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ls->n_layers);
+    return 0;
+}

@@ -1,0 +1,317 @@
+/* cuda_kvpath.cu: the dual-path KV operations on the device: importance
+ * scores (key norms, attention mass of captured queries) and kv_compact. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+
+#define KVP_THREADS 256
+
+/* The ops take host tables and index lists: they are packed into one host
+ * buffer and copied in one stream-ordered copy into kvp_idx (a pageable
+ * source is staged by the runtime before cudaMemcpyAsync returns, so the
+ * host buffer may be freed right away). Returns the device copy or NULL. */
+static int32_t *cuda_kvp_upload(cuda_backend *c, const int32_t *h, size_t n)
+{
+    if (cuda_scratch_grow(c, (void **)&c->kvp_idx, &c->kvp_idx_cap, n ? n : 1, sizeof(int32_t)))
+        return NULL;
+    if (n) {
+        cudaError_t e = cudaMemcpyAsync(c->kvp_idx, h, n * sizeof *h, cudaMemcpyHostToDevice,
+                                        c->stream);
+        if (e != cudaSuccess) {
+            cuda_note_error(c, "kv path index copy", e);
+            return NULL;
+        }
+    }
+    return c->kvp_idx;
+}
+
+/* Row of (layer, block, head, token) in a store, in elements. */
+__device__ __forceinline__ size_t kvp_row(int32_t layer, int32_t n_blocks, int32_t block,
+                                          int32_t n_kv, int32_t head, int32_t bt, int32_t tok,
+                                          int32_t hd)
+{
+    return ((((size_t)layer * (size_t)n_blocks + (size_t)block) * (size_t)n_kv + (size_t)head) *
+                (size_t)bt + (size_t)tok) * (size_t)hd;
+}
+
+/* ---- key norms ------------------------------------------------------------------- */
+
+__global__ void cuda_knorm_kernel(const __half *k, dp_kv_layout l, const int32_t *table,
+                                  int32_t n_slots, float *out)
+{
+    const int64_t total = (int64_t)l.n_layers * l.n_kv_heads * n_slots;
+    for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (int64_t)gridDim.x * blockDim.x) {
+        const int32_t s = (int32_t)(idx % n_slots);
+        const int32_t h = (int32_t)((idx / n_slots) % l.n_kv_heads);
+        const int32_t layer = (int32_t)(idx / ((int64_t)n_slots * l.n_kv_heads));
+        const __half2 *r = (const __half2 *)(k + kvp_row(layer, l.n_blocks, table[s / l.block_tokens],
+                                                         l.n_kv_heads, h, l.block_tokens,
+                                                         s % l.block_tokens, l.head_dim));
+        float ss = 0.0f;
+        for (int32_t d = 0; d < l.head_dim / 2; d++) {
+            const float2 f = __half22float2(r[d]);
+            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+        }
+        out[idx] = sqrtf(ss); /* idx is [layer][kv_head][slot] already */
+    }
+}
+
+void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                         int32_t n_slots, float *out)
+{
+    cuda_backend *c = cuda_of(be);
+    const dp_kv_layout *l = &kv->l;
+    if (n_slots <= 0)
+        return;
+    const int32_t *dt = cuda_kvp_upload(c, table, (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens));
+    if (!dt)
+        return;
+    const int64_t total = (int64_t)l->n_layers * l->n_kv_heads * n_slots;
+    int64_t blocks = (total + KVP_THREADS - 1) / KVP_THREADS;
+    if (blocks > (int64_t)c->sm_count * 32)
+        blocks = (int64_t)c->sm_count * 32;
+    CUDA_LAUNCH(cuda_knorm_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, kv->k, *l, dt,
+                n_slots, out);
+    cuda_check_launch(c, "kv_score_knorm");
+}
+
+/* ---- attention mass of captured queries -------------------------------------------
+ * One block per (layer, KV head), like the CPU's task: for every captured
+ * query and every query head of the group, a causal softmax row over the
+ * slots (scores staged in a scratch row), added into the head's output row.
+ * Each slot belongs to one thread throughout, so the sums need no atomics
+ * and come out in the same order every run. */
+
+/* Max or sum over the block; every thread gets the result. The trailing
+ * barrier lets the caller reuse red[] right away. */
+__device__ float kvp_block_reduce(float v, float *red, bool is_max)
+{
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (lane == 0)
+        red[warp] = v;
+    __syncthreads();
+    const int n_warps = (blockDim.x + 31) / 32;
+    v = lane < n_warps ? red[lane] : (is_max ? -INFINITY : 0.0f);
+    for (int o = 16; o > 0; o >>= 1) {
+        const float w = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, w) : v + w;
+    }
+    __syncthreads();
+    return v;
+}
+
+__global__ void __launch_bounds__(KVP_THREADS)
+    cuda_sattn_kernel(const __half *k, dp_kv_layout l, const int32_t *table, int32_t n_slots,
+                      const float *q, int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q,
+                      int32_t n_heads, float scale, float *scratch, float *out)
+{
+    __shared__ float qs[CUDA_MAX_HEAD_DIM];
+    __shared__ float red[32];
+    const int32_t layer = blockIdx.x / l.n_kv_heads, kvh = blockIdx.x % l.n_kv_heads;
+    const int32_t group = n_heads / l.n_kv_heads, hd = l.head_dim, bt = l.block_tokens;
+    float *o = out + (size_t)blockIdx.x * (size_t)n_slots;
+    float *sc = scratch + (size_t)blockIdx.x * (size_t)n_slots;
+    for (int32_t s = threadIdx.x; s < n_slots; s += blockDim.x)
+        o[s] = 0.0f;
+    for (int32_t i = 0; i < n_q; i++) {
+        const int32_t n = q_slot[i] + 1 < n_slots ? q_slot[i] + 1 : n_slots;
+        for (int32_t g = 0; g < group; g++) {
+            const float *qh = q + (size_t)layer * (size_t)q_layer_stride +
+                              ((size_t)i * (size_t)n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
+            for (int32_t d = threadIdx.x; d < hd; d += blockDim.x)
+                qs[d] = qh[d];
+            __syncthreads();
+            float mx = -INFINITY;
+            for (int32_t s = threadIdx.x; s < n; s += blockDim.x) {
+                const __half2 *r = (const __half2 *)(k + kvp_row(layer, l.n_blocks, table[s / bt],
+                                                                 l.n_kv_heads, kvh, bt, s % bt, hd));
+                float d = 0.0f;
+                for (int32_t e = 0; e < hd / 2; e++) {
+                    const float2 f = __half22float2(r[e]);
+                    d = fmaf(qs[2 * e], f.x, fmaf(qs[2 * e + 1], f.y, d));
+                }
+                d *= scale;
+                sc[s] = d;
+                mx = fmaxf(mx, d);
+            }
+            mx = kvp_block_reduce(mx, red, true);
+            float sum = 0.0f;
+            for (int32_t s = threadIdx.x; s < n; s += blockDim.x) {
+                const float e = expf(sc[s] - mx);
+                sc[s] = e;
+                sum += e;
+            }
+            sum = kvp_block_reduce(sum, red, false);
+            const float inv = 1.0f / sum;
+            for (int32_t s = threadIdx.x; s < n; s += blockDim.x)
+                o[s] += sc[s] * inv;
+            /* qs is rewritten next: kvp_block_reduce's trailing barrier has
+             * already ordered every read of it before this point. */
+        }
+    }
+}
+
+void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
+                        int32_t n_slots, const float *q, int64_t q_layer_stride,
+                        const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale, float *out)
+{
+    cuda_backend *c = cuda_of(be);
+    const dp_kv_layout *l = &kv->l;
+    if (n_slots <= 0)
+        return;
+    const size_t rows = (size_t)l->n_layers * (size_t)l->n_kv_heads;
+    if (n_q <= 0 || n_heads < l->n_kv_heads || n_heads % l->n_kv_heads) {
+        /* No queries: no information (zeros), like the CPU. */
+        cudaError_t e = cudaMemsetAsync(out, 0, rows * (size_t)n_slots * sizeof(float), c->stream);
+        if (e != cudaSuccess)
+            cuda_note_error(c, "kv_score_attn", e);
+        return;
+    }
+    const size_t n_tab = (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens);
+    int32_t *h = (int32_t *)malloc((n_tab + (size_t)n_q) * sizeof *h);
+    if (!h) {
+        cuda_note_error(c, "kv_score_attn: out of host memory", cudaErrorMemoryAllocation);
+        return;
+    }
+    memcpy(h, table, n_tab * sizeof *h);
+    memcpy(h + n_tab, q_slot, (size_t)n_q * sizeof *h);
+    const int32_t *d = cuda_kvp_upload(c, h, n_tab + (size_t)n_q);
+    free(h);
+    if (!d || cuda_scratch_grow(c, (void **)&c->kvp_scratch, &c->kvp_scratch_cap,
+                                rows * (size_t)n_slots, sizeof(float)))
+        return;
+    CUDA_LAUNCH(cuda_sattn_kernel, (unsigned)rows, KVP_THREADS, 0, c->stream, kv->k, *l, d, n_slots,
+                q, q_layer_stride, d + n_tab, n_q, n_heads, scale, c->kvp_scratch, out);
+    cuda_check_launch(c, "kv_score_attn");
+}
+
+/* ---- compaction ----------------------------------------------------------------------
+ * One thread per (sequence, layer, head, kept slot, 16-byte vector): copies
+ * that piece of the K row and the V row. Work is flattened over sequences
+ * with a prefix sum of their row counts (rows = n_layers * n_kv * n_keep,
+ * ordered like keep[]), found by binary search: the sequences of one call are
+ * few, and the copy is bound by memory, not by the search. */
+
+typedef struct cuda_compact_seq_dev {
+    int32_t src_off, dst_off, keep_off, n_keep;
+} cuda_compact_seq_dev;
+
+__global__ void cuda_compact_kernel(const __half *sk, const __half *sv, dp_kv_layout ls,
+                                    __half *dk, __half *dv, dp_kv_layout ld,
+                                    const int64_t *row_start, const cuda_compact_seq_dev *sq,
+                                    const int32_t *idx, int32_t n_seqs, int64_t total_rows)
+{
+    const int32_t vecs = ls.head_dim / CUDA_KV_VEC;
+    const int64_t total = total_rows * vecs;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t row = t / vecs;
+        const int32_t vi = (int32_t)(t % vecs);
+        int32_t lo = 0, hi = n_seqs - 1; /* last sequence whose start <= row */
+        while (lo < hi) {
+            const int32_t mid = (lo + hi + 1) / 2;
+            if (row_start[mid] <= row)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const cuda_compact_seq_dev q = sq[lo];
+        const int64_t r = row - row_start[lo];
+        const int32_t s = (int32_t)(r % q.n_keep);
+        const int32_t h = (int32_t)((r / q.n_keep) % ls.n_kv_heads);
+        const int32_t layer = (int32_t)(r / ((int64_t)q.n_keep * ls.n_kv_heads));
+        const int32_t from = idx[q.keep_off + r];
+        const int32_t sb = idx[q.src_off + from / ls.block_tokens];
+        const int32_t db = idx[q.dst_off + s / ld.block_tokens];
+        const size_t so = kvp_row(layer, ls.n_blocks, sb, ls.n_kv_heads, h, ls.block_tokens,
+                                  from % ls.block_tokens, ls.head_dim) + (size_t)vi * CUDA_KV_VEC;
+        const size_t doff = kvp_row(layer, ld.n_blocks, db, ld.n_kv_heads, h, ld.block_tokens,
+                                    s % ld.block_tokens, ld.head_dim) + (size_t)vi * CUDA_KV_VEC;
+        *(uint4 *)(dk + doff) = *(const uint4 *)(sk + so);
+        *(uint4 *)(dv + doff) = *(const uint4 *)(sv + so);
+    }
+}
+
+int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
+                    const dp_compact_seq *seqs, int32_t n_seqs)
+{
+    cuda_backend *c = cuda_of(be);
+    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
+    if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads ||
+        ls->head_dim != ld->head_dim || n_seqs < 0)
+        return DP_EINVAL;
+    /* Validate every index first (as the CPU does): the copy trusts them. */
+    size_t n_idx = 0;
+    int64_t total_rows = 0;
+    const int64_t per_keep = (int64_t)ls->n_layers * ls->n_kv_heads;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const dp_compact_seq *q = &seqs[i];
+        if (q->n_keep < 0 || q->n_src_blocks < 0 || q->n_dst_blocks < 0 ||
+            (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens)
+            return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_dst_blocks; b++)
+            if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
+                return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_src_blocks; b++)
+            if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
+                return DP_EINVAL;
+        const size_t n = (size_t)per_keep * (size_t)q->n_keep;
+        for (size_t k = 0; k < n; k++)
+            if (q->keep[k] < 0 || (int64_t)q->keep[k] >= (int64_t)q->n_src_blocks * ls->block_tokens)
+                return DP_EINVAL;
+        n_idx += (size_t)q->n_src_blocks + (size_t)q->n_dst_blocks + n;
+        total_rows += per_keep * q->n_keep;
+    }
+    if (total_rows == 0)
+        return 0;
+    if (n_idx > (size_t)INT32_MAX)
+        return DP_ERANGE;
+    /* Packed as int32: row_start (int64, n_seqs of them), the per-sequence
+     * descriptors, then every sequence's tables and keep lists. */
+    const size_t n_hdr = 2 * (size_t)n_seqs + 4 * (size_t)n_seqs;
+    int32_t *h = (int32_t *)malloc((n_hdr + n_idx) * sizeof *h);
+    if (!h)
+        return DP_ENOMEM;
+    int64_t *row_start = (int64_t *)h;
+    cuda_compact_seq_dev *desc = (cuda_compact_seq_dev *)(h + 2 * (size_t)n_seqs);
+    int32_t *idx = h + n_hdr;
+    size_t o = 0;
+    int64_t rows = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const dp_compact_seq *q = &seqs[i];
+        row_start[i] = rows;
+        rows += per_keep * q->n_keep;
+        desc[i].n_keep = q->n_keep;
+        desc[i].src_off = (int32_t)o;
+        memcpy(idx + o, q->src_table, (size_t)q->n_src_blocks * sizeof *idx);
+        o += (size_t)q->n_src_blocks;
+        desc[i].dst_off = (int32_t)o;
+        memcpy(idx + o, q->dst_table, (size_t)q->n_dst_blocks * sizeof *idx);
+        o += (size_t)q->n_dst_blocks;
+        desc[i].keep_off = (int32_t)o;
+        memcpy(idx + o, q->keep, (size_t)per_keep * (size_t)q->n_keep * sizeof *idx);
+        o += (size_t)per_keep * (size_t)q->n_keep;
+    }
+    int32_t *d = cuda_kvp_upload(c, h, n_hdr + n_idx);
+    free(h);
+    if (!d)
+        return c->failed ? c->failed : DP_ENOMEM;
+    const int64_t total = total_rows * (ls->head_dim / CUDA_KV_VEC);
+    int64_t blocks = (total + KVP_THREADS - 1) / KVP_THREADS;
+    if (blocks > (int64_t)c->sm_count * 32)
+        blocks = (int64_t)c->sm_count * 32;
+    /* A sequence with n_keep == 0 has no rows; the binary search never
+     * lands on it because the next sequence starts at the same row. */
+    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, src->k, src->v,
+                *ls, dst->k, dst->v, *ld, (const int64_t *)d,
+                (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs), d + n_hdr, n_seqs, total_rows);
+    cuda_check_launch(c, "kv_compact");
+    return c->failed;
+}

@@ -1,0 +1,111 @@
+"""Fixtures for the end-to-end tests: a running dualpathd (started by run.sh
+and named by DUALPATHD_URL, or started here), and a way to start extra
+daemons with other flags (429 and drain tests)."""
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.parse
+
+import pytest
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+BIN = os.environ.get("DUALPATHD_BIN", os.path.join(ROOT, "build", "daemon", "dualpathd"))
+MODEL = os.environ.get("DUALPATHD_MODEL",
+                       os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, extra=(), log_name="dualpathd"):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = os.path.join(os.environ.get("DUALPATHD_LOGDIR", "/tmp"),
+                                     f"{log_name}-{self.port}.log")
+        self.log = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [BIN, "--model", MODEL, "--port", str(self.port), *extra],
+            stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                st, _, _ = request("GET", "/health", base=self.url, timeout=2)
+                if st == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        self.proc.kill()
+        raise RuntimeError("dualpathd did not become healthy")
+
+    def stop(self, sig=signal.SIGTERM, timeout=60):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
+        return rc
+
+
+def request(method, path, body=None, headers=None, base=None, timeout=120):
+    """One HTTP request on a fresh connection; returns (status, headers, body bytes)."""
+    u = urllib.parse.urlparse(base or os.environ["DUALPATHD_URL"])
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    try:
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
+        h = {"Content-Type": "application/json"} if body is not None else {}
+        h.update(headers or {})
+        c.request(method, path, body=body, headers=h)
+        r = c.getresponse()
+        return r.status, dict(r.getheaders()), r.read()
+    finally:
+        c.close()
+
+
+def metrics(base=None):
+    st, _, body = request("GET", "/metrics", base=base)
+    assert st == 200
+    out = {}
+    for line in body.decode().splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name, _, value = line.rpartition(" ")
+        out[name] = float(value)
+    return out
+
+
+@pytest.fixture(scope="session")
+def server():
+    """Base URL of the shared daemon."""
+    if os.environ.get("DUALPATHD_URL"):
+        yield os.environ["DUALPATHD_URL"]
+        return
+    d = Daemon()
+    os.environ["DUALPATHD_URL"] = d.url
+    yield d.url
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="session")
+def client(server):
+    import openai
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="session")
+def model_id(client):
+    return client.models.list().data[0].id

@@ -1,0 +1,318 @@
+"""Every error case over raw HTTP (http.client / sockets): the status, the
+OpenAI error shape naming the parameter, and a successful request right after
+to prove the daemon still serves."""
+import json
+import os
+import socket
+import threading
+import time
+import urllib.parse
+
+import pytest
+
+from conftest import Daemon, metrics, request
+
+GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
+
+
+def still_serves(base=None):
+    st, _, body = request("POST", "/v1/completions", GOOD, base=base)
+    assert st == 200, body
+    assert json.loads(body)["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def check_error(st, body, status, param=None, etype="invalid_request_error"):
+    assert st == status, body
+    err = json.loads(body)["error"]
+    assert set(err) >= {"message", "type", "param", "code"}
+    assert err["message"]
+    if etype:
+        assert err["type"] == etype
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+def test_invalid_json(server):
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        for body in ('{"prompt": "x",', "not json", "", "[1, 2]", '"str"', "{" * 5000):
+            st, _, b = request("POST", path, body)
+            check_error(st, b, 400)
+            still_serves()
+
+
+COMPLETION_BAD = [
+    ({"prompt": 5}, "prompt"),
+    ({"prompt": [1.5]}, "prompt"),
+    ({"prompt": [-1]}, "prompt"),
+    ({"prompt": [10 ** 9]}, "prompt"),
+    ({"prompt": [{"a": 1}]}, "prompt"),
+    ({"prompt": ""}, "prompt"),
+    ({"prompt": []}, "prompt"),
+    ({"prompt": "x", "max_tokens": "5"}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "x", "max_tokens": 2.5}, "max_tokens"),
+    ({"prompt": "x", "temperature": "hot"}, "temperature"),
+    ({"prompt": "x", "temperature": 2.5}, "temperature"),
+    ({"prompt": "x", "temperature": -1}, "temperature"),
+    ({"prompt": "x", "top_p": 0}, "top_p"),
+    ({"prompt": "x", "top_p": 1.5}, "top_p"),
+    ({"prompt": "x", "top_k": -2}, "top_k"),
+    ({"prompt": "x", "top_k": "a"}, "top_k"),
+    ({"prompt": "x", "min_p": 2}, "min_p"),
+    ({"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "n": 0}, "n"),
+    ({"prompt": "x", "n": 9}, "n"),
+    ({"prompt": "x", "n": "3"}, "n"),
+    ({"prompt": "x", "seed": "s"}, "seed"),
+    ({"prompt": "x", "seed": 1.5}, "seed"),
+    ({"prompt": "x", "stop": 5}, "stop"),
+    ({"prompt": "x", "stop": [""]}, "stop"),
+    ({"prompt": "x", "stop": ["a"] * 20}, "stop"),
+    ({"prompt": "x", "logprobs": 50}, "logprobs"),
+    ({"prompt": "x", "logprobs": True}, "logprobs"),
+    ({"prompt": "x", "echo": "yes"}, "echo"),
+    ({"prompt": "x", "stream": 1}, "stream"),
+    ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ({"prompt": "x", "stream": True, "stream_options": {"include_usage": 1}},
+     "stream_options.include_usage"),
+    ({"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": {"5": 1000}}, "logit_bias"),
+    ({"prompt": "x", "logit_bias": [1]}, "logit_bias"),
+    ({"prompt": "x", "user": 5}, "user"),
+    ({"max_tokens": 5}, "prompt"),
+]
+
+CHAT_BAD = [
+    ({}, "messages"),
+    ({"messages": "hi"}, "messages"),
+    ({"messages": []}, "messages"),
+    ({"messages": [5]}, "messages[0]"),
+    ({"messages": [{"content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "robot", "content": "hi"}]}, "messages[0].role"),
+    ({"messages": [{"role": "user"}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+     "messages[0].content"),
+    ({"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 21},
+     "top_logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}, "logprobs"),
+    ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
+     "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": "text"},
+     "response_format"),
+    ({"messages": [{"role": "user", "content": "hi"}], "temperature": None, "n": 100}, "n"),
+]
+
+
+@pytest.mark.parametrize("body,param", COMPLETION_BAD)
+def test_completion_bad_field(server, body, param):
+    st, _, b = request("POST", "/v1/completions", body)
+    check_error(st, b, 400, param)
+    still_serves()
+
+
+@pytest.mark.parametrize("body,param", CHAT_BAD)
+def test_chat_bad_field(server, body, param):
+    st, _, b = request("POST", "/v1/chat/completions", body)
+    err = check_error(st, b, 400, param)
+    if param == "response_format" and isinstance(body["response_format"], dict):
+        assert "not supported" in err["message"]
+    still_serves()
+
+
+def test_unknown_model(server):
+    st, _, b = request("POST", "/v1/completions", {**GOOD, "model": "gpt-17"})
+    check_error(st, b, 404, "model")
+    still_serves()
+
+
+def test_prompt_too_long(server):
+    st, _, b = request("GET", "/v1/models")
+    ctx = json.loads(b)["data"][0]["max_model_len"]
+    # Over the context by itself.
+    st, _, b = request("POST", "/v1/completions", {"prompt": [1] * (ctx + 5), "max_tokens": 1})
+    err = check_error(st, b, 400, "prompt")
+    assert str(ctx) in err["message"] and str(ctx + 5) in err["message"]
+    still_serves()
+    # Fits, but not with max_tokens.
+    st, _, b = request("POST", "/v1/completions", {"prompt": [1] * 100, "max_tokens": ctx})
+    err = check_error(st, b, 400, "max_tokens")
+    assert str(ctx) in err["message"] and "100" in err["message"] and str(ctx + 100) in err["message"]
+    still_serves()
+    st, _, b = request("POST", "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": "hi " * (ctx + 10)}]})
+    err = check_error(st, b, 400, "messages")
+    assert str(ctx) in err["message"]
+    still_serves()
+
+
+def test_404(server):
+    for m, p in (("GET", "/"), ("GET", "/v2/models"), ("POST", "/v1/embeddings"),
+                 ("GET", "/v1/completions/x")):
+        st, _, b = request(m, p)
+        check_error(st, b, 404)
+        still_serves()
+
+
+def test_405(server):
+    for m, p, allow in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
+                        ("POST", "/health", "GET"), ("DELETE", "/v1/models", "GET"),
+                        ("POST", "/metrics", "GET")):
+        st, h, b = request(m, p, body="{}" if m in ("POST", "PUT") else None)
+        check_error(st, b, 405)
+        assert h.get("Allow") == allow
+        still_serves()
+
+
+def _raw(base, data, read_timeout=30):
+    u = urllib.parse.urlparse(base)
+    s = socket.create_connection((u.hostname, u.port), timeout=read_timeout)
+    try:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # answered (413) before the whole body went out
+        out = b""
+        while True:
+            try:
+                d = s.recv(65536)
+            except (ConnectionResetError, TimeoutError):
+                break
+            if not d:
+                break
+            out += d
+            if b"\r\n\r\n" in out:
+                head, _, rest = out.partition(b"\r\n\r\n")
+                cl = [l for l in head.split(b"\r\n") if l.lower().startswith(b"content-length:")]
+                if cl and len(rest) >= int(cl[0].split(b":")[1]):
+                    break
+        return out
+    finally:
+        s.close()
+
+
+def test_413_content_length(server):
+    # Declared size over the cap: answered from the header, body never sent.
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: 104857600\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+    assert b"request_too_large" in out
+    still_serves()
+    # A real oversized body (the server may answer before reading it all).
+    body = json.dumps({"prompt": "a" * (2 << 20)}).encode()
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+    still_serves()
+
+
+def test_413_chunked(server):
+    chunk = b"a" * 65536
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(40)) + b"0\r\n\r\n"
+    out = _raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Transfer-Encoding: chunked\r\n\r\n" + body)
+    assert out.startswith(b"HTTP/1.1 413"), out[:200]
+    still_serves()
+
+
+def test_garbage_request_line(server):
+    out = _raw(server, b"\x00\x01\x02 garbage\r\n\r\n", read_timeout=2)
+    assert out == b"" or out.startswith(b"HTTP/1.1 4")
+    out = _raw(server, b"GET /health HTTP/1.1\r\n" + b"X: " + b"y" * 100000 + b"\r\n\r\n", read_timeout=5)
+    assert out == b"" or out.startswith(b"HTTP/1.1 4")
+    still_serves()
+
+
+def _stream_open(base, body):
+    """Starts a streaming request; returns the socket after the headers."""
+    u = urllib.parse.urlparse(base)
+    s = socket.create_connection((u.hostname, u.port), timeout=60)
+    data = json.dumps(body).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+    buf = b""
+    while b"data:" not in buf:
+        d = s.recv(4096)
+        assert d, buf
+        buf += d
+    assert buf.startswith(b"HTTP/1.1 200"), buf[:200]
+    return s
+
+
+def test_429_queue_full():
+    d = Daemon(["--max-queue", "1", "--max-seqs", "1"], log_name="dualpathd-429")
+    try:
+        long = {"prompt": "Count to one thousand:", "max_tokens": 400, "stream": True,
+                "ignore_eos": True}
+        a = _stream_open(d.url, long)           # running
+        u = urllib.parse.urlparse(d.url)
+        b = socket.create_connection((u.hostname, u.port), timeout=60)
+        data = json.dumps(long).encode()
+        b.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+                  % (len(data), data))             # waits in the queue
+        deadline = time.time() + 10
+        while metrics(d.url)["dualpath_requests_waiting"] < 1:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        st, h, body = request("POST", "/v1/completions", GOOD, base=d.url)
+        check_error(st, body, 429, etype=None)
+        assert int(h["Retry-After"]) >= 1
+        a.close()
+        b.close()
+        deadline = time.time() + 20
+        while True:
+            m = metrics(d.url)
+            if m["dualpath_requests_running"] == 0 and m["dualpath_requests_waiting"] == 0:
+                break
+            assert time.time() < deadline, m
+            time.sleep(0.1)
+        still_serves(d.url)
+    finally:
+        assert d.stop() == 0
+
+
+def test_503_while_draining():
+    import http.client
+    d = Daemon(["--drain-timeout", "30"], log_name="dualpathd-drain")
+    try:
+        u = urllib.parse.urlparse(d.url)
+        keep = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+        keep.request("GET", "/health")
+        r = keep.getresponse()
+        assert r.status == 200
+        r.read()
+        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 60, "stream": True,
+                                 "ignore_eos": True})
+        t0 = time.time()
+        d.proc.send_signal(15)
+        time.sleep(0.3)
+        keep.request("GET", "/health")
+        r = keep.getresponse()
+        assert r.status == 503 and json.loads(r.read())["status"] == "draining"
+        keep.request("POST", "/v1/completions", body=json.dumps(GOOD),
+                     headers={"Content-Type": "application/json"})
+        r = keep.getresponse()
+        check_error(r.status, r.read(), 503, etype=None)
+        assert r.getheader("Retry-After")
+        # New connections are refused.
+        with pytest.raises(OSError):
+            socket.create_connection((u.hostname, u.port), timeout=2).recv(1)
+        # The running stream still completes (the "successful request").
+        buf = b""
+        a.settimeout(30)
+        while b"data: [DONE]" not in buf:
+            chunk = a.recv(65536)
+            assert chunk, buf[-300:]
+            buf += chunk
+        assert b'"finish_reason":"length"' in buf
+        a.close()
+        keep.close()
+        assert d.proc.wait(timeout=30) == 0
+        assert time.time() - t0 < 30
+    finally:
+        d.stop()

@@ -1,0 +1,65 @@
+/* emu.h: a small CUDA emulator for tests: host C++ definitions of the CUDA
+ * keywords and built-ins the backend's kernels use, so kernels/cuda sources compile with g++.
+ *
+ * Include it before anything else in a C++ file, then include a .cu/.cuh
+ * file of kernels/cuda. Kernel launches (the CUDA_LAUNCH macro of
+ * cuda_internal.h) run every block of the grid in turn; a block's threads are
+ * coroutines (ucontext) that switch at __syncthreads (whole block), at warp
+ * shuffles and __syncwarp (the warp). Between barriers threads run in a
+ * shuffled order, so results that depend on the order reveal a race. Shared
+ * memory (static in the emulation, one block runs at a time) and dynamic
+ * shared memory start as NaN bytes. emu_runtime.cpp holds the scheduler and a
+ * fake CUDA runtime and cuBLAS on host memory.
+ *
+ * What it cannot show: timing, coalescing, bank conflicts, the exact rounding
+ * of device intrinsics, occupancy or launch-limit errors. */
+#ifndef DP_TESTS_GPU_EMU_H
+#define DP_TESTS_GPU_EMU_H
+
+/* __shared__ variables become function statics, shared by the block's
+ * coroutines. */
+#define __global__
+#define __device__
+#define __shared__ static
+#define __launch_bounds__(n)
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <functional>
+
+/* State of the running block (emu_runtime.cpp). */
+extern int emu_cur;
+extern uint3 emu_block_idx, emu_block_dim, emu_grid_dim;
+extern unsigned char *emu_dyn_smem;
+extern uint64_t emu_order_seed;
+
+static inline uint3 emu_thread_idx(void) { return make_uint3((unsigned)emu_cur, 0, 0); }
+
+#define threadIdx emu_thread_idx()
+#define blockIdx emu_block_idx
+#define blockDim emu_block_dim
+#define gridDim emu_grid_dim
+#define CUDA_DYN_SMEM(name) unsigned char *name = emu_dyn_smem
+
+void __syncthreads(void);
+void __syncwarp(unsigned mask = 0xffffffffu);
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
+
+/* Device math the host library lacks (glibc declares an __expf it does not
+ * export). */
+#define __expf(x) expf(x)
+#define rsqrtf(x) (1.0f / sqrtf(x))
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+
+/* Runs every block of the grid; body calls the kernel with its arguments. */
+void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body);
+
+#define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
+    emu_launch(dim3(grid), (int)(block), (size_t)(smem), [&]() { kernel(__VA_ARGS__); })
+
+#endif

@@ -1,0 +1,326 @@
+/* emu_runtime.cpp: the emulator's block scheduler (see emu.h) and a fake CUDA
+ * runtime and cuBLAS on host memory, enough for kernels/cuda and check_kernels. */
+#include "emu.h"
+
+#include <cublas_v2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <ucontext.h>
+
+#include <vector>
+
+/* ---- the scheduler ---------------------------------------------------------------- */
+
+enum { EMU_RUN, EMU_WAIT_BLOCK, EMU_WAIT_WARP, EMU_DONE };
+#define EMU_MAX_THREADS 1024
+#define EMU_STACK (256 * 1024)
+
+typedef struct emu_thread {
+    ucontext_t ctx;
+    int state;
+    char *stack;
+} emu_thread;
+
+int emu_cur;
+uint3 emu_block_idx, emu_block_dim, emu_grid_dim;
+unsigned char *emu_dyn_smem;
+uint64_t emu_order_seed = 0x2545f4914f6cdd1dull;
+
+static emu_thread emu_t[EMU_MAX_THREADS];
+static ucontext_t emu_main;
+static const std::function<void()> *emu_body;
+static float emu_xchg[EMU_MAX_THREADS];
+
+static void emu_die(const char *what)
+{
+    fprintf(stderr, "emulator: %s (block %u,%u,%u)\n", what, emu_block_idx.x, emu_block_idx.y,
+            emu_block_idx.z);
+    exit(1);
+}
+
+static void emu_wait(int state)
+{
+    emu_t[emu_cur].state = state;
+    swapcontext(&emu_t[emu_cur].ctx, &emu_main);
+}
+
+void __syncthreads(void) { emu_wait(EMU_WAIT_BLOCK); }
+
+void __syncwarp(unsigned mask)
+{
+    (void)mask;
+    emu_wait(EMU_WAIT_WARP);
+}
+
+float __shfl_xor_sync(unsigned mask, float v, int lane_mask)
+{
+    (void)mask;
+    if (lane_mask < 0 || lane_mask > 31)
+        emu_die("shuffle lane mask out of the warp");
+    emu_xchg[emu_cur] = v;
+    emu_wait(EMU_WAIT_WARP);
+    const float r = emu_xchg[emu_cur ^ lane_mask];
+    emu_wait(EMU_WAIT_WARP); /* nobody overwrites its slot before all have read */
+    return r;
+}
+
+static void emu_entry(void)
+{
+    (*emu_body)();
+    emu_t[emu_cur].state = EMU_DONE; /* returning resumes emu_main (uc_link) */
+}
+
+static uint64_t emu_rand(void)
+{
+    emu_order_seed ^= emu_order_seed << 13;
+    emu_order_seed ^= emu_order_seed >> 7;
+    emu_order_seed ^= emu_order_seed << 17;
+    return emu_order_seed;
+}
+
+static void emu_run_block(int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (!emu_t[i].stack) {
+            emu_t[i].stack = (char *)malloc(EMU_STACK);
+            if (!emu_t[i].stack)
+                emu_die("out of memory");
+        }
+        getcontext(&emu_t[i].ctx);
+        emu_t[i].ctx.uc_stack.ss_sp = emu_t[i].stack;
+        emu_t[i].ctx.uc_stack.ss_size = EMU_STACK;
+        emu_t[i].ctx.uc_link = &emu_main;
+        makecontext(&emu_t[i].ctx, emu_entry, 0);
+        emu_t[i].state = EMU_RUN;
+    }
+    int order[EMU_MAX_THREADS];
+    for (;;) {
+        for (int i = 0; i < n; i++)
+            order[i] = i;
+        for (int i = n - 1; i > 0; i--) {
+            int j = (int)(emu_rand() % (uint64_t)(i + 1)), t = order[i];
+            order[i] = order[j];
+            order[j] = t;
+        }
+        for (int k = 0; k < n; k++) {
+            const int i = order[k];
+            if (emu_t[i].state != EMU_RUN)
+                continue;
+            emu_cur = i;
+            swapcontext(&emu_main, &emu_t[i].ctx);
+        }
+        int done = 0, at_block = 0;
+        for (int i = 0; i < n; i++) {
+            done += emu_t[i].state == EMU_DONE;
+            at_block += emu_t[i].state == EMU_WAIT_BLOCK;
+        }
+        if (done == n)
+            return;
+        bool released = false;
+        for (int w = 0; w * 32 < n; w++) {
+            int waiting = 0, live = 0;
+            for (int i = w * 32; i < n && i < w * 32 + 32; i++) {
+                live += emu_t[i].state != EMU_DONE;
+                waiting += emu_t[i].state == EMU_WAIT_WARP;
+            }
+            if (live > 0 && waiting == live) {
+                for (int i = w * 32; i < n && i < w * 32 + 32; i++)
+                    if (emu_t[i].state == EMU_WAIT_WARP)
+                        emu_t[i].state = EMU_RUN;
+                released = true;
+            }
+        }
+        if (!released && at_block == n - done) {
+            for (int i = 0; i < n; i++)
+                if (emu_t[i].state == EMU_WAIT_BLOCK)
+                    emu_t[i].state = EMU_RUN;
+            released = true;
+        }
+        if (!released)
+            emu_die("deadlock: threads wait at barriers others never reach");
+    }
+}
+
+void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body)
+{
+    if (threads < 1 || threads > EMU_MAX_THREADS || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
+        grid.y > 65535 || grid.z > 65535)
+        emu_die("bad launch configuration");
+    if (smem > 227 * 1024)
+        emu_die("more dynamic shared memory than an H200 block may have");
+    std::vector<unsigned char> dyn(smem + 16);
+    emu_body = &body;
+    emu_grid_dim = make_uint3(grid.x, grid.y, grid.z);
+    emu_block_dim = make_uint3((unsigned)threads, 1, 1);
+    for (unsigned z = 0; z < grid.z; z++)
+        for (unsigned y = 0; y < grid.y; y++)
+            for (unsigned x = 0; x < grid.x; x++) {
+                emu_block_idx = make_uint3(x, y, z);
+                memset(dyn.data(), 0xff, dyn.size()); /* NaN floats and halves */
+                emu_dyn_smem = dyn.data();
+                emu_run_block(threads);
+            }
+}
+
+/* ---- a fake CUDA runtime: device memory is host memory, everything is
+ * synchronous, there is one device. ------------------------------------------------ */
+
+static int emu_dummy_object;
+
+cudaError_t cudaGetDeviceCount(int *count)
+{
+    *count = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
+{
+    if (device != 0)
+        return cudaErrorInvalidDevice;
+    memset(prop, 0, sizeof *prop);
+    snprintf(prop->name, sizeof prop->name, "CPU emulator");
+    prop->major = 9;
+    prop->minor = 0;
+    prop->multiProcessorCount = 132; /* an H200's, so launch plans match */
+    prop->totalGlobalMem = (size_t)16 << 30;
+    return cudaSuccess;
+}
+
+cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
+cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t error) { return error ? "emulated CUDA error" : "no error"; }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
+{
+    (void)flags;
+    *s = (cudaStream_t)&emu_dummy_object;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
+{
+    (void)flags;
+    *e = (cudaEvent_t)&emu_dummy_object;
+    return cudaSuccess;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
+cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
+{
+    (void)a;
+    (void)b;
+    *ms = 1.0f;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, int value)
+{
+    (void)func;
+    if (attr == cudaFuncAttributeMaxDynamicSharedMemorySize && value > 227 * 1024)
+        return cudaErrorInvalidValue;
+    return cudaSuccess;
+}
+
+/* Device allocations are poisoned with NaN bytes: nothing may rely on
+ * cudaMalloc returning zeros. */
+cudaError_t cudaMalloc(void **p, size_t size)
+{
+    size_t n = (size + 255) & ~(size_t)255;
+    *p = aligned_alloc(256, n ? n : 256);
+    if (!*p)
+        return cudaErrorMemoryAllocation;
+    memset(*p, 0xff, n ? n : 256);
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p)
+{
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t size) { return cudaMalloc(p, size); }
+cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    (void)kind;
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
+                            cudaStream_t s)
+{
+    (void)s;
+    return cudaMemcpy(dst, src, n, kind);
+}
+cudaError_t cudaMemset(void *p, int v, size_t n)
+{
+    memset(p, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
+{
+    (void)s;
+    return cudaMemset(p, v, n);
+}
+
+/* ---- a fake cuBLAS: GemmEx as the cuBLAS documentation defines it
+ * (column-major, C = alpha op(A) op(B) + beta C, C not read when beta == 0),
+ * written independently of how the backend maps its row-major operands. -------- */
+
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h)
+{
+    *h = (cublasHandle_t)&emu_dummy_object;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) { (void)h; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s)
+{
+    (void)h;
+    (void)s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+const char *cublasGetStatusString(cublasStatus_t s) { return s ? "emulated cuBLAS error" : "success"; }
+
+static float emu_elem(const void *p, cudaDataType t, size_t i)
+{
+    return t == CUDA_R_16F ? __half2float(((const __half *)p)[i]) : ((const float *)p)[i];
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType Atype, int lda, const void *B,
+                            cudaDataType Btype, int ldb, const void *beta, void *C,
+                            cudaDataType Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo)
+{
+    (void)handle;
+    (void)algo;
+    if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F ||
+        (Atype != CUDA_R_16F && Atype != CUDA_R_32F) || (Btype != CUDA_R_16F && Btype != CUDA_R_32F))
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m < 0 || n < 0 || k < 0 || ldc < (m > 1 ? m : 1) ||
+        lda < ((transa == CUBLAS_OP_N ? m : k) > 1 ? (transa == CUBLAS_OP_N ? m : k) : 1) ||
+        ldb < ((transb == CUBLAS_OP_N ? k : n) > 1 ? (transb == CUBLAS_OP_N ? k : n) : 1))
+        return CUBLAS_STATUS_INVALID_VALUE;
+    const float a = *(const float *)alpha, b = *(const float *)beta;
+    float *c = (float *)C;
+    for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+            double s = 0;
+            for (int l = 0; l < k; l++) {
+                const float x = transa == CUBLAS_OP_N ? emu_elem(A, Atype, (size_t)i + (size_t)l * lda)
+                                                      : emu_elem(A, Atype, (size_t)l + (size_t)i * lda);
+                const float y = transb == CUBLAS_OP_N ? emu_elem(B, Btype, (size_t)l + (size_t)j * ldb)
+                                                      : emu_elem(B, Btype, (size_t)j + (size_t)l * ldb);
+                s += (double)x * y;
+            }
+            float *cij = c + (size_t)i + (size_t)j * ldc;
+            *cij = (float)(a * s) + (b != 0.0f ? b * *cij : 0.0f);
+        }
+    return CUBLAS_STATUS_SUCCESS;
+}

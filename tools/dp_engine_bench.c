@@ -1,0 +1,125 @@
+/* dp_engine_bench.c: the engine without HTTP: output tokens/s at several
+ * concurrency levels (fixed prompt and output lengths), and the share of step
+ * time spent outside the forward pass (scheduling, sampling, stop checks,
+ * events). Not a test: timings vary run to run. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/dp.h"
+#include "daemon/engine.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+int main(int argc, char **argv)
+{
+    const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *device = "cpu";
+    int32_t plen = 256, olen = 128, threads = 0;
+    float temperature = 0.0f;
+    int levels[8] = {1, 8, 32, 64}, n_levels = 4;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+        else if (!strcmp(argv[i], "--prompt")) plen = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--output")) olen = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--temperature")) temperature = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--concurrency")) {
+            n_levels = 0;
+            for (char *p = argv[i + 1]; *p && n_levels < 8;) {
+                levels[n_levels++] = (int)strtol(p, &p, 10);
+                if (*p == ',')
+                    p++;
+            }
+        } else {
+            fprintf(stderr, "usage: dp-engine-bench [--model F] [--device D] [--prompt N] "
+                            "[--output N] [--concurrency 1,8,32,64] [--temperature T] [--threads N]\n");
+            return 2;
+        }
+    }
+    int maxc = 1;
+    for (int i = 0; i < n_levels; i++)
+        if (levels[i] > maxc)
+            maxc = levels[i];
+    char err[DP_ERRLEN];
+    dp_gguf g;
+    dp_backend *be;
+    dp_llama *m;
+    dp_tokenizer *tok;
+    if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, threads, err, sizeof err) ||
+        llama_init(&m, &g, be, 512, maxc, err, sizeof err) ||
+        tokenizer_init_gguf(&tok, &g, err, sizeof err)) {
+        fprintf(stderr, "dp-engine-bench: %s\n", err);
+        return 1;
+    }
+    const int32_t vocab = llama_hparams(m)->vocab;
+    printf("dp-engine-bench: %s, %s backend, prompt %d, output %d tokens, temperature %.2f\n",
+           model, be->ops->name, plen, olen, temperature);
+    printf("%-12s %12s %12s %12s %14s %12s\n", "concurrency", "output tok/s", "total tok/s",
+           "wall s", "outside fwd", "steps");
+    for (int li = 0; li < n_levels; li++) {
+        int C = levels[li];
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.max_batched_tokens = 512;
+        o.max_seqs = maxc;
+        o.n_blocks = C * ((plen + olen) / 16 + 2);
+        dp_engine *e;
+        if (engine_init(&e, m, tok, &o, NULL, NULL, err, sizeof err) || engine_start(e)) {
+            fprintf(stderr, "dp-engine-bench: %s\n", err);
+            return 1;
+        }
+        uint64_t x = 42;
+        double t0 = dp_now();
+        for (int r = 0; r < C; r++) {
+            int32_t *p = malloc((size_t)plen * sizeof *p);
+            for (int32_t i = 0; i < plen; i++) {
+                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+                p[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
+            }
+            dp_request_params prm;
+            memset(&prm, 0, sizeof prm);
+            prm.max_tokens = olen;
+            sampling_default(&prm.sampling);
+            prm.sampling.temperature = temperature;
+            prm.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
+            prm.sampling.seed = (uint64_t)r;
+            prm.logprobs = -1;
+            prm.ignore_eos = true;
+            dp_request *req = request_new(p, plen, &prm);
+            if (engine_submit(e, req, err, sizeof err)) {
+                fprintf(stderr, "dp-engine-bench: %s\n", err);
+                return 1;
+            }
+            request_unref(req);
+        }
+        int finished = 0;
+        int64_t out_tokens = 0;
+        while (finished < C) {
+            dp_event *ev = engine_take_events(e);
+            if (!ev)
+                usleep(500);
+            for (dp_event *q = ev; q; q = q->next)
+                if (q->kind == DP_EV_FINISH) {
+                    finished++;
+                    out_tokens += q->completion_tokens;
+                }
+            event_free_list(ev);
+        }
+        double wall = dp_now() - t0;
+        dp_engine_stats st;
+        engine_get_stats(e, &st);
+        printf("%-12d %12.1f %12.1f %12.2f %13.2f%% %12lld\n", C, out_tokens / wall,
+               (out_tokens + (double)C * plen) / wall, wall,
+               100.0 * (st.busy_seconds - st.forward_seconds) / st.busy_seconds, (long long)st.steps);
+        fflush(stdout);
+        engine_destroy(e);
+    }
+    tokenizer_destroy(tok);
+    llama_destroy(m);
+    backend_destroy(be);
+    gguf_close(&g);
+    return 0;
+}

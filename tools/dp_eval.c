@@ -1,0 +1,1066 @@
+/* dp_eval.c: the quality evaluator of KV compression. It prefills real text,
+ * compresses the cache with every scorer x keep ratio, teacher-forces the
+ * continuation (perplexity, KL from the full cache, top-1 agreement) and
+ * checks greedy agreement on chat prompts; tables go to stdout and, with
+ * --markdown, into a marked section of a document (docs/dualpath.md). */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+#include "kvcache/compress.h"
+#include "model/chat_template.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/tokenizer.h"
+
+#define BT 16          /* block tokens of both stores */
+#define CHUNK 512      /* prefill tokens per step */
+#define MAX_RATIOS 16
+#define MAX_SEEDS 16
+#define N_SCORERS (DP_SCORER_RANDOM + 1)
+
+typedef struct opts {
+    const char *model, *text, *device, *markdown, *tag;
+    int32_t prefill[8];
+    int n_prefill;
+    int32_t cont;        /* teacher-forced tokens */
+    int32_t offset;      /* first window's token offset in the text */
+    int windows;         /* context windows averaged per P */
+    float ratios[MAX_RATIOS];
+    int n_ratios;
+    int seeds;           /* random scorer: seeds 1..seeds */
+    int32_t sinks, window;
+    int chat;            /* chat prompts (0: skip the greedy check) */
+    int32_t gen;         /* greedy tokens per chat prompt */
+    int threads;
+} opts;
+
+typedef struct acc {
+    double nll, kl;
+    long agree, n;
+} acc;
+
+typedef struct ev {
+    const opts *o;
+    dp_gguf g;
+    dp_backend *be;
+    dp_llama *m;
+    dp_tokenizer *tok;
+    const dp_hparams *hp;
+    dp_compressor comp;
+    int32_t vocab, qd;
+    float *q_dev;    /* backend copy of the captured queries */
+    float *q_host;   /* [n_layers][DP_MAX_CAPTURE][qd] */
+    int32_t *bt_tokens, *bt_pos, *bt_seq, *bt_slot, *bt_out, *bt_cap;
+    float *logits;   /* [max_out * vocab] */
+} ev;
+
+static int die(const char *what, int rc, const char *err)
+{
+    fprintf(stderr, "dp-eval: %s: %s (%s)\n", what, err ? err : "", dp_strerror(rc));
+    return 1;
+}
+
+/* ---- forward helpers ---------------------------------------------------- */
+
+/* Prefills tokens [0, n) of one sequence into stores[si] (slot = position),
+ * in steps of at most CHUNK tokens split evenly so that the last step holds
+ * at least n_cap tokens, whose queries are captured (copied to e->q_host).
+ * last_logits, if set, receives the logits of the last token. */
+static int prefill(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                   int32_t max_blocks, const int32_t *tokens, int32_t n, int32_t n_cap,
+                   float *last_logits)
+{
+    int32_t steps = (n + CHUNK - 1) / CHUNK, done = 0;
+    for (int32_t s = 0; s < steps; s++) {
+        int32_t len = (n - done) / (steps - s);
+        for (int32_t i = 0; i < len; i++) {
+            e->bt_tokens[i] = tokens[done + i];
+            e->bt_pos[i] = e->bt_slot[i] = done + i;
+            e->bt_seq[i] = 0;
+        }
+        bool last = s == steps - 1;
+        int32_t cap = last ? (n_cap < len ? n_cap : len) : 0;
+        for (int32_t i = 0; i < cap; i++)
+            e->bt_cap[i] = len - cap + i;
+        e->bt_out[0] = len - 1;
+        dp_batch b = {.n_tokens = len, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
+                      .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
+                      .max_blocks = max_blocks, .n_out = last && last_logits ? 1 : 0,
+                      .out_tokens = e->bt_out, .n_capture = cap, .capture_tokens = e->bt_cap};
+        int rc = llama_forward(e->m, &b, stores, e->logits);
+        if (rc)
+            return rc;
+        if (cap > 0 && (rc = e->be->ops->download(e->be, e->q_host, llama_captured_queries(e->m),
+                                                  (size_t)e->hp->n_layers * (size_t)cap *
+                                                      (size_t)e->qd * sizeof(float))))
+            return rc;
+        if (last && last_logits)
+            memcpy(last_logits, e->logits, (size_t)e->vocab * sizeof(float));
+        done += len;
+    }
+    return 0;
+}
+
+/* Teacher-forces n tokens after a cache of n_keep slots holding positions
+ * [0, pos0): token i goes to slot n_keep + i at position pos0 + i. The
+ * logits of all n tokens land in e->logits. */
+static int teacher_force(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                         int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
+                         int32_t n)
+{
+    for (int32_t i = 0; i < n; i++) {
+        e->bt_tokens[i] = tokens[i];
+        e->bt_pos[i] = pos0 + i;
+        e->bt_slot[i] = n_keep + i;
+        e->bt_seq[i] = 0;
+        e->bt_out[i] = i;
+    }
+    dp_batch b = {.n_tokens = n, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
+                  .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
+                  .max_blocks = max_blocks, .n_out = n, .out_tokens = e->bt_out};
+    return llama_forward(e->m, &b, stores, e->logits);
+}
+
+/* Uploads the captured queries of n_cap tokens for the attention scorer. */
+static int queries_to_backend(ev *e, int32_t n_cap)
+{
+    return e->be->ops->upload(e->be, e->q_dev, e->q_host,
+                              (size_t)e->hp->n_layers * (size_t)n_cap * (size_t)e->qd * sizeof(float));
+}
+
+/* ---- metrics ------------------------------------------------------------- */
+
+/* log-softmax of one row into out; returns the argmax. */
+static int32_t log_softmax(const float *x, int32_t n, double *out)
+{
+    int32_t am = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[am])
+            am = i;
+    double mx = x[am], sum = 0;
+    for (int32_t i = 0; i < n; i++)
+        sum += exp((double)x[i] - mx);
+    double lse = mx + log(sum);
+    for (int32_t i = 0; i < n; i++)
+        out[i] = (double)x[i] - lse;
+    return am;
+}
+
+/* Reference log-probabilities and argmaxes of the full cache, per row. */
+typedef struct ref_rows {
+    double *lp;      /* [n][vocab] */
+    double *p;       /* exp(lp) */
+    int32_t *am;
+    int32_t n;
+} ref_rows;
+
+static void acc_add(acc *a, const ref_rows *ref, const float *logits, int32_t vocab,
+                    const int32_t *targets, double *scratch)
+{
+    for (int32_t i = 0; i < ref->n; i++) {
+        int32_t am = log_softmax(logits + (size_t)i * vocab, vocab, scratch);
+        const double *rp = ref->lp + (size_t)i * vocab, *pp = ref->p + (size_t)i * vocab;
+        double kl = 0;
+        for (int32_t v = 0; v < vocab; v++)
+            kl += pp[v] * (rp[v] - scratch[v]);
+        a->kl += kl > 0 ? kl : 0;
+        a->nll -= scratch[targets[i]];
+        a->agree += am == ref->am[i];
+        a->n++;
+    }
+}
+
+static double acc_ppl(const acc *a) { return exp(a->nll / (double)a->n); }
+static double acc_kl(const acc *a) { return a->kl / (double)a->n; }
+static double acc_top1(const acc *a) { return (double)a->agree / (double)a->n; }
+
+static void mean_std(const double *x, int n, double *mean, double *sd)
+{
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++)
+        s += x[i];
+    *mean = s / n;
+    for (int i = 0; i < n; i++)
+        ss += (x[i] - *mean) * (x[i] - *mean);
+    *sd = n > 1 ? sqrt(ss / (n - 1)) : 0;
+}
+
+/* ---- growable text buffer for the report ---------------------------------- */
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+} sbuf;
+
+static void sb_printf(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sb_printf(sbuf *s, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    int k = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (k < 0)
+        return;
+    if (s->n + (size_t)k + 1 > s->cap) {
+        size_t cap = (s->cap ? s->cap * 2 : 4096) + (size_t)k;
+        char *p = realloc(s->p, cap);
+        if (!p)
+            return;
+        s->p = p;
+        s->cap = cap;
+    }
+    va_start(ap, fmt);
+    vsnprintf(s->p + s->n, s->cap - s->n, fmt, ap);
+    va_end(ap);
+    s->n += (size_t)k;
+}
+
+/* ---- teacher-forced evaluation at one prefill length ---------------------- */
+
+typedef struct tf_result {
+    /* [scorer][ratio][seed] */
+    acc a[N_SCORERS][MAX_RATIOS][MAX_SEEDS];
+    acc full;
+    int32_t n_keep[MAX_RATIOS];
+    int bit_identical;  /* keep-all compaction == uncompressed cache */
+    double seconds;
+} tf_result;
+
+static int n_seeds_of(const opts *o, int sc) { return sc == DP_SCORER_RANDOM ? o->seeds : 1; }
+
+static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, tf_result *r)
+{
+    const opts *o = e->o;
+    const int32_t C = o->cont, L = e->hp->n_layers, H = e->hp->n_kv_heads;
+    if ((int64_t)P + C + 1 > n_text) {
+        fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
+                P + C + 1);
+        return DP_EINVAL;
+    }
+    double t0 = dp_now();
+    memset(r, 0, sizeof *r);
+    r->bit_identical = 1;
+    /* Store A: the prefill (P slots) plus room for the uncompressed
+     * continuation; store B: the compacted cache plus the continuation. */
+    int32_t nb = (P + C + BT - 1) / BT;
+    dp_kv_layout la = llama_kv_layout(e->m, BT, nb), lb = la;
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
+    int32_t *table = malloc((size_t)nb * sizeof *table);
+    int32_t *keep = malloc((size_t)L * H * P * sizeof *keep);
+    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
+    double *scratch = malloc((size_t)e->vocab * sizeof(double));
+    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * e->vocab * sizeof(double)),
+                    malloc((size_t)C * sizeof(int32_t)), C};
+    int rc = DP_ENOMEM;
+    if (!table || !keep || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+        goto out;
+    if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
+        (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
+        goto out;
+    for (int32_t i = 0; i < nb; i++)
+        table[i] = i;
+    for (int32_t i = 0; i < o->n_ratios; i++) {
+        dp_compress_opts co = {DP_SCORER_KNORM, o->ratios[i], o->sinks, o->window, 0};
+        r->n_keep[i] = compress_n_keep(&co, P);
+    }
+    int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
+    if (n_cap > P)
+        n_cap = P;
+    int32_t *q_slot = malloc((size_t)(n_cap > 0 ? n_cap : 1) * sizeof *q_slot);
+    if (!q_slot) {
+        rc = DP_ENOMEM;
+        goto out;
+    }
+    for (int32_t i = 0; i < n_cap; i++)
+        q_slot[i] = P - n_cap + i;
+
+    int32_t span = n_text - (P + C + 1) - o->offset;
+    for (int w = 0; w < o->windows; w++) {
+        int32_t off = o->offset + (o->windows > 1 && span > 0 ? (int32_t)((int64_t)span * w / (o->windows - 1)) : 0);
+        const int32_t *ctx = text + off, *cont = text + off + P, *targets = text + off + P + 1;
+        if ((rc = prefill(e, stores, 0, table, nb, ctx, P, n_cap, NULL)) || (rc = queries_to_backend(e, n_cap)))
+            goto out2;
+        /* Full-cache reference: continue in A itself (slots >= P are never read
+         * by the compaction, which copies slots < P only). */
+        if ((rc = teacher_force(e, stores, 0, table, nb, P, P, cont, C)))
+            goto out2;
+        memcpy(ref_logits, e->logits, (size_t)C * e->vocab * sizeof(float));
+        for (int32_t i = 0; i < C; i++)
+            ref.am[i] = log_softmax(ref_logits + (size_t)i * e->vocab, e->vocab, ref.lp + (size_t)i * e->vocab);
+        for (size_t i = 0; i < (size_t)C * e->vocab; i++)
+            ref.p[i] = exp(ref.lp[i]);
+        acc_add(&r->full, &ref, ref_logits, e->vocab, targets, scratch);
+
+        for (int ri = 0; ri < o->n_ratios; ri++) {
+            int32_t n_keep = r->n_keep[ri];
+            for (int sc = 0; sc < N_SCORERS; sc++) {
+                for (int sd = 0; sd < n_seeds_of(o, sc); sd++) {
+                    /* Keep-all is the same set for every scorer: run once. */
+                    if (n_keep == P && (sc > 0 || sd > 0))
+                        continue;
+                    dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window,
+                                           (uint64_t)sd + 1};
+                    if ((rc = compressor_select(&e->comp, &co, stores[0], table, P, e->q_dev,
+                                                (int64_t)n_cap * e->qd, q_slot, n_cap, n_keep, keep)))
+                        goto out2;
+                    dp_compact_seq cs = {table, (P + BT - 1) / BT, table, nb, n_keep, keep};
+                    if ((rc = e->be->ops->kv_compact(e->be, stores[0], stores[1], &cs, 1)) ||
+                        (rc = teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
+                        goto out2;
+                    if (n_keep == P &&
+                        memcmp(e->logits, ref_logits, (size_t)C * e->vocab * sizeof(float)) != 0)
+                        r->bit_identical = 0;
+                    acc_add(&r->a[sc][ri][sd], &ref, e->logits, e->vocab, targets, scratch);
+                }
+            }
+            fprintf(stderr, "dp-eval: P=%d window %d/%d (offset %d): keep %.2f done, %.0f s\n", P,
+                    w + 1, o->windows, off, o->ratios[ri], dp_now() - t0);
+        }
+    }
+    /* Fill the keep-all cells of the other scorers with the one run. */
+    for (int ri = 0; ri < o->n_ratios; ri++)
+        if (r->n_keep[ri] == P)
+            for (int sc = 0; sc < N_SCORERS; sc++)
+                for (int sd = 0; sd < n_seeds_of(o, sc); sd++)
+                    r->a[sc][ri][sd] = r->a[0][ri][0];
+    rc = 0;
+    r->seconds = dp_now() - t0;
+out2:
+    free(q_slot);
+out:
+    if (stores[0])
+        e->be->ops->kv_destroy(e->be, stores[0]);
+    if (stores[1])
+        e->be->ops->kv_destroy(e->be, stores[1]);
+    free(table);
+    free(keep);
+    free(ref_logits);
+    free(scratch);
+    free(ref.lp);
+    free(ref.p);
+    free(ref.am);
+    return rc;
+}
+
+/* ---- greedy agreement on chat prompts ------------------------------------- */
+
+static const char *const QUESTIONS[] = {
+    "Summarize this section in three sentences.",
+    "What does this section say about the conditions for distributing copies?",
+    "List the obligations this text places on someone who conveys the program.",
+    "Explain this passage in plain English for someone who is not a lawyer.",
+    "What rights does this section give to the person who receives the program?",
+    "Which terms are defined here, and what do they mean?",
+    "What happens, according to this text, if someone violates the license?",
+    "Rewrite the first paragraph of this passage in simpler words.",
+    "What does this text say about patents?",
+    "Who is this text addressed to, and what does it ask of them?",
+    "What is the main purpose of this section?",
+    "List the conditions mentioned in this passage.",
+    "Does this passage say anything about warranties? Answer briefly.",
+    "What must be provided along with the object code, according to this text?",
+    "Give a one-sentence title for this section.",
+    "What does this section say about source code?",
+    "Name three things this passage allows and three it forbids.",
+    "Is there anything in this text about modifying the program? Explain.",
+    "What would a software company need to know from this section?",
+    "Summarize the key points of this passage as a bulleted list.",
+};
+#define N_QUESTIONS ((int)(sizeof QUESTIONS / sizeof QUESTIONS[0]))
+
+typedef struct chat_set {
+    int n;
+    int32_t *len, *base_a, *base_b, *first; /* prompt length, first block in A / B, first token */
+    int32_t max_blocks_a, max_blocks_b, n_cap;
+    int32_t **prompt;
+    float **q;              /* captured queries per prompt (host) */
+    int32_t *table_a, *table_b; /* [n][max_blocks] */
+    dp_kv_store *stores[DP_KV_MAX_STORES];
+} chat_set;
+
+typedef struct chat_result {
+    int identical[N_SCORERS][MAX_RATIOS][MAX_SEEDS];
+    double prefix[N_SCORERS][MAX_RATIOS][MAX_SEEDS];   /* mean matching prefix length */
+    double kept[MAX_RATIOS];                           /* mean kept fraction */
+    double mean_len;
+    int n;
+    double seconds;
+} chat_result;
+
+static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, char *err, size_t errsz)
+{
+    const opts *o = e->o;
+    int n = o->chat;
+    memset(cs, 0, sizeof *cs);
+    cs->n = n;
+    cs->len = calloc((size_t)n, sizeof(int32_t));
+    cs->base_a = calloc((size_t)n, sizeof(int32_t));
+    cs->base_b = calloc((size_t)n, sizeof(int32_t));
+    cs->first = calloc((size_t)n, sizeof(int32_t));
+    cs->prompt = calloc((size_t)n, sizeof(int32_t *));
+    cs->q = calloc((size_t)n, sizeof(float *));
+    if (!cs->len || !cs->base_a || !cs->base_b || !cs->first || !cs->prompt || !cs->q)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    dp_chat_template ct;
+    dp_gguf_str src = {0};
+    gguf_get_str(&e->g, "tokenizer.chat_template", &src);
+    chat_template_init(&ct, src.ptr, src.len);
+    int32_t blocks_a = 0, blocks_b = 0;
+    int rc = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        /* Passages of 300..700 tokens spread over the text. */
+        int32_t plen = 300 + (int32_t)((i * 211) % 401);
+        if (plen > n_text)
+            plen = n_text;
+        int32_t off = (int32_t)((int64_t)(n_text - plen) * i / (n > 1 ? n - 1 : 1));
+        char *passage = NULL, *prompt_text = NULL, *msg = NULL;
+        size_t plen_bytes;
+        if ((rc = tokenizer_decode(e->tok, text + off, (size_t)plen, false, &passage, &plen_bytes))) {
+            rc = dp_err(err, errsz, rc, "cannot decode a passage");
+            break;
+        }
+        const char *q = QUESTIONS[i % N_QUESTIONS];
+        size_t mlen = plen_bytes + strlen(q) + 64;
+        msg = malloc(mlen);
+        if (!msg) {
+            free(passage);
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            break;
+        }
+        snprintf(msg, mlen, "Here is a passage from a software license:\n\n%s\n\n%s", passage, q);
+        dp_chat_msg m = {"user", msg};
+        rc = chat_template_apply(&ct, &m, 1, true, &prompt_text, err, errsz);
+        size_t n_ids = 0;
+        if (!rc)
+            rc = tokenizer_encode(e->tok, prompt_text, strlen(prompt_text), tokenizer_add_bos(e->tok),
+                                  true, &cs->prompt[i], &n_ids);
+        free(passage);
+        free(msg);
+        free(prompt_text);
+        if (rc)
+            break;
+        cs->len[i] = (int32_t)n_ids;
+        int32_t na = (cs->len[i] + BT - 1) / BT, nbb = (cs->len[i] + o->gen + BT - 1) / BT;
+        cs->base_a[i] = blocks_a;
+        cs->base_b[i] = blocks_b;
+        blocks_a += na;
+        blocks_b += nbb;
+        if (na > cs->max_blocks_a)
+            cs->max_blocks_a = na;
+        if (nbb > cs->max_blocks_b)
+            cs->max_blocks_b = nbb;
+    }
+    chat_template_destroy(&ct);
+    if (rc)
+        return rc;
+    cs->table_a = calloc((size_t)n * cs->max_blocks_a, sizeof(int32_t));
+    cs->table_b = calloc((size_t)n * cs->max_blocks_b, sizeof(int32_t));
+    if (!cs->table_a || !cs->table_b)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        for (int32_t b = 0; b < (cs->len[i] + BT - 1) / BT; b++)
+            cs->table_a[(size_t)i * cs->max_blocks_a + b] = cs->base_a[i] + b;
+        for (int32_t b = 0; b < (cs->len[i] + o->gen + BT - 1) / BT; b++)
+            cs->table_b[(size_t)i * cs->max_blocks_b + b] = cs->base_b[i] + b;
+    }
+    dp_kv_layout la = llama_kv_layout(e->m, BT, blocks_a), lb = llama_kv_layout(e->m, BT, blocks_b);
+    if ((rc = e->be->ops->kv_create(e->be, &la, &cs->stores[0])) ||
+        (rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1])))
+        return dp_err(err, errsz, rc, "cannot allocate the chat KV stores");
+    /* Prefill each prompt once, keeping its queries and its first token. */
+    cs->n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
+    size_t qn = (size_t)e->hp->n_layers * (size_t)cs->n_cap * (size_t)e->qd;
+    for (int i = 0; i < n; i++) {
+        int32_t n_cap = cs->n_cap < cs->len[i] ? cs->n_cap : cs->len[i];
+        if (n_cap != cs->n_cap)
+            return dp_err(err, errsz, DP_EINVAL, "chat prompt %d is shorter than the window", i);
+        if ((rc = prefill(e, cs->stores, 0, cs->table_a + (size_t)i * cs->max_blocks_a, cs->max_blocks_a,
+                          cs->prompt[i], cs->len[i], n_cap, e->logits + (size_t)e->vocab)))
+            return dp_err(err, errsz, rc, "chat prefill failed");
+        const float *row = e->logits + (size_t)e->vocab;
+        int32_t am = 0;
+        for (int32_t v = 1; v < e->vocab; v++)
+            if (row[v] > row[am])
+                am = v;
+        cs->first[i] = am;
+        if (!(cs->q[i] = malloc(qn * sizeof(float))))
+            return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        memcpy(cs->q[i], e->q_host, qn * sizeof(float));
+    }
+    return 0;
+}
+
+static void chat_destroy(ev *e, chat_set *cs)
+{
+    for (int i = 0; i < cs->n; i++) {
+        if (cs->prompt)
+            free(cs->prompt[i]);
+        if (cs->q)
+            free(cs->q[i]);
+    }
+    for (int s = 0; s < DP_KV_MAX_STORES; s++)
+        if (cs->stores[s])
+            e->be->ops->kv_destroy(e->be, cs->stores[s]);
+    free(cs->len);
+    free(cs->base_a);
+    free(cs->base_b);
+    free(cs->first);
+    free(cs->prompt);
+    free(cs->q);
+    free(cs->table_a);
+    free(cs->table_b);
+}
+
+/* Compresses every chat prompt with one option set (n_keep per prompt from
+ * keep_ratio) and generates gen greedy tokens for all of them in lockstep,
+ * one token per live sequence per step. After an end-of-generation token a
+ * sequence stops and its output is padded with that token. */
+static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_t *out, double *kept)
+{
+    const opts *o = e->o;
+    const int32_t L = e->hp->n_layers, H = e->hp->n_kv_heads, n = cs->n;
+    int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
+    int32_t **keep = calloc((size_t)n, sizeof(int32_t *));
+    dp_compact_seq *seqs = calloc((size_t)n, sizeof *seqs);
+    int32_t *q_slot = malloc((size_t)cs->n_cap * sizeof(int32_t));
+    uint8_t *seq_store = malloc((size_t)n);
+    bool *live = calloc((size_t)n, sizeof(bool));
+    int rc = DP_ENOMEM;
+    if (!n_keep || !keep || !seqs || !q_slot || !seq_store || !live)
+        goto out;
+    *kept = 0;
+    for (int i = 0; i < n; i++) {
+        n_keep[i] = compress_n_keep(co, cs->len[i]);
+        *kept += (double)n_keep[i] / cs->len[i] / n;
+        if (!(keep[i] = malloc((size_t)L * H * n_keep[i] * sizeof(int32_t))))
+            goto out;
+        for (int32_t j = 0; j < cs->n_cap; j++)
+            q_slot[j] = cs->len[i] - cs->n_cap + j;
+        memcpy(e->q_host, cs->q[i], (size_t)L * cs->n_cap * e->qd * sizeof(float));
+        if ((rc = queries_to_backend(e, cs->n_cap)) ||
+            (rc = compressor_select(&e->comp, co, cs->stores[0], cs->table_a + (size_t)i * cs->max_blocks_a,
+                                    cs->len[i], e->q_dev, (int64_t)cs->n_cap * e->qd, q_slot, cs->n_cap,
+                                    n_keep[i], keep[i])))
+            goto out;
+        seqs[i] = (dp_compact_seq){cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
+                                   cs->table_b + (size_t)i * cs->max_blocks_b,
+                                   (cs->len[i] + o->gen + BT - 1) / BT, n_keep[i], keep[i]};
+        seq_store[i] = 1;
+        live[i] = true;
+        out[(size_t)i * o->gen] = cs->first[i];
+        if (tokenizer_is_eog(e->tok, cs->first[i]))
+            live[i] = false;
+    }
+    if ((rc = e->be->ops->kv_compact(e->be, cs->stores[0], cs->stores[1], seqs, n)))
+        goto out;
+    for (int32_t t = 1; t < o->gen; t++) {
+        int32_t nt = 0;
+        for (int i = 0; i < n; i++) {
+            if (!live[i]) {
+                out[(size_t)i * o->gen + t] = out[(size_t)i * o->gen + t - 1];
+                continue;
+            }
+            e->bt_tokens[nt] = out[(size_t)i * o->gen + t - 1];
+            e->bt_pos[nt] = cs->len[i] + t - 1;
+            e->bt_slot[nt] = n_keep[i] + t - 1;
+            e->bt_seq[nt] = i;
+            e->bt_out[nt] = nt;
+            nt++;
+        }
+        if (nt == 0)
+            continue;
+        dp_batch b = {.n_tokens = nt, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
+                      .slot = e->bt_slot, .n_seqs = n, .seq_store = seq_store,
+                      .block_tables = cs->table_b, .max_blocks = cs->max_blocks_b, .n_out = nt,
+                      .out_tokens = e->bt_out};
+        if ((rc = llama_forward(e->m, &b, cs->stores, e->logits)))
+            goto out;
+        for (int32_t k = 0; k < nt; k++) {
+            int i = e->bt_seq[k];
+            const float *row = e->logits + (size_t)k * e->vocab;
+            int32_t am = 0;
+            for (int32_t v = 1; v < e->vocab; v++)
+                if (row[v] > row[am])
+                    am = v;
+            out[(size_t)i * o->gen + t] = am;
+            if (tokenizer_is_eog(e->tok, am))
+                live[i] = false;
+        }
+    }
+    rc = 0;
+out:
+    if (keep)
+        for (int i = 0; i < n; i++)
+            free(keep[i]);
+    free(keep);
+    free(n_keep);
+    free(seqs);
+    free(q_slot);
+    free(seq_store);
+    free(live);
+    return rc;
+}
+
+static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r, int32_t **ref_out,
+                     char *err, size_t errsz)
+{
+    const opts *o = e->o;
+    double t0 = dp_now();
+    chat_set cs;
+    memset(r, 0, sizeof *r);
+    int rc = chat_build(e, text, n_text, &cs, err, errsz);
+    size_t nout = (size_t)o->chat * o->gen;
+    int32_t *ref = malloc(nout * sizeof *ref), *got = malloc(nout * sizeof *got);
+    if (!rc && (!ref || !got))
+        rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    if (rc)
+        goto out;
+    r->n = o->chat;
+    for (int i = 0; i < cs.n; i++)
+        r->mean_len += (double)cs.len[i] / cs.n;
+    fprintf(stderr, "dp-eval: chat: %d prompts prefilled (mean %.0f tokens), %.0f s\n", cs.n,
+            r->mean_len, dp_now() - t0);
+    /* The reference: every token kept, through the same compaction path. */
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    double kept;
+    if ((rc = chat_generate(e, &cs, &full, ref, &kept))) {
+        rc = dp_err(err, errsz, rc, "chat generation failed");
+        goto out;
+    }
+    for (int ri = 0; ri < o->n_ratios; ri++) {
+        for (int sc = 0; sc < N_SCORERS; sc++)
+            for (int sd = 0; sd < n_seeds_of(o, sc); sd++) {
+                dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window, (uint64_t)sd + 1};
+                bool all = true;
+                for (int i = 0; i < cs.n; i++)
+                    all = all && compress_n_keep(&co, cs.len[i]) == cs.len[i];
+                if (all) {
+                    memcpy(got, ref, nout * sizeof *got);
+                    kept = 1.0;
+                } else if ((rc = chat_generate(e, &cs, &co, got, &kept))) {
+                    rc = dp_err(err, errsz, rc, "chat generation failed");
+                    goto out;
+                }
+                r->kept[ri] = kept;
+                int ident = 0;
+                double pre = 0;
+                for (int i = 0; i < cs.n; i++) {
+                    int32_t k = 0;
+                    while (k < o->gen && got[(size_t)i * o->gen + k] == ref[(size_t)i * o->gen + k])
+                        k++;
+                    ident += k == o->gen;
+                    pre += (double)k / cs.n;
+                }
+                r->identical[sc][ri][sd] = ident;
+                r->prefix[sc][ri][sd] = pre;
+            }
+        fprintf(stderr, "dp-eval: chat: keep %.2f done, %.0f s\n", o->ratios[ri], dp_now() - t0);
+    }
+    r->seconds = dp_now() - t0;
+    if (ref_out) {
+        *ref_out = ref;
+        ref = NULL;
+    }
+out:
+    chat_destroy(e, &cs);
+    free(ref);
+    free(got);
+    return rc;
+}
+
+/* ---- report ---------------------------------------------------------------- */
+
+static void cell(sbuf *s, const opts *o, const tf_result *r, int sc, int ri, int what)
+{
+    double x[MAX_SEEDS];
+    int ns = n_seeds_of(o, sc);
+    for (int k = 0; k < ns; k++) {
+        const acc *a = &r->a[sc][ri][k];
+        x[k] = what == 0 ? acc_ppl(a) : what == 1 ? acc_kl(a) : 100.0 * acc_top1(a);
+    }
+    double m, sd;
+    mean_std(x, ns, &m, &sd);
+    const char *fmt = what == 0 ? "%.2f" : what == 1 ? "%.4f" : "%.1f";
+    sb_printf(s, " ");
+    sb_printf(s, fmt, m);
+    if (ns > 1 && sd > 0) {
+        sb_printf(s, " ± ");
+        sb_printf(s, fmt, sd);
+    }
+    sb_printf(s, " |");
+}
+
+static void table_header(sbuf *s, const opts *o, const int32_t *n_keep, const double *kept)
+{
+    sb_printf(s, "| scorer |");
+    for (int ri = 0; ri < o->n_ratios; ri++) {
+        if (n_keep)
+            sb_printf(s, " %.1f (%d) |", o->ratios[ri], n_keep[ri]);
+        else
+            sb_printf(s, " %.1f (%.2f) |", o->ratios[ri], kept[ri]);
+    }
+    sb_printf(s, "\n|---|");
+    for (int ri = 0; ri < o->n_ratios; ri++)
+        sb_printf(s, "---|");
+    sb_printf(s, "\n");
+}
+
+static void report_tf(sbuf *s, const opts *o, int32_t P, const tf_result *r)
+{
+    static const char *const what[] = {"Perplexity (lower is better)",
+                                       "KL(full ‖ compressed), nats per token (lower is better)",
+                                       "Top-1 agreement with the full cache, % (higher is better)"};
+    sb_printf(s, "### P = %d\n\n", P);
+    sb_printf(s, "%d window(s) of %d context tokens, %ld teacher-forced predictions in all; "
+                 "full-cache perplexity %.2f; keep-all compaction %s the uncompressed cache; "
+                 "%.0f s.\n\n",
+              o->windows, P, r->full.n, acc_ppl(&r->full),
+              r->bit_identical ? "gives logits bit-identical to" : "gives logits DIFFERENT from",
+              r->seconds);
+    for (int w = 0; w < 3; w++) {
+        sb_printf(s, "%s; columns: keep ratio (tokens kept of %d)\n\n", what[w], P);
+        table_header(s, o, r->n_keep, NULL);
+        for (int sc = 0; sc < N_SCORERS; sc++) {
+            sb_printf(s, "| %s%s |", scorer_name((dp_scorer)sc),
+                      sc == DP_SCORER_RANDOM && o->seeds > 1 ? " (mean ± sd)" : "");
+            for (int ri = 0; ri < o->n_ratios; ri++)
+                cell(s, o, r, sc, ri, w);
+            sb_printf(s, "\n");
+        }
+        sb_printf(s, "\n");
+    }
+}
+
+static void report_chat(sbuf *s, const opts *o, const chat_result *r)
+{
+    sb_printf(s, "### Greedy agreement on %d chat prompts\n\n", r->n);
+    sb_printf(s, "Prompts of %.0f tokens on average (a 300–700-token passage of the text and a "
+                 "question, in the model's chat template); %d greedy tokens each; cell: prompts "
+                 "whose %d tokens are identical to the full cache / mean length of the identical "
+                 "prefix. Columns: keep ratio (mean fraction kept, with the sinks + window floor). "
+                 "%.0f s.\n\n",
+              r->mean_len, o->gen, o->gen, r->seconds);
+    table_header(s, o, NULL, r->kept);
+    for (int sc = 0; sc < N_SCORERS; sc++) {
+        sb_printf(s, "| %s%s |", scorer_name((dp_scorer)sc),
+                  sc == DP_SCORER_RANDOM && o->seeds > 1 ? " (mean ± sd)" : "");
+        for (int ri = 0; ri < o->n_ratios; ri++) {
+            int ns = n_seeds_of(o, sc);
+            double id[MAX_SEEDS], pre[MAX_SEEDS], m1, s1, m2, s2;
+            for (int k = 0; k < ns; k++) {
+                id[k] = r->identical[sc][ri][k];
+                pre[k] = r->prefix[sc][ri][k];
+            }
+            mean_std(id, ns, &m1, &s1);
+            mean_std(pre, ns, &m2, &s2);
+            if (ns > 1 && (s1 > 0 || s2 > 0))
+                sb_printf(s, " %.1f ± %.1f / %.1f ± %.1f |", m1, s1, m2, s2);
+            else
+                sb_printf(s, " %.0f/%d / %.1f |", m1, r->n, m2);
+        }
+        sb_printf(s, "\n");
+    }
+    sb_printf(s, "\n");
+}
+
+/* Replaces the section between this tag's markers in path (appending it when
+ * absent, creating the file when missing). */
+static int write_markdown(const char *path, const char *tag, const char *body)
+{
+    char begin[128], end[128];
+    snprintf(begin, sizeof begin, "<!-- dp-eval:%s:begin -->\n", tag);
+    snprintf(end, sizeof end, "<!-- dp-eval:%s:end -->\n", tag);
+    char *old = NULL;
+    size_t old_n = 0;
+    FILE *f = fopen(path, "rb");
+    if (f) {
+        fseek(f, 0, SEEK_END);
+        long sz = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        old = malloc((size_t)(sz > 0 ? sz : 0) + 1);
+        if (!old || fread(old, 1, (size_t)sz, f) != (size_t)sz) {
+            fclose(f);
+            free(old);
+            return DP_EIO;
+        }
+        old[sz] = 0;
+        old_n = (size_t)sz;
+        fclose(f);
+    }
+    char *b = old ? strstr(old, begin) : NULL;
+    char *e = b ? strstr(b, end) : NULL;
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *w = fopen(tmp, "wb");
+    if (!w) {
+        free(old);
+        return DP_EIO;
+    }
+    if (b && e) {
+        fwrite(old, 1, (size_t)(b - old), w);
+        fputs(begin, w);
+        fputs(body, w);
+        fputs(end, w);
+        char *rest = e + strlen(end);
+        fwrite(rest, 1, old_n - (size_t)(rest - old), w);
+    } else {
+        if (old) {
+            fwrite(old, 1, old_n, w);
+            if (old_n && old[old_n - 1] != '\n')
+                fputc('\n', w);
+            fputc('\n', w);
+        }
+        fputs(begin, w);
+        fputs(body, w);
+        fputs(end, w);
+    }
+    free(old);
+    if (fclose(w) != 0 || rename(tmp, path) != 0)
+        return DP_EIO;
+    return 0;
+}
+
+static void machine_line(sbuf *s, const ev *e)
+{
+    char model[256] = "unknown CPU", line[512];
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    int cores = 0;
+    if (f) {
+        while (fgets(line, sizeof line, f)) {
+            if (!strncmp(line, "model name", 10) && model[0] == 'u') {
+                const char *c = strchr(line, ':');
+                if (c) {
+                    snprintf(model, sizeof model, "%s", c + 2);
+                    model[strcspn(model, "\n")] = 0;
+                }
+            }
+            if (!strncmp(line, "processor", 9))
+                cores++;
+        }
+        fclose(f);
+    }
+    sb_printf(s, "Machine: %s, %d logical CPUs, backend `%s` with %d thread(s).\n\n", model, cores,
+              e->be->ops->name, e->be->n_threads);
+}
+
+/* ---- options ------------------------------------------------------------------ */
+
+static int parse_list_i(const char *s, int32_t *v, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long x = strtol(s, &end, 10);
+        if (end == s || x <= 0 || x > 1 << 20)
+            return -1;
+        v[n++] = (int32_t)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return *s ? -1 : n;
+}
+
+static int parse_list_f(const char *s, float *v, int max)
+{
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        double x = strtod(s, &end);
+        if (end == s || !(x > 0 && x <= 1))
+            return -1;
+        v[n++] = (float)x;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',')
+            return -1;
+    }
+    return *s ? -1 : n;
+}
+
+static void usage(void)
+{
+    fprintf(stderr,
+            "usage: dp-eval [--model FILE] [--text FILE] [--prefill 512,2048] [--cont 256]\n"
+            "               [--offset TOKENS] [--windows N] [--ratios 1,0.7,0.5,0.3,0.2,0.1]\n"
+            "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
+            "               [--threads N] [--device cpu] [--markdown FILE [--tag NAME]]\n");
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {.model = "models/SmolLM2-135M-Instruct.Q4_1.gguf",
+              .text = "/usr/share/common-licenses/GPL-3",
+              .device = "cpu",
+              .tag = "tables",
+              .prefill = {512, 2048},
+              .n_prefill = 2,
+              .cont = 256,
+              .windows = 1,
+              .ratios = {1.0f, 0.7f, 0.5f, 0.3f, 0.2f, 0.1f},
+              .n_ratios = 6,
+              .seeds = 5,
+              .sinks = 4,
+              .window = 32,
+              .chat = 20,
+              .gen = 64};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 0;
+        }
+        if (!v) {
+            usage();
+            return 2;
+        }
+        i++;
+        int bad = 0;
+        if (!strcmp(a, "--model"))
+            o.model = v;
+        else if (!strcmp(a, "--text"))
+            o.text = v;
+        else if (!strcmp(a, "--device"))
+            o.device = v;
+        else if (!strcmp(a, "--markdown"))
+            o.markdown = v;
+        else if (!strcmp(a, "--tag"))
+            o.tag = v;
+        else if (!strcmp(a, "--prefill"))
+            bad = (o.n_prefill = parse_list_i(v, o.prefill, 8)) <= 0;
+        else if (!strcmp(a, "--ratios"))
+            bad = (o.n_ratios = parse_list_f(v, o.ratios, MAX_RATIOS)) <= 0;
+        else if (!strcmp(a, "--cont"))
+            bad = (o.cont = atoi(v)) < 1;
+        else if (!strcmp(a, "--offset"))
+            bad = (o.offset = atoi(v)) < 0;
+        else if (!strcmp(a, "--windows"))
+            bad = (o.windows = atoi(v)) < 1;
+        else if (!strcmp(a, "--seeds"))
+            bad = (o.seeds = atoi(v)) < 1 || o.seeds > MAX_SEEDS;
+        else if (!strcmp(a, "--sinks"))
+            bad = (o.sinks = atoi(v)) < 0;
+        else if (!strcmp(a, "--window"))
+            bad = (o.window = atoi(v)) < 0;
+        else if (!strcmp(a, "--chat"))
+            bad = (o.chat = atoi(v)) < 0;
+        else if (!strcmp(a, "--gen"))
+            bad = (o.gen = atoi(v)) < 1;
+        else if (!strcmp(a, "--threads"))
+            bad = (o.threads = atoi(v)) < 0;
+        else {
+            fprintf(stderr, "dp-eval: unknown option %s\n", a);
+            usage();
+            return 2;
+        }
+        if (bad) {
+            fprintf(stderr, "dp-eval: bad value for %s: %s\n", a, v);
+            return 2;
+        }
+    }
+
+    char err[DP_ERRLEN] = "";
+    ev e = {.o = &o};
+    int rc;
+    if ((rc = gguf_open(&e.g, o.model, err, sizeof err)))
+        return die(o.model, rc, err);
+    if ((rc = tokenizer_init_gguf(&e.tok, &e.g, err, sizeof err)))
+        return die("tokenizer", rc, err);
+    if ((rc = backend_create(&e.be, o.device, o.threads, err, sizeof err)))
+        return die("backend", rc, err);
+    int32_t max_tokens = CHUNK > o.cont ? CHUNK : o.cont;
+    if (o.chat > max_tokens)
+        max_tokens = o.chat;
+    if ((rc = llama_init(&e.m, &e.g, e.be, max_tokens, o.cont > o.chat ? o.cont : (o.chat > 2 ? o.chat : 2),
+                         err, sizeof err)))
+        return die("model", rc, err);
+    e.hp = llama_hparams(e.m);
+    e.vocab = e.hp->vocab;
+    e.qd = e.hp->n_heads * e.hp->head_dim;
+    size_t qn = (size_t)e.hp->n_layers * DP_MAX_CAPTURE * (size_t)e.qd;
+    e.q_host = malloc(qn * sizeof(float));
+    e.q_dev = e.be->ops->alloc(e.be, qn * sizeof(float));
+    e.logits = malloc((size_t)llama_max_out(e.m) * e.vocab * sizeof(float));
+    e.bt_tokens = malloc((size_t)max_tokens * sizeof(int32_t));
+    e.bt_pos = malloc((size_t)max_tokens * sizeof(int32_t));
+    e.bt_seq = malloc((size_t)max_tokens * sizeof(int32_t));
+    e.bt_slot = malloc((size_t)max_tokens * sizeof(int32_t));
+    e.bt_out = malloc((size_t)max_tokens * sizeof(int32_t));
+    e.bt_cap = malloc((size_t)DP_MAX_CAPTURE * sizeof(int32_t));
+    if (!e.q_host || !e.q_dev || !e.logits || !e.bt_tokens || !e.bt_pos || !e.bt_seq || !e.bt_slot ||
+        !e.bt_out || !e.bt_cap)
+        return die("memory", DP_ENOMEM, "out of memory");
+    if ((rc = compressor_init(&e.comp, e.be, e.hp->n_layers, e.hp->n_kv_heads, e.hp->n_heads,
+                              e.hp->head_dim)))
+        return die("compressor", rc, "");
+
+    /* The text, tokenized once. */
+    FILE *f = fopen(o.text, "rb");
+    if (!f)
+        return die(o.text, DP_EIO, "cannot open");
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)sz + 1);
+    if (!buf || fread(buf, 1, (size_t)sz, f) != (size_t)sz)
+        return die(o.text, DP_EIO, "cannot read");
+    fclose(f);
+    int32_t *text;
+    size_t n_text;
+    if ((rc = tokenizer_encode(e.tok, buf, (size_t)sz, tokenizer_add_bos(e.tok), false, &text, &n_text)))
+        return die("tokenize", rc, "");
+    free(buf);
+    fprintf(stderr, "dp-eval: %s: %zu tokens; model %s: %d layers, %d KV heads, head dim %d\n", o.text,
+            n_text, o.model, e.hp->n_layers, e.hp->n_kv_heads, e.hp->head_dim);
+
+    sbuf md = {0};
+    sb_printf(&md, "Produced by `");
+    for (int i = 0; i < argc; i++)
+        sb_printf(&md, "%s%s", i ? " " : "", argv[i]);
+    sb_printf(&md, "` (text `%s`, %zu tokens; model `%s`; sinks %d, window %d, random seeds 1..%d).\n",
+              o.text, n_text, o.model, o.sinks, o.window, o.seeds);
+    machine_line(&md, &e);
+
+    for (int pi = 0; pi < o.n_prefill; pi++) {
+        tf_result *r = calloc(1, sizeof *r);
+        if (!r)
+            return die("memory", DP_ENOMEM, "");
+        if ((rc = eval_prefill(&e, text, (int32_t)n_text, o.prefill[pi], r)))
+            return die("teacher-forced evaluation", rc, "");
+        report_tf(&md, &o, o.prefill[pi], r);
+        free(r);
+    }
+    if (o.chat > 0) {
+        chat_result *cr = calloc(1, sizeof *cr);
+        if (!cr)
+            return die("memory", DP_ENOMEM, "");
+        if ((rc = eval_chat(&e, text, (int32_t)n_text, cr, NULL, err, sizeof err)))
+            return die("chat evaluation", rc, err);
+        report_chat(&md, &o, cr);
+        free(cr);
+    }
+    fwrite(md.p, 1, md.n, stdout);
+    if (o.markdown && (rc = write_markdown(o.markdown, o.tag, md.p)))
+        return die(o.markdown, rc, "cannot write");
+
+    free(md.p);
+    free(text);
+    compressor_destroy(&e.comp);
+    e.be->ops->free(e.be, e.q_dev);
+    free(e.q_host);
+    free(e.logits);
+    free(e.bt_tokens);
+    free(e.bt_pos);
+    free(e.bt_seq);
+    free(e.bt_slot);
+    free(e.bt_out);
+    free(e.bt_cap);
+    llama_destroy(e.m);
+    tokenizer_destroy(e.tok);
+    backend_destroy(e.be);
+    gguf_close(&e.g);
+    return 0;
+}

@@ -59,7 +59,7 @@ static int get_int(const cJSON *root, const char *name, double lo, double hi, lo
         return api_err_invalid(e, name, "'%s' must be an integer", name);
     double d = v->valuedouble;
     if (d < lo || d > hi)
-        return api_err_invalid(e, name, "'%s' must be between %.0f and %.0f, got %.0f", name, lo,
+        return api_err_invalid(e, name, "'%s' must be between %.0f and %.0f, got %g", name, lo,
                                hi, d);
     *out = (long long)d;
     if (present)

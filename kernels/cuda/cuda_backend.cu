@@ -469,8 +469,11 @@ static void cuda_destroy(dp_backend *be)
     cudaFree(c->d_arrays);
     cudaFreeHost(c->h_arrays);
     cudaFreeHost(c->wstage);
+    cudaFreeHost(c->kvp_host);
     if (c->arrays_copied)
         cudaEventDestroy(c->arrays_copied);
+    if (c->kvp_copied)
+        cudaEventDestroy(c->kvp_copied);
     if (c->stream)
         cudaStreamDestroy(c->stream);
     free(c);
@@ -546,7 +549,8 @@ extern "C" int backend_cuda_create(dp_backend **out, int device_index, char *err
     int rc = 0;
     cublasStatus_t bs;
     if ((e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-        (e = cudaEventCreateWithFlags(&c->arrays_copied, cudaEventDisableTiming)) != cudaSuccess) {
+        (e = cudaEventCreateWithFlags(&c->arrays_copied, cudaEventDisableTiming)) != cudaSuccess ||
+        (e = cudaEventCreateWithFlags(&c->kvp_copied, cudaEventDisableTiming)) != cudaSuccess) {
         rc = dp_err(err, errsz, DP_EIO, "CUDA device %d: %s", device_index, cudaGetErrorString(e));
         goto fail;
     }

@@ -102,6 +102,10 @@ typedef struct cuda_backend {
      * the scratch rows of kv_score_attn. */
     int32_t *kvp_idx;
     size_t kvp_idx_cap;  /* int32 elements */
+    int32_t *kvp_host;   /* pinned staging of the same */
+    size_t kvp_host_cap;
+    cudaEvent_t kvp_copied;
+    bool kvp_pending;
     float *kvp_scratch;
     size_t kvp_scratch_cap; /* floats */
     /* weight_load: pinned staging for converted rows. */

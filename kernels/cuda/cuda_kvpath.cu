@@ -1,28 +1,54 @@
 /* cuda_kvpath.cu: the dual-path KV operations on the device: importance
  * scores (key norms, attention mass of captured queries) and kv_compact. */
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_internal.h"
 
 #define KVP_THREADS 256
 
-/* The ops take host tables and index lists: they are packed into one host
- * buffer and copied in one stream-ordered copy into kvp_idx (a pageable
- * source is staged by the runtime before cudaMemcpyAsync returns, so the
- * host buffer may be freed right away). Returns the device copy or NULL. */
-static int32_t *cuda_kvp_upload(cuda_backend *c, const int32_t *h, size_t n)
+/* The ops take host tables and index lists. They are packed into a pinned
+ * staging buffer and moved in one async copy into kvp_idx: an async copy from
+ * pageable memory would synchronize the stream first, and these ops run while
+ * other sequences' steps are queued. */
+
+/* A staging area for n int32s, once the previous copy out of it is done. */
+static int32_t *cuda_kvp_stage(cuda_backend *c, size_t n)
+{
+    if (c->kvp_pending) {
+        cudaEventSynchronize(c->kvp_copied);
+        c->kvp_pending = false;
+    }
+    if (n > c->kvp_host_cap) {
+        size_t cap = n + n / 2 + 1024;
+        cudaFreeHost(c->kvp_host);
+        c->kvp_host = NULL;
+        c->kvp_host_cap = 0;
+        if (cudaMallocHost((void **)&c->kvp_host, cap * sizeof(int32_t)) != cudaSuccess) {
+            cudaGetLastError();
+            c->kvp_host = NULL;
+            return NULL;
+        }
+        c->kvp_host_cap = cap;
+    }
+    return c->kvp_host;
+}
+
+/* Copies the first n staged int32s to the device; NULL on failure. */
+static int32_t *cuda_kvp_commit(cuda_backend *c, size_t n)
 {
     if (cuda_scratch_grow(c, (void **)&c->kvp_idx, &c->kvp_idx_cap, n ? n : 1, sizeof(int32_t)))
         return NULL;
     if (n) {
-        cudaError_t e = cudaMemcpyAsync(c->kvp_idx, h, n * sizeof *h, cudaMemcpyHostToDevice,
-                                        c->stream);
+        cudaError_t e = cudaMemcpyAsync(c->kvp_idx, c->kvp_host, n * sizeof(int32_t),
+                                        cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess)
+            e = cudaEventRecord(c->kvp_copied, c->stream);
         if (e != cudaSuccess) {
             cuda_note_error(c, "kv path index copy", e);
             return NULL;
         }
+        c->kvp_pending = true;
     }
     return c->kvp_idx;
 }
@@ -66,7 +92,14 @@ void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *t
     const dp_kv_layout *l = &kv->l;
     if (n_slots <= 0)
         return;
-    const int32_t *dt = cuda_kvp_upload(c, table, (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens));
+    const size_t n_tab = (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens);
+    int32_t *h = cuda_kvp_stage(c, n_tab);
+    if (!h) {
+        cuda_note_error(c, "kv_score_knorm: out of pinned memory", cudaErrorMemoryAllocation);
+        return;
+    }
+    memcpy(h, table, n_tab * sizeof *h);
+    const int32_t *dt = cuda_kvp_commit(c, n_tab);
     if (!dt)
         return;
     const int64_t total = (int64_t)l->n_layers * l->n_kv_heads * n_slots;
@@ -175,15 +208,14 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
         return;
     }
     const size_t n_tab = (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens);
-    int32_t *h = (int32_t *)malloc((n_tab + (size_t)n_q) * sizeof *h);
+    int32_t *h = cuda_kvp_stage(c, n_tab + (size_t)n_q);
     if (!h) {
-        cuda_note_error(c, "kv_score_attn: out of host memory", cudaErrorMemoryAllocation);
+        cuda_note_error(c, "kv_score_attn: out of pinned memory", cudaErrorMemoryAllocation);
         return;
     }
     memcpy(h, table, n_tab * sizeof *h);
     memcpy(h + n_tab, q_slot, (size_t)n_q * sizeof *h);
-    const int32_t *d = cuda_kvp_upload(c, h, n_tab + (size_t)n_q);
-    free(h);
+    const int32_t *d = cuda_kvp_commit(c, n_tab + (size_t)n_q);
     if (!d || cuda_scratch_grow(c, (void **)&c->kvp_scratch, &c->kvp_scratch_cap,
                                 rows * (size_t)n_slots, sizeof(float)))
         return;
@@ -276,7 +308,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     /* Packed as int32: row_start (int64, n_seqs of them), the per-sequence
      * descriptors, then every sequence's tables and keep lists. */
     const size_t n_hdr = 2 * (size_t)n_seqs + 4 * (size_t)n_seqs;
-    int32_t *h = (int32_t *)malloc((n_hdr + n_idx) * sizeof *h);
+    int32_t *h = cuda_kvp_stage(c, n_hdr + n_idx);
     if (!h)
         return DP_ENOMEM;
     int64_t *row_start = (int64_t *)h;
@@ -299,8 +331,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
         memcpy(idx + o, q->keep, (size_t)per_keep * (size_t)q->n_keep * sizeof *idx);
         o += (size_t)per_keep * (size_t)q->n_keep;
     }
-    int32_t *d = cuda_kvp_upload(c, h, n_hdr + n_idx);
-    free(h);
+    int32_t *d = cuda_kvp_commit(c, n_hdr + n_idx);
     if (!d)
         return c->failed ? c->failed : DP_ENOMEM;
     const int64_t total = total_rows * (ls->head_dim / CUDA_KV_VEC);

@@ -278,7 +278,7 @@ def test_429_queue_full():
 
 def test_503_while_draining():
     import http.client
-    d = Daemon(["--drain-timeout", "30"], log_name="dualpathd-drain")
+    d = Daemon(["--drain-timeout", "300"], log_name="dualpathd-drain")
     try:
         u = urllib.parse.urlparse(d.url)
         keep = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
@@ -286,7 +286,7 @@ def test_503_while_draining():
         r = keep.getresponse()
         assert r.status == 200
         r.read()
-        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 60, "stream": True,
+        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 24, "stream": True,
                                  "ignore_eos": True})
         t0 = time.time()
         d.proc.send_signal(15)
@@ -312,7 +312,28 @@ def test_503_while_draining():
         assert b'"finish_reason":"length"' in buf
         a.close()
         keep.close()
+        assert d.proc.wait(timeout=60) == 0
+        assert time.time() - t0 < 120
+    finally:
+        d.stop()
+
+
+def test_drain_timeout_cancels():
+    """Past --drain-timeout, running streams end with finish_reason "abort"
+    and the daemon still exits 0."""
+    d = Daemon(["--drain-timeout", "0.5"], log_name="dualpathd-drain-timeout")
+    try:
+        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 4000, "stream": True,
+                                 "ignore_eos": True})
+        d.proc.send_signal(15)
+        buf = b""
+        a.settimeout(30)
+        while b"data: [DONE]" not in buf:
+            chunk = a.recv(65536)
+            assert chunk, buf[-300:]
+            buf += chunk
+        assert b'"finish_reason":"abort"' in buf
+        a.close()
         assert d.proc.wait(timeout=30) == 0
-        assert time.time() - t0 < 30
     finally:
         d.stop()

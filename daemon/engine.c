@@ -14,6 +14,7 @@
 #include "common/dp.h"
 #include "kvcache/compress.h"
 #include "kvcache/pool.h"
+#include "sched/path.h"
 #include "sched/sampler.h"
 #include "sched/scheduler.h"
 #include "sched/stop.h"
@@ -32,6 +33,11 @@ typedef struct eng_seq {
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
     int32_t tokens_kept, tokens_evicted;
+    dp_path_detector path; /* the path detector's state */
+    int32_t *prev_keep;    /* early switch: kept set after the previous chunk */
+    int32_t prev_k;
+    bool switched_early;   /* compacted mid-prompt: compacts again at the prompt's end */
+    int32_t seen_preemptions;
     double t_first;
     int32_t *bias_ids;
     float *bias_vals;
@@ -51,6 +57,7 @@ struct dp_engine {
     dp_kv_store *dstore;
     bool dual;
     dp_compressor comp;
+    dp_path_opts popts;
     int32_t *keep;             /* migration scratch: keep lists */
     size_t keep_cap;
     int32_t *b_capture;
@@ -192,6 +199,7 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
     e->stats.requests_finished[why]++;
     pthread_mutex_unlock(&e->stats_mu);
     seq_free(es->seq);
+    free(es->prev_keep);
     stop_destroy(&es->stop);
     free(es->bias_ids);
     free(es->bias_vals);
@@ -231,6 +239,9 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->copts.keep_ratio = p->keep_ratio;
     es->copts.seed = p->sampling.seed ^ req->id;
     es->capture_at = -1;
+    path_init(&es->path);
+    if (es->dualpath && e->popts.early_switch)
+        es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
     stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
@@ -372,11 +383,24 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
 /* Compacts each sequence's cache from (src store, its table) into a new
  * decode-pool table of n_keep[i] slots, all in one kv_compact call. For
  * migrations src is the prefill store; for recompression the decode store. */
-static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, bool recompress,
-                         const float *q, int64_t q_stride)
+enum { COMPACT_MIGRATE, COMPACT_BUDGET, COMPACT_PROMPT_END };
+
+/* Slots kept by a compaction of the given kind. */
+static int32_t compact_target(const dp_engine *e, const eng_seq *es, int mode)
+{
+    if (mode == COMPACT_BUDGET)
+        return budget_keep(e);
+    if (mode == COMPACT_PROMPT_END)
+        return compress_n_keep(&es->copts, es->seq->n_prompt);
+    return compress_n_keep(&es->copts, es->seq->n_slots);
+}
+
+static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
+                         int64_t q_stride)
 {
     const dp_hparams *hp = llama_hparams(e->model);
     const size_t per_keep = (size_t)hp->n_layers * (size_t)hp->n_kv_heads;
+    const bool recompress = mode != COMPACT_MIGRATE;
     double t0 = dp_now();
     dp_compact_seq cs[64];
     dp_block_table tables[64];
@@ -386,7 +410,7 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, bool recompres
     int64_t kept = 0, evicted = 0;
     for (int32_t i = 0; i < n && m < 64; i++) {
         dp_seq *s = list[i]->seq;
-        int32_t k = recompress ? budget_keep(e) : compress_n_keep(&list[i]->copts, s->n_slots);
+        int32_t k = compact_target(e, list[i], mode);
         if (k > s->n_slots)
             k = s->n_slots;
         n_keep[m] = k;
@@ -446,7 +470,12 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, bool recompres
             kept += es->tokens_kept;
             evicted += es->tokens_evicted;
             sched_switch_to_decode(&e->sched, s, &tables[i], n_keep[i]);
+            path_set(&es->path, DP_PS_DECODE);
         } else {
+            if (mode == COMPACT_PROMPT_END) {
+                es->tokens_evicted += s->n_slots - n_keep[i];
+                es->tokens_kept = n_keep[i];
+            }
             sched_replace_decode_table(&e->sched, s, &tables[i], n_keep[i]);
         }
     }
@@ -454,6 +483,33 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, bool recompres
         dp_log(DP_LOG_ERROR, "engine: kv_compact failed (%s); sequences keep full caches",
                dp_strerror(rc));
     record_migration(e, dp_now() - t0, ok, kept, evicted, recompress);
+}
+
+/* Updates the detector's kept-set change for a prefill-path sequence from the
+ * selection its scorer makes over what has been computed so far. */
+static int early_signal(dp_engine *e, eng_seq *es)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    dp_seq *s = es->seq;
+    int32_t rows = hp->n_layers * hp->n_kv_heads;
+    int32_t k = compress_n_keep(&es->copts, s->n_slots);
+    int32_t *cur = malloc((size_t)rows * (size_t)k * sizeof *cur);
+    if (!cur)
+        return DP_ENOMEM;
+    dp_compress_opts co = es->copts;
+    if (co.scorer == DP_SCORER_SNAPKV)
+        co.scorer = DP_SCORER_KNORM; /* no captured queries mid-prompt */
+    if (compressor_select(&e->comp, &co, e->store, s->table.blocks, s->n_slots, NULL, 0, NULL, 0, k,
+                          cur) != 0) {
+        free(cur);
+        return DP_ENOMEM;
+    }
+    if (es->prev_keep)
+        es->path.last_change = path_kept_change(es->prev_keep, es->prev_k, cur, k, rows);
+    free(es->prev_keep);
+    es->prev_keep = cur;
+    es->prev_k = k;
+    return 0;
 }
 
 /* Sequences over the decode budget are compressed back below it. */
@@ -468,7 +524,7 @@ static void recompress_over_budget(dp_engine *e)
             es->seq->n_slots >= e->opts.decode_budget && es->seq->n_computed == es->seq->n_tokens - 1)
             list[n++] = es;
     if (n > 0)
-        compact_seqs(e, list, n, true, NULL, 0);
+        compact_seqs(e, list, n, COMPACT_BUDGET, NULL, 0);
 }
 
 /* ---- one step ------------------------------------------------------------- */
@@ -533,6 +589,14 @@ static void run_step(dp_engine *e)
             es->started = true;
             atomic_fetch_sub(&e->queued, 1);
         }
+        if (q->n_preemptions != es->seen_preemptions) {
+            es->seen_preemptions = q->n_preemptions;
+            path_set(&es->path, DP_PS_PREEMPTED);
+            path_set(&es->path, DP_PS_WAITING);
+            es->switched_early = false;
+        }
+        if (es->path.state == DP_PS_WAITING)
+            path_set(&es->path, DP_PS_PREFILL);
         for (int32_t k = 0; k < it->n; k++) {
             e->b_tokens[nt] = q->tokens[it->start + k];
             e->b_pos[nt] = it->start + k;
@@ -579,25 +643,51 @@ static void run_step(dp_engine *e)
     }
     sched_commit(&e->sched, &plan);
     int64_t prompt_toks = 0, gen_toks = 0;
-    eng_seq *migrate[64];
-    int32_t n_migrate = 0;
+    eng_seq *migrate[64], *early[64], *tail_done[64];
+    int32_t n_migrate = 0, n_early = 0, n_tail = 0;
     for (int32_t i = 0, o = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
         if (!it->decode_phase)
             prompt_toks += it->n;
-        if (!it->emits)
+        if (!it->emits) {
+            /* A prompt chunk ended: the detector may switch the sequence early. */
+            eng_seq *es = it->seq->owner;
+            if (es->dualpath && e->popts.early_switch && it->path == DP_PATH_PREFILL &&
+                n_early < 64 && early_signal(e, es) == 0 &&
+                path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY)
+                early[n_early++] = es;
             continue;
+        }
         gen_toks++;
         eng_seq *es = it->seq->owner;
         bool alive = emit_token(e, es, e->logits + (size_t)(o++) * (size_t)e->vocab);
-        /* The prompt is done: the sequence switches to the decode path. */
+        /* The prompt is done: the sequence switches to the decode path (or,
+         * having switched early, compacts its uncompressed tail). */
         if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath &&
             n_migrate < 64)
             migrate[n_migrate++] = es;
+        if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early &&
+            n_tail < 64) {
+            tail_done[n_tail++] = es;
+            es->switched_early = false;
+        }
     }
+    if (n_early > 0) {
+        compact_seqs(e, early, n_early, COMPACT_MIGRATE, NULL, 0);
+        int32_t switched = 0;
+        for (int32_t i = 0; i < n_early; i++) {
+            early[i]->switched_early = early[i]->seq->path == DP_PATH_DECODE;
+            switched += early[i]->switched_early;
+        }
+        pthread_mutex_lock(&e->stats_mu);
+        e->stats.early_switches += switched;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
+    if (n_tail > 0)
+        compact_seqs(e, tail_done, n_tail, COMPACT_PROMPT_END, NULL, 0);
     if (n_migrate > 0) {
         const dp_hparams *hp = llama_hparams(e->model);
-        compact_seqs(e, migrate, n_migrate, false, llama_captured_queries(e->model),
+        compact_seqs(e, migrate, n_migrate, COMPACT_MIGRATE, llama_captured_queries(e->model),
                      (int64_t)nc * hp->n_heads * hp->head_dim);
     }
     pthread_mutex_lock(&e->stats_mu);
@@ -781,6 +871,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
             goto fail;
         }
         compressor_init(&e->comp, e->be, hp->n_layers, hp->n_kv_heads, hp->n_heads, hp->head_dim);
+        path_opts_default(&e->popts);
+        e->popts.early_switch = opts->early_switch;
     }
     dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, decode_slots, e};
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;

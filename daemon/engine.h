@@ -30,6 +30,7 @@ typedef struct dp_engine_opts {
     int32_t n_blocks_decode;     /* 0: from kv_bytes */
     dp_compress_opts compress;   /* default scorer, keep ratio, sinks, window */
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
+    bool early_switch;           /* the path detector may switch before the prompt ends */
 } dp_engine_opts;
 
 void engine_opts_default(dp_engine_opts *o);
@@ -55,6 +56,7 @@ typedef struct dp_engine_stats {
     int64_t tokens_kept;
     int64_t tokens_evicted;
     int64_t recompressions;   /* decode-budget compressions */
+    int64_t early_switches;   /* switches before the prompt's end (path detector) */
     double migration_seconds; /* sum over migration batches */
     int64_t migration_batches;
     int64_t migration_hist[DP_MIGRATION_BUCKETS + 1]; /* cumulative-free counts per bucket, last = +Inf */

@@ -1,5 +1,5 @@
-/* cuda_attention.cu: causal attention over paged fp16 KV for any mix of
- * prefill chunks and decode tokens: the launches (kernels in cuda_attention_kernels.cuh). */
+/* cuda_attention.cu: the attention op's launches (kernel, then the split-K
+ * merge when the plan splits); the kernels are in cuda_attention_kernels.cuh. */
 #include "cuda_attention_kernels.cuh"
 
 int cuda_attention_setup(cuda_backend *c, char *err, size_t errsz)

@@ -8,11 +8,6 @@
 #include "cuda_attention_plan.h"
 #include "cuda_internal.h"
 
-/* The runtime's current device is per host thread, and the engine thread
- * that runs steps is not the one that created the backend: every entry point
- * that may be the first on a thread binds the device (cheap when current). */
-static void cuda_bind(cuda_backend *c) { cudaSetDevice(c->device); }
-
 void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
 {
     if (c->failed)

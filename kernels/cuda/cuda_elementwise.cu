@@ -1,5 +1,5 @@
-/* cuda_elementwise.cu: the CUDA kernels of the small ops: embedding lookup,
- * RMSNorm, RoPE, KV write into paged fp16 blocks, add, SwiGLU, row gather. */
+/* cuda_elementwise.cu: the small ops' kernels: embedding lookup, RMSNorm, RoPE,
+ * KV write into paged fp16 blocks, add, SwiGLU, row gathers, fp16 conversion. */
 #include <math.h>
 #include <string.h>
 

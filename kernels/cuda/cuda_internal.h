@@ -1,5 +1,5 @@
 /* cuda_internal.h: state shared by the CUDA backend's files (ops table and
- * memory, element-wise kernels, attention). Not part of any public surface. */
+ * memory, element-wise kernels, attention, KV path). Not a public surface. */
 #ifndef DP_KERNELS_CUDA_INTERNAL_H
 #define DP_KERNELS_CUDA_INTERNAL_H
 
@@ -114,6 +114,11 @@ typedef struct cuda_backend {
 } cuda_backend;
 
 static inline cuda_backend *cuda_of(dp_backend *be) { return (cuda_backend *)be; }
+
+/* The runtime's current device is per host thread, and the engine thread
+ * that runs steps is not the one that created the backend: every entry point
+ * that may be the first on a thread binds the device (cheap when current). */
+static inline void cuda_bind(cuda_backend *c) { cudaSetDevice(c->device); }
 
 /* Records the first failure (and logs it once); later ops still run, and
  * the next download reports it. */

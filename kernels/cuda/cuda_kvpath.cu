@@ -89,6 +89,7 @@ void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *t
                          int32_t n_slots, float *out)
 {
     cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
     const dp_kv_layout *l = &kv->l;
     if (n_slots <= 0)
         return;
@@ -196,6 +197,7 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
                         const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale, float *out)
 {
     cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
     const dp_kv_layout *l = &kv->l;
     if (n_slots <= 0)
         return;
@@ -275,6 +277,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                     const dp_compact_seq *seqs, int32_t n_seqs)
 {
     cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
     if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads ||
         ls->head_dim != ld->head_dim || n_seqs < 0)

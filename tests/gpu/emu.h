@@ -1,5 +1,5 @@
-/* emu.h: a small CUDA emulator for tests: host C++ definitions of the CUDA
- * keywords and built-ins the backend's kernels use, so kernels/cuda sources compile with g++.
+/* emu.h: a small CUDA emulator for tests: host C++ stand-ins for the CUDA
+ * keywords and built-ins the kernels use, so kernels/cuda compiles with g++.
  *
  * Include it before anything else in a C++ file, then include a .cu/.cuh
  * file of kernels/cuda. Kernel launches (the CUDA_LAUNCH macro of

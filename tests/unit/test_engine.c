@@ -456,6 +456,33 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
     engine_destroy(e);
 }
 
+/* The path detector switches a highly repetitive long prompt early; the
+ * request completes and every pool drains. */
+static void test_early_switch(world *w)
+{
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.n_blocks = 256;
+    o.n_blocks_decode = 256;
+    o.early_switch = true;
+    static req_spec sp[2];
+    static result res[2];
+    for (int k = 0; k < 2; k++) {
+        sp[k] = (req_spec){.n_prompt = 500, .max_tokens = 8, .ignore_eos = true};
+        for (int i = 0; i < 500; i++)
+            sp[k].prompt[i] = k == 0 ? 100 + i % 8 : urand(w->vocab); /* a loop / random text */
+    }
+    dp_engine_stats st;
+    run_with(w, &o, sp, 1, res, &st, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(st.early_switches, 1);
+    CHECK_EQ_INT(res[0].n, 8);
+    CHECK(st.tokens_kept > 0 && st.tokens_kept < 500);
+    run_with(w, &o, sp + 1, 1, res + 1, &st, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(st.early_switches, 0); /* random text: neither repetitive nor (yet) stable */
+    CHECK_EQ_INT(st.migrations, 1);
+    printf("early switch: a repetitive 500-token prompt switched early, a random one at its end\n");
+}
+
 int main(void)
 {
     world w;
@@ -519,6 +546,7 @@ int main(void)
         specs[i].max_tokens = 16;
     }
     test_dualpath(&w, specs, 8, "SmolLM2 dualpath");
+    test_early_switch(&w);
     world_close(&w);
     T_DONE("engine");
 }

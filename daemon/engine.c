@@ -13,7 +13,9 @@
 
 #include "common/dp.h"
 #include "kvcache/compress.h"
+#include "kvcache/host.h"
 #include "kvcache/pool.h"
+#include "kvcache/prefix.h"
 #include "sched/path.h"
 #include "sched/sampler.h"
 #include "sched/scheduler.h"
@@ -58,6 +60,9 @@ struct dp_engine {
     bool dual;
     dp_compressor comp;
     dp_path_opts popts;
+    dp_prefix_cache pc;
+    dp_host_tier host;
+    bool has_pc, has_host;
     int32_t *keep;             /* migration scratch: keep lists */
     size_t keep_cap;
     int32_t *b_capture;
@@ -103,6 +108,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->prefill_fraction = 0.5;
     o->decode_block_tokens = 16;
     o->compress = (dp_compress_opts){DP_SCORER_KNORM, 0.5f, 4, 32, 0};
+    o->prefix_cache = true;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -714,6 +720,12 @@ static void update_gauges(dp_engine *e)
     for (eng_seq *es = e->live; es; es = es->next)
         on_decode += es->seq->path == DP_PATH_DECODE;
     e->stats.seqs_on_decode_path = on_decode;
+    e->stats.rebuilds = e->sched.rebuilds;
+    e->stats.rebuild_prefix_tokens =
+        e->sched.reused_tokens - e->sched.restored_blocks * e->pool.block_tokens;
+    e->stats.rebuild_host_tokens = e->sched.restored_blocks * e->pool.block_tokens;
+    e->stats.host_spilled_blocks = e->has_pc ? e->pc.spilled_blocks : 0;
+    e->stats.host_tier_blocks = e->has_host ? e->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
@@ -874,6 +886,22 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
     }
+    if (opts->prefix_cache) {
+        if (opts->host_tier_bytes > 0) {
+            size_t bb = e->be->ops->kv_bytes_per_block(e->be, &l);
+            if ((rc = host_tier_init(&e->host, (size_t)opts->host_tier_bytes, bb))) {
+                rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
+                            (long long)opts->host_tier_bytes);
+                goto fail;
+            }
+            e->has_host = true;
+        }
+        if ((rc = prefix_init(&e->pc, &e->pool, e->be, e->store, e->has_host ? &e->host : NULL))) {
+            rc = dp_err(err, errsz, rc, "out of memory");
+            goto fail;
+        }
+        e->has_pc = true;
+    }
     dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, decode_slots, e};
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
     e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
@@ -887,7 +915,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_capture = malloc(DP_MAX_CAPTURE * sizeof(int32_t));
     e->in_cap = 64;
     e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
-    if (sched_init(&e->sched, &so, &e->pool, e->dual ? &e->dpool : NULL) ||
+    if (sched_init(&e->sched, &so, &e->pool, e->dual ? &e->dpool : NULL,
+                   e->has_pc ? &e->pc : NULL) ||
         sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture ||
         !e->raw_row || !e->b_tokens || !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out ||
         !e->b_store || !e->in_q) {
@@ -937,6 +966,10 @@ void engine_destroy(dp_engine *e)
         e->be->ops->kv_destroy(e->be, e->store);
     if (e->dstore)
         e->be->ops->kv_destroy(e->be, e->dstore);
+    if (e->has_pc)
+        prefix_destroy(&e->pc);
+    if (e->has_host)
+        host_tier_destroy(&e->host);
     kv_pool_destroy(&e->pool);
     if (e->dual)
         kv_pool_destroy(&e->dpool);

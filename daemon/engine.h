@@ -31,6 +31,8 @@ typedef struct dp_engine_opts {
     dp_compress_opts compress;   /* default scorer, keep ratio, sinks, window */
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
     bool early_switch;           /* the path detector may switch before the prompt ends */
+    bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
+    int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
 } dp_engine_opts;
 
 void engine_opts_default(dp_engine_opts *o);
@@ -57,6 +59,11 @@ typedef struct dp_engine_stats {
     int64_t tokens_evicted;
     int64_t recompressions;   /* decode-budget compressions */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
+    int64_t rebuilds;         /* admissions that took back a cached prefix */
+    int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
+    int64_t rebuild_host_tokens;   /* tokens restored from the host tier */
+    int64_t host_spilled_blocks;
+    int64_t host_tier_blocks; /* capacity in blocks (0: no host tier) */
     double migration_seconds; /* sum over migration batches */
     int64_t migration_batches;
     int64_t migration_hist[DP_MIGRATION_BUCKETS + 1]; /* cumulative-free counts per bucket, last = +Inf */

@@ -148,6 +148,10 @@ typedef struct dp_backend_ops {
      * when the tables do not share blocks. */
     int (*kv_compact)(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                       const dp_compact_seq *seqs, int32_t n_seqs);
+    /* Copies one block (K and V of every layer, kv_bytes_per_block bytes)
+     * between the store and host memory: the host tier's spill and restore. */
+    int (*kv_block_read)(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host);
+    int (*kv_block_write)(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
 } dp_backend_ops;
 
 struct dp_backend {

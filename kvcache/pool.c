@@ -61,6 +61,8 @@ int kv_pool_alloc(dp_kv_pool *p, int32_t *block)
     int32_t b = p->head;
     unlink_free(p, b);
     p->refcnt[b] = 1;
+    if (p->on_reuse)
+        p->on_reuse(p->reuse_ud, b);
     *block = b;
     return 0;
 }

@@ -17,6 +17,10 @@ typedef struct dp_kv_pool {
     int32_t *next;
     int32_t head;       /* least recently freed (allocated first) */
     int32_t tail;
+    /* Called when a free block is taken for new contents (the prefix cache
+     * forgets, or spills, what the block held). */
+    void (*on_reuse)(void *ud, int32_t block);
+    void *reuse_ud;
 } dp_kv_pool;
 
 int kv_pool_init(dp_kv_pool *p, int32_t n_blocks, int32_t block_tokens);

@@ -57,7 +57,8 @@ int seq_append(dp_seq *s, int32_t token)
     return 0;
 }
 
-int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool)
+int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool,
+               dp_prefix_cache *pc)
 {
     memset(s, 0, sizeof *s);
     if (o->max_batched_tokens < 1 || o->max_seqs < 1 || (dpool && !o->decode_slots))
@@ -65,6 +66,7 @@ int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool
     s->opts = *o;
     s->pool = pool;
     s->dpool = dpool;
+    s->pc = pc;
     s->items = calloc((size_t)o->max_seqs, sizeof *s->items);
     return s->items ? 0 : DP_ENOMEM;
 }
@@ -131,6 +133,8 @@ static void release_all(dp_sched *s, dp_seq *q)
     q->decode_reserve = 0;
     q->path = DP_PATH_PREFILL;
     q->n_slots = 0;
+    q->hashed_blocks = 0;
+    q->chain = 0;
 }
 
 void sched_remove(dp_sched *s, dp_seq *seq)
@@ -246,22 +250,45 @@ static int grow(dp_sched *s, dp_seq *q, int32_t n)
 /* Admission test and allocation for the head of the queue. */
 static bool admit(dp_sched *s, dp_seq *q)
 {
+    /* A prompt that extends an earlier one (the next turn of a conversation,
+     * or a recompute after preemption) takes the cached prefix back: from the
+     * pool where its blocks are intact, from the host tier where they were
+     * spilled; only the rest is computed. At least one token is left to run,
+     * for the logits. */
+    int32_t reused = 0, from_host = 0;
+    if (s->pc && q->n_computed == 0 && q->table.n_blocks == 0) {
+        uint64_t last;
+        reused = prefix_match(s->pc, q->tokens, q->n_tokens - 1, &q->table, &from_host, &last);
+        q->hashed_blocks = q->table.n_blocks;
+        q->chain = last;
+    }
     /* The prompt (or, after a preemption, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; one
      * more slot when decoding will continue there. */
     int64_t slots = s->dpool ? q->n_tokens : (int64_t)q->n_tokens + 1;
     int32_t need_p = kv_pool_blocks_for(s->pool, slots) - q->table.n_blocks;
-    if (need_p > kv_pool_n_free(s->pool))
-        return false;
     int32_t need_d = 0;
-    if (s->dpool) {
+    bool ok = need_p <= kv_pool_n_free(s->pool);
+    if (ok && s->dpool) {
         int32_t d = s->opts.decode_slots(s->opts.ud, q);
         need_d = d > 0 ? kv_pool_blocks_for(s->dpool, d) : 0;
-        if (need_d > kv_pool_n_free(s->dpool) - s->decode_reserved)
-            return false;
+        ok = need_d <= kv_pool_n_free(s->dpool) - s->decode_reserved;
     }
-    if (kv_table_reserve(&q->table, s->pool, slots) != 0)
+    if (!ok || kv_table_reserve(&q->table, s->pool, slots) != 0) {
+        /* Not now: the matched blocks go back, still named, for the retry. */
+        kv_table_release(&q->table, s->pool);
+        q->hashed_blocks = 0;
+        q->chain = 0;
         return false;
+    }
+    q->n_computed = q->n_slots = reused;
+    q->reused_tokens = reused;
+    q->restored_blocks = from_host;
+    if (reused > 0) {
+        s->rebuilds++;
+        s->reused_tokens += reused;
+        s->restored_blocks += from_host;
+    }
     q->decode_reserve = need_d;
     s->decode_reserved += need_d;
     return true;
@@ -340,5 +367,14 @@ void sched_commit(dp_sched *s, const dp_sched_plan *p)
         q->n_computed += p->items[i].n;
         q->n_slots += p->items[i].n;
         q->scheduled = false;
+        /* Name the prefill blocks this step filled (slot == position there). */
+        if (s->pc && q->path == DP_PATH_PREFILL) {
+            const int32_t bt = s->pool->block_tokens;
+            while ((q->hashed_blocks + 1) * bt <= q->n_slots && q->hashed_blocks < q->table.n_blocks) {
+                q->chain = prefix_chain(q->chain, q->tokens + (size_t)q->hashed_blocks * bt, bt);
+                prefix_register(s->pc, q->table.blocks[q->hashed_blocks], q->chain);
+                q->hashed_blocks++;
+            }
+        }
     }
 }

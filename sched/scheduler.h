@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kvcache/pool.h"
+#include "kvcache/prefix.h"
 
 typedef enum dp_seq_state {
     DP_SEQ_WAITING = 0,  /* queued, or preempted and waiting for recompute */
@@ -37,6 +38,10 @@ typedef struct dp_seq {
     dp_block_table table;
     int32_t decode_reserve;   /* decode-pool blocks reserved at admission, not yet taken */
     int32_t max_new;          /* tokens still to generate at most (admission estimate) */
+    int32_t hashed_blocks;    /* prefill blocks named in the prefix cache so far */
+    uint64_t chain;           /* name of the last of them */
+    int32_t reused_tokens;    /* prompt tokens taken from the prefix cache at admission */
+    int32_t restored_blocks;  /* of which blocks restored from the host tier */
     dp_seq_state state;
     int32_t n_preemptions;
     bool scheduled;           /* in the current step's plan */
@@ -86,6 +91,8 @@ typedef struct dp_sched {
     dp_sched_opts opts;
     dp_kv_pool *pool;         /* prefill pool (the only pool without dualpath), borrowed */
     dp_kv_pool *dpool;        /* decode pool, or NULL; borrowed */
+    dp_prefix_cache *pc;      /* prefix cache over the prefill pool, or NULL; borrowed */
+    int64_t reused_tokens, restored_blocks, rebuilds;
     int32_t decode_reserved;  /* decode blocks promised to admitted sequences, not yet taken */
     dp_seq *wait_head, *wait_tail;
     dp_seq *run_head, *run_tail;
@@ -95,8 +102,10 @@ typedef struct dp_sched {
     dp_sched_item *items;     /* plan storage, max_seqs entries */
 } dp_sched;
 
-/* dpool may be NULL: one pool, no compaction (dualpath off). */
-int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool);
+/* dpool may be NULL: one pool, no compaction (dualpath off). pc may be NULL:
+ * no prefix reuse. */
+int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool,
+               dp_prefix_cache *pc);
 static inline dp_kv_pool *sched_pool_of(const dp_sched *s, const dp_seq *q)
 {
     return q->path == DP_PATH_DECODE ? s->dpool : s->pool;

@@ -425,6 +425,8 @@ static const dp_backend_ops cpu_ops = {
     .kv_score_knorm = cpu_kv_score_knorm,
     .kv_score_attn = cpu_kv_score_attn,
     .kv_compact = cpu_kv_compact,
+    .kv_block_read = cpu_kv_block_read,
+    .kv_block_write = cpu_kv_block_write,
 };
 
 int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz)

@@ -54,6 +54,8 @@ void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *tab
                        int32_t n_heads, float scale, float *out);
 int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                    const dp_compact_seq *seqs, int32_t n_seqs);
+int cpu_kv_block_read(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host);
+int cpu_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
 int cpu_scratch_reserve(cpu_backend *c, size_t wscratch_elems, size_t sscratch_elems);
 float cpu_dot(const float *a, const float *b, int64_t n);
 

@@ -2,6 +2,7 @@
  * (key norms, attention mass from captured queries) and kv_compact, the
  * per-head gather from prefill blocks into decode blocks. */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -150,4 +151,35 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     compact_job j = {src, dst, seqs, n_seqs};
     threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ls->n_layers);
     return 0;
+}
+
+/* Host copies of one block: per layer, K then V ([kv_head][token][dim]). */
+static int block_copy(const dp_kv_store *kv, int32_t block, void *host, const void *from_host)
+{
+    const dp_kv_layout *l = &kv->l;
+    if (block < 0 || block >= l->n_blocks)
+        return DP_EINVAL;
+    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim;
+    for (int32_t layer = 0; layer < l->n_layers; layer++) {
+        float *k = kv_row(kv, kv->k, layer, block, 0, 0), *v = kv_row(kv, kv->v, layer, block, 0, 0);
+        float *h = (float *)(from_host ? (void *)(uintptr_t)from_host : host) + (size_t)layer * 2 * per;
+        if (from_host) {
+            memcpy(k, h, per * sizeof(float));
+            memcpy(v, h + per, per * sizeof(float));
+        } else {
+            memcpy(h, k, per * sizeof(float));
+            memcpy(h + per, v, per * sizeof(float));
+        }
+    }
+    return 0;
+}
+
+int cpu_kv_block_read(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host)
+{
+    return block_copy(kv, block, host, NULL);
+}
+
+int cpu_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host)
+{
+    return block_copy(kv, block, NULL, host);
 }

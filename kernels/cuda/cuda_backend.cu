@@ -506,6 +506,8 @@ static dp_backend_ops cuda_make_ops(void)
     o.kv_score_knorm = cuda_kv_score_knorm;
     o.kv_score_attn = cuda_kv_score_attn;
     o.kv_compact = cuda_kv_compact;
+    o.kv_block_read = cuda_kv_block_read;
+    o.kv_block_write = cuda_kv_block_write;
     return o;
 }
 

@@ -153,6 +153,9 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
                         const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale, float *out);
 int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                     const dp_compact_seq *seqs, int32_t n_seqs);
+/* Host tier: one block's K and V of every layer to and from host memory. */
+int cuda_kv_block_read(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host);
+int cuda_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
 
 /* Attention (cuda_attention.cu). */
 void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,

@@ -1,5 +1,6 @@
 /* cuda_kvpath.cu: the dual-path KV operations on the device: importance
- * scores (key norms, attention mass of captured queries) and kv_compact. */
+ * scores (key norms, attention mass of captured queries), kv_compact, and the
+ * host tier's block copies. */
 #include <math.h>
 #include <string.h>
 
@@ -348,4 +349,57 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                 (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs), d + n_hdr, n_seqs, total_rows);
     cuda_check_launch(c, "kv_compact");
     return c->failed;
+}
+
+/* ---- host tier: one block to and from host memory ---------------------------------
+ * The host image is the CPU backend's order, per layer K then V, each
+ * [kv_head][token][head_dim], but in fp16 (kv_bytes_per_block is this
+ * backend's size). A block's rows of one layer are contiguous on the device,
+ * n_blocks rows apart from layer to layer: one 2-D copy moves all layers' K,
+ * another all V. Both directions wait for the copy: the caller reuses the host
+ * buffer at once, and spills and restores are not per-step work. */
+static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block, void *host,
+                           bool to_host)
+{
+    const dp_kv_layout *l = &kv->l;
+    if (block < 0 || block >= l->n_blocks)
+        return DP_EINVAL;
+    cuda_bind(c);
+    const size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim *
+                       sizeof(__half);
+    const size_t dev_pitch = per * (size_t)l->n_blocks, host_pitch = 2 * per;
+    const size_t off = per * (size_t)block;
+    uint8_t *h = (uint8_t *)host;
+    uint8_t *dk = (uint8_t *)kv->k + off, *dv = (uint8_t *)kv->v + off;
+    cudaError_t e;
+    if (to_host) {
+        e = cudaMemcpy2DAsync(h, host_pitch, dk, dev_pitch, per, (size_t)l->n_layers,
+                              cudaMemcpyDeviceToHost, c->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync(h + per, host_pitch, dv, dev_pitch, per, (size_t)l->n_layers,
+                                  cudaMemcpyDeviceToHost, c->stream);
+    } else {
+        e = cudaMemcpy2DAsync(dk, dev_pitch, h, host_pitch, per, (size_t)l->n_layers,
+                              cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess)
+            e = cudaMemcpy2DAsync(dv, dev_pitch, h + per, host_pitch, per, (size_t)l->n_layers,
+                                  cudaMemcpyHostToDevice, c->stream);
+    }
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        cuda_note_error(c, to_host ? "kv_block_read" : "kv_block_write", e);
+        return DP_EIO;
+    }
+    return 0;
+}
+
+int cuda_kv_block_read(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host)
+{
+    return cuda_block_copy(cuda_of(be), kv, block, host, true);
+}
+
+int cuda_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host)
+{
+    return cuda_block_copy(cuda_of(be), kv, block, (void *)(uintptr_t)host, false);
 }

@@ -738,7 +738,9 @@ static void check_kvpath(dp_backend *be[2])
         q_slot[i] = (int32_t)(rnd64() % (uint64_t)sq[0].n_slots);
     q_slot[n_q - 1] = sq[0].n_slots - 1;
 
-    float *knorm[2][2], *sattn[2][2], *after[2], *inplace[2];
+    float *knorm[2][2], *sattn[2][2], *after[2], *inplace[2], *blk[2] = {NULL, NULL};
+    bool roundtrip[2] = {false, false};
+    const size_t blk_elems = 2 * (size_t)n_layers * n_kv * bt_src * hd;
     const size_t score_n[2] = {(size_t)n_layers * n_kv * sq[0].n_slots, (size_t)n_layers * n_kv * sq[1].n_slots};
     for (int b = 0; b < 2; b++) {
         dp_kv_store *src, *dst;
@@ -749,6 +751,31 @@ static void check_kvpath(dp_backend *be[2])
         hbatch_set(be[b], &hh);
         for (int32_t l = 0; l < n_layers; l++)
             run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
+        /* Host tier: one block out (compared across backends as floats),
+         * then into a spare block and out again (must round-trip exactly). */
+        if (be[b]->ops->kv_block_read && be[b]->ops->kv_block_write) {
+            const size_t bbytes = be[b]->ops->kv_bytes_per_block(be[b], &ls);
+            const size_t esize = bbytes / blk_elems;
+            uint8_t *img = xmalloc(bbytes), *img2 = xmalloc(bbytes);
+            const int32_t spare = ids_src[ns + 10];
+            if (be[b]->ops->kv_block_read(be[b], src, sq[0].src_table[3], img) ||
+                be[b]->ops->kv_block_write(be[b], src, spare, img) ||
+                be[b]->ops->kv_block_read(be[b], src, spare, img2))
+                die(EXIT_CHECK, "%s: kv_block_read/write failed", be[b]->ops->name);
+            blk[b] = xmalloc(blk_elems * sizeof(float));
+            for (size_t e = 0; e < blk_elems; e++) {
+                uint16_t hv16;
+                if (esize == 4) {
+                    memcpy(&blk[b][e], img + 4 * e, 4);
+                } else {
+                    memcpy(&hv16, img + 2 * e, 2);
+                    blk[b][e] = dp_fp16_to_f32(hv16);
+                }
+            }
+            roundtrip[b] = memcmp(img, img2, bbytes) == 0 && (esize == 2 || esize == 4);
+            free(img);
+            free(img2);
+        }
         /* Scores over sequences 0 and 1. */
         float *dq = dev_from(be[b], q, (size_t)q_stride * n_layers);
         for (int i = 0; i < 2; i++) {
@@ -832,9 +859,22 @@ static void check_kvpath(dp_backend *be[2])
     report("kv_compact", "3 seqs (keep 300/45/0) -> 8-token blocks", after[0], after[1], 6 * qw, TOL_ATT);
     report("kv_compact", "in place, keys read back by knorm", inplace[0], inplace[1],
            (size_t)n_layers * n_kv * sq[1].n_keep, TOL_EW);
+    if (blk[0] && blk[1]) {
+        report("kv_block_read", "one block, K and V of every layer", blk[0], blk[1], blk_elems, TOL_EW);
+        for (int b = 0; b < 2; b++) {
+            g_checks++;
+            g_failed += !roundtrip[b];
+            printf("  %-12s %-46s %s\n", "kv_block_write",
+                   b ? "cuda: read, write to a spare, read again" : "cpu: read, write to a spare, read again",
+                   roundtrip[b] ? "identical  ok" : "DIFFERENT  FAIL");
+        }
+    } else {
+        printf("  %-12s %s\n", "kv_block_read", "not in this build");
+    }
     for (int b = 0; b < 2; b++) {
         free(after[b]);
         free(inplace[b]);
+        free(blk[b]);
     }
     for (int i = 0; i < 3; i++)
         free(sq[i].keep);

@@ -257,6 +257,18 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
     (void)s;
     return cudaMemcpy(dst, src, n, kind);
 }
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
+                              size_t width, size_t height, enum cudaMemcpyKind kind,
+                              cudaStream_t s)
+{
+    (void)kind;
+    (void)s;
+    if (width > dpitch || width > spitch)
+        return cudaErrorInvalidPitchValue;
+    for (size_t r = 0; r < height; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
     memset(p, v, n);

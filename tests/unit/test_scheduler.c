@@ -72,7 +72,7 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
     fake f = {calloc((size_t)o->n_blocks * BT, sizeof(int32_t)), o->n_blocks};
     dp_sched s;
     dp_sched_opts so = {o->max_tokens, o->max_seqs, NULL, NULL};
-    CHECK(sched_init(&s, &so, &pool, NULL) == 0);
+    CHECK(sched_init(&s, &so, &pool, NULL, NULL) == 0);
     memset(st, 0, sizeof *st);
     int32_t done = 0, next_tok[4096];
     for (int64_t step = 0; done < n_jobs; step++) {
@@ -260,7 +260,7 @@ int main(void)
         CHECK(kv_pool_init(&pool, 4, BT) == 0);
         dp_sched s;
         dp_sched_opts so = {256, 8, NULL, NULL};
-        CHECK(sched_init(&s, &so, &pool, NULL) == 0);
+        CHECK(sched_init(&s, &so, &pool, NULL, NULL) == 0);
         int32_t pr[40] = {0};
         dp_seq *a = seq_new(1, pr, 40, 0), *b = seq_new(2, pr, 40, 0);
         sched_add(&s, a);

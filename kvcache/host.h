@@ -1,0 +1,34 @@
+/* host.h: the host tier: a fixed arena of KV block copies in host memory,
+ * keyed by prefix hash, evicted least recently used first. Prefill blocks
+ * spill here when the device pool reuses them, and a later turn of the same
+ * conversation restores them instead of recomputing. */
+#ifndef DP_KVCACHE_HOST_H
+#define DP_KVCACHE_HOST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "u64map.h"
+
+typedef struct dp_host_tier {
+    size_t block_bytes;
+    int32_t cap;          /* entries */
+    uint8_t *arena;
+    uint64_t *hash;       /* per entry, 0 = empty */
+    int32_t *prev, *next; /* LRU links over used entries */
+    int32_t head, tail;   /* least / most recently used */
+    int32_t n_used;
+    dp_u64map map;
+    int64_t puts, hits, evictions;
+} dp_host_tier;
+
+/* capacity_bytes / block_bytes entries (at least one). */
+int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes);
+void host_tier_destroy(dp_host_tier *h);
+/* A buffer of block_bytes to fill for hash (the least recently used entry is
+ * evicted when full); NULL when hash is already stored. */
+void *host_tier_put(dp_host_tier *h, uint64_t hash);
+/* The stored copy for hash (now most recently used), or NULL. */
+const void *host_tier_get(dp_host_tier *h, uint64_t hash);
+
+#endif

@@ -1,0 +1,129 @@
+/* prefix.c: naming, matching and spilling prefill blocks. The map holds only
+ * names whose block still has those contents: a block loses its name the
+ * moment the pool hands it out for something else (prefix_on_reuse). */
+#include "prefix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+static void on_reuse(void *ud, int32_t block)
+{
+    dp_prefix_cache *pc = ud;
+    uint64_t h = pc->block_hash[block];
+    if (!h)
+        return;
+    if (pc->host) {
+        void *buf = host_tier_put(pc->host, h);
+        if (buf && pc->be->ops->kv_block_read(pc->be, pc->store, block, buf) == 0)
+            pc->spilled_blocks++;
+    }
+    u64map_del(&pc->map, h);
+    pc->block_hash[block] = 0;
+}
+
+int prefix_init(dp_prefix_cache *pc, dp_kv_pool *pool, dp_backend *be, dp_kv_store *store,
+                dp_host_tier *host)
+{
+    memset(pc, 0, sizeof *pc);
+    pc->pool = pool;
+    pc->be = be;
+    pc->store = store;
+    pc->host = host;
+    pc->block_hash = calloc((size_t)pool->n_blocks, sizeof *pc->block_hash);
+    if (!pc->block_hash || u64map_init(&pc->map, (uint32_t)pool->n_blocks)) {
+        prefix_destroy(pc);
+        return DP_ENOMEM;
+    }
+    if (host && !(pc->staging = malloc(host->block_bytes))) {
+        prefix_destroy(pc);
+        return DP_ENOMEM;
+    }
+    pool->on_reuse = on_reuse;
+    pool->reuse_ud = pc;
+    return 0;
+}
+
+void prefix_destroy(dp_prefix_cache *pc)
+{
+    if (pc->pool && pc->pool->reuse_ud == pc) {
+        pc->pool->on_reuse = NULL;
+        pc->pool->reuse_ud = NULL;
+    }
+    free(pc->block_hash);
+    free(pc->staging);
+    u64map_destroy(&pc->map);
+    memset(pc, 0, sizeof *pc);
+}
+
+uint64_t prefix_chain(uint64_t prev, const int32_t *tokens, int32_t n)
+{
+    uint64_t h = prev ^ 0x9e3779b97f4a7c15ULL;
+    for (int32_t i = 0; i < n; i++) {
+        h ^= (uint64_t)(uint32_t)tokens[i] + 0x632be59bd9b4e019ULL;
+        h *= 0x100000001b3ULL;
+        h ^= h >> 29;
+    }
+    return h ? h : 1; /* 0 means "unnamed" */
+}
+
+void prefix_register(dp_prefix_cache *pc, int32_t block, uint64_t hash)
+{
+    if (pc->block_hash[block] || u64map_get(&pc->map, hash) >= 0)
+        return;
+    pc->block_hash[block] = hash;
+    u64map_put(&pc->map, hash, block);
+}
+
+static int grow_table(dp_block_table *t)
+{
+    if (t->n_blocks < t->cap)
+        return 0;
+    int32_t cap = t->cap ? t->cap * 2 : 8;
+    int32_t *b = realloc(t->blocks, (size_t)cap * sizeof *b);
+    if (!b)
+        return DP_ENOMEM;
+    t->blocks = b;
+    t->cap = cap;
+    return 0;
+}
+
+int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tokens,
+                     dp_block_table *t, int32_t *from_host, uint64_t *last_hash)
+{
+    const int32_t bt = pc->pool->block_tokens;
+    uint64_t h = 0;
+    *from_host = 0;
+    *last_hash = 0;
+    for (int32_t b = 0; (b + 1) * bt <= max_tokens; b++) {
+        uint64_t nh = prefix_chain(h, tokens + (size_t)b * bt, bt);
+        if (grow_table(t))
+            break;
+        int32_t blk = u64map_get(&pc->map, nh);
+        if (blk >= 0) {
+            kv_pool_ref(pc->pool, blk); /* revives it if it was free */
+            pc->hit_blocks++;
+        } else {
+            const void *src = pc->host ? host_tier_get(pc->host, nh) : NULL;
+            if (!src)
+                break;
+            /* Copy out first: taking a block may spill another into the
+             * host tier and evict this very entry. */
+            memcpy(pc->staging, src, pc->host->block_bytes);
+            if (kv_pool_alloc(pc->pool, &blk) != 0)
+                break;
+            if (pc->be->ops->kv_block_write(pc->be, pc->store, blk, pc->staging) != 0) {
+                kv_pool_unref(pc->pool, blk);
+                break;
+            }
+            prefix_register(pc, blk, nh);
+            pc->host_blocks++;
+            (*from_host)++;
+        }
+        t->blocks[t->n_blocks++] = blk;
+        h = nh;
+    }
+    *last_hash = h;
+    return t->n_blocks * bt;
+}

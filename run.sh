@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs dualpathd on the default model: installs Debian deps, fetches the model,
-# builds, then starts it. Extra arguments go to dualpathd.
+# builds, then serves the OpenAI API on 127.0.0.1:8080 (Ctrl-C drains and
+# stops). Extra arguments go to dualpathd (e.g. --prompt TEXT for one shot).
 set -euo pipefail
 cd "$(dirname "$0")"
 scripts/deps.sh
@@ -12,8 +13,5 @@ fi
 echo "run: building"
 ninja -C build
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ $# -eq 0 ]; then
-    set -- --prompt "The capital of France is" --max-tokens 32 --temperature 0
-fi
-echo "run: build/daemon/dualpathd --model $MODEL $*"
-exec build/daemon/dualpathd --model "$MODEL" "$@"
+echo "run: build/daemon/dualpathd --model $MODEL --listen 127.0.0.1:8080 $*"
+exec build/daemon/dualpathd --model "$MODEL" --listen 127.0.0.1:8080 "$@"

@@ -32,4 +32,6 @@ echo "test: model tests"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
+echo "test: end-to-end API tests (openai client, raw HTTP, Prometheus)"
+tests/e2e/run.sh build/daemon/dualpathd
 echo "test: all tests passed"

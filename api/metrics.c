@@ -3,6 +3,7 @@
 #include "metrics.h"
 
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,6 +107,86 @@ static void hist_render(tbuf *b, const char *name, const char *help, const dp_hi
     tb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
+/* The engine's migration histogram holds per-bucket counts (the last one is
+ * +Inf); Prometheus wants cumulative buckets. */
+static void migration_hist_render(tbuf *b, const dp_engine_stats *st)
+{
+    const char *name = "dualpath_migration_seconds";
+    family(b, name, "histogram",
+           "Time of one compaction batch (migrations and recompressions) on the engine thread.");
+    int64_t cum = 0;
+    for (int i = 0; i < DP_MIGRATION_BUCKETS; i++) {
+        cum += st->migration_hist[i];
+        tb_printf(b, "%s_bucket{le=\"%g\"} %lld\n", name, dp_migration_bucket_bounds[i],
+                  (long long)cum);
+    }
+    cum += st->migration_hist[DP_MIGRATION_BUCKETS];
+    /* +Inf must equal _count; the engine bumps both under one lock, but keep
+     * the exposition consistent even if a snapshot ever disagrees. */
+    if (cum < st->migration_batches)
+        cum = st->migration_batches;
+    tb_printf(b, "%s_bucket{le=\"+Inf\"} %lld\n", name, (long long)cum);
+    tb_printf(b, "%s_sum %.9g\n%s_count %lld\n", name, st->migration_seconds, name, (long long)cum);
+}
+
+/* The KV pools and the dual path: per-pool occupancy (the decode pool only
+ * exists with dualpath), migrations, what they kept, rebuilds of earlier
+ * turns and the host tier. */
+static void dualpath_render(tbuf *b, const dp_engine_stats *st)
+{
+    bool dual = st->decode_blocks_total > 0;
+    family(b, "dualpath_kv_blocks_used", "gauge", "KV cache blocks in use, per pool.");
+    tb_printf(b, "dualpath_kv_blocks_used{pool=\"prefill\"} %d\n", st->blocks_used);
+    if (dual)
+        tb_printf(b, "dualpath_kv_blocks_used{pool=\"decode\"} %d\n", st->decode_blocks_used);
+    family(b, "dualpath_kv_blocks_capacity", "gauge", "KV cache blocks in the pool, per pool.");
+    tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"prefill\"} %d\n", st->blocks_total);
+    if (dual)
+        tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"decode\"} %d\n", st->decode_blocks_total);
+    family(b, "dualpath_kv_block_tokens", "gauge", "Tokens per KV cache block, per pool.");
+    tb_printf(b, "dualpath_kv_block_tokens{pool=\"prefill\"} %d\n", st->block_tokens);
+    if (dual)
+        tb_printf(b, "dualpath_kv_block_tokens{pool=\"decode\"} %d\n", st->decode_block_tokens);
+
+    family(b, "dualpath_decode_path_sequences", "gauge",
+           "Sequences whose compacted KV cache lives in the decode pool.");
+    tb_printf(b, "dualpath_decode_path_sequences %d\n", st->seqs_on_decode_path);
+    family(b, "dualpath_migrations_total", "counter",
+           "Sequences moved from the prefill path to the decode path.");
+    tb_printf(b, "dualpath_migrations_total %lld\n", (long long)st->migrations);
+    family(b, "dualpath_tokens_kept_total", "counter",
+           "Prompt tokens kept in the decode pool at migrations.");
+    tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);
+    family(b, "dualpath_tokens_evicted_total", "counter",
+           "Prompt tokens dropped from the device at migrations.");
+    tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);
+    family(b, "dualpath_recompressions_total", "counter",
+           "Decode-path caches compacted again on reaching the decode budget.");
+    tb_printf(b, "dualpath_recompressions_total %lld\n", (long long)st->recompressions);
+    family(b, "dualpath_early_switches_total", "counter",
+           "Sequences switched to the decode path before their prompt ended.");
+    tb_printf(b, "dualpath_early_switches_total %lld\n", (long long)st->early_switches);
+    migration_hist_render(b, st);
+
+    family(b, "dualpath_rebuilds_total", "counter",
+           "Admissions that took back the KV cache of a cached prefix (an earlier turn).");
+    tb_printf(b, "dualpath_rebuilds_total %lld\n", (long long)st->rebuilds);
+    family(b, "dualpath_rebuild_tokens_total", "counter",
+           "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
+           "recomputed tokens count in dualpath_engine_prefill_tokens_total.");
+    tb_printf(b, "dualpath_rebuild_tokens_total{source=\"prefix_cache\"} %lld\n",
+              (long long)st->rebuild_prefix_tokens);
+    tb_printf(b, "dualpath_rebuild_tokens_total{source=\"host\"} %lld\n",
+              (long long)st->rebuild_host_tokens);
+    family(b, "dualpath_host_tier_spilled_blocks_total", "counter",
+           "Prefill blocks copied to the host tier when evicted from the device.");
+    tb_printf(b, "dualpath_host_tier_spilled_blocks_total %lld\n",
+              (long long)st->host_spilled_blocks);
+    family(b, "dualpath_host_tier_blocks_capacity", "gauge",
+           "Blocks the host tier holds at most (0: no host tier).");
+    tb_printf(b, "dualpath_host_tier_blocks_capacity %lld\n", (long long)st->host_tier_blocks);
+}
+
 /* Label values here are ours (version, backend) or the model name the
  * operator chose: escape what the format requires anyway. */
 static void label_value(tbuf *b, const char *s)
@@ -169,10 +250,7 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
     tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
 
-    family(&b, "dualpath_kv_blocks_used", "gauge", "KV cache blocks in use, per pool.");
-    tb_printf(&b, "dualpath_kv_blocks_used{pool=\"kv\"} %d\n", st->blocks_used);
-    family(&b, "dualpath_kv_blocks_capacity", "gauge", "KV cache blocks in the pool, per pool.");
-    tb_printf(&b, "dualpath_kv_blocks_capacity{pool=\"kv\"} %d\n", st->blocks_total);
+    dualpath_render(&b, st);
 
     hist_render(&b, "dualpath_time_to_first_token_seconds",
                 "Time from arrival to the first generated token.", &m->ttft);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/dp.h"
+#include "kvcache/compress.h"
 
 /* ---- small helpers ---- */
 
@@ -217,6 +218,68 @@ static int parse_logit_bias(const cJSON *root, int32_t n_vocab, dp_request_param
     return 0;
 }
 
+/* A member name fit to quote in a message: printable ASCII, else a placeholder. */
+static const char *quotable(const char *s)
+{
+    if (!s || !s[0] || strlen(s) > 40)
+        return "(unnamed)";
+    for (const char *q = s; *q; q++)
+        if (*q < 0x20 || *q > 0x7e)
+            return "(unprintable)";
+    return s;
+}
+
+/* "dualpath": {"enabled", "keep_ratio", "scorer"}: the per-request override
+ * of the server's dual-path defaults; every member is optional. */
+static int parse_dualpath(const cJSON *root, dp_request_params *p, dp_api_err *e)
+{
+    cJSON *d = field(root, "dualpath");
+    if (!d)
+        return 0;
+    if (!cJSON_IsObject(d))
+        return api_err_invalid(e, "dualpath", "'dualpath' must be an object with optional members "
+                                              "'enabled', 'keep_ratio' and 'scorer'");
+    cJSON *it;
+    cJSON_ArrayForEach(it, d) {
+        if (!it->string || (strcmp(it->string, "enabled") && strcmp(it->string, "keep_ratio") &&
+                            strcmp(it->string, "scorer")))
+            return api_err_invalid(e, "dualpath",
+                                   "'dualpath' has an unknown member '%s' (allowed: 'enabled', "
+                                   "'keep_ratio', 'scorer')",
+                                   quotable(it->string));
+    }
+    cJSON *en = field(d, "enabled");
+    if (en) {
+        if (!cJSON_IsBool(en))
+            return api_err_invalid(e, "dualpath.enabled", "'dualpath.enabled' must be a boolean");
+        p->dualpath_mode = cJSON_IsTrue(en) ? DP_DUALPATH_ON : DP_DUALPATH_OFF;
+    }
+    cJSON *kr = field(d, "keep_ratio");
+    if (kr) {
+        if (!cJSON_IsNumber(kr) || !isfinite(kr->valuedouble))
+            return api_err_invalid(e, "dualpath.keep_ratio", "'dualpath.keep_ratio' must be a number");
+        /* (float) of a tiny positive double is 0, the "default" marker: refuse it too. */
+        if (!(kr->valuedouble > 0 && kr->valuedouble <= 1) || (float)kr->valuedouble <= 0.0f)
+            return api_err_invalid(e, "dualpath.keep_ratio",
+                                   "'dualpath.keep_ratio' must be > 0 and <= 1, got %g",
+                                   kr->valuedouble);
+        p->keep_ratio = (float)kr->valuedouble;
+    }
+    cJSON *sc = field(d, "scorer");
+    if (sc) {
+        dp_scorer v;
+        if (!cJSON_IsString(sc))
+            return api_err_invalid(e, "dualpath.scorer", "'dualpath.scorer' must be a string");
+        if (scorer_parse(sc->valuestring, &v))
+            return api_err_invalid(e, "dualpath.scorer",
+                                   "'dualpath.scorer' must be one of knorm, knorm_high, snapkv, "
+                                   "recent, random; got '%s'",
+                                   quotable(sc->valuestring));
+        p->scorer = (int8_t)(v + 1);
+    }
+    return 0;
+}
+
 /* Fields both endpoints share. */
 static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
@@ -275,7 +338,8 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
     cJSON *u = field(root, "user");
     if (u && !cJSON_IsString(u))
         return api_err_invalid(e, "user", "'user' must be a string");
-    if (parse_stop(root, p, e) || parse_logit_bias(root, tokenizer_n_vocab(c->tok), p, e))
+    if (parse_stop(root, p, e) || parse_logit_bias(root, tokenizer_n_vocab(c->tok), p, e) ||
+        parse_dualpath(root, p, e))
         return -1;
     cJSON *tools = field(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
@@ -776,7 +840,7 @@ static cJSON *envelope(dp_oai_kind kind, bool chunk, const char *id, long long c
     return o;
 }
 
-static void add_usage(cJSON *o, long long pt, long long ct)
+static void add_usage(cJSON *o, long long pt, long long ct, const dp_oai_dualpath_usage *dp)
 {
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
     if (!u)
@@ -784,6 +848,11 @@ static void add_usage(cJSON *o, long long pt, long long ct)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)pt);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)ct);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(pt + ct));
+    cJSON *d = dp ? cJSON_AddObjectToObject(u, "dualpath") : NULL;
+    if (d) {
+        cJSON_AddNumberToObject(d, "tokens_kept", (double)dp->tokens_kept);
+        cJSON_AddNumberToObject(d, "tokens_evicted", (double)dp->tokens_evicted);
+    }
 }
 
 static void add_finish(cJSON *c, const char *f)
@@ -811,8 +880,13 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         return NULL;
     cJSON *arr = cJSON_AddArrayToObject(o, "choices");
     long long pt = 0, ct = 0;
+    dp_oai_dualpath_usage dp = {0, 0};
     for (int i = 0; i < r->n_prompts; i++)
         pt += r->prompts[i].n_ids;
+    for (int i = 0; i < n_choices; i++) {
+        dp.tokens_kept += choices[i].tokens_kept;
+        dp.tokens_evicted += choices[i].tokens_evicted;
+    }
     for (int i = 0; arr && i < n_choices; i++) {
         dp_oai_choice *ch = &choices[i];
         ct += ch->completion_tokens;
@@ -838,7 +912,7 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         add_finish(c, oai_finish_name(ch->finish));
         cJSON_AddItemToArray(arr, c);
     }
-    add_usage(o, pt, ct);
+    add_usage(o, pt, ct, &dp);
     return print_owned(o, len);
 }
 
@@ -892,13 +966,14 @@ char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char 
 }
 
 char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
-                      long long prompt_tokens, long long completion_tokens, size_t *len)
+                      long long prompt_tokens, long long completion_tokens,
+                      const dp_oai_dualpath_usage *dp, size_t *len)
 {
     cJSON *o = envelope(kind, true, id, created, model);
     if (!o)
         return NULL;
     cJSON_AddArrayToObject(o, "choices");
-    add_usage(o, prompt_tokens, completion_tokens);
+    add_usage(o, prompt_tokens, completion_tokens, dp);
     size_t l;
     return sse_wrap(print_owned(o, &l), len);
 }

@@ -63,8 +63,16 @@ typedef struct dp_oai_choice {
     size_t text_offset;  /* completions: offset of the next token in the text */
     dp_finish finish;
     int32_t completion_tokens;
+    int32_t tokens_kept;     /* prompt tokens kept / evicted at the switch to decode */
+    int32_t tokens_evicted;
     bool done;
 } dp_oai_choice;
+
+/* usage.dualpath: summed over a request's choices. */
+typedef struct dp_oai_dualpath_usage {
+    long long tokens_kept;
+    long long tokens_evicted;
+} dp_oai_dualpath_usage;
 
 int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n);
 void oai_choice_free(dp_oai_choice *ch);
@@ -83,9 +91,11 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
  * and finish may be NULL; lp is consumed (may be NULL). malloc'd. */
 char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char *model, int index,
                 const char *role, const char *text, cJSON *lp, const char *finish, size_t *len);
-/* The usage chunk (empty choices) sent before [DONE] when include_usage. */
+/* The usage chunk (empty choices) sent before [DONE] when include_usage; dp
+ * (may be NULL) becomes usage.dualpath. */
 char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
-                      long long prompt_tokens, long long completion_tokens, size_t *len);
+                      long long prompt_tokens, long long completion_tokens,
+                      const dp_oai_dualpath_usage *dp, size_t *len);
 
 /* True when n bytes are valid UTF-8. */
 bool oai_utf8_valid(const char *s, size_t n);

@@ -157,6 +157,9 @@ static enum MHD_Result submit_fail(dp_server *s, dp_hreq *h, dp_job *j, int rc, 
     if (rc == DP_ENOSPC)
         api_err_set(&e, 429, "rate_limit_error", "queue_full", NULL,
                     "the server's queue is full (%s); retry later", msg[0] ? msg : "too many requests");
+    else if (rc == DP_EINVAL && j->req.params.dualpath_mode == DP_DUALPATH_ON &&
+             strstr(msg, "dualpath"))
+        api_err_invalid(&e, "dualpath.enabled", "%s", msg);
     else if (rc == DP_EINVAL)
         api_err_invalid(&e, j->req.kind == DP_OAI_CHAT ? "messages" : "prompt", "%s", msg);
     else
@@ -406,12 +409,17 @@ static void stream_end(dp_server *s, dp_job *j)
 {
     if (j->req.include_usage) {
         long long pt = 0, ct = 0;
+        dp_oai_dualpath_usage dp = {0, 0};
         for (int i = 0; i < j->req.n_prompts; i++)
             pt += j->req.prompts[i].n_ids;
-        for (int i = 0; i < j->n_choices; i++)
+        for (int i = 0; i < j->n_choices; i++) {
             ct += j->choices[i].completion_tokens;
+            dp.tokens_kept += j->choices[i].tokens_kept;
+            dp.tokens_evicted += j->choices[i].tokens_evicted;
+        }
         size_t n = 0;
-        out_take(j, oai_usage_chunk(j->req.kind, j->id, j->created, s->model_name, pt, ct, &n), &n);
+        out_take(j, oai_usage_chunk(j->req.kind, j->id, j->created, s->model_name, pt, ct, &dp, &n),
+                 &n);
     }
     static const char done[] = "data: [DONE]\n\n";
     out_append(j, done, sizeof done - 1);
@@ -446,6 +454,8 @@ static void handle_event(dp_server *s, dp_event *ev)
         ch->done = true;
         ch->finish = ev->finish;
         ch->completion_tokens = ev->completion_tokens;
+        ch->tokens_kept = ev->tokens_kept;
+        ch->tokens_evicted = ev->tokens_evicted;
         if (ev->finish == DP_FINISH_ERROR && !j->error)
             j->error = strdup(ev->error ? ev->error : "engine error");
         if (live) {

@@ -52,7 +52,6 @@ static const char *const scorers[] = {"knorm", "knorm_high", "snapkv", "recent",
 
 static int check_device(const char *s, char *err, size_t errsz);
 static int check_listen(const char *s, char *err, size_t errsz);
-static int check_int_list(const char *s, char *err, size_t errsz);
 
 #define KIB 1024.0
 #define MIB (1024.0 * KIB)
@@ -82,6 +81,8 @@ static const opt_desc options[] = {
      GROUP_SERVER, NULL, "open HTTP connections at most [api]"},
     {"request_timeout", DP_CONF_DURATION, F(request_timeout_ms), "10min", 0, 86400000.0, NULL,
      NULL, 0, GROUP_SERVER, NULL, "a request running longer is cancelled; 0 = never [api]"},
+    {"drain_timeout", DP_CONF_DURATION, F(drain_timeout_ms), "30s", 0, 86400000.0, NULL, NULL, 0,
+     GROUP_SERVER, NULL, "on SIGTERM, how long running requests may finish [daemon]"},
     {"max_queue", DP_CONF_INT, F(max_queue), "256", 0, 1 << 20, NULL, NULL, 0, GROUP_SERVER,
      NULL, "requests waiting for admission before new ones get 429 [api, sched]"},
     {"default_max_tokens", DP_CONF_INT, F(default_max_tokens), "256", 1, 1 << 20, NULL, NULL, 0,
@@ -108,6 +109,8 @@ static const opt_desc options[] = {
      OPT_POW2, GROUP_KV, NULL, "tokens per decode-pool block, a power of two [kvcache]"},
     {"host_tier_bytes", DP_CONF_SIZE, F(host_tier_bytes), "0", 0, 64 * TIB, NULL, NULL, 0,
      GROUP_KV, NULL, "host memory keeping evicted prefixes for later turns; 0 = off [kvcache]"},
+    {"prefix_cache", DP_CONF_BOOL, F(prefix_cache), "true", 0, 0, NULL, NULL, 0, GROUP_KV, NULL,
+     "reuse prefill blocks of earlier prompts (the next turn of a chat) [kvcache]"},
 
     {"dualpath", DP_CONF_BOOL, F(dualpath), "true", 0, 0, NULL, NULL, 0, GROUP_DUALPATH, NULL,
      "compress the KV cache when a sequence moves to decoding [sched, kvcache]"},
@@ -121,8 +124,6 @@ static const opt_desc options[] = {
      GROUP_DUALPATH, NULL, "last prompt tokens always kept [kvcache]"},
     {"decode_budget", DP_CONF_INT, F(decode_budget), "0", 0, 1 << 24, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "kept tokens at most per sequence, over keep_ratio; 0 = off [kvcache]"},
-    {"exempt_layers", DP_CONF_STRING, F(exempt_layers), "\"\"", 0, 0, NULL, check_int_list, 0,
-     GROUP_DUALPATH, "LIST", "layers never compressed, e.g. \"0,1\" [kvcache]"},
     {"early_switch", DP_CONF_BOOL, F(early_switch), "false", 0, 0, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "switch before the prompt ends once the ranking is stable [sched]"},
 };
@@ -151,11 +152,6 @@ static int check_listen(const char *s, char *err, size_t errsz)
     return config_parse_listen(s, host, sizeof host, &port, path, sizeof path, err, errsz);
 }
 
-static int check_int_list(const char *s, char *err, size_t errsz)
-{
-    int n;
-    return config_parse_int_list(s, NULL, 4096, &n, err, errsz);
-}
 
 /* Keys match with '-' and '_' alike, so that --max-seqs finds max_seqs. */
 static bool name_eq(const char *a, size_t alen, const char *b)

@@ -42,6 +42,7 @@ typedef struct dp_config {
     uint64_t max_body_bytes;
     int max_connections;
     int64_t request_timeout_ms;
+    int64_t drain_timeout_ms;
     int max_queue;
     int default_max_tokens;
     int log_level;          /* DP_LOG_* */
@@ -58,6 +59,7 @@ typedef struct dp_config {
     int block_tokens;
     int decode_block_tokens;
     uint64_t host_tier_bytes;
+    bool prefix_cache;
 
     /* Dual path: what survives the prefill -> decode switch (kvcache/, sched/) */
     bool dualpath;
@@ -66,7 +68,6 @@ typedef struct dp_config {
     int sink_tokens;
     int window_tokens;
     int decode_budget;      /* 0 = off */
-    char *exempt_layers;    /* "0,1": config_parse_int_list() */
     bool early_switch;
 } dp_config;
 

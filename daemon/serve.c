@@ -25,6 +25,7 @@ void serve_opts_default(dp_serve_opts *o)
     o->host = "127.0.0.1";
     o->port = 8080;
     o->drain_timeout_s = 30.0;
+    o->log_level = DP_LOG_INFO;
     engine_opts_default(&o->engine);
 }
 
@@ -115,7 +116,7 @@ int serve_run(const dp_serve_opts *o)
 
     memset(&c, 0, sizeof c);
     c.o = o;
-    c.log_level = o->verbose ? DP_LOG_DEBUG : DP_LOG_INFO;
+    c.log_level = o->verbose ? DP_LOG_DEBUG : o->log_level;
     dp_log_set_level(c.log_level);
     /* Writes to a vanished client must fail with EPIPE, not kill us. */
     signal(SIGPIPE, SIG_IGN);
@@ -156,6 +157,12 @@ int serve_run(const dp_serve_opts *o)
     so.model_name = name;
     so.model_alias = o->model;
     so.backend = be->ops->name;
+    if (o->max_body)
+        so.max_body = o->max_body;
+    if (o->conn_limit)
+        so.conn_limit = o->conn_limit;
+    if (o->conn_timeout_s)
+        so.conn_timeout_s = o->conn_timeout_s;
     if (server_init(&c.srv, &c.loop, &so, tok, &ct, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;

@@ -13,10 +13,14 @@ typedef struct dp_serve_opts {
     const char *device;
     int threads;
     bool verbose;
+    int log_level;           /* DP_LOG_* */
     const char *host;        /* default 127.0.0.1 */
     int port;                /* default 8080; 0: any free port */
     const char *model_name;  /* default: the file name without .gguf */
     double drain_timeout_s;  /* default 30 */
+    size_t max_body;         /* 0: the server's default */
+    unsigned conn_limit;     /* 0: the server's default */
+    unsigned conn_timeout_s; /* 0: the server's default */
     dp_engine_opts engine;
 } dp_serve_opts;
 

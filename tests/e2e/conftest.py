@@ -32,7 +32,7 @@ class Daemon:
                                      f"{log_name}-{self.port}.log")
         self.log = open(self.log_path, "w")
         self.proc = subprocess.Popen(
-            [BIN, "--model", MODEL, "--port", str(self.port), *extra],
+            [BIN, "--config", "", "--model", MODEL, "--listen", f"127.0.0.1:{self.port}", *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:

@@ -23,7 +23,7 @@ fi
 PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 LOGDIR=$(mktemp -d /tmp/dualpath-e2e.XXXXXX)
 LOG="$LOGDIR/dualpathd.log"
-"$BIN" --model "$MODEL" --port "$PORT" >"$LOG" 2>&1 &
+"$BIN" --config "" --model "$MODEL" --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 &
 PID=$!
 cleanup() {
     if kill -0 "$PID" 2>/dev/null; then kill -KILL "$PID" 2>/dev/null || true; fi

@@ -99,7 +99,8 @@ static void test_table_and_defaults(void)
     CHECK(!strcmp(c.model_name, ""));
     CHECK(!strcmp(c.device, "auto"));
     CHECK(!strcmp(c.listen, "127.0.0.1:8080"));
-    CHECK(!strcmp(c.exempt_layers, ""));
+    CHECK(c.prefix_cache);
+    CHECK_EQ_INT(c.drain_timeout_ms, 30000);
     CHECK_EQ_INT(c.threads, 0);
     CHECK_EQ_INT(c.max_body_bytes, 1 << 20);
     CHECK_EQ_INT(c.max_connections, 256);
@@ -164,7 +165,8 @@ static void test_file_syntax(void)
         "log_level = debug\n"
         "keep_ratio = 0.25\n"
         "device = cuda:1\n"
-        "exempt_layers = \"0, 1\"\n"
+        "prefix_cache = off\n"
+        "drain_timeout = 5s\n"
         "model-name = \"esc \\\"q\\\" \\\\ \\t\"\r\n" /* dashes, escapes, CRLF */
         "threads = 4\r\n"
         "threads = 6\n" /* duplicate: the last wins, with a warning */
@@ -184,16 +186,17 @@ static void test_file_syntax(void)
     CHECK_EQ_INT(c.log_level, DP_LOG_DEBUG);
     CHECK(c.keep_ratio == 0.25);
     CHECK(!strcmp(c.device, "cuda:1"));
-    CHECK(!strcmp(c.exempt_layers, "0, 1"));
+    CHECK(!c.prefix_cache);
+    CHECK_EQ_INT(c.drain_timeout_ms, 5000);
     CHECK_EQ_INT(c.threads, 6);
     CHECK_EQ_INT(c.context_length, 4096);
     config_destroy(&c);
 
     /* An unquoted value ends at '#'; an empty string is allowed. */
-    CHECK_MSG(load_text(&c, "model_name = a#b\nexempt_layers =\n", err, sizeof err) == 0, "%s",
+    CHECK_MSG(load_text(&c, "model = a#b\nmodel_name =\n", err, sizeof err) == 0, "%s",
               err);
-    CHECK(!strcmp(c.model_name, "a"));
-    CHECK(!strcmp(c.exempt_layers, ""));
+    CHECK(!strcmp(c.model, "a"));
+    CHECK(!strcmp(c.model_name, ""));
     config_destroy(&c);
 
     /* A missing default file is fine; a missing given file is not. */
@@ -256,9 +259,7 @@ static void test_file_errors(void)
     check_file_error("device = cuda:x\n", "1: device: 'cuda:x' is not auto, cpu, cuda or cuda:N");
     check_file_error("listen = 8080\n",
                      "1: listen: '8080': expected HOST:PORT, [IPv6]:PORT or unix:/PATH");
-    check_file_error("exempt_layers = 0;1\n",
-                     "1: exempt_layers: '0;1' is not a list of integers (e.g. \"0,1\")");
-    check_file_error("exempt_layers = \"0,\"\n", "1: exempt_layers: '0,' ends with a comma");
+    check_file_error("exempt_layers = 0,1\n", "1: exempt_layers: unknown key");
 }
 
 static const char *prompt;
@@ -442,7 +443,7 @@ static void test_round_trip(void)
                        "dualpath = false\n"
                        "log_level = error\n"
                        "scorer = knorm_high\n"
-                       "exempt_layers = 0,1,31\n"
+                       "prefix_cache = no\n"
                        "threads = 7\n";
     CHECK_MSG(config_load_file(&a, write_tmp(text), true, err, sizeof err) == 0, "%s", err);
     char *printed = print_to_string(&a, false);

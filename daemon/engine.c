@@ -84,6 +84,7 @@ struct dp_engine {
     dp_event *out_head, *out_tail;
     atomic_int queued;     /* submitted, not yet admitted or finished */
     atomic_bool stopping;
+    atomic_bool debug_stall;   /* TEST HOOK: engine_debug_stall() */
     pthread_t thread;
     bool started;
     dp_engine_notify_fn notify;
@@ -731,12 +732,25 @@ static void update_gauges(dp_engine *e)
     pthread_mutex_unlock(&e->stats_mu);
 }
 
+/* TEST HOOK (engine_debug_stall): hang like a stuck kernel would, without
+ * bumping the heartbeat, until engine_stop. */
+static void debug_stall_wait(dp_engine *e)
+{
+    dp_log(DP_LOG_WARN, "engine: debug stall hook: the engine thread stops here");
+    while (!atomic_load(&e->stopping)) {
+        struct timespec ts = {0, 20 * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static void *engine_main(void *arg)
 {
     dp_engine *e = arg;
     int32_t cap = 0;
     dp_request **batch = NULL;
     for (;;) {
+        if (atomic_load(&e->debug_stall))
+            debug_stall_wait(e);
         /* Take the inbox; sleep when there is nothing at all to do. */
         pthread_mutex_lock(&e->mu);
         while (!e->in_n && !e->wake && !atomic_load(&e->stopping) && sched_idle(&e->sched)) {
@@ -950,6 +964,11 @@ void engine_stop(dp_engine *e)
     pthread_mutex_unlock(&e->mu);
     pthread_join(e->thread, NULL);
     e->started = false;
+}
+
+void engine_debug_stall(dp_engine *e)
+{
+    atomic_store(&e->debug_stall, true);
 }
 
 void engine_destroy(dp_engine *e)

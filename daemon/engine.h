@@ -96,5 +96,9 @@ void engine_cancel(dp_engine *e, dp_request *req);
 dp_event *engine_take_events(dp_engine *e);
 void engine_get_stats(dp_engine *e, dp_engine_stats *s);
 int32_t engine_context_length(const dp_engine *e);
+/* TEST HOOK only (DUALPATHD_DEBUG_STALL_AFTER_S): the engine thread stops
+ * making progress (its heartbeat freezes) until engine_stop, so that tests can
+ * see the systemd watchdog beats stop. Thread-safe. */
+void engine_debug_stall(dp_engine *e);
 
 #endif

@@ -89,12 +89,19 @@ def test_64_concurrent_streams(server):
     assert len({r[0] for r in results.values()}) == 64  # distinct ids across streams
 
 
+def kv_blocks(m, kind):
+    """dualpath_kv_blocks_{kind} summed over the pools (prefill, and decode with dualpath)."""
+    vals = [v for k, v in m.items() if k.startswith(f"dualpath_kv_blocks_{kind}{{pool=")]
+    assert vals, f"no dualpath_kv_blocks_{kind} series"
+    return sum(vals)
+
+
 def wait_idle(base, timeout=30):
     deadline = time.time() + timeout
     while True:
         m = metrics(base)
         if (m["dualpath_requests_running"] == 0 and m["dualpath_requests_waiting"] == 0
-                and m['dualpath_kv_blocks_used{pool="kv"}'] == 0):
+                and kv_blocks(m, "used") == 0):
             return m
         assert time.time() < deadline, {k: v for k, v in m.items() if "requests" in k or "kv" in k}
         time.sleep(0.1)
@@ -123,6 +130,7 @@ def test_16_disconnects_free_everything(server):
     cancelled = (m['dualpath_requests_finished_total{reason="cancelled"}']
                  - before['dualpath_requests_finished_total{reason="cancelled"}'])
     assert cancelled == 16
-    assert m['dualpath_kv_blocks_capacity{pool="kv"}'] > 0
+    assert m['dualpath_kv_blocks_capacity{pool="prefill"}'] > 0
+    assert kv_blocks(m, "capacity") >= m['dualpath_kv_blocks_capacity{pool="prefill"}']
     st, _, body = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2})
     assert st == 200

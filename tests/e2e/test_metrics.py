@@ -31,7 +31,7 @@ def test_metrics_content(server):
     assert st == 200 and h["Content-Type"].startswith("text/plain; version=0.0.4")
     m = metrics()
     for k in ("dualpath_requests_running", "dualpath_requests_waiting",
-              'dualpath_kv_blocks_used{pool="kv"}', 'dualpath_kv_blocks_capacity{pool="kv"}',
+              'dualpath_kv_blocks_used{pool="prefill"}', 'dualpath_kv_blocks_capacity{pool="prefill"}',
               "dualpath_prompt_tokens_total", "dualpath_generation_tokens_total",
               "dualpath_preemptions_total", "dualpath_time_to_first_token_seconds_count",
               "dualpath_inter_token_latency_seconds_count", "dualpath_e2e_request_latency_seconds_count",
@@ -40,6 +40,11 @@ def test_metrics_content(server):
     assert m["dualpath_generation_tokens_total"] >= 2
     assert m["dualpath_e2e_request_latency_seconds_count"] >= 1
     assert any(k.startswith("dualpath_build_info{") for k in m)
+    assert not any('pool="kv"' in k for k in m)  # the single-pool label is gone
+    # The decode pool is there exactly when the server runs the dual path.
+    if 'dualpath_kv_blocks_capacity{pool="decode"}' in m:
+        assert m['dualpath_kv_blocks_capacity{pool="decode"}'] > 0
+        assert 'dualpath_kv_blocks_used{pool="decode"}' in m
 
 
 def test_promtool_check_metrics(server):

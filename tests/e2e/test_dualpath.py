@@ -1,0 +1,335 @@
+"""The dual path through the API: the per-request "dualpath" override, the
+usage.dualpath report, the dual-path metrics, and a multi-turn chat that
+takes its earlier turns back from the prefix cache."""
+import json
+import math
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import Daemon, metrics, request
+
+SCORERS = ("knorm", "knorm_high", "snapkv", "recent", "random")
+
+# About 300 tokens of prose that does not repeat itself (a repetitive prompt
+# could trigger the path detector's own heuristics).
+_SENTENCES = [
+    "The old harbour town woke slowly under a grey sky.",
+    "Fishermen carried nets past the bakery, where the first loaves cooled on racks.",
+    "A girl named Mira counted gulls from the sea wall and wrote the numbers in a notebook.",
+    "Her grandfather had kept such notebooks for forty years, one for every winter.",
+    "He claimed the gulls knew when storms were coming long before the radio did.",
+    "Nobody in town believed him, except the ferry captain, who never sailed on a day "
+    "with fewer than twenty birds on the wall.",
+    "That morning Mira counted seven.",
+    "She ran down the cobbled lane to the pier, her boots loud on the wet stones.",
+    "The captain was coiling rope and whistling a tune from the radio.",
+    "When she showed him the page he stopped whistling and looked out at the water.",
+    "The horizon was flat and bright, with no cloud anywhere.",
+    "Still, he walked to the ticket booth and turned the sign from open to closed.",
+    "Passengers grumbled on the benches and a man in a blue coat demanded a refund.",
+    "By noon the wind had turned, and the bay was white with foam.",
+    "The man in the blue coat bought Mira a hot chocolate at the harbour cafe.",
+    "In the evening the whole town talked about the notebook, and the next winter "
+    "three other children started counting gulls as well.",
+    "The mayor put a small brass plaque on the sea wall in honour of the grandfather.",
+    "Mira kept counting every morning, even in summer, when the storms were rare.",
+]
+LONG_PROMPT = " ".join(_SENTENCES)
+
+
+def post(path, body, base=None):
+    st, _, raw = request("POST", path, body, base=base)
+    return st, json.loads(raw)
+
+
+def complete(body, base=None):
+    st, o = post("/v1/completions", body, base=base)
+    assert st == 200, o
+    return o
+
+
+def dp_usage(o):
+    u = o["usage"]
+    assert set(u) >= {"prompt_tokens", "completion_tokens", "total_tokens", "dualpath"}, u
+    assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
+    d = u["dualpath"]
+    assert set(d) == {"tokens_kept", "tokens_evicted"}, d
+    return d["tokens_kept"], d["tokens_evicted"]
+
+
+@pytest.fixture(scope="module")
+def dual(server):
+    """The shared daemon runs the dual path (its default)."""
+    m = metrics(server)
+    if 'dualpath_kv_blocks_capacity{pool="decode"}' not in m:
+        pytest.skip("the shared daemon runs without dualpath")
+    return server
+
+
+def test_keep_ratio_override_in_usage(dual):
+    o = complete({"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0,
+                  "dualpath": {"keep_ratio": 0.3}})
+    n = o["usage"]["prompt_tokens"]
+    assert n >= 250, n
+    kept, evicted = dp_usage(o)
+    assert evicted > 0 and kept + evicted == n, (kept, evicted, n)
+    # max(sinks + window, ceil(0.3 n)): never below the ratio, and well under the whole.
+    assert math.ceil(0.3 * n) <= kept < n, (kept, n)
+    o2 = complete({"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0,
+                   "dualpath": {"keep_ratio": 0.8}})
+    kept2, evicted2 = dp_usage(o2)
+    assert kept2 + evicted2 == n and kept2 >= math.ceil(0.8 * n) and kept2 > kept
+
+
+def test_scorers_accepted(dual):
+    for sc in SCORERS:
+        o = complete({"prompt": LONG_PROMPT, "max_tokens": 2, "temperature": 0,
+                      "dualpath": {"scorer": sc, "keep_ratio": 0.4, "enabled": True}})
+        kept, evicted = dp_usage(o)
+        assert evicted > 0 and kept + evicted == o["usage"]["prompt_tokens"], sc
+
+
+def test_enabled_false_evicts_nothing(dual):
+    o = complete({"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0,
+                  "dualpath": {"enabled": False, "keep_ratio": 0.3}})
+    kept, evicted = dp_usage(o)
+    assert evicted == 0, (kept, evicted)
+
+
+def test_keep_ratio_one_equals_disabled(dual):
+    body = {"prompt": LONG_PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    full = complete({**body, "dualpath": {"keep_ratio": 1.0}})
+    off = complete({**body, "dualpath": {"enabled": False}})
+    kept, evicted = dp_usage(full)
+    assert evicted == 0 and kept == full["usage"]["prompt_tokens"]
+    assert full["choices"][0]["text"] == off["choices"][0]["text"]
+    assert full["usage"]["completion_tokens"] == off["usage"]["completion_tokens"] == 24
+
+
+def test_chat_override_with_openai_client(dual, client, model_id):
+    r = client.chat.completions.create(
+        model=model_id, messages=[{"role": "user", "content": LONG_PROMPT + " What did Mira count?"}],
+        max_tokens=8, temperature=0,
+        extra_body={"dualpath": {"keep_ratio": 0.3, "scorer": "snapkv"}})
+    u = r.usage.model_dump()
+    assert u["prompt_tokens"] > 250 and u["completion_tokens"] >= 1
+    d = u["dualpath"]
+    assert d["tokens_evicted"] > 0
+    assert d["tokens_kept"] + d["tokens_evicted"] == u["prompt_tokens"]
+
+
+def test_usage_sums_over_choices(dual):
+    o = complete({"prompt": LONG_PROMPT, "max_tokens": 3, "n": 2, "temperature": 0,
+                  "dualpath": {"keep_ratio": 0.3}})
+    kept, evicted = dp_usage(o)
+    n = o["usage"]["prompt_tokens"]  # counted once per prompt, as OpenAI does
+    assert len(o["choices"]) == 2 and evicted > 0
+    assert kept + evicted == 2 * n, (kept, evicted, n)
+
+
+def test_stream_usage_chunk_has_dualpath(dual):
+    st, h, raw = request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": LONG_PROMPT}], "max_tokens": 4, "temperature": 0,
+        "stream": True, "stream_options": {"include_usage": True},
+        "dualpath": {"keep_ratio": 0.3}})
+    assert st == 200 and h["Content-Type"].startswith("text/event-stream")
+    events = [e for e in raw.decode().split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    last = json.loads(events[-2][6:])
+    assert last["choices"] == []
+    kept, evicted = dp_usage(last)
+    assert evicted > 0 and kept + evicted == last["usage"]["prompt_tokens"]
+    for e in events[:-2]:  # only the usage chunk carries usage
+        assert "usage" not in json.loads(e[6:]) or json.loads(e[6:])["usage"] is None
+
+
+BAD = [
+    (1, "dualpath"),
+    ("on", "dualpath"),
+    ([], "dualpath"),
+    ({"enable": True}, "dualpath"),
+    ({"enabled": True, "budget": 3}, "dualpath"),
+    ({"enabled": "yes"}, "dualpath.enabled"),
+    ({"enabled": 1}, "dualpath.enabled"),
+    ({"keep_ratio": 0}, "dualpath.keep_ratio"),
+    ({"keep_ratio": -0.5}, "dualpath.keep_ratio"),
+    ({"keep_ratio": 1.01}, "dualpath.keep_ratio"),
+    ({"keep_ratio": "0.5"}, "dualpath.keep_ratio"),
+    ({"keep_ratio": True}, "dualpath.keep_ratio"),
+    ({"keep_ratio": 1e-300}, "dualpath.keep_ratio"),
+    ({"scorer": "lru"}, "dualpath.scorer"),
+    ({"scorer": "KNORM"}, "dualpath.scorer"),
+    ({"scorer": ""}, "dualpath.scorer"),
+    ({"scorer": 2}, "dualpath.scorer"),
+]
+
+
+@pytest.mark.parametrize("endpoint", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("value,param", BAD, ids=[json.dumps(b[0]) for b in BAD])
+def test_invalid_override(server, endpoint, value, param):
+    base = ({"prompt": "Hello"} if endpoint == "/v1/completions"
+            else {"messages": [{"role": "user", "content": "Hello"}]})
+    st, o = post(endpoint, {**base, "max_tokens": 2, "dualpath": value})
+    assert st == 400, o
+    assert o["error"]["type"] == "invalid_request_error"
+    assert o["error"]["param"] == param, o
+    assert "dualpath" in o["error"]["message"]
+    # The server is fine afterwards, and null means "absent".
+    st, o = post(endpoint, {**base, "max_tokens": 2, "dualpath": None})
+    assert st == 200, o
+
+
+def test_empty_and_null_members_mean_defaults(server):
+    for dp in ({}, {"enabled": None, "keep_ratio": None, "scorer": None}):
+        o = complete({"prompt": "Hello", "max_tokens": 2, "dualpath": dp})
+        dp_usage(o)
+
+
+def _dual_metrics(m):
+    names = ["dualpath_decode_path_sequences", "dualpath_migrations_total",
+             "dualpath_tokens_kept_total", "dualpath_tokens_evicted_total",
+             "dualpath_recompressions_total", "dualpath_early_switches_total",
+             "dualpath_migration_seconds_sum", "dualpath_migration_seconds_count",
+             'dualpath_migration_seconds_bucket{le="+Inf"}', "dualpath_rebuilds_total",
+             'dualpath_rebuild_tokens_total{source="prefix_cache"}',
+             'dualpath_rebuild_tokens_total{source="host"}',
+             "dualpath_host_tier_spilled_blocks_total", "dualpath_host_tier_blocks_capacity",
+             "dualpath_preemptions_total", "dualpath_engine_prefill_tokens_total",
+             'dualpath_kv_blocks_used{pool="prefill"}', 'dualpath_kv_blocks_capacity{pool="prefill"}']
+    for k in names:
+        assert k in m, k
+    return names
+
+
+def _check_migration_hist(m):
+    buckets = sorted(((float(k.split('le="')[1].rstrip('"}')), v) for k, v in m.items()
+                      if k.startswith("dualpath_migration_seconds_bucket{")), key=lambda b: b[0])
+    assert len(buckets) >= 2 and math.isinf(buckets[-1][0])
+    counts = [v for _, v in buckets]
+    assert counts == sorted(counts), buckets  # cumulative
+    assert counts[-1] == m["dualpath_migration_seconds_count"]
+
+
+def test_metrics_present_and_moving(dual):
+    before = metrics(dual)
+    _dual_metrics(before)
+    _check_migration_hist(before)
+    assert before['dualpath_kv_blocks_capacity{pool="decode"}'] > 0
+    assert 'dualpath_kv_blocks_used{pool="decode"}' in before
+    o = complete({"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0,
+                  "dualpath": {"keep_ratio": 0.3}})
+    kept, evicted = dp_usage(o)
+    after = metrics(dual)
+    _check_migration_hist(after)
+    assert after["dualpath_migrations_total"] >= before["dualpath_migrations_total"] + 1
+    assert after["dualpath_tokens_kept_total"] - before["dualpath_tokens_kept_total"] >= kept
+    assert after["dualpath_tokens_evicted_total"] - before["dualpath_tokens_evicted_total"] >= evicted
+    assert after["dualpath_migration_seconds_count"] > before["dualpath_migration_seconds_count"]
+    assert after["dualpath_migration_seconds_sum"] > before["dualpath_migration_seconds_sum"]
+    # Idle now: nothing left on the decode path.
+    assert after["dualpath_decode_path_sequences"] == 0
+
+
+def test_promtool_after_dualpath_traffic(dual):
+    if not shutil.which("promtool"):
+        pytest.skip("promtool is not installed (test_metrics.py tries to install it)")
+    complete({"prompt": LONG_PROMPT, "max_tokens": 2, "dualpath": {"keep_ratio": 0.5}})
+    _, _, body = request("GET", "/metrics")
+    r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+    out = (r.stdout + r.stderr).decode()
+    assert r.returncode == 0 and not out.strip(), out
+
+
+@pytest.fixture(scope="module")
+def single_path_daemon():
+    d = Daemon(["--no-dualpath"], log_name="dualpathd-nodual")
+    yield d
+    assert d.stop() == 0
+
+
+def test_enabled_true_without_dualpath(single_path_daemon):
+    base = single_path_daemon.url
+    for endpoint, b in (("/v1/completions", {"prompt": "Hello"}),
+                        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        st, o = post(endpoint, {**b, "max_tokens": 2, "dualpath": {"enabled": True}}, base=base)
+        assert st == 400, o
+        assert o["error"]["type"] == "invalid_request_error"
+        assert o["error"]["param"] == "dualpath.enabled"
+        assert "dualpath" in o["error"]["message"]
+        for dp in ({"enabled": False}, {"keep_ratio": 0.3}, None):
+            st, o = post(endpoint, {**b, "max_tokens": 2, "dualpath": dp}, base=base)
+            assert st == 200, o
+            assert dp_usage(o)[1] == 0
+    m = metrics(base)
+    assert 'dualpath_kv_blocks_capacity{pool="prefill"}' in m
+    assert not any('pool="decode"' in k for k in m)
+    assert m["dualpath_migrations_total"] == 0
+    if shutil.which("promtool"):
+        _, _, body = request("GET", "/metrics", base=base)
+        r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)
+        out = (r.stdout + r.stderr).decode()
+        assert r.returncode == 0 and not out.strip(), out
+
+
+# ---- multi-turn chat through the prefix cache ----
+
+QUESTIONS = [
+    "Tell me a short story about a lighthouse keeper.",
+    "Who was the main character?",
+    "What did the keeper see at night?",
+    "Give the story a different ending.",
+    "Summarize our conversation in one sentence.",
+]
+
+
+def _chat(base, messages):
+    st, o = post("/v1/chat/completions", {"messages": messages, "max_tokens": 24,
+                                          "temperature": 0}, base=base)
+    assert st == 200, o
+    return o["choices"][0]["message"]["content"], o["usage"]
+
+
+def _rebuild_tokens(m):
+    return (m['dualpath_rebuild_tokens_total{source="prefix_cache"}']
+            + m['dualpath_rebuild_tokens_total{source="host"}'])
+
+
+def test_multi_turn_chat_rebuilds(server):
+    messages, answers = [], []
+    prev_prompt = 0
+    rebuilds0 = metrics(server)["dualpath_rebuilds_total"]
+    for turn, q in enumerate(QUESTIONS, 1):
+        messages.append({"role": "user", "content": q})
+        m0 = metrics(server)
+        text, usage = _chat(server, messages)
+        m1 = metrics(server)
+        answers.append(text)
+        messages.append({"role": "assistant", "content": text})
+        if turn >= 2:
+            # The previous turn's prompt is a prefix of this one: its full
+            # blocks come back instead of being prefilled again.
+            bt = m1['dualpath_kv_block_tokens{pool="prefill"}']
+            got = _rebuild_tokens(m1) - _rebuild_tokens(m0)
+            assert got >= (prev_prompt // bt - 1) * bt, (turn, got, prev_prompt)
+            assert m1["dualpath_rebuilds_total"] > m0["dualpath_rebuilds_total"]
+            recomputed = (m1["dualpath_engine_prefill_tokens_total"]
+                          - m0["dualpath_engine_prefill_tokens_total"])
+            assert recomputed < usage["prompt_tokens"], (turn, recomputed, usage)
+        prev_prompt = usage["prompt_tokens"]
+    assert metrics(server)["dualpath_rebuilds_total"] - rebuilds0 >= 4
+
+    # The same conversation on a fresh daemon without the prefix cache: every
+    # turn is prefilled whole, and the greedy answers are the same.
+    d = Daemon(["--no-prefix-cache"], log_name="dualpathd-noprefix")
+    try:
+        fresh = []
+        for turn in range(len(QUESTIONS)):
+            msgs = messages[:2 * turn + 1]
+            text, _ = _chat(d.url, msgs)
+            fresh.append(text)
+        assert metrics(d.url)["dualpath_rebuilds_total"] == 0
+    finally:
+        assert d.stop() == 0
+    assert fresh == answers

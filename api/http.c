@@ -80,6 +80,7 @@ static enum MHD_Result send_ex(dp_hreq *h, unsigned status, const char *ctype, c
     enum MHD_Result ret = MHD_queue_response(h->conn, status, r);
     MHD_destroy_response(r);
     h->answered = true;
+    h->status = status;
     count(h->srv, status);
     return ret;
 }
@@ -120,6 +121,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         h->conn = conn;
         h->method = method;
         h->url = url;
+        h->t_start = dp_now();
         *con_cls = h;
         s->n_hreqs++;
         /* Decide 413 from Content-Length before reading a byte of the body. */

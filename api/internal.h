@@ -28,6 +28,8 @@ typedef struct dp_hreq {
     bool too_large;
     bool answered;   /* a response is queued */
     dp_job *job;     /* generation request, if any (holds a reference) */
+    double t_start;  /* access log: dp_now() at the headers */
+    unsigned status; /* access log: the queued HTTP status (0: none yet) */
 } dp_hreq;
 
 /* One completion request: n_choices engine requests and their output. */
@@ -52,6 +54,7 @@ struct dp_job {
     size_t out_len, out_off, out_cap;
     bool stream_ended;        /* [DONE] queued: the reader ends after out drains */
     double last_write;
+    double t_first;           /* access log: earliest first token of any choice */
 };
 
 struct dp_server {

@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "access_log.h"
 #include "common/dp.h"
 #include "internal.h"
 
@@ -286,6 +287,7 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     enum MHD_Result ret = MHD_queue_response(h->conn, 200, resp);
     MHD_destroy_response(resp);
     h->answered = true;
+    h->status = 200;
     metrics_count_response(&s->metrics, 200);
     return ret;
 oom:
@@ -332,6 +334,7 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
 void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe)
 {
     dp_job *j = h->job;
+    access_log_request(h, toe);
     if (j) {
         j->conn = NULL;
         j->suspended = false;
@@ -451,6 +454,8 @@ static void handle_event(dp_server *s, dp_event *ev)
         }
     } else if (ev->kind == DP_EV_FINISH) {
         observe_finish(s, ev);
+        if (ev->t_first_token > 0 && (j->t_first == 0 || ev->t_first_token < j->t_first))
+            j->t_first = ev->t_first_token;
         ch->done = true;
         ch->finish = ev->finish;
         ch->completion_tokens = ev->completion_tokens;

@@ -968,7 +968,12 @@ void engine_stop(dp_engine *e)
 
 void engine_debug_stall(dp_engine *e)
 {
+    /* Wake it so that an idle engine leaves its wait and reaches the stall. */
+    pthread_mutex_lock(&e->mu);
     atomic_store(&e->debug_stall, true);
+    e->wake = true;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
 }
 
 void engine_destroy(dp_engine *e)

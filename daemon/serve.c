@@ -1,12 +1,15 @@
 /* serve.c: the serving mode: model, tokenizer and chat template, the engine
  * thread, the HTTP API on a libuv loop, and signals (SIGTERM/SIGINT drain
- * then exit, SIGHUP reloads the log level). */
+ * then exit, SIGHUP reloads the log level), and systemd's notify protocol:
+ * STATUS while loading, READY=1 once listening, a watchdog gated on the
+ * engine's heartbeat, STOPPING=1 when draining starts. */
 #include "serve.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <uv.h>
 
@@ -17,6 +20,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "notify.h"
 
 void serve_opts_default(dp_serve_opts *o)
 {
@@ -26,6 +30,7 @@ void serve_opts_default(dp_serve_opts *o)
     o->port = 8080;
     o->drain_timeout_s = 30.0;
     o->log_level = DP_LOG_INFO;
+    o->watchdog = true;
     engine_opts_default(&o->engine);
 }
 
@@ -39,11 +44,126 @@ typedef struct serve_ctx {
     bool stopping;
     bool stopped;
     int log_level;
+    /* systemd watchdog: beats only while the engine's heartbeat advances. */
+    uv_timer_t wd_timer;
+    bool wd_open;
+    uint64_t wd_usec;
+    uint64_t wd_last_hb;
+    double wd_last_progress;
+    bool wd_stalled;
+    /* TEST HOOK: DUALPATHD_DEBUG_STALL_AFTER_S stalls the engine. */
+    uv_timer_t stall_timer;
+    bool stall_open;
+    char status_line[320];   /* STATUS= while serving */
 } serve_ctx;
 
 static void on_closed(uv_handle_t *h)
 {
     (void)h;
+}
+
+/* The engine loop bumps its heartbeat every iteration (every 250 ms when
+ * idle), so a heartbeat that stands still means a hung engine thread: then no
+ * WATCHDOG=1 goes out and systemd restarts us after WatchdogSec. The timer
+ * ticks at a quarter of the interval so that a healthy engine is seen within
+ * half of it. */
+static void on_watchdog(uv_timer_t *t)
+{
+    serve_ctx *c = t->data;
+    dp_engine_stats st;
+    engine_get_stats(c->engine, &st);
+    double now = dp_now();
+    if (st.heartbeat != c->wd_last_hb) {
+        c->wd_last_hb = st.heartbeat;
+        c->wd_last_progress = now;
+        if (c->wd_stalled) {
+            c->wd_stalled = false;
+            dp_log(DP_LOG_WARN, "watchdog: the engine makes progress again");
+            notify_sendf("STATUS=%s", c->status_line);
+        }
+        notify_send("WATCHDOG=1");
+        return;
+    }
+    if (!c->wd_stalled && now - c->wd_last_progress >= (double)c->wd_usec * 0.5e-6) {
+        c->wd_stalled = true;
+        dp_log(DP_LOG_ERROR, "watchdog: no engine heartbeat for %.1f s; withholding WATCHDOG=1",
+               now - c->wd_last_progress);
+        notify_send("STATUS=engine stalled: no heartbeat");
+    }
+}
+
+static void watchdog_start(serve_ctx *c)
+{
+    c->wd_usec = notify_watchdog_usec();
+    if (!c->wd_usec)
+        return;
+    if (!c->o->watchdog) {
+        dp_log(DP_LOG_WARN, "watchdog: WATCHDOG_USEC is set but watchdog = false: not answering it");
+        return;
+    }
+    uint64_t ms = c->wd_usec / 4000;
+    if (ms < 1)
+        ms = 1;
+    dp_engine_stats st;
+    engine_get_stats(c->engine, &st);
+    c->wd_last_hb = st.heartbeat;
+    c->wd_last_progress = dp_now();
+    uv_timer_init(&c->loop, &c->wd_timer);
+    c->wd_timer.data = c;
+    c->wd_open = true;
+    notify_send("WATCHDOG=1");
+    uv_timer_start(&c->wd_timer, on_watchdog, ms, ms);
+    dp_log(DP_LOG_INFO, "watchdog: every %.3f s while the engine's heartbeat advances "
+           "(WATCHDOG_USEC=%llu)", (double)ms / 1000.0, (unsigned long long)c->wd_usec);
+}
+
+static void on_debug_stall(uv_timer_t *t)
+{
+    serve_ctx *c = t->data;
+    dp_log(DP_LOG_WARN, "serve: DUALPATHD_DEBUG_STALL_AFTER_S: stalling the engine (test hook)");
+    engine_debug_stall(c->engine);
+}
+
+/* TEST HOOK: DUALPATHD_DEBUG_STALL_AFTER_S=N makes the engine thread hang N
+ * seconds after READY=1, for the watchdog test. Not a configuration key. */
+static void debug_stall_start(serve_ctx *c)
+{
+    const char *v = getenv("DUALPATHD_DEBUG_STALL_AFTER_S");
+    if (!v || !*v)
+        return;
+    char *end;
+    double s = strtod(v, &end);
+    if (*end || !(s >= 0 && s < 1e6)) {
+        dp_log(DP_LOG_WARN, "serve: ignoring DUALPATHD_DEBUG_STALL_AFTER_S='%s'", v);
+        return;
+    }
+    uv_timer_init(&c->loop, &c->stall_timer);
+    c->stall_timer.data = c;
+    c->stall_open = true;
+    uv_timer_start(&c->stall_timer, on_debug_stall, (uint64_t)(s * 1000.0), 0);
+}
+
+static void timers_close(serve_ctx *c)
+{
+    if (c->wd_open) {
+        uv_close((uv_handle_t *)&c->wd_timer, on_closed);
+        c->wd_open = false;
+    }
+    if (c->stall_open) {
+        uv_close((uv_handle_t *)&c->stall_timer, on_closed);
+        c->stall_open = false;
+    }
+}
+
+/* Loading a big model can outlast TimeoutStartSec: ask for more time before
+ * each long phase (2 min + 1 s per 50 MiB of model file). */
+static void extend_start_timeout(const char *model)
+{
+    struct stat st;
+    uint64_t usec = 120ull * 1000000ull;
+    if (model && stat(model, &st) == 0 && st.st_size > 0)
+        usec += (uint64_t)st.st_size / (50ull << 20) * 1000000ull;
+    notify_sendf("EXTEND_TIMEOUT_USEC=%llu", (unsigned long long)usec);
 }
 
 /* Runs once no request is left (or the drain timed out). */
@@ -54,6 +174,8 @@ static void on_drained(void *ud)
         return;
     c->stopped = true;
     dp_log(DP_LOG_INFO, "serve: stopping");
+    notify_send("STATUS=stopping");
+    timers_close(c);
     server_stop_http(c->srv);
     engine_stop(c->engine);
     server_close(c->srv);
@@ -82,6 +204,7 @@ static void on_signal(uv_signal_t *h, int signum)
     c->stopping = true;
     dp_log(DP_LOG_INFO, "serve: %s: draining (up to %.0f s)", strsignal(signum),
            c->o->drain_timeout_s);
+    notify_send("STOPPING=1\nSTATUS=draining");
     server_drain(c->srv, c->o->drain_timeout_s, on_drained, c);
 }
 
@@ -121,6 +244,8 @@ int serve_run(const dp_serve_opts *o)
     /* Writes to a vanished client must fail with EPIPE, not kill us. */
     signal(SIGPIPE, SIG_IGN);
 
+    notify_sendf("STATUS=loading model %s", o->model);
+    extend_start_timeout(o->model);
     if (gguf_open(&g, o->model, err, sizeof err)) {
         fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
         return 1;
@@ -136,10 +261,13 @@ int serve_run(const dp_serve_opts *o)
         goto done;
     }
     ct_ok = true;
+    notify_sendf("STATUS=starting the %s backend", o->device);
     if (backend_create(&be, o->device, o->threads, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
     }
+    notify_sendf("STATUS=loading weights (%s backend)", be->ops->name);
+    extend_start_timeout(o->model);
     if (llama_init(&m, &g, be, o->engine.max_batched_tokens, o->engine.max_seqs, err, sizeof err)) {
         fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
         goto done;
@@ -167,6 +295,7 @@ int serve_run(const dp_serve_opts *o)
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
     }
+    notify_send("STATUS=starting the engine");
     if (engine_init(&c.engine, m, tok, &o->engine, server_engine_notify, c.srv, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
@@ -191,6 +320,12 @@ int serve_run(const dp_serve_opts *o)
     dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; listening on http://%s:%d",
            name, be->ops->name, engine_context_length(c.engine), dp_now() - t0, o->host,
            server_port(c.srv));
+    bool v6 = strchr(o->host, ':') != NULL;
+    snprintf(c.status_line, sizeof c.status_line, "serving '%s' on %s%s%s:%d", name,
+             v6 ? "[" : "", o->host, v6 ? "]" : "", server_port(c.srv));
+    notify_sendf("READY=1\nSTATUS=%s", c.status_line);
+    watchdog_start(&c);
+    debug_stall_start(&c);
     uv_run(&c.loop, UV_RUN_DEFAULT);
     status = c.stopped ? 0 : 1;
     dp_log(DP_LOG_INFO, "serve: stopped");
@@ -203,6 +338,7 @@ done:
                 engine_stop(c.engine);
             server_close(c.srv);
         }
+        timers_close(&c);
         uv_run(&c.loop, UV_RUN_DEFAULT);
         uv_loop_close(&c.loop);
     }

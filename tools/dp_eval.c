@@ -1030,8 +1030,12 @@ int main(int argc, char **argv)
             return die("memory", DP_ENOMEM, "");
         if ((rc = eval_prefill(&e, text, (int32_t)n_text, o.prefill[pi], r)))
             return die("teacher-forced evaluation", rc, "");
+        size_t from = md.n;
         report_tf(&md, &o, o.prefill[pi], r);
         free(r);
+        /* Each table is printed as soon as it exists: a full run takes a while. */
+        fwrite(md.p + (pi ? from : 0), 1, md.n - (pi ? from : 0), stdout);
+        fflush(stdout);
     }
     if (o.chat > 0) {
         chat_result *cr = calloc(1, sizeof *cr);
@@ -1039,10 +1043,11 @@ int main(int argc, char **argv)
             return die("memory", DP_ENOMEM, "");
         if ((rc = eval_chat(&e, text, (int32_t)n_text, cr, NULL, err, sizeof err)))
             return die("chat evaluation", rc, err);
+        size_t from = md.n;
         report_chat(&md, &o, cr);
         free(cr);
+        fwrite(md.p + (o.n_prefill ? from : 0), 1, md.n - (o.n_prefill ? from : 0), stdout);
     }
-    fwrite(md.p, 1, md.n, stdout);
     if (o.markdown && (rc = write_markdown(o.markdown, o.tag, md.p)))
         return die(o.markdown, rc, "cannot write");
 

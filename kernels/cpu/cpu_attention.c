@@ -1,10 +1,13 @@
 /* cpu_attention.c: causal attention over paged KV for any mix of prefill and
  * decode tokens. One task per (token, KV head) so the group of query heads
- * sharing that KV head (GQA) reads each key and value row once. */
+ * sharing that KV head (GQA) reads each key and value block once. With
+ * AVX-512 the scores of 16 keys come from one vector accumulation over the
+ * transposed K block, and softmax is online (one pass, no score buffer). */
 #include <math.h>
 #include <string.h>
 
 #include "cpu_internal.h"
+#include "simd.h"
 
 typedef struct attn_job {
     cpu_backend *c;
@@ -17,6 +20,114 @@ typedef struct attn_job {
     int32_t n_kv;
 } attn_job;
 
+#define MAX_GROUP 16
+
+#ifdef __AVX512F__
+/* Online softmax state of one query: running max, sum and weighted V. */
+typedef struct qstate {
+    float m, l;
+} qstate;
+
+static void attend_avx512(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                          int32_t n_slots, const float *const *qs, float *const *outs,
+                          int32_t group, float scale)
+{
+    const dp_kv_layout *lay = &kv->l;
+    const int32_t hd = lay->head_dim, bt = lay->block_tokens;
+    qstate st[MAX_GROUP];
+    float *acc[MAX_GROUP];
+    for (int32_t g = 0; g < group; g++) {
+        st[g] = (qstate){-INFINITY, 0.0f};
+        acc[g] = outs[g]; /* accumulate in place, normalize at the end */
+        memset(acc[g], 0, (size_t)hd * sizeof(float));
+    }
+    float p[16];
+    for (int32_t base = 0; base < n_slots; base += bt) {
+        const int32_t blk = table[base / bt];
+        const float *kt = kv_head(kv, kv->k, layer, blk, kvh);
+        const float *vb = kv_head(kv, kv->v, layer, blk, kvh);
+        const int32_t nb = n_slots - base < bt ? n_slots - base : bt;
+        for (int32_t c0 = 0; c0 < nb; c0 += 16) {
+            const int32_t nl = nb - c0 < 16 ? nb - c0 : 16;
+            const __mmask16 mask = (__mmask16)((1u << nl) - 1u);
+            for (int32_t g = 0; g < group; g++) {
+                const float *q = qs[g];
+                __m512 s = _mm512_setzero_ps();
+                for (int32_t d = 0; d < hd; d++)
+                    s = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
+                                        _mm512_maskz_loadu_ps(mask, kt + (size_t)d * bt + c0), s);
+                s = _mm512_mask_blend_ps(mask, _mm512_set1_ps(-INFINITY),
+                                         _mm512_mul_ps(s, _mm512_set1_ps(scale)));
+                float bm = _mm512_reduce_max_ps(s);
+                if (bm > st[g].m) {
+                    /* A new maximum rescales what was accumulated so far. */
+                    float r = st[g].m == -INFINITY ? 0.0f : expf(st[g].m - bm);
+                    st[g].l *= r;
+                    for (int32_t d = 0; d < hd; d += 16) {
+                        __mmask16 dm = hd - d < 16 ? (__mmask16)((1u << (hd - d)) - 1u) : 0xffff;
+                        _mm512_mask_storeu_ps(acc[g] + d, dm,
+                                              _mm512_mul_ps(_mm512_maskz_loadu_ps(dm, acc[g] + d),
+                                                            _mm512_set1_ps(r)));
+                    }
+                    st[g].m = bm;
+                }
+                __m512 e = _mm512_maskz_mov_ps(mask,
+                                               simd_exp_neg(_mm512_sub_ps(s, _mm512_set1_ps(st[g].m))));
+                st[g].l += _mm512_reduce_add_ps(e);
+                _mm512_storeu_ps(p, e);
+                for (int32_t d = 0; d < hd; d += 16) {
+                    __mmask16 dm = hd - d < 16 ? (__mmask16)((1u << (hd - d)) - 1u) : 0xffff;
+                    __m512 a = _mm512_maskz_loadu_ps(dm, acc[g] + d);
+                    for (int32_t t = 0; t < nl; t++)
+                        a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]),
+                                            _mm512_maskz_loadu_ps(dm, vb + (size_t)(c0 + t) * hd + d), a);
+                    _mm512_mask_storeu_ps(acc[g] + d, dm, a);
+                }
+            }
+        }
+    }
+    for (int32_t g = 0; g < group; g++) {
+        const float inv = 1.0f / st[g].l;
+        for (int32_t d = 0; d < hd; d++)
+            acc[g][d] *= inv;
+    }
+}
+#endif
+
+#ifndef __AVX512F__
+/* Portable two-pass version (scores in scratch). */
+static void attend_scalar(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                          int32_t n_slots, const float *const *qs, float *const *outs,
+                          int32_t group, float scale, float *sc)
+{
+    const dp_kv_layout *lay = &kv->l;
+    const int32_t hd = lay->head_dim, bt = lay->block_tokens;
+    for (int32_t g = 0; g < group; g++) {
+        float mx = -INFINITY;
+        for (int32_t p = 0; p < n_slots; p++) {
+            const float *kt = kv_head(kv, kv->k, layer, table[p / bt], kvh) + p % bt;
+            float d = 0.0f;
+            for (int32_t e = 0; e < hd; e++)
+                d += qs[g][e] * kt[(size_t)e * bt];
+            sc[p] = d * scale;
+            if (sc[p] > mx)
+                mx = sc[p];
+        }
+        float sum = 0.0f;
+        for (int32_t p = 0; p < n_slots; p++)
+            sum += (sc[p] = expf(sc[p] - mx));
+        float *o = outs[g];
+        memset(o, 0, (size_t)hd * sizeof *o);
+        for (int32_t p = 0; p < n_slots; p++) {
+            const float *vr = kv_vrow(kv, layer, table[p / bt], kvh, p % bt);
+            const float w = sc[p] / sum;
+            for (int32_t e = 0; e < hd; e++)
+                o[e] += w * vr[e];
+        }
+    }
+}
+#endif
+
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     attn_job *j = ctx;
@@ -26,38 +137,26 @@ static void attn_task(void *ctx, int64_t task, int thread)
     const int32_t kvh = (int32_t)(task % n_kv);
     const int32_t s = b->seq[i];
     const dp_kv_store *kv = j->stores[b->seq_store[s]];
-    const dp_kv_layout *l = &kv->l;
-    const int32_t hd = l->head_dim, bt = l->block_tokens;
-    const int32_t n_slots = b->slot[i] + 1;
+    const int32_t hd = kv->l.head_dim;
     const int32_t group = j->n_heads / n_kv;
     const int32_t *table = b->block_tables + (size_t)s * (size_t)b->max_blocks;
-    float *sc = j->c->sscratch[thread];
-
-    for (int32_t g = 0; g < group; g++) {
-        const int32_t h = kvh * group + g;
-        const float *qh = j->q + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
-        float *oh = j->out + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
-        float mx = -INFINITY;
-        for (int32_t p = 0; p < n_slots; p++) {
-            const float *kr = kv_row(kv, kv->k, j->layer, table[p / bt], kvh, p % bt);
-            float d = cpu_dot(qh, kr, hd) * j->scale;
-            sc[p] = d;
-            if (d > mx)
-                mx = d;
+    const float *qs[MAX_GROUP];
+    float *outs[MAX_GROUP];
+    /* Heads are handled MAX_GROUP at a time (real models have groups <= 8). */
+    for (int32_t g0 = 0; g0 < group; g0 += MAX_GROUP) {
+        int32_t ng = group - g0 < MAX_GROUP ? group - g0 : MAX_GROUP;
+        for (int32_t g = 0; g < ng; g++) {
+            int32_t h = kvh * group + g0 + g;
+            qs[g] = j->q + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
+            outs[g] = j->out + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
         }
-        float sum = 0.0f;
-        for (int32_t p = 0; p < n_slots; p++) {
-            sc[p] = expf(sc[p] - mx);
-            sum += sc[p];
-        }
-        const float inv = 1.0f / sum;
-        memset(oh, 0, (size_t)hd * sizeof *oh);
-        for (int32_t p = 0; p < n_slots; p++) {
-            const float *vr = kv_row(kv, kv->v, j->layer, table[p / bt], kvh, p % bt);
-            const float wgt = sc[p] * inv;
-            for (int32_t d = 0; d < hd; d++)
-                oh[d] += wgt * vr[d];
-        }
+#ifdef __AVX512F__
+        attend_avx512(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale);
+        (void)thread;
+#else
+        attend_scalar(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale,
+                      j->c->sscratch[thread]);
+#endif
     }
 }
 

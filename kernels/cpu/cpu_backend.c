@@ -89,7 +89,8 @@ static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 
 static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
-    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
+    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->head_dim > 1024 ||
+        l->block_tokens <= 0 ||
         l->n_blocks <= 0)
         return DP_EINVAL;
     dp_kv_store *kv = calloc(1, sizeof *kv);
@@ -316,9 +317,9 @@ static void kvw_row(void *p, int64_t i)
     int32_t block = b->block_tables[(size_t)s * (size_t)b->max_blocks + slot / l->block_tokens];
     size_t row = (size_t)l->n_kv_heads * (size_t)l->head_dim;
     for (int32_t h = 0; h < l->n_kv_heads; h++) {
-        memcpy(kv_row(kv, kv->k, w->layer, block, h, slot % l->block_tokens),
-               w->k + (size_t)i * row + (size_t)h * l->head_dim, (size_t)l->head_dim * sizeof(float));
-        memcpy(kv_row(kv, kv->v, w->layer, block, h, slot % l->block_tokens),
+        kv_kput(kv, w->layer, block, h, slot % l->block_tokens,
+                w->k + (size_t)i * row + (size_t)h * l->head_dim);
+        memcpy(kv_vrow(kv, w->layer, block, h, slot % l->block_tokens),
                w->v + (size_t)i * row + (size_t)h * l->head_dim, (size_t)l->head_dim * sizeof(float));
     }
 }

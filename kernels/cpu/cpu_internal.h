@@ -6,10 +6,13 @@
 #include "kernels/backend.h"
 #include "threadpool.h"
 
+/* Within a block, K is stored transposed per head ([head_dim][token]) so
+ * that attention computes 16 scores per vector instruction without
+ * horizontal sums; V keeps rows ([token][head_dim]) for the weighted sum. */
 struct dp_kv_store {
     dp_kv_layout l;
-    float *k;   /* [layer][block][kv_head][token][head_dim] */
-    float *v;
+    float *k;   /* [layer][block][kv_head][head_dim][token] */
+    float *v;   /* [layer][block][kv_head][token][head_dim] */
 };
 
 typedef struct cpu_backend {
@@ -30,13 +33,41 @@ typedef struct cpu_backend {
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
 
-static inline float *kv_row(const dp_kv_store *kv, float *base, int32_t layer, int32_t block,
-                            int32_t head, int32_t tok)
+/* Start of one head's data in one block (K: [head_dim][token], V: [token][head_dim]). */
+static inline float *kv_head(const dp_kv_store *kv, float *base, int32_t layer, int32_t block,
+                             int32_t head)
 {
     const dp_kv_layout *l = &kv->l;
     size_t idx = (((size_t)layer * (size_t)l->n_blocks + (size_t)block) * (size_t)l->n_kv_heads +
-                  (size_t)head) * (size_t)l->block_tokens + (size_t)tok;
-    return base + idx * (size_t)l->head_dim;
+                  (size_t)head);
+    return base + idx * (size_t)l->block_tokens * (size_t)l->head_dim;
+}
+
+/* Row `tok` of V. */
+static inline float *kv_vrow(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                             int32_t tok)
+{
+    return kv_head(kv, kv->v, layer, block, head) + (size_t)tok * (size_t)kv->l.head_dim;
+}
+
+/* K of token `tok` gathered from (to_row) or scattered into (from_row) its
+ * transposed block. */
+static inline void kv_kget(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                           int32_t tok, float *row)
+{
+    const float *k = kv_head(kv, kv->k, layer, block, head) + tok;
+    const int32_t bt = kv->l.block_tokens;
+    for (int32_t d = 0; d < kv->l.head_dim; d++)
+        row[d] = k[(size_t)d * (size_t)bt];
+}
+
+static inline void kv_kput(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                           int32_t tok, const float *row)
+{
+    float *k = kv_head(kv, kv->k, layer, block, head) + tok;
+    const int32_t bt = kv->l.block_tokens;
+    for (int32_t d = 0; d < kv->l.head_dim; d++)
+        k[(size_t)d * (size_t)bt] = row[d];
 }
 
 int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,

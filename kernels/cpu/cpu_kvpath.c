@@ -22,9 +22,9 @@ static void knorm_task(void *ctx, int64_t t, int thread)
     const dp_kv_layout *l = &j->kv->l;
     int32_t layer = (int32_t)(t / l->n_kv_heads), h = (int32_t)(t % l->n_kv_heads);
     float *o = j->out + (size_t)t * (size_t)j->n_slots;
+    float k[1024];
     for (int32_t s = 0; s < j->n_slots; s++) {
-        const float *k = kv_row(j->kv, j->kv->k, layer, j->table[s / l->block_tokens], h,
-                                s % l->block_tokens);
+        kv_kget(j->kv, layer, j->table[s / l->block_tokens], h, s % l->block_tokens, k);
         o[s] = sqrtf(cpu_dot(k, k, l->head_dim));
     }
 }
@@ -66,9 +66,10 @@ static void sattn_task(void *ctx, int64_t t, int thread)
             const float *qh = j->q + (size_t)layer * (size_t)j->q_layer_stride +
                               ((size_t)i * (size_t)j->n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
             float mx = -INFINITY;
+            float k[1024];
             for (int32_t s = 0; s < n; s++) {
-                sc[s] = cpu_dot(qh, kv_row(j->kv, j->kv->k, layer, j->table[s / bt], kvh, s % bt), hd) *
-                        j->scale;
+                kv_kget(j->kv, layer, j->table[s / bt], kvh, s % bt, k);
+                sc[s] = cpu_dot(qh, k, hd) * j->scale;
                 if (sc[s] > mx)
                     mx = sc[s];
             }
@@ -113,15 +114,16 @@ static void compact_task(void *ctx, int64_t t, int thread)
     const dp_compact_seq *q = &j->seqs[t / ls->n_layers];
     const int32_t layer = (int32_t)(t % ls->n_layers);
     const size_t row = (size_t)ls->head_dim * sizeof(float);
+    float k[1024];
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         for (int32_t s = 0; s < q->n_keep; s++) {
             int32_t from = keep[s];
             int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
-            memcpy(kv_row(j->dst, j->dst->k, layer, db, h, s % ld->block_tokens),
-                   kv_row(j->src, j->src->k, layer, sb, h, from % ls->block_tokens), row);
-            memcpy(kv_row(j->dst, j->dst->v, layer, db, h, s % ld->block_tokens),
-                   kv_row(j->src, j->src->v, layer, sb, h, from % ls->block_tokens), row);
+            kv_kget(j->src, layer, sb, h, from % ls->block_tokens, k);
+            kv_kput(j->dst, layer, db, h, s % ld->block_tokens, k);
+            memcpy(kv_vrow(j->dst, layer, db, h, s % ld->block_tokens),
+                   kv_vrow(j->src, layer, sb, h, from % ls->block_tokens), row);
         }
     }
 }
@@ -161,7 +163,7 @@ static int block_copy(const dp_kv_store *kv, int32_t block, void *host, const vo
         return DP_EINVAL;
     size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim;
     for (int32_t layer = 0; layer < l->n_layers; layer++) {
-        float *k = kv_row(kv, kv->k, layer, block, 0, 0), *v = kv_row(kv, kv->v, layer, block, 0, 0);
+        float *k = kv_head(kv, kv->k, layer, block, 0), *v = kv_head(kv, kv->v, layer, block, 0);
         float *h = (float *)(from_host ? (void *)(uintptr_t)from_host : host) + (size_t)layer * 2 * per;
         if (from_host) {
             memcpy(k, h, per * sizeof(float));

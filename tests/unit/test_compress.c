@@ -125,13 +125,14 @@ static void fill_random(dp_kv_store *kv, const int32_t *table, int32_t n)
     for (int32_t l = 0; l < L; l++)
         for (int32_t h = 0; h < HKV; h++)
             for (int32_t s = 0; s < n; s++) {
-                float *k = kv_row(kv, kv->k, l, table[s / BTK], h, s % BTK);
-                float *v = kv_row(kv, kv->v, l, table[s / BTK], h, s % BTK);
+                float k[HD];
+                float *v = kv_vrow(kv, l, table[s / BTK], h, s % BTK);
                 float scale = 0.2f + 2.0f * (float)urand(1000) / 1000.0f; /* spread the norms */
                 for (int32_t d = 0; d < HD; d++) {
                     k[d] = scale * frand();
                     v[d] = frand();
                 }
+                kv_kput(kv, l, table[s / BTK], h, s % BTK, k);
             }
 }
 
@@ -153,7 +154,8 @@ static void check_selection(dp_backend *be)
     for (int32_t l = 0; l < L; l++)
         for (int32_t h = 0; h < HKV; h++)
             for (int32_t s = 0; s < n; s++) {
-                const float *k = kv_row(kv, kv->k, l, table[s / BTK], h, s % BTK);
+                float k[HD];
+                kv_kget(kv, l, table[s / BTK], h, s % BTK, k);
                 double ss = 0;
                 for (int32_t d = 0; d < HD; d++)
                     ss += (double)k[d] * k[d];
@@ -175,7 +177,8 @@ static void check_selection(dp_backend *be)
                     const float *qh = q[l][i] + (h * (HQ / HKV) + g) * HD;
                     double e[37], mx = -1e30, sum = 0;
                     for (int32_t s = 0; s <= q_slot[i]; s++) {
-                        const float *k = kv_row(kv, kv->k, l, table[s / BTK], h, s % BTK);
+                        float k[HD];
+                        kv_kget(kv, l, table[s / BTK], h, s % BTK, k);
                         double dot = 0;
                         for (int32_t d = 0; d < HD; d++)
                             dot += (double)qh[d] * k[d];
@@ -344,16 +347,20 @@ static void check_compact(dp_backend *be)
                 for (int32_t s = 0; s < nk[i]; s++) {
                     int32_t from = keep[i][((size_t)l * HKV + h) * nk[i] + s];
                     int32_t db = dtab[i][s / DBT];
-                    const float *sk = kv_row(src, src->k, l, stab[i][from / BTK], h, from % BTK);
-                    const float *sv = kv_row(src, src->v, l, stab[i][from / BTK], h, from % BTK);
-                    CHECK(memcmp(kv_row(dst, dst->k, l, db, h, s % DBT), sk, HD * sizeof(float)) == 0);
-                    CHECK(memcmp(kv_row(dst, dst->v, l, db, h, s % DBT), sv, HD * sizeof(float)) == 0);
+                    float sk[HD], dk[HD];
+                    kv_kget(src, l, stab[i][from / BTK], h, from % BTK, sk);
+                    kv_kget(dst, l, db, h, s % DBT, dk);
+                    const float *sv = kv_vrow(src, l, stab[i][from / BTK], h, from % BTK);
+                    CHECK(memcmp(dk, sk, HD * sizeof(float)) == 0);
+                    CHECK(memcmp(kv_vrow(dst, l, db, h, s % DBT), sv, HD * sizeof(float)) == 0);
                     written[(((size_t)l * NBD + db) * HKV + h) * DBT + s % DBT] = 1;
                 }
     for (size_t r = 0; r < (size_t)L * NBD * HKV * DBT; r++)
         if (!written[r])
             for (int32_t d = 0; d < HD; d++)
-                CHECK(dst->k[r * HD + d] == POISON && dst->v[r * HD + d] == POISON);
+                /* K is transposed inside a block ([head_dim][token]). */
+                CHECK(dst->k[(r / DBT) * DBT * HD + (size_t)d * DBT + r % DBT] == POISON &&
+                      dst->v[r * HD + d] == POISON);
     free(written);
     compressor_destroy(&c);
     be->ops->kv_destroy(be, src);

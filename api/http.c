@@ -219,7 +219,8 @@ int http_open(dp_server *s, char *err, size_t errsz)
         a6.sin6_family = AF_INET6;
         a6.sin6_port = htons((uint16_t)s->opts.port);
         sa = (const struct sockaddr *)&a6;
-        flags |= MHD_USE_IPv6;
+        /* "::" (any address) takes IPv4 too; other IPv6 addresses are v6-only. */
+        flags |= IN6_IS_ADDR_UNSPECIFIED(&a6.sin6_addr) ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
     } else {
         return dp_err(err, errsz, DP_EINVAL, "listen address '%s' is not a numeric IPv4/IPv6 address",
                       host);

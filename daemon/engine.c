@@ -62,6 +62,7 @@ struct dp_engine {
     dp_path_opts popts;
     dp_prefix_cache pc;
     dp_host_tier host;
+    eng_seq **lists[3];        /* per-step scratch lists, max_seqs entries each */
     bool has_pc, has_host;
     int32_t *keep;             /* migration scratch: keep lists */
     size_t keep_cap;
@@ -402,20 +403,23 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, int mode)
     return compress_n_keep(&es->copts, es->seq->n_slots);
 }
 
-static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
-                         int64_t q_stride)
+#define COMPACT_BATCH 64
+
+/* At most COMPACT_BATCH sequences per kv_compact call. */
+static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
+                          int64_t q_stride)
 {
     const dp_hparams *hp = llama_hparams(e->model);
     const size_t per_keep = (size_t)hp->n_layers * (size_t)hp->n_kv_heads;
     const bool recompress = mode != COMPACT_MIGRATE;
     double t0 = dp_now();
-    dp_compact_seq cs[64];
-    dp_block_table tables[64];
-    int32_t n_keep[64];
-    size_t off[64], total = 0;
+    dp_compact_seq cs[COMPACT_BATCH];
+    dp_block_table tables[COMPACT_BATCH];
+    int32_t n_keep[COMPACT_BATCH];
+    size_t off[COMPACT_BATCH], total = 0;
     int32_t m = 0;
     int64_t kept = 0, evicted = 0;
-    for (int32_t i = 0; i < n && m < 64; i++) {
+    for (int32_t i = 0; i < n && m < COMPACT_BATCH; i++) {
         dp_seq *s = list[i]->seq;
         int32_t k = compact_target(e, list[i], mode);
         if (k > s->n_slots)
@@ -492,6 +496,13 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, cons
     record_migration(e, dp_now() - t0, ok, kept, evicted, recompress);
 }
 
+static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
+                         int64_t q_stride)
+{
+    for (int32_t i = 0; i < n; i += COMPACT_BATCH)
+        compact_batch(e, list + i, n - i < COMPACT_BATCH ? n - i : COMPACT_BATCH, mode, q, q_stride);
+}
+
 /* Updates the detector's kept-set change for a prefill-path sequence from the
  * selection its scorer makes over what has been computed so far. */
 static int early_signal(dp_engine *e, eng_seq *es)
@@ -524,9 +535,9 @@ static void recompress_over_budget(dp_engine *e)
 {
     if (!e->dual || e->opts.decode_budget <= 0)
         return;
-    eng_seq *list[64];
+    eng_seq **list = e->lists[0];
     int32_t n = 0;
-    for (eng_seq *es = e->live; es && n < 64; es = es->next)
+    for (eng_seq *es = e->live; es && n < e->opts.max_seqs; es = es->next)
         if (es->seq->state == DP_SEQ_RUNNING && es->seq->path == DP_PATH_DECODE &&
             es->seq->n_slots >= e->opts.decode_budget && es->seq->n_computed == es->seq->n_tokens - 1)
             list[n++] = es;
@@ -650,7 +661,7 @@ static void run_step(dp_engine *e)
     }
     sched_commit(&e->sched, &plan);
     int64_t prompt_toks = 0, gen_toks = 0;
-    eng_seq *migrate[64], *early[64], *tail_done[64];
+    eng_seq **migrate = e->lists[0], **early = e->lists[1], **tail_done = e->lists[2];
     int32_t n_migrate = 0, n_early = 0, n_tail = 0;
     for (int32_t i = 0, o = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
@@ -660,7 +671,7 @@ static void run_step(dp_engine *e)
             /* A prompt chunk ended: the detector may switch the sequence early. */
             eng_seq *es = it->seq->owner;
             if (es->dualpath && e->popts.early_switch && it->path == DP_PATH_PREFILL &&
-                n_early < 64 && early_signal(e, es) == 0 &&
+                early_signal(e, es) == 0 &&
                 path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY)
                 early[n_early++] = es;
             continue;
@@ -670,11 +681,9 @@ static void run_step(dp_engine *e)
         bool alive = emit_token(e, es, e->logits + (size_t)(o++) * (size_t)e->vocab);
         /* The prompt is done: the sequence switches to the decode path (or,
          * having switched early, compacts its uncompressed tail). */
-        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath &&
-            n_migrate < 64)
+        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath)
             migrate[n_migrate++] = es;
-        if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early &&
-            n_tail < 64) {
+        if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early) {
             tail_done[n_tail++] = es;
             es->switched_early = false;
         }
@@ -927,11 +936,14 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_out = malloc(S * sizeof(int32_t));
     e->b_store = calloc(S, 1);
     e->b_capture = malloc(DP_MAX_CAPTURE * sizeof(int32_t));
+    for (int i = 0; i < 3; i++)
+        e->lists[i] = malloc(S * sizeof(eng_seq *));
     e->in_cap = 64;
     e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
     if (sched_init(&e->sched, &so, &e->pool, e->dual ? &e->dpool : NULL,
                    e->has_pc ? &e->pc : NULL) ||
-        sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture ||
+        sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture || !e->lists[0] ||
+        !e->lists[1] || !e->lists[2] ||
         !e->raw_row || !e->b_tokens || !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out ||
         !e->b_store || !e->in_q) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
@@ -1001,6 +1013,8 @@ void engine_destroy(dp_engine *e)
         compressor_destroy(&e->comp);
     free(e->keep);
     free(e->b_capture);
+    for (int i = 0; i < 3; i++)
+        free(e->lists[i]);
     sched_destroy(&e->sched);
     sampler_destroy(&e->sampler);
     free(e->logits);

@@ -317,12 +317,13 @@ int serve_run(const dp_serve_opts *o)
     uv_signal_start(&c.sig_int, on_signal, SIGINT);
     uv_signal_start(&c.sig_hup, on_signal, SIGHUP);
     c.signals_open = true;
-    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; listening on http://%s:%d",
-           name, be->ops->name, engine_context_length(c.engine), dp_now() - t0, o->host,
-           server_port(c.srv));
+    char where[300];
     bool v6 = strchr(o->host, ':') != NULL;
-    snprintf(c.status_line, sizeof c.status_line, "serving '%s' on %s%s%s:%d", name,
-             v6 ? "[" : "", o->host, v6 ? "]" : "", server_port(c.srv));
+    snprintf(where, sizeof where, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "",
+             server_port(c.srv));
+    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; listening on http://%s",
+           name, be->ops->name, engine_context_length(c.engine), dp_now() - t0, where);
+    snprintf(c.status_line, sizeof c.status_line, "serving '%s' on %s", name, where);
     notify_sendf("READY=1\nSTATUS=%s", c.status_line);
     watchdog_start(&c);
     debug_stall_start(&c);

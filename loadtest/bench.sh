@@ -19,13 +19,13 @@
 #   BENCH_CELL_S      time limit per cell in seconds (default 60; --quick 20)
 #   BENCH_EXTRA       extra dp-loadgen options for every cell (e.g. "--api-key KEY")
 #   DP_DAEMON         the daemon binary (default build/daemon/dualpathd)
-#   DP_MODEL_PATH     GGUF model for the daemon (default models/model.gguf)
+#   DP_MODEL_PATH     GGUF model for the daemon (default models/SmolLM2-135M-Instruct.Q4_1.gguf)
 #   DP_PORT           port the daemon listens on for the comparison (default 8091)
 #   DP_KV_MEM         KV memory both runs get (default 1GiB)
-#   DP_OFF_ARGS       daemon arguments with dualpath OFF. PLACEHOLDER until the daemon's
-#                     HTTP flags exist; default:
-#                       --model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT --kv-mem $DP_KV_MEM --dualpath off
-#   DP_ON_ARGS        the same with dualpath ON (default: ... --dualpath on)
+#   DP_OFF_ARGS       daemon arguments with dualpath OFF; default:
+#                       --config= --model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT
+#                       --kv-memory $DP_KV_MEM --dualpath=false
+#   DP_ON_ARGS        the same with dualpath ON (default: ... --dualpath=true)
 #   DP_START_TIMEOUT  seconds to wait for /health (default 180)
 #
 # Cells never run past their time limit: requests still in flight are reported as
@@ -76,11 +76,11 @@ if [ -z "$loadgen" ] || [ ! -x "$loadgen" ]; then
 fi
 
 DP_DAEMON=${DP_DAEMON:-$root/build/daemon/dualpathd}
-DP_MODEL_PATH=${DP_MODEL_PATH:-$root/models/model.gguf}
+DP_MODEL_PATH=${DP_MODEL_PATH:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 DP_PORT=${DP_PORT:-8091}
 DP_KV_MEM=${DP_KV_MEM:-1GiB}
-DP_OFF_ARGS=${DP_OFF_ARGS:---model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT --kv-mem $DP_KV_MEM --dualpath off}
-DP_ON_ARGS=${DP_ON_ARGS:---model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT --kv-mem $DP_KV_MEM --dualpath on}
+DP_OFF_ARGS=${DP_OFF_ARGS:---config= --model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT --kv-memory $DP_KV_MEM --dualpath=false}
+DP_ON_ARGS=${DP_ON_ARGS:---config= --model $DP_MODEL_PATH --listen 127.0.0.1:$DP_PORT --kv-memory $DP_KV_MEM --dualpath=true}
 DP_START_TIMEOUT=${DP_START_TIMEOUT:-180}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/dp-bench.XXXXXX")

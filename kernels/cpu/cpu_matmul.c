@@ -288,6 +288,12 @@ void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, in
 {
     cpu_backend *c = cpu_of(be);
     mm_job j = {c, y, x, w, m, m > SMALL_M ? TILE_LARGE : TILE_SMALL};
+    /* At least four tiles per thread, so that the last tile to finish does
+     * not leave the other threads idle for long (the K and V projections
+     * have few rows). */
+    int64_t want = (int64_t)threadpool_size(c->tp) * 4;
+    while (j.tile > 16 && (w->rows + j.tile - 1) / j.tile < want)
+        j.tile /= 2;
     /* Scratch was sized at weight load time for TILE_LARGE rows of the widest
      * weight, see cpu_scratch_reserve. */
     int64_t tiles = (w->rows + j.tile - 1) / j.tile;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The per-request log line: one line per request on stderr with its id,
 HTTP status, prompt/completion tokens, TTFT and duration, and no prompt text
-at log_level info (but at debug). Also serves on IPv6 ([::1]) where the host
-has it. Python stdlib only.   usage: test_access_log.py BINARY MODEL"""
+at log_level info (but at debug). Also, where the host has IPv6: serving on
+[::1], and on [::] for IPv4 and IPv6 clients alike (dual stack).
+Python stdlib only.   usage: test_access_log.py BINARY MODEL"""
 import http.client
 import json
 import os
@@ -152,12 +153,46 @@ def run(tmp, host):
     print("access log: prompt text only at debug: ok")
 
 
+def dual_stack(tmp):
+    """listen = [::]:PORT takes IPv4 clients as well as IPv6 ones."""
+    port = free_port(socket.AF_INET6, "::")
+    logpath = os.path.join(tmp, "any.log")
+    with open(logpath, "w") as log:
+        p = subprocess.Popen([BIN, "--config", "", "--model", MODEL, "--listen", f"[::]:{port}"],
+                             stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        for host in ("127.0.0.1", "::1"):
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    c = http.client.HTTPConnection(host, port, timeout=5)
+                    c.request("GET", "/health")
+                    if c.getresponse().status == 200:
+                        break
+                except OSError:
+                    pass
+                if time.monotonic() > deadline or p.poll() is not None:
+                    print(f"FAIL: [::]:{port} does not answer on {host}", file=sys.stderr)
+                    sys.exit(1)
+                time.sleep(0.1)
+        p.send_signal(signal.SIGTERM)
+        if p.wait(timeout=60) != 0:
+            print("FAIL: exit status after SIGTERM", file=sys.stderr)
+            sys.exit(1)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    print("listen [::]: answers on 127.0.0.1 and ::1: ok")
+
+
 def main():
     host = "::1" if have_ipv6() else "127.0.0.1"
     if host == "127.0.0.1":
         print("access log: no IPv6 on this host; testing on 127.0.0.1")
     with tempfile.TemporaryDirectory(prefix="dualpath-ops-") as tmp:
         run(tmp, host)
+        if host == "::1":
+            dual_stack(tmp)
     print("access log: all tests passed")
 
 

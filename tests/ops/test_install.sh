@@ -18,7 +18,9 @@ BUILD="${1:-build}"
 
 if ! command -v systemd-analyze >/dev/null; then
     echo "install: installing systemd (for systemd-analyze)"
-    apt-get install -y systemd >/dev/null || { apt-get update -qq && apt-get install -y systemd >/dev/null; }
+    SUDO=; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+    $SUDO apt-get install -y systemd >/dev/null ||
+        { $SUDO apt-get update -qq && $SUDO apt-get install -y systemd >/dev/null; }
 fi
 
 D=$(mktemp -d /tmp/dualpath-install.XXXXXX)
@@ -74,8 +76,12 @@ echo "install: systemd-sysusers and systemd-tmpfiles on the snippets (into DESTD
 mkdir -p "$D/etc"
 systemd-sysusers --root="$D" "$D$PREFIX/lib/sysusers.d/dualpath.conf"
 grep -q '^dualpath:' "$D/etc/passwd" || { echo "install: FAIL: no dualpath user" >&2; exit 1; }
-systemd-tmpfiles --root="$D" --create "$D$PREFIX/lib/tmpfiles.d/dualpath.conf"
-[ -d "$D/var/lib/dualpath/models" ] || { echo "install: FAIL: no /var/lib/dualpath/models" >&2; exit 1; }
+if [ "$(id -u)" -eq 0 ]; then  # it chowns to dualpath
+    systemd-tmpfiles --root="$D" --create "$D$PREFIX/lib/tmpfiles.d/dualpath.conf"
+    [ -d "$D/var/lib/dualpath/models" ] || { echo "install: FAIL: no /var/lib/dualpath/models" >&2; exit 1; }
+else
+    echo "install: not root: systemd-tmpfiles --create skipped"
+fi
 
 SCORE=$(systemd-analyze security --offline=yes --root="$D" "$UNIT" 2>/dev/null |
         sed -n 's/.*Overall exposure level for dualpathd.service: \([0-9.]*\).*/\1/p')

@@ -144,19 +144,20 @@ def test_stalled_engine(tmp):
         if ns.recv_until(lambda f: "READY" in f, 180) is None:
             fail(f"no READY=1 on the abstract socket (exit status {p.poll()})", logpath)
         t_ready = ns.msgs[-1][0]
-        msgs = ns.collect(stall_after + 3.0)
+        msgs = ns.collect(stall_after + 3.5)
         got = beats(msgs)
         healthy = [t for t in got if t - t_ready < stall_after]
-        # After the stall the last beat may still come within one interval.
-        late = [t for t in got if t - t_ready > stall_after + WATCHDOG_USEC / 1e6]
+        # A beat may still come shortly after the stall (the last heartbeat,
+        # one tick late): a second of grace, then none for 2.5 s.
+        late = [t for t in got if t - t_ready > stall_after + 1.0]
         if len(healthy) < 2:
             fail(f"only {len(healthy)} beats before the stall", logpath)
         if late:
             fail(f"{len(late)} WATCHDOG=1 beats after the engine stalled", logpath)
         if not any(f.get("STATUS", "").startswith("engine stalled") for _, f in msgs):
             fail("no 'STATUS=engine stalled' after the stall", logpath)
-        print(f"stall: {len(healthy)} beats before the stall, none in the "
-              f"{3.0 - WATCHDOG_USEC / 1e6:.1f} s after it: ok")
+        print(f"stall: {len(healthy)} beats before the stall, none from 1 s to 3.5 s "
+              "after it: ok")
         # The stall hook lets engine_stop through, so the daemon still exits cleanly.
         p.send_signal(signal.SIGTERM)
         rc = p.wait(timeout=60)

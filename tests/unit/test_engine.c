@@ -483,6 +483,84 @@ static void test_early_switch(world *w)
     printf("early switch: a repetitive 500-token prompt switched early, a random one at its end\n");
 }
 
+/* A 5-turn conversation (each turn resends the whole conversation) with a
+ * distractor request between turns that forces the prefill pool to reuse the
+ * freed blocks: the earlier turns' blocks spill to the host tier and are
+ * restored from it. Every answer must equal a full recompute's. */
+static void test_multiturn_rebuild(world *w, int32_t plen0)
+{
+    static int32_t conv[2][2048];
+    static result res[2][5], dres;
+    int32_t n_conv[2] = {0, 0};
+    dp_engine_stats st[2];
+    for (int mode = 0; mode < 2; mode++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.dualpath = true;
+        o.compress.keep_ratio = 0.5f;
+        o.compress.sinks = 2;
+        o.compress.window = 8;
+        o.prefix_cache = mode == 0;
+        o.host_tier_bytes = mode == 0 ? (int64_t)64 << 20 : 0;
+        /* The prefill pool holds the longest turn, barely, so that the
+         * distractor below must take the conversation's blocks. */
+        const int32_t pool_blocks = (plen0 + 4 * 36 + 12 + 15) / 16 + 1;
+        o.n_blocks = pool_blocks;
+        o.n_blocks_decode = 256;
+        next_opts = o;
+        next_opts_set = true;
+        dp_engine *e = start(w, o.n_blocks, 8);
+        next_opts_set = false;
+        char err[DP_ERRLEN];
+        uint64_t x = 99;
+        n_conv[mode] = 0;
+        for (int turn = 0; turn < 5; turn++) {
+            /* New user text: plen0 tokens on the first turn, 24 after. */
+            int32_t add = turn == 0 ? plen0 : 24;
+            for (int32_t i = 0; i < add; i++) {
+                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+                conv[mode][n_conv[mode]++] = (int32_t)((x >> 33) % (uint64_t)w->vocab);
+            }
+            req_spec sp = {.n_prompt = n_conv[mode], .max_tokens = 12, .ignore_eos = true};
+            memcpy(sp.prompt, conv[mode], (size_t)n_conv[mode] * sizeof(int32_t));
+            memset(&res[mode][turn], 0, sizeof res[mode][turn]);
+            dp_request *r = make_req(&sp, &res[mode][turn]);
+            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+            request_unref(r);
+            collect(e, 1);
+            for (int32_t i = 0; i < res[mode][turn].n; i++)
+                conv[mode][n_conv[mode]++] = res[mode][turn].toks[i];
+            /* A distractor with a different prompt of the same size takes the
+             * prefill pool's free blocks, evicting the conversation's. */
+            req_spec d = {.n_prompt = (pool_blocks - 1) * 16, .max_tokens = 2, .ignore_eos = true};
+            for (int32_t i = 0; i < d.n_prompt; i++)
+                d.prompt[i] = (int32_t)((i * 7919u + 13u * (unsigned)turn + 1u) % (unsigned)w->vocab);
+            memset(&dres, 0, sizeof dres);
+            r = make_req(&d, &dres);
+            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+            request_unref(r);
+            collect(e, 1);
+        }
+        check_idle(e);
+        engine_get_stats(e, &st[mode]);
+        engine_destroy(e);
+    }
+    for (int turn = 0; turn < 5; turn++)
+        CHECK_MSG(res[0][turn].n == res[1][turn].n &&
+                      memcmp(res[0][turn].toks, res[1][turn].toks, (size_t)res[1][turn].n * 4) == 0,
+                  "turn %d differs between rebuild and full recompute", turn);
+    CHECK(st[0].rebuilds >= 4);
+    CHECK(st[0].rebuild_host_tokens > 0);
+    CHECK(st[0].host_spilled_blocks > 0);
+    CHECK_EQ_INT(st[1].rebuilds, 0);
+    CHECK(st[0].prompt_tokens < st[1].prompt_tokens); /* less was recomputed */
+    printf("multi-turn: 5 turns identical to full recompute; %lld rebuilds, %lld tokens from the "
+           "pool, %lld from the host tier; prompt tokens computed %lld vs %lld\n",
+           (long long)st[0].rebuilds, (long long)st[0].rebuild_prefix_tokens,
+           (long long)st[0].rebuild_host_tokens, (long long)st[0].prompt_tokens,
+           (long long)st[1].prompt_tokens);
+}
+
 int main(void)
 {
     world w;
@@ -509,6 +587,7 @@ int main(void)
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;
     test_dualpath(&w, specs, 16, "tiny dualpath");
+    test_multiturn_rebuild(&w, 64);
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -547,6 +626,7 @@ int main(void)
     }
     test_dualpath(&w, specs, 8, "SmolLM2 dualpath");
     test_early_switch(&w);
+    test_multiturn_rebuild(&w, 200);
     world_close(&w);
     T_DONE("engine");
 }

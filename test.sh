@@ -20,7 +20,7 @@ meson test -C build --print-errorlogs
 
 if [ ! -f build-asan/build.ninja ]; then
     echo "test: configuring build-asan/ (ASan + UBSan)"
-    meson setup build-asan --buildtype=debug -Db_sanitize=address,undefined -Dcuda=disabled
+    meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined -Dcuda=disabled
 fi
 echo "test: building build-asan/"
 ninja -C build-asan
@@ -34,4 +34,6 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 echo "test: end-to-end API tests (openai client, raw HTTP, Prometheus)"
 tests/e2e/run.sh build/daemon/dualpathd
+echo "test: operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
+tests/ops/run.sh build
 echo "test: all tests passed"

@@ -4,7 +4,10 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 static int g_log_level = DP_LOG_INFO;
 
@@ -38,17 +41,38 @@ int dp_err(char *err, size_t errsz, int code, const char *fmt, ...)
 void dp_log_set_level(int level) { g_log_level = level; }
 int dp_log_get_level(void) { return g_log_level; }
 
+/* True when stderr is the journal stream systemd set up for us
+ * (JOURNAL_STREAM = "dev:ino" of that stream): then each line starts with a
+ * syslog priority, "<3>" ... "<7>", which journald turns into the level. */
+static bool stderr_is_journal(void)
+{
+    static int cached = -1;
+    if (cached < 0) {
+        const char *js = getenv("JOURNAL_STREAM");
+        unsigned long long dev, ino;
+        struct stat st;
+        cached = js && sscanf(js, "%llu:%llu", &dev, &ino) == 2 && fstat(STDERR_FILENO, &st) == 0 &&
+                 (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+    }
+    return cached == 1;
+}
+
 void dp_log(int level, const char *fmt, ...)
 {
     static const char *names[] = {"error", "warn", "info", "debug"};
+    static const int prio[] = {3, 4, 6, 7};
     if (level > g_log_level)
         return;
+    int l = level < 0 ? 0 : level > 3 ? 3 : level;
     char line[2048];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    fprintf(stderr, "dualpathd[%s] %s\n", names[level < 0 ? 0 : level > 3 ? 3 : level], line);
+    if (stderr_is_journal())
+        fprintf(stderr, "<%d>dualpathd[%s] %s\n", prio[l], names[l], line);
+    else
+        fprintf(stderr, "dualpathd[%s] %s\n", names[l], line);
 }
 
 double dp_now(void)

@@ -97,8 +97,9 @@ static const opt_desc options[] = {
     {"max_seqs", DP_CONF_INT, F(max_seqs), "64", 1, 4096, NULL, NULL, 0, GROUP_SCHED, NULL,
      "sequences per engine step [sched]"},
 
-    {"kv_memory", DP_CONF_SIZE, F(kv_memory), "1GiB", MIB, 64 * TIB, NULL, NULL, 0, GROUP_KV,
-     NULL, "device memory for the KV cache, both pools together [kvcache]"},
+    {"kv_memory", DP_CONF_SIZE, F(kv_memory), "1GiB", 0, 64 * TIB, NULL, NULL, 0, GROUP_KV,
+     NULL, "KV cache memory, both pools; 0 = auto (CUDA: gpu_memory_fraction; CPU: 1GiB) "
+     "[kvcache]"},
     {"gpu_memory_fraction", DP_CONF_FLOAT, F(gpu_memory_fraction), "0.9", 0.01, 1, NULL, NULL,
      0, GROUP_KV, NULL, "share of GPU memory the daemon may use at most [kernels, kvcache]"},
     {"prefill_pool_fraction", DP_CONF_FLOAT, F(prefill_pool_fraction), "0.5", 0.01, 1, NULL,
@@ -114,13 +115,13 @@ static const opt_desc options[] = {
 
     {"dualpath", DP_CONF_BOOL, F(dualpath), "true", 0, 0, NULL, NULL, 0, GROUP_DUALPATH, NULL,
      "compress the KV cache when a sequence moves to decoding [sched, kvcache]"},
-    {"scorer", DP_CONF_ENUM, F(scorer), "knorm", 0, 0, scorers, NULL, 0, GROUP_DUALPATH, NULL,
-     "importance scorer; knorm keeps low-norm keys [kvcache]"},
+    {"scorer", DP_CONF_ENUM, F(scorer), "snapkv", 0, 0, scorers, NULL, 0, GROUP_DUALPATH, NULL,
+     "importance scorer (see docs/dualpath.md: snapkv measured best) [kvcache]"},
     {"keep_ratio", DP_CONF_FLOAT, F(keep_ratio), "0.5", 0, 1, NULL, NULL, 0, GROUP_DUALPATH,
      NULL, "share of the prompt's tokens kept, sinks and window included [kvcache]"},
     {"sink_tokens", DP_CONF_INT, F(sink_tokens), "4", 0, 1024, NULL, NULL, 0, GROUP_DUALPATH,
      NULL, "first tokens always kept (attention sinks) [kvcache]"},
-    {"window_tokens", DP_CONF_INT, F(window_tokens), "64", 0, 65536, NULL, NULL, 0,
+    {"window_tokens", DP_CONF_INT, F(window_tokens), "32", 0, 65536, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "last prompt tokens always kept [kvcache]"},
     {"decode_budget", DP_CONF_INT, F(decode_budget), "0", 0, 1 << 24, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "kept tokens at most per sequence, over keep_ratio; 0 = off [kvcache]"},

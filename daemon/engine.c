@@ -7,6 +7,7 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -105,11 +106,13 @@ void engine_opts_default(dp_engine_opts *o)
     o->max_seqs = 64;
     o->block_tokens = 16;
     o->kv_bytes = (int64_t)1 << 30;
+    o->gpu_memory_fraction = 0.9;
     o->max_queue = 256;
     o->dualpath = true;
     o->prefill_fraction = 0.5;
     o->decode_block_tokens = 16;
-    o->compress = (dp_compress_opts){DP_SCORER_KNORM, 0.5f, 4, 32, 0};
+    /* The defaults docs/dualpath.md's quality tables justify. */
+    o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
     o->prefix_cache = true;
 }
 
@@ -830,6 +833,79 @@ static void *engine_main(void *arg)
 
 /* ---- public API ----------------------------------------------------------- */
 
+/* ---- start-up memory plan -------------------------------------------------
+ * Device memory is planned once, in this order: the weights and the
+ * activations for max_batched_tokens (both allocated by llama_init, before
+ * the engine exists), then the two KV pools, which split what is left. With
+ * kv_bytes 0 (auto) "what is left" is gpu_memory_fraction of the device's
+ * total memory less everything in use now (this process's weights,
+ * activations and context, and any other process), less a reserve for the
+ * backend's scratch buffers that grow at first use (fp16 copies of
+ * activations, attention partials, scoring rows, the BLAS workspace). */
+
+#define ENGINE_KV_AUTO_HOST ((int64_t)1 << 30)
+#define ENGINE_KV_RESERVE ((int64_t)256 << 20)
+#define MIB(x) ((double)(x) / (1024.0 * 1024.0))
+
+static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, size_t errsz)
+{
+    size_t free_b = 0, total_b = 0;
+    if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) || total_b == 0) {
+        *out = ENGINE_KV_AUTO_HOST;
+        dp_log(DP_LOG_INFO, "engine: kv_memory auto: %s backend reports no device memory; "
+               "using %.0f MiB", be->ops->name, MIB(*out));
+        return 0;
+    }
+    if (fraction <= 0.0 || fraction > 1.0)
+        return dp_err(err, errsz, DP_EINVAL, "engine: gpu_memory_fraction %g is not in (0, 1]",
+                      fraction);
+    const int64_t used = (int64_t)(total_b - (free_b < total_b ? free_b : total_b));
+    const int64_t budget = (int64_t)(fraction * (double)total_b);
+    const int64_t kv = budget - used - ENGINE_KV_RESERVE;
+    dp_log(DP_LOG_INFO, "engine: kv_memory auto: %.0f MiB = %.2f x %.0f MiB total - %.0f MiB in "
+           "use - %.0f MiB reserve", MIB(kv > 0 ? kv : 0), fraction, MIB(total_b), MIB(used),
+           MIB(ENGINE_KV_RESERVE));
+    if (kv <= 0)
+        return dp_err(err, errsz, DP_ENOMEM,
+                      "engine: no device memory left for the KV cache (%.0f MiB in use of %.0f "
+                      "MiB, gpu_memory_fraction %g); raise gpu_memory_fraction or set kv_memory",
+                      MIB(used), MIB(total_b), fraction);
+    *out = kv;
+    return 0;
+}
+
+static void log_memory_plan(dp_engine *e, int32_t n_blocks, int32_t n_dblocks, int32_t dbt)
+{
+    dp_backend *be = e->be;
+    const dp_llama *m = e->model;
+    dp_kv_layout l1 = llama_kv_layout(m, e->opts.block_tokens, 1);
+    dp_kv_layout d1 = llama_kv_layout(m, dbt, 1);
+    const double pm = MIB((double)n_blocks * (double)be->ops->kv_bytes_per_block(be, &l1));
+    const double dm = MIB((double)n_dblocks * (double)be->ops->kv_bytes_per_block(be, &d1));
+    char model[96] = "";
+    if (be->ops->mem_usage) {
+        size_t wb = 0, ab = 0;
+        be->ops->mem_usage(be, &wb, &ab);
+        snprintf(model, sizeof model, "weights %.0f MiB, activations %.0f MiB; ", MIB(wb),
+                 MIB(ab));
+    }
+    dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
+           ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, n_blocks,
+           e->opts.block_tokens, pm, n_dblocks, dbt, dm);
+}
+
+static void *engine_host_alloc(void *ud, size_t bytes)
+{
+    dp_backend *be = ud;
+    return be->ops->host_alloc(be, bytes);
+}
+
+static void engine_host_free(void *ud, void *p)
+{
+    dp_backend *be = ud;
+    be->ops->host_free(be, p);
+}
+
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                 const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
                 size_t errsz)
@@ -867,6 +943,10 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         goto fail;
     }
     /* Pool sizes: explicit block counts, else a split of kv_bytes. */
+    int64_t kv_bytes = opts->kv_bytes;
+    if (kv_bytes <= 0 && (rc = plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err,
+                                             errsz)))
+        goto fail;
     int32_t n_blocks = opts->n_blocks, n_dblocks = opts->n_blocks_decode;
     int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
     if (n_blocks <= 0 || (e->dual && n_dblocks <= 0)) {
@@ -876,11 +956,11 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         int64_t dper = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &d1);
         double fp = e->dual ? opts->prefill_fraction : 1.0;
         if (n_blocks <= 0) {
-            int64_t nb = per ? (int64_t)((double)opts->kv_bytes * fp) / per : 0;
+            int64_t nb = per ? (int64_t)((double)kv_bytes * fp) / per : 0;
             n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
         }
         if (e->dual && n_dblocks <= 0) {
-            int64_t nb = dper ? (int64_t)((double)opts->kv_bytes * (1.0 - fp)) / dper : 0;
+            int64_t nb = dper ? (int64_t)((double)kv_bytes * (1.0 - fp)) / dper : 0;
             n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
         }
     }
@@ -909,10 +989,16 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
     }
+    log_memory_plan(e, n_blocks, e->dual ? n_dblocks : 0, dbt);
     if (opts->prefix_cache) {
         if (opts->host_tier_bytes > 0) {
             size_t bb = e->be->ops->kv_bytes_per_block(e->be, &l);
-            if ((rc = host_tier_init(&e->host, (size_t)opts->host_tier_bytes, bb))) {
+            /* Pinned where the backend has it: spills and restores then run
+             * asynchronously on its stream (kvcache/host.h). */
+            dp_host_alloc ha = {engine_host_alloc, engine_host_free, e->be};
+            if ((rc = host_tier_init(&e->host, (size_t)opts->host_tier_bytes, bb,
+                                     e->be->ops->host_alloc && e->be->ops->host_free ? &ha
+                                                                                     : NULL))) {
                 rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
                             (long long)opts->host_tier_bytes);
                 goto fail;

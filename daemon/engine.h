@@ -20,7 +20,13 @@ typedef struct dp_engine_opts {
     int32_t max_seqs;            /* sequences per step */
     int32_t block_tokens;        /* prefill-pool (or single-pool) block size */
     int32_t n_blocks;            /* prefill-pool (or single-pool) blocks; 0: from kv_bytes */
-    int64_t kv_bytes;            /* KV memory for both pools when block counts are 0 */
+    int64_t kv_bytes;            /* KV memory for both pools when block counts are 0;
+                                  * 0: auto, see gpu_memory_fraction */
+    double gpu_memory_fraction;  /* kv_bytes 0 on a backend with mem_info: the KV
+                                  * pools get this share of the device's total
+                                  * memory less what is in use once the model is
+                                  * loaded (less a reserve for scratch that grows
+                                  * at first use); without mem_info (CPU): 1 GiB */
     int32_t context_length;      /* cap per sequence (0: the model's) */
     int32_t max_queue;           /* waiting requests before submit refuses */
     /* Dual path. */

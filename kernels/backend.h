@@ -80,6 +80,9 @@ typedef struct dp_rope_params {
     bool neox;           /* rotate halves (NeoX) instead of adjacent pairs (LLaMA GGUF: false) */
 } dp_rope_params;
 
+/* Most candidates logits_topk returns per row. */
+#define DP_TOPK_MAX 256
+
 typedef struct dp_backend_ops {
     const char *name;
     void (*destroy)(dp_backend *be);
@@ -149,9 +152,42 @@ typedef struct dp_backend_ops {
     int (*kv_compact)(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                       const dp_compact_seq *seqs, int32_t n_seqs);
     /* Copies one block (K and V of every layer, kv_bytes_per_block bytes)
-     * between the store and host memory: the host tier's spill and restore. */
+     * between the store and host memory: the host tier's spill and restore.
+     * Both may return before the copy is done (CUDA: queued on the stream):
+     * they are ordered with each other and with every later op, so a
+     * kv_block_write from a buffer that a kv_block_read filled is safe, and
+     * the store block may be rewritten right away. Host code must not read
+     * such a buffer, nor write one still being read, until a download (which
+     * waits for the stream) or host_free. */
     int (*kv_block_read)(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host);
     int (*kv_block_write)(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
+
+    /* ---- Optional ops: NULL where a backend has no such thing. ---- */
+
+    /* Device memory: free and total bytes of the device (the start-up memory
+     * plan sizes the KV pools from them when kv_memory is 0 = auto). NULL on
+     * the CPU backend: the plan then falls back to a fixed size. */
+    int (*mem_info)(dp_backend *be, size_t *free_bytes, size_t *total_bytes);
+    /* Bytes this backend holds for weights (weight_load) and for buffers
+     * (alloc: the model's activations), for the start-up log. */
+    void (*mem_usage)(dp_backend *be, size_t *weight_bytes, size_t *alloc_bytes);
+    /* Host memory the backend copies to and from fastest (CUDA: pinned, so
+     * kv_block_read/write run asynchronously on the stream). NULL: plain
+     * malloc/free. host_free waits for queued copies that touch p. */
+    void *(*host_alloc)(dp_backend *be, size_t bytes);
+    void (*host_free)(dp_backend *be, void *p);
+    /* Sampling inputs without downloading the vocabulary: for each of n rows
+     * of logits (backend memory, [n, vocab]), the k (1..DP_TOPK_MAX, <= vocab)
+     * largest logits in descending order (equal logits: lower id first; NaN
+     * ranks as -inf and is reported as -inf) with their ids, the row's max m,
+     * and lse = log(sum_i exp((logit_i - m) / temperature)) (temperature > 0;
+     * lse = 0 when every logit is -inf). Candidate i then has probability
+     * exp((vals[i] - m) / temperature - lse). Results go to host arrays:
+     * ids and vals [n * k], row_max and row_lse [n]. Waits for the stream
+     * like download, and reports an earlier failed op the same way. */
+    int (*logits_topk)(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
+                       float temperature, int32_t *ids, float *vals, float *row_max,
+                       float *row_lse);
 } dp_backend_ops;
 
 struct dp_backend {

@@ -7,7 +7,8 @@
 
 #include "common/dp.h"
 
-int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes)
+int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes,
+                   const dp_host_alloc *a)
 {
     memset(h, 0, sizeof *h);
     if (block_bytes == 0)
@@ -19,7 +20,16 @@ int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes)
         cap = 1u << 24;
     h->block_bytes = block_bytes;
     h->cap = (int32_t)cap;
-    h->arena = malloc(cap * block_bytes);
+    if (a && a->alloc) {
+        h->arena = a->alloc(a->ud, cap * block_bytes);
+        if (h->arena)
+            h->alloc = *a;
+        else
+            dp_log(DP_LOG_WARN, "host tier: no pinned memory for %zu bytes; using pageable "
+                   "memory (block copies will be synchronous)", cap * block_bytes);
+    }
+    if (!h->arena)
+        h->arena = malloc(cap * block_bytes);
     h->hash = calloc(cap, sizeof *h->hash);
     h->prev = malloc(cap * sizeof *h->prev);
     h->next = malloc(cap * sizeof *h->next);
@@ -33,7 +43,10 @@ int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes)
 
 void host_tier_destroy(dp_host_tier *h)
 {
-    free(h->arena);
+    if (h->alloc.free)
+        h->alloc.free(h->alloc.ud, h->arena);
+    else
+        free(h->arena);
     free(h->hash);
     free(h->prev);
     free(h->next);
@@ -93,4 +106,10 @@ const void *host_tier_get(dp_host_tier *h, uint64_t hash)
     push_mru(h, e);
     h->hits++;
     return h->arena + (size_t)e * h->block_bytes;
+}
+
+const void *host_tier_find(const dp_host_tier *h, uint64_t hash)
+{
+    int32_t e = hash ? u64map_get(&h->map, hash) : -1;
+    return e < 0 ? NULL : h->arena + (size_t)e * h->block_bytes;
 }

@@ -10,10 +10,20 @@
 
 #include "u64map.h"
 
+/* Where the arena comes from: a GPU backend hands out pinned memory, so that
+ * its block copies to and from the arena are asynchronous DMA. The free must
+ * wait for copies still queued on the arena. */
+typedef struct dp_host_alloc {
+    void *(*alloc)(void *ud, size_t bytes);
+    void (*free)(void *ud, void *p);
+    void *ud;
+} dp_host_alloc;
+
 typedef struct dp_host_tier {
     size_t block_bytes;
     int32_t cap;          /* entries */
     uint8_t *arena;
+    dp_host_alloc alloc;  /* arena's allocator; alloc.free NULL: malloc'd */
     uint64_t *hash;       /* per entry, 0 = empty */
     int32_t *prev, *next; /* LRU links over used entries */
     int32_t head, tail;   /* least / most recently used */
@@ -22,13 +32,23 @@ typedef struct dp_host_tier {
     int64_t puts, hits, evictions;
 } dp_host_tier;
 
-/* capacity_bytes / block_bytes entries (at least one). */
-int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes);
+/* capacity_bytes / block_bytes entries (at least one). The arena comes from
+ * a (NULL: malloc; when a->alloc fails, malloc too, with a warning).
+ *
+ * The arena is filled and drained by a backend's kv_block_read/write, which
+ * may still be running when they return (queued on a stream); this module
+ * never touches entry bytes itself, and callers must not either: an entry is
+ * only ever passed back to kv_block_write, which the backend orders after
+ * the copy that filled it. */
+int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes,
+                   const dp_host_alloc *a);
 void host_tier_destroy(dp_host_tier *h);
 /* A buffer of block_bytes to fill for hash (the least recently used entry is
  * evicted when full); NULL when hash is already stored. */
 void *host_tier_put(dp_host_tier *h, uint64_t hash);
 /* The stored copy for hash (now most recently used), or NULL. */
 const void *host_tier_get(dp_host_tier *h, uint64_t hash);
+/* The same without touching the LRU order or the counters. */
+const void *host_tier_find(const dp_host_tier *h, uint64_t hash);
 
 #endif

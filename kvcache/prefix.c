@@ -36,10 +36,8 @@ int prefix_init(dp_prefix_cache *pc, dp_kv_pool *pool, dp_backend *be, dp_kv_sto
         prefix_destroy(pc);
         return DP_ENOMEM;
     }
-    if (host && !(pc->staging = malloc(host->block_bytes))) {
-        prefix_destroy(pc);
-        return DP_ENOMEM;
-    }
+    /* No staging copy of host entries (pc->staging stays NULL): restores
+     * pass the entry itself to kv_block_write, see prefix_match. */
     pool->on_reuse = on_reuse;
     pool->reuse_ud = pc;
     return 0;
@@ -108,12 +106,20 @@ int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tok
             const void *src = pc->host ? host_tier_get(pc->host, nh) : NULL;
             if (!src)
                 break;
-            /* Copy out first: taking a block may spill another into the
-             * host tier and evict this very entry. */
-            memcpy(pc->staging, src, pc->host->block_bytes);
             if (kv_pool_alloc(pc->pool, &blk) != 0)
                 break;
-            if (pc->be->ops->kv_block_write(pc->be, pc->store, blk, pc->staging) != 0) {
+            /* Taking a block may have spilled another into the host tier,
+             * evicting the least recently used entry: never this one (just
+             * made most recent) unless the tier holds a single entry. */
+            if (host_tier_find(pc->host, nh) != src) {
+                kv_pool_unref(pc->pool, blk);
+                break;
+            }
+            /* Straight from the entry: the host never reads the bytes, so a
+             * spill copy still queued into it (kv_block_read on the backend's
+             * stream) is ordered before this restore by the stream itself;
+             * a later spill into the same entry is queued after it. */
+            if (pc->be->ops->kv_block_write(pc->be, pc->store, blk, src) != 0) {
                 kv_pool_unref(pc->pool, blk);
                 break;
             }

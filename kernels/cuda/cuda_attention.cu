@@ -19,6 +19,7 @@ int cuda_attention_setup(cuda_backend *c, char *err, size_t errsz)
 void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
                     const float *q, int32_t n_heads, float scale)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     cuda_kv_desc kd;
     if (!cuda_kv_desc_make(stores, &kd) || c->n_tokens <= 0 || c->n_tiles <= 0)

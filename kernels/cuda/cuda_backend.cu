@@ -63,11 +63,13 @@ static void *cuda_alloc(dp_backend *be, size_t bytes)
         cudaGetLastError(); /* an allocation failure is not sticky: clear it */
         return NULL;
     }
+    c->alloc_bytes += bytes;
     return p;
 }
 
 static void cuda_free(dp_backend *be, void *p)
 {
+    cuda_xh_forget(cuda_of(be)); /* a later buffer may get the same address */
     cuda_bind(cuda_of(be));
     cudaFree(p);
 }
@@ -76,6 +78,7 @@ static void cuda_free(dp_backend *be, void *p)
  * (uploads are set-up and test traffic, not per-step work). */
 static int cuda_upload(dp_backend *be, void *dst, const void *src, size_t bytes)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
     cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream);
@@ -224,6 +227,7 @@ static int cuda_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t
     w->cols = cols;
     w->data = d;
     w->nbytes = nbytes;
+    c->weight_bytes += nbytes;
     return 0;
 fail:
     free(tmp);
@@ -233,9 +237,57 @@ fail:
 
 static void cuda_weight_free(dp_backend *be, dp_weight *w)
 {
-    cuda_bind(cuda_of(be));
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    if (w->data)
+        c->weight_bytes -= w->nbytes < c->weight_bytes ? w->nbytes : c->weight_bytes;
     cudaFree(w->data);
     memset(w, 0, sizeof *w);
+}
+
+/* ---- memory plan and host memory ------------------------------------------ */
+
+static int cuda_mem_info(dp_backend *be, size_t *free_bytes, size_t *total_bytes)
+{
+    cuda_bind(cuda_of(be));
+    /* Counts every process on the device, and this one's context too. */
+    cudaError_t e = cudaMemGetInfo(free_bytes, total_bytes);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        return DP_EIO;
+    }
+    return 0;
+}
+
+static void cuda_mem_usage(dp_backend *be, size_t *weight_bytes, size_t *alloc_bytes)
+{
+    cuda_backend *c = cuda_of(be);
+    *weight_bytes = c->weight_bytes;
+    *alloc_bytes = c->alloc_bytes;
+}
+
+/* Pinned host memory: the host tier's arena, so that its block copies are
+ * true DMA copies that run asynchronously on the stream. */
+static void *cuda_host_alloc(dp_backend *be, size_t bytes)
+{
+    cuda_bind(cuda_of(be));
+    void *p = NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 256, cudaHostAllocDefault) != cudaSuccess) {
+        cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cuda_host_free(dp_backend *be, void *p)
+{
+    if (!p)
+        return;
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    /* Copies queued into or out of p must finish first. */
+    cudaStreamSynchronize(c->stream);
+    cudaFreeHost(p);
 }
 
 /* ---- KV stores ----------------------------------------------------------- */
@@ -431,20 +483,30 @@ static void cuda_matmul(dp_backend *be, float *y, const float *x, const dp_weigh
     cublasStatus_t s;
     if (w->type == DP_TYPE_F16) {
         const size_t n = (size_t)m * (size_t)cols;
-        if (cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, n, sizeof(__half)))
-            return;
-        cuda_to_half(c, c->xh, x, (int64_t)n);
+        /* rmsnorm may have left x's fp16 copy in xh already (xh_of). */
+        if (x != c->xh_of || n > c->xh_of_n) {
+            cuda_xh_forget(c);
+            if (cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, n, sizeof(__half)))
+                return;
+            cuda_to_half(c, c->xh, x, (int64_t)n);
+            c->xh_of = x;
+            c->xh_of_n = n;
+        }
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, cols, &one, w->data,
                          CUDA_R_16F, cols, c->xh, CUDA_R_16F, cols, &zero, y, CUDA_R_32F, rows,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     } else {
-        /* f32 weights exist only as vectors; kept for completeness. */
+        /* f32 weights exist only as vectors; kept for completeness. y may
+         * be the buffer xh is a copy of. */
+        cuda_xh_forget(c);
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, cols, &one, w->data,
                          CUDA_R_32F, cols, x, CUDA_R_32F, cols, &zero, y, CUDA_R_32F, rows,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     }
     if (s != CUBLAS_STATUS_SUCCESS)
         cuda_note_blas(c, "matmul", s);
+    /* xh_of is x now (or nothing), and y never overlaps x: the GEMM reads x
+     * while it writes y. */
 }
 
 /* ---- life cycle ------------------------------------------------------------ */
@@ -461,6 +523,8 @@ static void cuda_destroy(dp_backend *be)
     cudaFree(c->part);
     cudaFree(c->kvp_idx);
     cudaFree(c->kvp_scratch);
+    cudaFree(c->topk_dev);
+    cudaFreeHost(c->topk_host);
     cudaFree(c->d_arrays);
     cudaFreeHost(c->h_arrays);
     cudaFreeHost(c->wstage);
@@ -508,6 +572,11 @@ static dp_backend_ops cuda_make_ops(void)
     o.kv_compact = cuda_kv_compact;
     o.kv_block_read = cuda_kv_block_read;
     o.kv_block_write = cuda_kv_block_write;
+    o.mem_info = cuda_mem_info;
+    o.mem_usage = cuda_mem_usage;
+    o.host_alloc = cuda_host_alloc;
+    o.host_free = cuda_host_free;
+    o.logits_topk = cuda_logits_topk;
     return o;
 }
 

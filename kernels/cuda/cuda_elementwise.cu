@@ -1,5 +1,6 @@
 /* cuda_elementwise.cu: the small ops' kernels: embedding lookup, RMSNorm, RoPE,
- * KV write into paged fp16 blocks, add, SwiGLU, row gathers, fp16 conversion. */
+ * KV write into paged fp16 blocks, add, SwiGLU, row gathers, fp16 conversion,
+ * and the logits' top-k for sampling (cuda_topk.cuh). */
 #include <math.h>
 #include <string.h>
 
@@ -53,6 +54,7 @@ __global__ void cuda_embed_kernel(const T *table, const int32_t *tokens, float *
 
 void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     if (n <= 0)
         return;
@@ -84,10 +86,23 @@ __device__ float cuda_block_sum(float v, float *red)
     return v;
 }
 
+/* The fp16 value a matmul feeds the GEMM: saturated at the fp16 range so
+ * that no inf reaches it (inf * 0 would turn into NaN); a NaN compares false
+ * and stays NaN, so a bug upstream still shows in the output. */
+__device__ __forceinline__ __half cuda_gemm_half(float v)
+{
+    if (fabsf(v) > 65504.0f)
+        v = copysignf(65504.0f, v);
+    return __float2half_rn(v);
+}
+
 /* One block per row; f32 accumulation (the CPU uses double, the difference
- * is far below fp16 rounding for any dim a model has). */
+ * is far below fp16 rounding for any dim a model has). oh, when set, gets
+ * the output's fp16 copy for the matmuls that follow (the same values
+ * cuda_to_half would make from out). */
 template <typename T>
-__global__ void cuda_rmsnorm_kernel(float *out, const float *x, const T *w, int32_t dim, float eps)
+__global__ void cuda_rmsnorm_kernel(float *out, __half *oh, const float *x, const T *w,
+                                    int32_t dim, float eps)
 {
     __shared__ float red[32];
     const float *xr = x + (size_t)blockIdx.x * (size_t)dim;
@@ -97,23 +112,37 @@ __global__ void cuda_rmsnorm_kernel(float *out, const float *x, const T *w, int3
         ss += xr[d] * xr[d];
     ss = cuda_block_sum(ss, red);
     const float inv = rsqrtf(ss / (float)dim + eps);
-    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x)
-        o[d] = xr[d] * inv * cuda_ld(w, (size_t)d);
+    __half *ohr = oh ? oh + (size_t)blockIdx.x * (size_t)dim : NULL;
+    for (int32_t d = threadIdx.x; d < dim; d += blockDim.x) {
+        const float v = xr[d] * inv * cuda_ld(w, (size_t)d);
+        o[d] = v;
+        if (ohr)
+            ohr[d] = cuda_gemm_half(v);
+    }
 }
 
 void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w, int32_t n,
                   int32_t dim, float eps)
 {
     cuda_backend *c = cuda_of(be);
+    cuda_xh_forget(c);
     if (n <= 0)
         return;
+    /* The fused fp16 copy (see cuda_backend.xh_of); without room for it
+     * (a failed grow), rmsnorm alone, and the matmuls convert as before. */
+    const size_t ne = (size_t)n * (size_t)dim;
+    __half *oh = cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, ne, sizeof(__half)) ? NULL : c->xh;
     if (w->type == DP_TYPE_F16)
-        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, x,
+        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, oh, x,
                     (const __half *)w->data, dim, eps);
     else
-        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, x,
+        CUDA_LAUNCH(cuda_rmsnorm_kernel, n, EW_THREADS, 0, c->stream, out, oh, x,
                     (const float *)w->data, dim, eps);
     cuda_check_launch(c, "rmsnorm");
+    if (oh) {
+        c->xh_of = out;
+        c->xh_of_n = ne;
+    }
 }
 
 /* ---- RoPE --------------------------------------------------------------------
@@ -157,6 +186,7 @@ __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t
 void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
                int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     const int32_t half = rp->n_rot / 2;
     if (n <= 0 || half <= 0)
@@ -227,6 +257,7 @@ __global__ void cuda_add_kernel(float *x, const float *y, int64_t n)
 
 void cuda_add(dp_backend *be, float *x, const float *y, int64_t n)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     if (n <= 0)
         return;
@@ -247,6 +278,7 @@ __global__ void cuda_swiglu_kernel(float *out, const float *gate, const float *u
 
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     if (n <= 0)
         return;
@@ -265,6 +297,7 @@ __global__ void cuda_gather_kernel(float *out, const float *x, const int32_t *ro
 
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     if (c->n_out <= 0)
         return;
@@ -276,6 +309,7 @@ void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim)
 /* Queries kept for importance scoring (see kv_score_attn). */
 void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     if (c->n_capture <= 0)
         return;
@@ -288,12 +322,7 @@ __global__ void cuda_to_half_kernel(__half *dst, const float *src, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        float v = src[i];
-        /* Saturate finite values; a NaN compares false and stays NaN, so a
-         * bug upstream still shows in the output. */
-        if (fabsf(v) > 65504.0f)
-            v = copysignf(65504.0f, v);
-        dst[i] = __float2half_rn(v);
+        dst[i] = cuda_gemm_half(src[i]);
     }
 }
 
@@ -304,4 +333,53 @@ void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n)
     CUDA_LAUNCH(cuda_to_half_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, dst,
                 src, n);
     cuda_check_launch(c, "fp16 conversion");
+}
+
+/* ---- logits top-k (cuda_topk.cuh) ------------------------------------------------
+ * One launch and one copy back: the results of every row are packed into one
+ * device buffer, copied into pinned memory, then spread into the caller's
+ * arrays. This is the step's synchronization, in place of the download of
+ * n * vocab logits. */
+#include "cuda_topk.cuh"
+
+int cuda_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
+                     float temperature, int32_t *ids, float *vals, float *row_max,
+                     float *row_lse)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    if (n < 1 || k < 1 || k > DP_TOPK_MAX || k > vocab || !(temperature > 0.0f))
+        return DP_EINVAL;
+    const size_t words = (size_t)n * (2 * (size_t)k + 2);
+    if (cuda_scratch_grow(c, (void **)&c->topk_dev, &c->topk_dev_cap, words, sizeof(uint32_t)))
+        return c->failed ? c->failed : DP_ENOMEM;
+    if (words > c->topk_host_cap) {
+        cudaStreamSynchronize(c->stream);
+        cudaFreeHost(c->topk_host);
+        c->topk_host = NULL;
+        c->topk_host_cap = 0;
+        if (cudaMallocHost((void **)&c->topk_host, words * sizeof(uint32_t)) != cudaSuccess) {
+            cudaGetLastError();
+            c->topk_host = NULL;
+            return DP_ENOMEM;
+        }
+        c->topk_host_cap = words;
+    }
+    CUDA_LAUNCH(cuda_topk_kernel, n, TOPK_THREADS, 0, c->stream, logits, n, vocab, k,
+                1.0f / temperature, c->topk_dev);
+    cuda_check_launch(c, "logits_topk");
+    cudaError_t e = cudaMemcpyAsync(c->topk_host, c->topk_dev, words * sizeof(uint32_t),
+                                    cudaMemcpyDeviceToHost, c->stream);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess)
+        cuda_note_error(c, "logits_topk", e);
+    if (c->failed)
+        return c->failed;
+    const size_t nk = (size_t)n * (size_t)k;
+    memcpy(ids, c->topk_host, nk * sizeof *ids);
+    memcpy(vals, c->topk_host + nk, nk * sizeof *vals);
+    memcpy(row_max, c->topk_host + 2 * nk, (size_t)n * sizeof *row_max);
+    memcpy(row_lse, c->topk_host + 2 * nk + n, (size_t)n * sizeof *row_lse);
+    return 0;
 }

@@ -95,6 +95,13 @@ typedef struct cuda_backend {
     /* matmul: activations converted to fp16. */
     __half *xh;
     size_t xh_cap;       /* elements */
+    /* xh holds the fp16 copy of this f32 buffer (xh_of_n floats): rmsnorm
+     * writes it alongside its output, so the matmuls that read the normalized
+     * activation (q, k, v; gate, up; the output head) skip their conversion
+     * launch. Every op that writes device floats forgets it (cuda_xh_forget)
+     * before anything can change the buffer behind the copy's back. */
+    const float *xh_of;
+    size_t xh_of_n;
     /* attention: split-K partial results. */
     float *part;
     size_t part_cap;     /* floats */
@@ -108,6 +115,15 @@ typedef struct cuda_backend {
     bool kvp_pending;
     float *kvp_scratch;
     size_t kvp_scratch_cap; /* floats */
+    /* Start-up accounting (mem_usage): bytes held by weights, and bytes
+     * handed out by alloc (not lowered by free: the runtime does not say how
+     * big a freed pointer was, and the plan reads it before any free). */
+    size_t weight_bytes, alloc_bytes;
+    /* logits_topk: results on the device and their pinned host copy. */
+    uint32_t *topk_dev;
+    size_t topk_dev_cap;  /* words */
+    uint32_t *topk_host;
+    size_t topk_host_cap; /* words */
     /* weight_load: pinned staging for converted rows. */
     uint16_t *wstage;
     size_t wstage_cap;   /* elements */
@@ -119,6 +135,12 @@ static inline cuda_backend *cuda_of(dp_backend *be) { return (cuda_backend *)be;
  * that runs steps is not the one that created the backend: every entry point
  * that may be the first on a thread binds the device (cheap when current). */
 static inline void cuda_bind(cuda_backend *c) { cudaSetDevice(c->device); }
+
+static inline void cuda_xh_forget(cuda_backend *c)
+{
+    c->xh_of = NULL;
+    c->xh_of_n = 0;
+}
 
 /* Records the first failure (and logs it once); later ops still run, and
  * the next download reports it. */
@@ -141,6 +163,9 @@ void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim);
+int cuda_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
+                     float temperature, int32_t *ids, float *vals, float *row_max,
+                     float *row_lse);
 /* dst[n] = fp16(src[n]), saturating at the fp16 range so that no inf reaches
  * a GEMM (inf * 0 would turn into NaN). */
 void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n);

@@ -89,6 +89,7 @@ __global__ void cuda_knorm_kernel(const __half *k, dp_kv_layout l, const int32_t
 void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table,
                          int32_t n_slots, float *out)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
     const dp_kv_layout *l = &kv->l;
@@ -197,6 +198,7 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
                         int32_t n_slots, const float *q, int64_t q_layer_stride,
                         const int32_t *q_slot, int32_t n_q, int32_t n_heads, float scale, float *out)
 {
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
     const dp_kv_layout *l = &kv->l;
@@ -356,8 +358,17 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
  * [kv_head][token][head_dim], but in fp16 (kv_bytes_per_block is this
  * backend's size). A block's rows of one layer are contiguous on the device,
  * n_blocks rows apart from layer to layer: one 2-D copy moves all layers' K,
- * another all V. Both directions wait for the copy: the caller reuses the host
- * buffer at once, and spills and restores are not per-step work. */
+ * another all V.
+ *
+ * Neither direction waits: the copies are queued on the stream, which orders
+ * them with every kernel (a spilled block may be overwritten at once) and
+ * with each other (a restore from a host entry runs after the spill that
+ * filled it; a spill into an entry runs after an earlier restore from it).
+ * The host tier never reads its entries on the CPU (kvcache/host.h), so no
+ * host wait is needed. With pinned memory (host_alloc) the copies are DMA
+ * and overlap the host; with pageable memory the runtime makes a copy to the
+ * host synchronous and stages one from the host before returning, so the same
+ * code stays correct there too. */
 static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block, void *host,
                            bool to_host)
 {
@@ -385,8 +396,6 @@ static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block
             e = cudaMemcpy2DAsync(dv, dev_pitch, h + per, host_pitch, per, (size_t)l->n_layers,
                                   cudaMemcpyHostToDevice, c->stream);
     }
-    if (e == cudaSuccess)
-        e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         cuda_note_error(c, to_host ? "kv_block_read" : "kv_block_write", e);
         return DP_EIO;

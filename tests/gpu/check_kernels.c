@@ -290,6 +290,85 @@ static void check_rmsnorm(dp_backend *be[2])
     }
 }
 
+/* rmsnorm leaves an fp16 copy of its output for the matmuls that follow
+ * (CUDA: one conversion launch fewer per matmul). The copy must serve every
+ * matmul of the normalized rows and must be forgotten as soon as the buffer
+ * changes: here the buffer is rewritten by an upload, then by an add, and
+ * last a matmul of other rows (which converts those) writes it. */
+static void check_norm_matmul(dp_backend *be[2])
+{
+    const int32_t n = 9, dim = 256, rows = 96;
+    char err[DP_ERRLEN];
+    uint64_t rb;
+    if (quant_row_bytes(DP_TYPE_F16, (uint64_t)dim, &rb))
+        die(EXIT_SETUP, "%s", "bad matmul shape");
+    uint8_t *raw = xmalloc((size_t)rb * rows), *sq = xmalloc((size_t)rb * dim);
+    float *row = xmalloc((size_t)dim * sizeof *row);
+    for (int32_t r = 0; r < rows; r++) {
+        fill(row, (size_t)dim, 0.1f);
+        if (synth_quantize_row(DP_TYPE_F16, row, raw + (size_t)r * rb, dim))
+            die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+    }
+    for (int32_t r = 0; r < dim; r++) {
+        fill(row, (size_t)dim, 0.1f);
+        if (synth_quantize_row(DP_TYPE_F16, row, sq + (size_t)r * rb, dim))
+            die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+    }
+    const size_t ne = (size_t)n * dim, ny = (size_t)n * rows;
+    float *x = xmalloc(ne * sizeof *x), *x2 = xmalloc(ne * sizeof *x2), *wv = xmalloc(dim * sizeof *wv);
+    fill(x, ne, 3.0f);
+    fill(x2, ne, 2.0f);
+    for (int32_t d = 0; d < dim; d++)
+        wv[d] = 1.0f + 0.2f * frand();
+    float *y[2][5];
+    for (int b = 0; b < 2; b++) {
+        dp_weight w, nw, ws;
+        if (be[b]->ops->weight_load(be[b], &w, DP_TYPE_F16, rows, dim, raw, err, sizeof err) ||
+            be[b]->ops->weight_load(be[b], &ws, DP_TYPE_F16, dim, dim, sq, err, sizeof err) ||
+            be[b]->ops->weight_load(be[b], &nw, DP_TYPE_F32, 1, dim, wv, err, sizeof err))
+            die(EXIT_SETUP, "weight_load: %s", err);
+        float *dx = dev_from(be[b], x, ne), *dn = dev_alloc(be[b], ne), *dy = dev_alloc(be[b], ny);
+        const dp_backend_ops *op = be[b]->ops;
+        for (int k = 0; k < 5; k++)
+            y[b][k] = xmalloc(ny * sizeof(float));
+        op->rmsnorm(be[b], dn, dx, &nw, n, dim, 1e-5f);
+        op->matmul(be[b], dy, dn, &w, n); /* from the fused copy */
+        dev_get(be[b], y[b][0], dy, ny);
+        op->matmul(be[b], dy, dn, &w, n); /* again: the copy still holds */
+        dev_get(be[b], y[b][1], dy, ny);
+        dev_put(be[b], dn, x2, ne);        /* the buffer changes behind it */
+        op->matmul(be[b], dy, dn, &w, n);
+        dev_get(be[b], y[b][2], dy, ny);
+        op->add(be[b], dn, dx, (int64_t)ne); /* and again, by an op */
+        op->matmul(be[b], dy, dn, &w, n);
+        dev_get(be[b], y[b][3], dy, ny);
+        op->rmsnorm(be[b], dn, dx, &nw, n, dim, 1e-5f);
+        op->matmul(be[b], dn, dx, &ws, n); /* dn written by a matmul of dx */
+        op->matmul(be[b], dy, dn, &w, n);
+        dev_get(be[b], y[b][4], dy, ny);
+        op->free(be[b], dx);
+        op->free(be[b], dn);
+        op->free(be[b], dy);
+        op->weight_free(be[b], &w);
+        op->weight_free(be[b], &ws);
+        op->weight_free(be[b], &nw);
+    }
+    const char *whats[5] = {"rmsnorm then matmul (fp16 copy reused)", "a second matmul of the same rows",
+                            "after an upload into the rows", "after an add into the rows",
+                            "after a matmul wrote the rows"};
+    for (int k = 0; k < 5; k++) {
+        report("norm+matmul", whats[k], y[0][k], y[1][k], ny, TOL_GEMM);
+        free(y[0][k]);
+        free(y[1][k]);
+    }
+    free(raw);
+    free(sq);
+    free(row);
+    free(x);
+    free(x2);
+    free(wv);
+}
+
 static void check_rope(dp_backend *be[2])
 {
     struct {
@@ -752,16 +831,28 @@ static void check_kvpath(dp_backend *be[2])
         for (int32_t l = 0; l < n_layers; l++)
             run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
         /* Host tier: one block out (compared across backends as floats),
-         * then into a spare block and out again (must round-trip exactly). */
+         * then into a spare block and out again (must round-trip exactly).
+         * The buffers come from host_alloc where the backend has it (CUDA:
+         * pinned, so the copies are asynchronous): the write from img is
+         * ordered after the read into it by the stream alone, and the host
+         * waits (a download) before it looks at the bytes. */
         if (be[b]->ops->kv_block_read && be[b]->ops->kv_block_write) {
             const size_t bbytes = be[b]->ops->kv_bytes_per_block(be[b], &ls);
             const size_t esize = bbytes / blk_elems;
-            uint8_t *img = xmalloc(bbytes), *img2 = xmalloc(bbytes);
+            const bool pinned = be[b]->ops->host_alloc && be[b]->ops->host_free;
+            uint8_t *img = pinned ? be[b]->ops->host_alloc(be[b], bbytes) : xmalloc(bbytes);
+            uint8_t *img2 = pinned ? be[b]->ops->host_alloc(be[b], bbytes) : xmalloc(bbytes);
+            if (!img || !img2)
+                die(EXIT_SETUP, "%s: host_alloc failed", be[b]->ops->name);
             const int32_t spare = ids_src[ns + 10];
             if (be[b]->ops->kv_block_read(be[b], src, sq[0].src_table[3], img) ||
                 be[b]->ops->kv_block_write(be[b], src, spare, img) ||
                 be[b]->ops->kv_block_read(be[b], src, spare, img2))
                 die(EXIT_CHECK, "%s: kv_block_read/write failed", be[b]->ops->name);
+            float *wait_dev = be[b]->ops->alloc(be[b], sizeof(float)), wait_host;
+            if (!wait_dev || be[b]->ops->download(be[b], &wait_host, wait_dev, sizeof wait_host))
+                die(EXIT_CHECK, "%s: wait for the block copies failed", be[b]->ops->name);
+            be[b]->ops->free(be[b], wait_dev);
             blk[b] = xmalloc(blk_elems * sizeof(float));
             for (size_t e = 0; e < blk_elems; e++) {
                 uint16_t hv16;
@@ -772,9 +863,32 @@ static void check_kvpath(dp_backend *be[2])
                     blk[b][e] = dp_fp16_to_f32(hv16);
                 }
             }
+            /* A host image is its backend's own block layout (it never
+             * crosses backends): the CPU keeps K transposed per head
+             * ([head_dim][token], kernels/cpu/cpu_internal.h), so its K goes
+             * back to row order ([token][head_dim]) before the comparison. */
+            if (!strcmp(be[b]->ops->name, "cpu")) {
+                const size_t per = (size_t)n_kv * bt_src * hd;
+                float *t = xmalloc(per * sizeof(float));
+                for (int32_t l = 0; l < n_layers; l++) {
+                    float *k = blk[b] + (size_t)l * 2 * per;
+                    for (int32_t h = 0; h < n_kv; h++)
+                        for (int32_t tk = 0; tk < bt_src; tk++)
+                            for (int32_t d = 0; d < hd; d++)
+                                t[((size_t)h * bt_src + tk) * hd + d] =
+                                    k[((size_t)h * hd + d) * bt_src + tk];
+                    memcpy(k, t, per * sizeof(float));
+                }
+                free(t);
+            }
             roundtrip[b] = memcmp(img, img2, bbytes) == 0 && (esize == 2 || esize == 4);
-            free(img);
-            free(img2);
+            if (pinned) {
+                be[b]->ops->host_free(be[b], img);
+                be[b]->ops->host_free(be[b], img2);
+            } else {
+                free(img);
+                free(img2);
+            }
         }
         /* Scores over sequences 0 and 1. */
         float *dq = dev_from(be[b], q, (size_t)q_stride * n_layers);
@@ -1272,6 +1386,7 @@ int main(int argc, char **argv)
         printf("ops: cuda against the cpu reference (relative L2 error)\n");
         check_matmul(be);
         check_rmsnorm(be);
+        check_norm_matmul(be);
         check_rope(be);
         check_elementwise(be);
         check_embed_gather(be);

@@ -56,6 +56,15 @@ float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }
 
+/* Threads switch only at barriers and shuffles, so a read-modify-write is
+ * atomic as it stands. */
+static inline int atomicAdd(int *p, int v)
+{
+    int o = *p;
+    *p = o + v;
+    return o;
+}
+
 /* Runs every block of the grid; body calls the kernel with its arguments. */
 void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body);
 

@@ -142,8 +142,11 @@ static void emu_run_block(int n)
     }
 }
 
+static void emu_flush(void);
+
 void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body)
 {
+    emu_flush();
     if (threads < 1 || threads > EMU_MAX_THREADS || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
         grid.y > 65535 || grid.z > 65535)
         emu_die("bad launch configuration");
@@ -163,10 +166,52 @@ void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()>
             }
 }
 
-/* ---- a fake CUDA runtime: device memory is host memory, everything is
- * synchronous, there is one device. ------------------------------------------------ */
+/* ---- a fake CUDA runtime: device memory is host memory, there is one device
+ * and one stream's worth of order. Everything runs at once except async copies
+ * from or to pinned host memory (cudaMallocHost, cudaHostAlloc): as on a
+ * device, those run later, when the stream is next used or waited for. So host
+ * code that reads a pinned buffer before waiting sees its old bytes, and host
+ * code that rewrites a pinned source too early changes what gets copied. ---- */
 
 static int emu_dummy_object;
+
+typedef struct emu_copy {
+    char *dst;
+    const char *src;
+    size_t dpitch, spitch, width, height;
+} emu_copy;
+static std::vector<emu_copy> emu_pending;
+static std::vector<std::pair<const char *, size_t>> emu_pinned;
+
+static bool emu_is_pinned(const void *p)
+{
+    for (const auto &r : emu_pinned)
+        if ((const char *)p >= r.first && (const char *)p < r.first + r.second)
+            return true;
+    return false;
+}
+
+/* Runs the queued copies, in order: whatever comes next on the stream (or
+ * waits for it) comes after them. */
+static void emu_flush(void)
+{
+    for (const emu_copy &c : emu_pending)
+        for (size_t r = 0; r < c.height; r++)
+            memmove(c.dst + r * c.dpitch, c.src + r * c.spitch, c.width);
+    emu_pending.clear();
+}
+
+static void emu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                       size_t height, bool async)
+{
+    emu_flush();
+    emu_copy c = {(char *)dst, (const char *)src, dpitch, spitch, width, height};
+    if (async && !getenv("EMU_NO_DEFER") && (emu_is_pinned(dst) || emu_is_pinned(src)))
+        emu_pending.push_back(c);
+    else
+        for (size_t r = 0; r < height; r++)
+            memmove(c.dst + r * dpitch, c.src + r * spitch, width);
+}
 
 cudaError_t cudaGetDeviceCount(int *count)
 {
@@ -198,7 +243,12 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { (void)s; return cudaSuccess; }
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    (void)s;
+    emu_flush();
+    return cudaSuccess;
+}
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 {
@@ -208,7 +258,16 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) { return cudaEventCreateWithFlags(e, 0); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) { (void)e; return cudaSuccess; }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) { (void)e; (void)s; return cudaSuccess; }
+/* An event completes at the point it was recorded; the emulator runs the
+ * queue up to there at once (earlier than a device would: never a false
+ * failure, though it may hide a missing wait on the event). */
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
+{
+    (void)e;
+    (void)s;
+    emu_flush();
+    return cudaSuccess;
+}
 cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
@@ -239,23 +298,54 @@ cudaError_t cudaMalloc(void **p, size_t size)
 }
 cudaError_t cudaFree(void *p)
 {
+    emu_flush(); /* cudaFree waits for the device */
     free(p);
     return cudaSuccess;
 }
-cudaError_t cudaMallocHost(void **p, size_t size) { return cudaMalloc(p, size); }
-cudaError_t cudaFreeHost(void *p) { return cudaFree(p); }
+cudaError_t cudaMallocHost(void **p, size_t size)
+{
+    cudaError_t e = cudaMalloc(p, size);
+    if (e == cudaSuccess)
+        emu_pinned.push_back(std::make_pair((const char *)*p, size ? size : 1));
+    return e;
+}
+cudaError_t cudaHostAlloc(void **p, size_t size, unsigned int flags)
+{
+    (void)flags;
+    return cudaMallocHost(p, size);
+}
+cudaError_t cudaFreeHost(void *p)
+{
+    emu_flush();
+    for (size_t i = 0; i < emu_pinned.size(); i++)
+        if (emu_pinned[i].first == (const char *)p) {
+            emu_pinned.erase(emu_pinned.begin() + (long)i);
+            break;
+        }
+    return cudaFree(p);
+}
+/* A fake 16 GiB device of which 12 GiB are free, whatever was allocated:
+ * enough for the memory plan's arithmetic to be exercised. */
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
+{
+    *free_bytes = (size_t)12 << 30;
+    *total_bytes = (size_t)16 << 30;
+    return cudaSuccess;
+}
 
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     (void)kind;
-    memmove(dst, src, n);
+    emu_copy2d(dst, n, src, n, n, 1, false);
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind,
                             cudaStream_t s)
 {
+    (void)kind;
     (void)s;
-    return cudaMemcpy(dst, src, n, kind);
+    emu_copy2d(dst, n, src, n, n, 1, true);
+    return cudaSuccess;
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch,
                               size_t width, size_t height, enum cudaMemcpyKind kind,
@@ -265,12 +355,12 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
     (void)s;
     if (width > dpitch || width > spitch)
         return cudaErrorInvalidPitchValue;
-    for (size_t r = 0; r < height; r++)
-        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    emu_copy2d(dst, dpitch, src, spitch, width, height, true);
     return cudaSuccess;
 }
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
+    emu_flush();
     memset(p, v, n);
     return cudaSuccess;
 }
@@ -312,6 +402,7 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
 {
     (void)handle;
     (void)algo;
+    emu_flush();
     if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F ||
         (Atype != CUDA_R_16F && Atype != CUDA_R_32F) || (Btype != CUDA_R_16F && Btype != CUDA_R_32F))
         return CUBLAS_STATUS_NOT_SUPPORTED;

@@ -115,10 +115,10 @@ static void test_table_and_defaults(void)
     CHECK_EQ_INT(c.kv_memory, (uint64_t)1 << 30);
     CHECK(c.prefill_pool_fraction == 0.5);
     CHECK(c.dualpath && c.watchdog && !c.early_switch);
-    CHECK_EQ_INT(c.scorer, DP_CONF_SCORER_KNORM);
+    CHECK_EQ_INT(c.scorer, DP_CONF_SCORER_SNAPKV);
     CHECK(c.keep_ratio == 0.5);
     CHECK_EQ_INT(c.sink_tokens, 4);
-    CHECK_EQ_INT(c.window_tokens, 64);
+    CHECK_EQ_INT(c.window_tokens, 32);
     CHECK_EQ_INT(c.decode_budget, 0);
     CHECK_EQ_INT(c.host_tier_bytes, 0);
     CHECK(c.gpu_memory_fraction == 0.9);
@@ -233,7 +233,7 @@ static void test_file_errors(void)
                      "1: kv_memory: 'GiB' is not a size (e.g. 1024, 512KiB, 2GiB, 1.5G)");
     check_file_error("kv_memory = -1\n",
                      "1: kv_memory: '-1' is not a size (e.g. 1024, 512KiB, 2GiB, 1.5G)");
-    check_file_error("kv_memory = 1KiB\n", "1: kv_memory: 1KiB is out of range [1MiB, 64TiB]");
+    check_file_error("kv_memory = 65TiB\n", "1: kv_memory: 65TiB is out of range [0, 64TiB]");
     check_file_error("kv_memory = 99999999999999999999\n",
                      "1: kv_memory: 99999999999999999999 is too large");
     check_file_error("kv_memory = 99999999999T\n", "1: kv_memory: 99999999999T is too large");
@@ -560,8 +560,8 @@ static void test_help(void)
     CHECK(strstr(text, "  --max-batched-tokens N        int in [16, 65536], default 512\n"));
     CHECK(strstr(text, "tokens per engine step"));
     CHECK(strstr(text, "--[no-]dualpath"));
-    CHECK(strstr(text, "knorm|knorm_high|snapkv|recent|random, default knorm"));
-    CHECK(strstr(text, "size in [1MiB, 64TiB], default 1GiB"));
+    CHECK(strstr(text, "knorm|knorm_high|snapkv|recent|random, default snapkv"));
+    CHECK(strstr(text, "size in [0, 64TiB], default 1GiB"));
     CHECK(strstr(text, "--block-tokens N              int in [1, 256], a power of two"));
     CHECK(strstr(text, "--prompt TEXT"));
     CHECK(strstr(text, "--print-config"));

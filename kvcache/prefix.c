@@ -36,8 +36,8 @@ int prefix_init(dp_prefix_cache *pc, dp_kv_pool *pool, dp_backend *be, dp_kv_sto
         prefix_destroy(pc);
         return DP_ENOMEM;
     }
-    /* No staging copy of host entries (pc->staging stays NULL): restores
-     * pass the entry itself to kv_block_write, see prefix_match. */
+    /* Restores pass the host entry itself to kv_block_write (no staging
+     * copy), see prefix_match. */
     pool->on_reuse = on_reuse;
     pool->reuse_ud = pc;
     return 0;
@@ -50,7 +50,6 @@ void prefix_destroy(dp_prefix_cache *pc)
         pc->pool->reuse_ud = NULL;
     }
     free(pc->block_hash);
-    free(pc->staging);
     u64map_destroy(&pc->map);
     memset(pc, 0, sizeof *pc);
 }

@@ -21,7 +21,6 @@ typedef struct dp_prefix_cache {
     dp_host_tier *host;     /* optional */
     uint64_t *block_hash;   /* [n_blocks], 0 = unnamed */
     dp_u64map map;          /* hash -> block */
-    void *staging;          /* one block, for device <-> host copies */
     int64_t hit_blocks;     /* taken back from the pool */
     int64_t host_blocks;    /* restored from the host tier */
     int64_t spilled_blocks; /* copied to the host tier */

@@ -210,7 +210,9 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     return 0;
 }
 
-int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits)
+/* The step up to the output head: the logits of the out_tokens are left in
+ * m->logits (backend memory). */
+static int forward_to_logits(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
 {
     const dp_hparams *hp = &m->hp;
     const dp_backend_ops *op = m->be->ops;
@@ -254,5 +256,35 @@ int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, fl
     op->gather_rows(be, m->xn, m->x, hp->dim);
     op->rmsnorm(be, m->outx, m->xn, &m->out_norm, b->n_out, hp->dim, hp->rms_eps);
     op->matmul(be, m->logits, m->outx, hp->tied_output ? &m->tok_embd : &m->output, b->n_out);
-    return op->download(be, logits, m->logits, (size_t)b->n_out * hp->vocab * sizeof(float));
+    return 0;
+}
+
+int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits)
+{
+    int rc = forward_to_logits(m, b, stores);
+    if (rc || b->n_out == 0)
+        return rc;
+    return m->be->ops->download(m->be, logits, m->logits,
+                                (size_t)b->n_out * m->hp.vocab * sizeof(float));
+}
+
+int llama_forward_topk(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, int32_t k,
+                       float temperature, int32_t *ids, float *vals, float *row_max,
+                       float *row_lse)
+{
+    if (!m->be->ops->logits_topk)
+        return DP_EUNSUPPORTED;
+    int rc = forward_to_logits(m, b, stores);
+    if (rc || b->n_out == 0)
+        return rc;
+    return m->be->ops->logits_topk(m->be, m->logits, b->n_out, m->hp.vocab, k, temperature, ids,
+                                   vals, row_max, row_lse);
+}
+
+int llama_download_logits(dp_llama *m, int32_t n_out, float *logits)
+{
+    if (n_out < 0 || n_out > m->max_out)
+        return DP_EINVAL;
+    return m->be->ops->download(m->be, logits, m->logits,
+                                (size_t)n_out * m->hp.vocab * sizeof(float));
 }

@@ -6,6 +6,7 @@
 #define DP_KERNELS_CUDA_TOPK_CUH
 
 #define TOPK_THREADS 256 /* = DP_TOPK_MAX: the final sort has one key per thread */
+static_assert(TOPK_THREADS == DP_TOPK_MAX, "the sort holds one candidate per thread");
 
 /* A total order on (logit, id): the logit's bits made order-preserving as an
  * unsigned integer (NaN as -inf) above the complemented id, so a larger key

@@ -369,6 +369,70 @@ static void check_norm_matmul(dp_backend *be[2])
     free(wv);
 }
 
+/* logits_topk: ids, values and the row max must equal the CPU reference
+ * exactly (the same total order on the same floats); the log-sum-exp is a
+ * reduction in another order. Rows: random logits, heavy ties (ids decide),
+ * NaN and -inf entries, and a row of nothing but -inf. */
+static void check_topk(dp_backend *be[2])
+{
+    if (!be[0]->ops->logits_topk || !be[1]->ops->logits_topk) {
+        printf("  %-12s %s\n", "logits_topk", "not in this build");
+        return;
+    }
+    const struct { int32_t n, vocab, k; float temp; } cases[] = {
+        {3, 49152, 256, 0.8f}, {4, 1000, 1, 1.0f}, {2, 300, 256, 0.3f}, {5, 4096, 40, 1.5f}};
+    char what[96];
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        const int32_t n = cases[ci].n, vocab = cases[ci].vocab, k = cases[ci].k;
+        const size_t ne = (size_t)n * vocab, nk = (size_t)n * k;
+        float *x = xmalloc(ne * sizeof *x);
+        fill(x, ne, 8.0f);
+        if (n > 1) /* row 1: few distinct values, so ties must rank by id */
+            for (int32_t i = 0; i < vocab; i++)
+                x[(size_t)vocab + i] = (float)(int)(4.0f * frand());
+        x[5] = NAN;
+        x[7] = -INFINITY;
+        x[vocab - 1] = 30.0f;
+        if (n > 3) /* row 3: nothing but -inf */
+            for (int32_t i = 0; i < vocab; i++)
+                x[(size_t)3 * vocab + i] = -INFINITY;
+        int32_t *ids[2];
+        float *vals[2], *mx[2], *lse[2];
+        for (int b = 0; b < 2; b++) {
+            ids[b] = xmalloc(nk * sizeof(int32_t));
+            vals[b] = xmalloc(nk * sizeof(float));
+            mx[b] = xmalloc((size_t)n * sizeof(float));
+            lse[b] = xmalloc((size_t)n * sizeof(float));
+            float *dx = dev_from(be[b], x, ne);
+            if (be[b]->ops->logits_topk(be[b], dx, n, vocab, k, cases[ci].temp, ids[b], vals[b],
+                                        mx[b], lse[b]))
+                die(EXIT_CHECK, "%s: logits_topk failed", be[b]->ops->name);
+            be[b]->ops->free(be[b], dx);
+        }
+        bool same = memcmp(ids[0], ids[1], nk * sizeof(int32_t)) == 0 &&
+                    memcmp(vals[0], vals[1], nk * sizeof(float)) == 0 &&
+                    memcmp(mx[0], mx[1], (size_t)n * sizeof(float)) == 0;
+        /* The reference itself: descending, and nothing outside beats the k-th. */
+        for (int32_t r = 0; r < n && same; r++)
+            for (int32_t i = 1; i < k; i++)
+                if (vals[0][(size_t)r * k + i] > vals[0][(size_t)r * k + i - 1])
+                    same = false;
+        snprintf(what, sizeof what, "%d rows x %d, k=%d: ids, values, max", n, vocab, k);
+        g_checks++;
+        g_failed += !same;
+        printf("  %-12s %-46s %s\n", "logits_topk", what, same ? "identical  ok" : "DIFFERENT  FAIL");
+        snprintf(what, sizeof what, "%d rows x %d, T=%g: log-sum-exp", n, vocab, cases[ci].temp);
+        report("logits_topk", what, lse[0], lse[1], (size_t)n, TOL_EW);
+        for (int b = 0; b < 2; b++) {
+            free(ids[b]);
+            free(vals[b]);
+            free(mx[b]);
+            free(lse[b]);
+        }
+        free(x);
+    }
+}
+
 static void check_rope(dp_backend *be[2])
 {
     struct {
@@ -998,6 +1062,95 @@ static void check_kvpath(dp_backend *be[2])
     hbatch_free(&hh);
 }
 
+/* llama_forward_topk: the step ends in logits_topk instead of the logits
+ * download. On each backend, one prefill step of two sequences is run both
+ * ways; the candidates must be the row's best logits of llama_forward's
+ * output, in order, with its max and log-sum-exp, and llama_download_logits
+ * must still give the full rows afterwards. */
+static void check_forward_topk(dp_backend *be[2])
+{
+    dp_synth_shape sh;
+    char err[DP_ERRLEN];
+    if (synth_shape_preset("tiny", &sh))
+        die(EXIT_SETUP, "%s", "no tiny preset");
+    gguf_writer w;
+    void *buf;
+    size_t size;
+    dp_gguf g;
+    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), DP_TYPE_F16, err, sizeof err) ||
+        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
+        die(EXIT_SETUP, "synthetic model: %s", err);
+    enum { NT = 9, K = 32, NOUT = 2 };
+    const float temp = 0.7f;
+    hbatch hb;
+    hbatch_alloc(&hb, NT, 2, 1);
+    for (int32_t i = 0; i < NT; i++) {
+        hb.tokens[i] = (int32_t)(rnd64() % (sh.vocab - 3));
+        hb.seq[i] = i < 5 ? 0 : 1;
+        hb.pos[i] = hb.slot[i] = i < 5 ? i : i - 5;
+    }
+    hb.tables[0] = 0;
+    hb.tables[1] = 1;
+    const int32_t outs[NOUT] = {4, NT - 1};
+    dp_batch b = {.n_tokens = NT, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                  .slot = hb.slot, .n_seqs = 2, .seq_store = hb.seq_store,
+                  .block_tables = hb.tables, .max_blocks = 1, .n_out = NOUT, .out_tokens = outs};
+    for (int bi = 0; bi < 2; bi++) {
+        dp_llama *m;
+        if (llama_init(&m, &g, be[bi], 64, 8, err, sizeof err))
+            die(EXIT_SETUP, "llama_init: %s", err);
+        const int32_t vocab = llama_hparams(m)->vocab;
+        dp_kv_layout l = llama_kv_layout(m, 16, 2);
+        dp_kv_store *kv;
+        if (be[bi]->ops->kv_create(be[bi], &l, &kv))
+            die(EXIT_SETUP, "%s", "kv_create failed");
+        dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+        float *ref = xmalloc((size_t)NOUT * vocab * sizeof(float));
+        float *again = xmalloc((size_t)NOUT * vocab * sizeof(float));
+        int32_t ids[NOUT * K];
+        float vals[NOUT * K], mx[NOUT], lse[NOUT];
+        if (llama_forward(m, &b, stores, ref) ||
+            llama_forward_topk(m, &b, stores, K, temp, ids, vals, mx, lse) ||
+            llama_download_logits(m, NOUT, again))
+            die(EXIT_CHECK, "%s: forward failed", be[bi]->ops->name);
+        bool ok = memcmp(ref, again, (size_t)NOUT * vocab * sizeof(float)) == 0;
+        double lse_err = 0;
+        for (int32_t r = 0; r < NOUT && ok; r++) {
+            const float *x = ref + (size_t)r * vocab;
+            const int32_t *ri = ids + r * K;
+            const float *rv = vals + r * K;
+            float m_ref = -INFINITY;
+            int32_t above = 0;
+            for (int32_t i = 0; i < vocab; i++) {
+                m_ref = x[i] > m_ref ? x[i] : m_ref;
+                above += x[i] > rv[K - 1];
+            }
+            double sum = 0;
+            for (int32_t i = 0; i < vocab; i++)
+                sum += exp(((double)x[i] - m_ref) / temp);
+            const double e = fabs(log(sum) - lse[r]);
+            lse_err = e > lse_err ? e : lse_err;
+            ok = mx[r] == m_ref && rv[0] == m_ref && above < K;
+            for (int32_t i = 0; i < K && ok; i++)
+                ok = ri[i] >= 0 && ri[i] < vocab && x[ri[i]] == rv[i] && (i == 0 || rv[i] <= rv[i - 1]);
+        }
+        ok = ok && lse_err < 1e-3;
+        g_checks++;
+        g_failed += !ok;
+        printf("  %-12s %-46s %s\n", "forward_topk",
+               bi ? "cuda: candidates of the step's own logits" : "cpu: candidates of the step's own logits",
+               ok ? "consistent  ok" : "INCONSISTENT  FAIL");
+        free(ref);
+        free(again);
+        be[bi]->ops->kv_destroy(be[bi], kv);
+        llama_destroy(m);
+    }
+    hbatch_free(&hb);
+    gguf_close(&g);
+    free(buf);
+    gguf_writer_destroy(&w);
+}
+
 /* ---- greedy generation on both backends ----------------------------------------------- */
 
 static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
@@ -1393,11 +1546,13 @@ int main(int argc, char **argv)
         check_attention(be);
         check_capture(be);
         check_kvpath(be);
+        check_topk(be);
         printf("generation: greedy tokens, cpu against cuda\n");
         /* F16 weights: both backends hold the same weights, so only activation
          * and KV rounding differ; the first tokens must agree. */
         check_generation(be, DP_TYPE_F16, 8);
         check_generation(be, DP_TYPE_Q8_0, 0);
+        check_forward_topk(be);
         printf("checks: %d, failed: %d\n", g_checks, g_failed);
     }
     int rc = g_failed ? EXIT_CHECK : 0;

@@ -206,7 +206,7 @@ static void emu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch,
 {
     emu_flush();
     emu_copy c = {(char *)dst, (const char *)src, dpitch, spitch, width, height};
-    if (async && !getenv("EMU_NO_DEFER") && (emu_is_pinned(dst) || emu_is_pinned(src)))
+    if (async && (emu_is_pinned(dst) || emu_is_pinned(src)))
         emu_pending.push_back(c);
     else
         for (size_t r = 0; r < height; r++)

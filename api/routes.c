@@ -18,11 +18,15 @@ static enum MHD_Result send_json(dp_hreq *h, unsigned status, cJSON *o)
     return http_send(h, status, "application/json", s, s ? strlen(s) : 0);
 }
 
+/* 200 once the model is loaded and the engine runs; 503 while loading (the
+ * socket opens before the weights load, so orchestrators can tell "starting"
+ * from "dead") and while draining. */
 static enum MHD_Result on_health(dp_server *s, dp_hreq *h)
 {
     cJSON *o = cJSON_CreateObject();
-    cJSON_AddStringToObject(o, "status", s->draining ? "draining" : "ok");
-    return send_json(h, s->draining ? 503 : 200, o);
+    const char *st = s->draining ? "draining" : !s->engine ? "loading" : "ok";
+    cJSON_AddStringToObject(o, "status", st);
+    return send_json(h, s->draining || !s->engine ? 503 : 200, o);
 }
 
 static cJSON *model_obj(dp_server *s)

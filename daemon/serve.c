@@ -55,6 +55,21 @@ typedef struct serve_ctx {
     uv_timer_t stall_timer;
     bool stall_open;
     char status_line[320];   /* STATUS= while serving */
+    /* Loading runs on its own thread while the loop answers /health (503). */
+    uv_thread_t loader;
+    uv_async_t load_done;
+    bool load_open;
+    bool loading;
+    int load_rc;
+    char load_err[2 * DP_ERRLEN + 64];
+    dp_gguf *g;
+    const dp_tokenizer *tok;
+    dp_backend *be;
+    dp_llama *m;
+    const char *name;
+    char where[300];
+    double t0;
+    int exit_status;
 } serve_ctx;
 
 static void on_closed(uv_handle_t *h)
@@ -177,8 +192,13 @@ static void on_drained(void *ud)
     notify_send("STATUS=stopping");
     timers_close(c);
     server_stop_http(c->srv);
-    engine_stop(c->engine);
+    if (c->engine)
+        engine_stop(c->engine);
     server_close(c->srv);
+    if (c->load_open) {
+        uv_close((uv_handle_t *)&c->load_done, on_closed);
+        c->load_open = false;
+    }
     if (c->signals_open) {
         uv_close((uv_handle_t *)&c->sig_term, on_closed);
         uv_close((uv_handle_t *)&c->sig_int, on_closed);
@@ -195,6 +215,13 @@ static void on_signal(uv_signal_t *h, int signum)
         dp_log(DP_LOG_INFO, "serve: SIGHUP: log level re-applied (%d)", c->log_level);
         return;
     }
+    if (c->loading) {
+        /* The loader thread cannot be interrupted: stop when it returns. */
+        c->stopping = true;
+        dp_log(DP_LOG_INFO, "serve: %s while loading: stopping once loading ends", strsignal(signum));
+        notify_send("STOPPING=1\nSTATUS=stopping after loading");
+        return;
+    }
     if (c->stopping) {
         /* A second TERM/INT: stop now. */
         dp_log(DP_LOG_WARN, "serve: second %s: stopping without waiting", strsignal(signum));
@@ -206,6 +233,72 @@ static void on_signal(uv_signal_t *h, int signum)
            c->o->drain_timeout_s);
     notify_send("STOPPING=1\nSTATUS=draining");
     server_drain(c->srv, c->o->drain_timeout_s, on_drained, c);
+}
+
+/* The loader thread: backend, weights, engine (KV pools). Nothing here
+ * touches the loop; completion is signalled through load_done. */
+static void load_main(void *arg)
+{
+    serve_ctx *c = arg;
+    const dp_serve_opts *o = c->o;
+    /* TEST HOOK: DUALPATHD_DEBUG_LOAD_DELAY_S stretches loading so that a
+     * test can observe /health answering 503 "loading". */
+    const char *delay = getenv("DUALPATHD_DEBUG_LOAD_DELAY_S");
+    if (delay && *delay) {
+        double d = atof(delay);
+        if (d > 0 && d < 600)
+            uv_sleep((unsigned)(d * 1000.0));
+    }
+    notify_sendf("STATUS=starting the %s backend", o->device);
+    c->load_rc = backend_create(&c->be, o->device, o->threads, c->load_err, sizeof c->load_err);
+    if (!c->load_rc) {
+        notify_sendf("STATUS=loading weights (%s backend)", c->be->ops->name);
+        extend_start_timeout(o->model);
+        char e2[DP_ERRLEN];
+        c->load_rc = llama_init(&c->m, c->g, c->be, o->engine.max_batched_tokens,
+                                o->engine.max_seqs, e2, sizeof e2);
+        if (c->load_rc)
+            snprintf(c->load_err, sizeof c->load_err, "cannot load model %.200s: %s", o->model, e2);
+    }
+    if (!c->load_rc) {
+        notify_send("STATUS=starting the engine");
+        c->load_rc = engine_init(&c->engine, c->m, c->tok, &o->engine, server_engine_notify, c->srv,
+                                 c->load_err, sizeof c->load_err);
+    }
+    uv_async_send(&c->load_done);
+}
+
+/* On the loop thread when loading ends: start serving, or stop. */
+static void on_loaded(uv_async_t *a)
+{
+    serve_ctx *c = a->data;
+    uv_thread_join(&c->loader);
+    c->loading = false;
+    uv_close((uv_handle_t *)&c->load_done, on_closed);
+    c->load_open = false;
+    if (c->load_rc || c->stopping) {
+        if (c->load_rc) {
+            fprintf(stderr, "dualpathd: %s\n", c->load_err);
+            c->exit_status = 1;
+        } else {
+            c->exit_status = 0;
+        }
+        on_drained(c); /* closes the server and the signals; the loop ends */
+        return;
+    }
+    server_set_engine(c->srv, c->engine);
+    if (engine_start(c->engine)) {
+        fprintf(stderr, "dualpathd: cannot start the engine thread\n");
+        c->exit_status = 1;
+        on_drained(c);
+        return;
+    }
+    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; serving on http://%s",
+           c->name, c->be->ops->name, engine_context_length(c->engine), dp_now() - c->t0, c->where);
+    snprintf(c->status_line, sizeof c->status_line, "serving '%s' on %s", c->name, c->where);
+    notify_sendf("READY=1\nSTATUS=%s", c->status_line);
+    watchdog_start(c);
+    debug_stall_start(c);
 }
 
 static char *default_name(const char *path)
@@ -261,17 +354,6 @@ int serve_run(const dp_serve_opts *o)
         goto done;
     }
     ct_ok = true;
-    notify_sendf("STATUS=starting the %s backend", o->device);
-    if (backend_create(&be, o->device, o->threads, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: %s\n", err);
-        goto done;
-    }
-    notify_sendf("STATUS=loading weights (%s backend)", be->ops->name);
-    extend_start_timeout(o->model);
-    if (llama_init(&m, &g, be, o->engine.max_batched_tokens, o->engine.max_seqs, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
-        goto done;
-    }
     name = o->model_name ? strdup(o->model_name) : default_name(o->model);
     if (!name || uv_loop_init(&c.loop)) {
         fprintf(stderr, "dualpathd: out of memory\n");
@@ -284,7 +366,7 @@ int serve_run(const dp_serve_opts *o)
     so.port = o->port;
     so.model_name = name;
     so.model_alias = o->model;
-    so.backend = be->ops->name;
+    so.backend = o->device;
     if (o->max_body)
         so.max_body = o->max_body;
     if (o->conn_limit)
@@ -295,16 +377,7 @@ int serve_run(const dp_serve_opts *o)
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
     }
-    notify_send("STATUS=starting the engine");
-    if (engine_init(&c.engine, m, tok, &o->engine, server_engine_notify, c.srv, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: %s\n", err);
-        goto done;
-    }
-    server_set_engine(c.srv, c.engine);
-    if (engine_start(c.engine)) {
-        fprintf(stderr, "dualpathd: cannot start the engine thread\n");
-        goto done;
-    }
+    /* Listen before the weights load: /health answers 503 "loading" meanwhile. */
     if (server_listen(c.srv, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
@@ -317,27 +390,45 @@ int serve_run(const dp_serve_opts *o)
     uv_signal_start(&c.sig_int, on_signal, SIGINT);
     uv_signal_start(&c.sig_hup, on_signal, SIGHUP);
     c.signals_open = true;
-    char where[300];
     bool v6 = strchr(o->host, ':') != NULL;
-    snprintf(where, sizeof where, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "",
+    snprintf(c.where, sizeof c.where, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "",
              server_port(c.srv));
-    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; listening on http://%s",
-           name, be->ops->name, engine_context_length(c.engine), dp_now() - t0, where);
-    snprintf(c.status_line, sizeof c.status_line, "serving '%s' on %s", name, where);
-    notify_sendf("READY=1\nSTATUS=%s", c.status_line);
-    watchdog_start(&c);
-    debug_stall_start(&c);
+    dp_log(DP_LOG_INFO, "serve: listening on http://%s; loading the model", c.where);
+    c.g = &g;
+    c.tok = tok;
+    c.name = name;
+    c.t0 = t0;
+    uv_async_init(&c.loop, &c.load_done, on_loaded);
+    c.load_done.data = &c;
+    c.load_open = true;
+    c.loading = true;
+    if (uv_thread_create(&c.loader, load_main, &c)) {
+        fprintf(stderr, "dualpathd: cannot start the loader thread\n");
+        c.loading = false;
+        goto done;
+    }
     uv_run(&c.loop, UV_RUN_DEFAULT);
-    status = c.stopped ? 0 : 1;
+    status = c.stopped ? c.exit_status : 1;
+    be = c.be;
+    m = c.m;
     dp_log(DP_LOG_INFO, "serve: stopped");
 done:
     if (loop_ok) {
         if (c.srv && !c.stopped) {
             /* Failed start: close what exists so the loop can end. */
+            c.stopped = true;
+            timers_close(&c);
             server_stop_http(c.srv);
             if (c.engine)
                 engine_stop(c.engine);
             server_close(c.srv);
+            if (c.load_open)
+                uv_close((uv_handle_t *)&c.load_done, on_closed);
+            if (c.signals_open) {
+                uv_close((uv_handle_t *)&c.sig_term, on_closed);
+                uv_close((uv_handle_t *)&c.sig_int, on_closed);
+                uv_close((uv_handle_t *)&c.sig_hup, on_closed);
+            }
         }
         timers_close(&c);
         uv_run(&c.loop, UV_RUN_DEFAULT);

@@ -2,6 +2,7 @@
 OpenAI error shape naming the parameter, and a successful request right after
 to prove the daemon still serves."""
 import json
+import signal
 import os
 import socket
 import threading
@@ -337,3 +338,53 @@ def test_drain_timeout_cancels():
         assert d.proc.wait(timeout=30) == 0
     finally:
         d.stop()
+
+
+def _start_loading_daemon(delay_s):
+    import subprocess
+    from conftest import BIN, MODEL, free_port
+    port = free_port()
+    env = dict(os.environ, DUALPATHD_DEBUG_LOAD_DELAY_S=str(delay_s))
+    proc = subprocess.Popen([BIN, "--config", "", "--model", MODEL, "--listen",
+                             f"127.0.0.1:{port}"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            st, _, body = request("GET", "/health", base=base, timeout=2)
+            return proc, base, st, body
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise AssertionError("the daemon never answered /health")
+
+
+def test_503_while_loading():
+    """The socket opens before the weights load: /health says 503 "loading",
+    requests get 503, then the daemon becomes ready and serves."""
+    proc, base, st, body = _start_loading_daemon(3)
+    try:
+        assert st == 503 and json.loads(body)["status"] == "loading"
+        st, _, body = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, base=base)
+        assert st == 503
+        assert json.loads(body)["error"]["message"]
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            st, _, _ = request("GET", "/health", base=base)
+            if st == 200:
+                break
+            time.sleep(0.1)
+        assert st == 200
+        st, _, body = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, base=base)
+        assert st == 200
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+
+
+def test_sigterm_while_loading():
+    proc, base, st, _ = _start_loading_daemon(2)
+    assert st == 503
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0

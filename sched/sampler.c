@@ -68,15 +68,18 @@ int sampler_init(dp_sampler *s, int32_t vocab)
     s->vocab = vocab;
     s->cand = malloc((size_t)vocab * sizeof *s->cand);
     s->counts = calloc((size_t)vocab, sizeof *s->counts);
-    return s->cand && s->counts ? 0 : DP_ENOMEM;
+    s->probs = malloc((size_t)vocab * sizeof *s->probs);
+    return s->cand && s->counts && s->probs ? 0 : DP_ENOMEM;
 }
 
 void sampler_destroy(dp_sampler *s)
 {
     free(s->cand);
     free(s->counts);
+    free(s->probs);
     s->cand = NULL;
     s->counts = NULL;
+    s->probs = NULL;
 }
 
 /* Largest finite value (-INFINITY when none). */
@@ -205,6 +208,79 @@ static double exp_sum(const float *x, int32_t n, float best, float inv_t)
     return total;
 }
 
+/* The nucleus of a flat distribution without sorting it: probabilities
+ * bucketed by log-ratio to the best (monotone, so every token of an earlier
+ * bucket precedes every token of a later one in sorted order); only the
+ * bucket where min_p or top_p cuts is sorted. Exactly the sorted-order
+ * nucleus, in O(vocab). Returns -1 when there is nothing to draw from. */
+#define HIST_BINS 4096
+#define HIST_RANGE 30.0f
+
+static int32_t sample_histogram(dp_sampler *s, const dp_sampling *sp, dp_rng *rng,
+                                const float *logits, float best, float inv_t)
+{
+    static _Thread_local double mass[HIST_BINS];
+    const int32_t V = s->vocab;
+    const float scale = HIST_BINS / HIST_RANGE;
+    float *p = s->probs;
+    memset(mass, 0, sizeof mass);
+    double total = 0.0;
+    for (int32_t i = 0; i < V; i++) {
+        float x = (best - logits[i]) * inv_t; /* >= 0; NaN and -inf fail the test */
+        if (x < HIST_RANGE) {
+            p[i] = expf(-x);
+            mass[(int32_t)(x * scale)] += p[i];
+            total += p[i];
+        } else {
+            p[i] = 0.0f;
+        }
+    }
+    /* min_p keeps p >= min_p * p_best (p_best = 1 here): a cut in x. */
+    float x_min = sp->min_p > 0.0f ? -logf(sp->min_p) : HIST_RANGE;
+    int32_t last = x_min < HIST_RANGE ? (int32_t)(x_min * scale) : HIST_BINS - 1;
+    int32_t bb = last;
+    double before = 0.0, target = sp->top_p < 1.0f ? sp->top_p * total : INFINITY;
+    for (int32_t b = 0; b <= last; b++) {
+        if (before + mass[b] >= target) {
+            bb = b;
+            break;
+        }
+        before += mass[b];
+    }
+    /* Tokens of earlier buckets are in; the boundary bucket is sorted. */
+    struct dp_cand *c = s->cand;
+    int32_t n_in = 0, n_edge = 0;
+    for (int32_t i = 0; i < V; i++) {
+        if (p[i] <= 0.0f)
+            continue;
+        int32_t b = (int32_t)((best - logits[i]) * inv_t * scale);
+        if (b < bb)
+            c[n_in++] = (struct dp_cand){i, logits[i] * inv_t, p[i]};
+    }
+    struct dp_cand *edge = c + n_in;
+    for (int32_t i = 0; i < V; i++) {
+        if (p[i] <= 0.0f)
+            continue;
+        int32_t b = (int32_t)((best - logits[i]) * inv_t * scale);
+        if (b == bb)
+            edge[n_edge++] = (struct dp_cand){i, logits[i] * inv_t, p[i]};
+    }
+    qsort(edge, (size_t)n_edge, sizeof *edge, cand_desc);
+    int32_t take = 0;
+    double cum = before;
+    const float floor_p = sp->min_p > 0.0f ? sp->min_p : 0.0f;
+    while (take < n_edge && edge[take].p >= floor_p) {
+        cum += edge[take].p;
+        take++;
+        if (cum >= target)
+            break;
+    }
+    int32_t n = n_in + take;
+    if (n == 0)
+        return -1;
+    return draw(c, n, rng);
+}
+
 /* Candidates whose scaled logit is this far below the best carry a
  * probability ratio under e^-30 (1e-13): over any vocabulary their total mass
  * is below float32 resolution, so dropping them changes no draw, and it
@@ -227,9 +303,14 @@ int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const 
          * (in units of temperature) of the best, against the denominator
          * over the whole vocabulary; widen once if that is not enough. */
         double total = exp_sum(logits, s->vocab, best, inv_t);
-        for (float tier = 6.0f; tier <= 12.0f; tier += 6.0f) {
+        for (float tier = 6.0f; tier <= 6.0f; tier += 6.0f) {
             const float thr = best - tier * sp->temperature;
             int32_t m = 0;
+            for (int32_t i = 0; i < s->vocab; i++)
+                m += logits[i] >= thr;
+            if (m > 2048)
+                break; /* flat: sorting would cost more than the histogram */
+            m = 0;
             for (int32_t i = 0; i < s->vocab; i++)
                 if (logits[i] >= thr)
                     c[m++] = (struct dp_cand){i, logits[i] * inv_t, 0.0f};
@@ -266,6 +347,10 @@ int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const 
             if (decided)
                 return draw(c, cut, rng);
         }
+        /* A wide nucleus: decide it by histogram instead of sorting. */
+        int32_t t = sample_histogram(s, sp, rng, logits, best, inv_t);
+        if (t >= 0)
+            return t;
     }
     const float cutoff = best - NEGLIGIBLE_LOGIT * sp->temperature;
     int32_t n = 0;

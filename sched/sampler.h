@@ -32,6 +32,7 @@ typedef struct dp_sampler {
     int32_t vocab;
     struct dp_cand *cand;  /* scratch, vocab entries */
     int32_t *counts;       /* scratch for penalties, vocab entries, kept zeroed */
+    float *probs;          /* scratch: unnormalized probabilities, vocab entries */
 } dp_sampler;
 
 int sampler_init(dp_sampler *s, int32_t vocab);

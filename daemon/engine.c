@@ -109,7 +109,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->gpu_memory_fraction = 0.9;
     o->max_queue = 256;
     o->dualpath = true;
-    o->prefill_fraction = 0.5;
+    o->prefill_fraction = 0.25;
     o->decode_block_tokens = 16;
     /* The defaults docs/dualpath.md's quality tables justify. */
     o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
@@ -955,6 +955,15 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         int64_t per = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &l1);
         int64_t dper = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &d1);
         double fp = e->dual ? opts->prefill_fraction : 1.0;
+        /* The prefill pool must hold one prompt of the full context, or long
+         * prompts could never be admitted: raise its share to that when the
+         * memory allows (the decode pool keeps the rest). */
+        if (e->dual && per > 0 && kv_bytes > 0) {
+            double floor_fp = (double)kv_pool_blocks_for(&(dp_kv_pool){.block_tokens = opts->block_tokens},
+                                                         e->ctx_len) * (double)per / (double)kv_bytes;
+            if (fp < floor_fp && floor_fp < 0.9)
+                fp = floor_fp;
+        }
         if (n_blocks <= 0) {
             int64_t nb = per ? (int64_t)((double)kv_bytes * fp) / per : 0;
             n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;

@@ -113,7 +113,7 @@ static void test_table_and_defaults(void)
     CHECK_EQ_INT(c.block_tokens, 16);
     CHECK_EQ_INT(c.decode_block_tokens, 16);
     CHECK_EQ_INT(c.kv_memory, (uint64_t)1 << 30);
-    CHECK(c.prefill_pool_fraction == 0.5);
+    CHECK(c.prefill_pool_fraction == 0.25);
     CHECK(c.dualpath && c.watchdog && !c.early_switch);
     CHECK_EQ_INT(c.scorer, DP_CONF_SCORER_SNAPKV);
     CHECK(c.keep_ratio == 0.5);

@@ -287,7 +287,9 @@ def test_503_while_draining():
         r = keep.getresponse()
         assert r.status == 200
         r.read()
-        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 24, "stream": True,
+        # Long enough that the drain outlasts the checks below (a short stream
+        # could finish, and the daemon exit, before the 503 is observed).
+        a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 200, "stream": True,
                                  "ignore_eos": True})
         t0 = time.time()
         d.proc.send_signal(15)

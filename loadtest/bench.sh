@@ -220,7 +220,9 @@ fi
 if [ $do_daemon = 1 ]; then
     if [ ! -x "$DP_DAEMON" ]; then
         daemon_note="Daemon binary $DP_DAEMON not found; the dualpath off/on comparison was skipped."
-    elif ! "$DP_DAEMON" --help 2>&1 | grep -qE -- '--(listen|port|http)'; then
+    elif ! { daemon_help=$("$DP_DAEMON" --help 2>&1); grep -qE -- '--(listen|port|http)' <<<"$daemon_help"; }; then
+        # (the help text is captured first: grep -q closing the pipe early
+        # would make the daemon die of SIGPIPE and, with pipefail, fail here)
         daemon_note="The daemon ($DP_DAEMON) has no HTTP mode yet (no --listen/--port/--http in its --help); the dualpath off/on comparison was skipped."
     else
         for mode in off on; do

@@ -9,9 +9,7 @@
 
 #include "common/dp.h"
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
+#include "kernels/simd.h"
 
 struct dp_cand {
     int32_t id;
@@ -180,25 +178,13 @@ static double exp_sum(const float *x, int32_t n, float best, float inv_t)
     double total = 0.0;
 #ifdef __AVX512F__
     const __m512 vb = _mm512_set1_ps(best), vt = _mm512_set1_ps(inv_t);
-    const __m512 log2e = _mm512_set1_ps(1.44269504f), ln2hi = _mm512_set1_ps(0.693359375f),
-                 ln2lo = _mm512_set1_ps(-2.12194440e-4f), lo = _mm512_set1_ps(-87.0f);
     __m512 acc = _mm512_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         __m512 v = _mm512_loadu_ps(x + i);
         /* Non-finite logits (masked tokens) contribute nothing. */
         __mmask16 ok = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
-        __m512 a = _mm512_max_ps(_mm512_mul_ps(_mm512_sub_ps(v, vb), vt), lo);
-        __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(a, log2e), _MM_FROUND_TO_NEAREST_INT);
-        __m512 f = _mm512_fnmadd_ps(k, ln2hi, a);
-        f = _mm512_fnmadd_ps(k, ln2lo, f);
-        __m512 p = _mm512_set1_ps(1.0f / 720);
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-        acc = _mm512_mask_add_ps(acc, ok, acc, _mm512_scalef_ps(p, k));
+        __m512 e = simd_exp_neg(_mm512_mul_ps(_mm512_sub_ps(v, vb), vt));
+        acc = _mm512_mask_add_ps(acc, ok, acc, e);
     }
     total = _mm512_reduce_add_ps(acc);
 #endif

@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "cpu_internal.h"
-#include "simd.h"
+#include "kernels/simd.h"
 
 typedef struct attn_job {
     cpu_backend *c;

@@ -8,7 +8,7 @@
 
 #include "common/dp.h"
 #include "cpu_internal.h"
-#include "simd.h"
+#include "kernels/simd.h"
 
 typedef struct knorm_job {
     const dp_kv_store *kv;

@@ -1,6 +1,7 @@
-/* simd.h: small AVX-512 helpers shared by the CPU kernels (vector exp). */
-#ifndef DP_KERNELS_CPU_SIMD_H
-#define DP_KERNELS_CPU_SIMD_H
+/* simd.h: small AVX-512 helpers shared by the CPU kernels and the host-side
+ * sampler (vector exp). Header-only; empty without AVX-512. */
+#ifndef DP_KERNELS_SIMD_H
+#define DP_KERNELS_SIMD_H
 
 #ifdef __AVX512F__
 #include <immintrin.h>

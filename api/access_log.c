@@ -42,7 +42,11 @@ void access_log_request(const dp_hreq *h, enum MHD_RequestTerminationCode toe)
     const char *gone = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " client_gone=1";
 
     if (!j) {
-        dp_log(status < 400 ? DP_LOG_DEBUG : DP_LOG_INFO,
+        /* Small endpoints log at debug when they succeed; /health also when it
+         * answers 503 (loading or draining): probes poll it, and its state is
+         * logged once by the daemon itself. */
+        bool probe = h->url && strcmp(h->url, "/health") == 0 && status == 503;
+        dp_log(status < 400 || probe ? DP_LOG_DEBUG : DP_LOG_INFO,
                "request method=%s path=%s status=%u duration_ms=%s%s", h->method ? h->method : "-",
                path, status, dur, gone);
         return;

@@ -161,9 +161,41 @@ typedef void (*block_fn)(const uint8_t *b, __m512 *w0, __m512 *w1);
 
 /* y[i, r] for up to SMALL_M activation rows, decoding each weight block once
  * and reusing it for every row: the weight bytes are the cost at small m. */
+/* The same for a compile-time number of rows M: the accumulators stay in
+ * registers (with a runtime count they live in memory and every block pays
+ * a load and a store per row). */
+#define FUSED_FIXED(M)                                                                        \
+    static inline __attribute__((always_inline)) void fused_rows_##M(                         \
+        block_fn fn, size_t bbytes, const uint8_t *wrow, int64_t k, const float *x, float *out) \
+    {                                                                                         \
+        __m512 acc0[M], acc1[M];                                                              \
+        for (int32_t i = 0; i < M; i++)                                                       \
+            acc0[i] = acc1[i] = _mm512_setzero_ps();                                          \
+        for (int64_t b = 0; b < k / 32; b++) {                                                \
+            __m512 w0, w1;                                                                    \
+            fn(wrow + (size_t)b * bbytes, &w0, &w1);                                          \
+            for (int32_t i = 0; i < M; i++) {                                                 \
+                const float *xi = x + (size_t)i * (size_t)k + b * 32;                         \
+                acc0[i] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xi), acc0[i]);                  \
+                acc1[i] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xi + 16), acc1[i]);             \
+            }                                                                                 \
+        }                                                                                     \
+        for (int32_t i = 0; i < M; i++)                                                       \
+            out[i] = _mm512_reduce_add_ps(_mm512_add_ps(acc0[i], acc1[i]));                   \
+    }
+FUSED_FIXED(1)
+FUSED_FIXED(2)
+FUSED_FIXED(4)
+
 static inline __attribute__((always_inline)) void fused_rows(block_fn fn, size_t bbytes, const uint8_t *wrow, int64_t k, const float *x,
                        int32_t m, float *out)
 {
+    switch (m) {
+    case 1: fused_rows_1(fn, bbytes, wrow, k, x, out); return;
+    case 2: fused_rows_2(fn, bbytes, wrow, k, x, out); return;
+    case 4: fused_rows_4(fn, bbytes, wrow, k, x, out); return;
+    default: break;
+    }
     __m512 acc[SMALL_M];
     for (int32_t i = 0; i < m; i++)
         acc[i] = _mm512_setzero_ps();

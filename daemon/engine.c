@@ -585,12 +585,7 @@ static void run_step(dp_engine *e)
                            "the KV pool cannot hold this request", false);
             return;
         }
-        dp_seq *v = e->sched.run_tail;
-        sched_remove(&e->sched, v);
-        v->n_computed = 0;
-        v->n_preemptions++;
-        e->sched.n_preemptions++;
-        sched_add(&e->sched, v);
+        sched_preempt(&e->sched, e->sched.run_tail);
         return;
     }
     int32_t max_blocks = 1;

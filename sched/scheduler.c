@@ -198,8 +198,7 @@ void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32
     }
 }
 
-/* Frees the sequence's blocks and queues it for recomputation. */
-static void preempt(dp_sched *s, dp_seq *q)
+void sched_preempt(dp_sched *s, dp_seq *q)
 {
     unlink_seq(&s->run_head, &s->run_tail, q);
     s->n_running--;
@@ -315,13 +314,13 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
             if (!v || v == q) {
                 /* Nothing newer to evict: this sequence yields its own blocks. */
                 next = q->next;
-                preempt(s, q);
+                sched_preempt(s, q);
                 self_preempted = true;
                 break;
             }
             if (v == next)
                 next = v->next;
-            preempt(s, v);
+            sched_preempt(s, v);
         }
         if (self_preempted)
             continue;

@@ -124,6 +124,9 @@ void sched_add(dp_sched *s, dp_seq *seq);
 /* Plans the next step (allocating the KV blocks it needs, preempting if it
  * must). The plan stays valid until sched_commit. */
 void sched_schedule(dp_sched *s, dp_sched_plan *plan);
+/* Frees a running sequence's blocks and queues it (at its arrival rank) for
+ * recomputation. */
+void sched_preempt(dp_sched *s, dp_seq *q);
 /* Records that the plan ran: advances n_computed of each item's sequence. */
 void sched_commit(dp_sched *s, const dp_sched_plan *plan);
 /* Removes a sequence from its queue and frees its blocks (finished or

@@ -79,7 +79,8 @@ struct dp_server {
     int n_jobs;
     int n_hreqs;
     bool draining;
-    bool drain_forced;
+    bool drain_forced;        /* drain timeout: running requests were cancelled */
+    bool drain_ending;        /* then their grace ran out too: connections end now */
     bool drain_done;
     void (*drain_cb)(void *ud);
     void *drain_ud;

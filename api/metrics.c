@@ -247,6 +247,15 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     tb_printf(&b, "dualpath_engine_steps_total %lld\n", (long long)st->steps);
     family(&b, "dualpath_engine_busy_seconds_total", "counter", "Time spent inside steps.");
     tb_printf(&b, "dualpath_engine_busy_seconds_total %.9g\n", st->busy_seconds);
+    family(&b, "dualpath_engine_sampled_rows_total", "counter",
+           "Tokens sampled, by source: device candidates, candidates then the full row, the "
+           "full row alone.");
+    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"candidates\"} %lld\n",
+              (long long)st->sampled_candidates);
+    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"fallback\"} %lld\n",
+              (long long)st->sampled_fallback);
+    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"full_row\"} %lld\n",
+              (long long)st->sampled_full_row);
     family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
     tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
 

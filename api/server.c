@@ -134,7 +134,10 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     }
     if (j->stream_ended)
         return MHD_CONTENT_READER_END_OF_STREAM;
-    if (!j->conn || j->srv->drain_forced)
+    /* After a drain timeout's cancellation the stream still waits for its
+     * FINISH event (finish_reason "abort", then [DONE]); only past the
+     * grace that follows does it end unfinished. */
+    if (!j->conn || j->srv->drain_ending)
         return MHD_CONTENT_READER_END_WITH_ERROR;
     /* Nothing to send: park the connection until the engine delivers. */
     j->suspended = true;
@@ -307,7 +310,7 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
     dp_api_err e;
     if (h->answered)
         return MHD_YES;
-    if (!j->finished && !s->drain_forced) {
+    if (!j->finished && !s->drain_ending) {
         j->suspended = true;
         MHD_suspend_connection(h->conn);
         return MHD_YES;
@@ -624,6 +627,7 @@ static void on_drain_timeout(uv_timer_t *t)
         return;
     }
     /* Phase 2: end every parked connection now. */
+    s->drain_ending = true;
     for (dp_job *j = s->jobs; j; j = j->next)
         http_resume(j);
     http_kick(s);
@@ -661,6 +665,7 @@ void server_stop_http(dp_server *s)
         http_resume(j);
     }
     s->drain_forced = true;
+    s->drain_ending = true;
     http_close(s);
     uv_timer_stop(&s->ping);
     uv_timer_stop(&s->drain_timer);

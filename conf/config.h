@@ -35,6 +35,7 @@ typedef struct dp_config {
     char *model_name;       /* "" = derived from the model file: config_model_name() */
     char *device;           /* auto | cpu | cuda | cuda:N */
     int threads;            /* 0 = all cores */
+    bool cuda_graphs;       /* record and replay decode steps (CUDA) */
     int context_length;     /* 0 = the model's */
 
     /* Server (api/, daemon/) */

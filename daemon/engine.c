@@ -72,6 +72,23 @@ struct dp_engine {
     dp_sampler sampler;
     float *logits;
     float *raw_row;        /* copy of a logits row before processing, for logprobs */
+    /* Device sampling (logits_topk): per output row of the step, the
+     * request's temperature and ignore_eos mask flag going in, candidates,
+     * max and weight sum coming back; the end-of-generation ids to mask. */
+    int32_t topk_k;
+    float *t_temp, *t_max, *t_sum, *t_vals;
+    uint8_t *t_mask;
+    int32_t *t_ids;
+    int32_t *eog;
+    int32_t n_eog;
+    bool step_topk;        /* this step ended in logits_topk */
+    /* Each output row's decision, taken before anything is emitted so that
+     * only the rows that need their logits are downloaded: the token, or -1
+     * (the row is in e->logits, and for an undecided draw t_pd holds it). */
+    int32_t *t_tok;
+    dp_sample_pending *t_pd;
+    struct eng_seq **t_seq; /* the sequence of each output row */
+    int64_t n_cand, n_fallback, n_full; /* rows sampled this step, by source */
     /* Batch arrays (engine thread only). */
     int32_t *b_tokens, *b_pos, *b_seq, *b_slot, *b_out, *b_tables;
     uint8_t *b_store;
@@ -114,6 +131,7 @@ void engine_opts_default(dp_engine_opts *o)
     /* The defaults docs/dualpath.md's quality tables justify. */
     o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
     o->prefix_cache = true;
+    o->device_sampling = true;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -264,10 +282,84 @@ static int admit_request(dp_engine *e, dp_request *req)
 
 /* ---- sampling and stop conditions ----------------------------------------- */
 
-static bool emit_token(dp_engine *e, eng_seq *es, float *row)
+/* Candidates per row for device sampling. The tokens do not depend on it
+ * (sched/sampler.h); it sets how often a row falls back to the download, and
+ * what comes back each step: n x (2k + 2) words. 64 covers the nucleus of
+ * nearly every step of a real model at the usual settings (measured with
+ * dp-engine-bench: see kernels/cuda/README.md). */
+#define ENGINE_TOPK 64
+
+/* The request samples from its full row: it changes the logits first
+ * (logit_bias, penalties) or reports log-probabilities over the vocabulary. */
+static bool needs_full_row(const dp_request_params *p)
+{
+    return p->n_logit_bias > 0 || p->logprobs >= 0 || sampling_needs_row(&p->sampling);
+}
+
+static void mask_eog(const dp_engine *e, float *row)
+{
+    for (int32_t i = 0; i < e->n_eog; i++)
+        row[e->eog[i]] = -INFINITY;
+}
+
+/* After logits_topk: decides every output row that the candidates can
+ * decide (drawing its one uniform), then downloads the rows that are left,
+ * a run of adjacent rows in one copy, or all rows at once when that is most
+ * of them. The logits stay in backend memory until then. */
+static int decide_rows(dp_engine *e, eng_seq **emitting, int32_t no)
+{
+    int32_t need = 0;
+    for (int32_t o = 0; o < no; o++) {
+        const dp_request_params *p = &emitting[o]->req->params;
+        e->t_tok[o] = -1;
+        if (needs_full_row(p)) {
+            need++;
+            continue;
+        }
+        const size_t at = (size_t)o * (size_t)e->topk_k;
+        const int32_t tok = sampler_sample_candidates(&p->sampling, &emitting[o]->rng,
+                                                      e->t_ids + at, e->t_vals + at, e->topk_k,
+                                                      e->vocab, e->t_max[o], e->t_sum[o],
+                                                      &e->t_pd[o]);
+        if (tok != DP_SAMPLE_UNDECIDED)
+            e->t_tok[o] = tok;
+        else
+            need++;
+    }
+    if (2 * need >= no)
+        return need ? llama_download_logits(e->model, no, e->logits) : 0;
+    for (int32_t o = 0; o < no;) {
+        if (e->t_tok[o] >= 0) {
+            o++;
+            continue;
+        }
+        int32_t end = o + 1;
+        while (end < no && e->t_tok[end] < 0)
+            end++;
+        int rc = llama_download_rows(e->model, o, end - o, e->logits + (size_t)o * e->vocab);
+        if (rc)
+            return rc;
+        o = end;
+    }
+    return 0;
+}
+
+/* Samples output row o for es: the token decide_rows found, or from the row
+ * (an undecided draw continues where the candidates left it; a request that
+ * changes its logits or wants log-probabilities uses the row alone). */
+static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
 {
     const dp_request_params *p = &es->req->params;
     dp_seq *q = es->seq;
+    float *row = e->logits + (size_t)o * (size_t)e->vocab;
+    if (e->step_topk && !needs_full_row(p)) {
+        if (e->t_tok[o] >= 0) {
+            e->n_cand++;
+            return e->t_tok[o];
+        }
+        e->n_fallback++; /* ignore_eos: logits_topk masked the row already */
+        return sampler_sample_rest(&e->sampler, &p->sampling, &e->t_pd[o], row);
+    }
     if (p->logprobs >= 0)
         memcpy(e->raw_row, row, (size_t)e->vocab * sizeof *row);
     if (p->n_logit_bias > 0)
@@ -275,10 +367,16 @@ static bool emit_token(dp_engine *e, eng_seq *es, float *row)
     sampler_apply_penalties(&e->sampler, &p->sampling, row, q->tokens, q->n_prompt,
                             q->tokens + q->n_prompt, q->n_tokens - q->n_prompt);
     if (p->ignore_eos)
-        for (int32_t t = 0; t < e->vocab; t++)
-            if (tokenizer_is_eog(e->tok, t))
-                row[t] = -INFINITY;
-    int32_t tok = sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
+        mask_eog(e, row);
+    e->n_full++;
+    return sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
+}
+
+static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
+{
+    const dp_request_params *p = &es->req->params;
+    dp_seq *q = es->seq;
+    int32_t tok = sample_row(e, es, o);
     es->n_gen++;
     if (es->n_gen == 1)
         es->t_first = dp_now();
@@ -634,8 +732,13 @@ static void run_step(dp_engine *e)
                     e->b_capture[nc++] = nt - w + k;
             }
         }
-        if (it->emits)
+        if (it->emits) {
+            const dp_request_params *p = &es->req->params;
+            e->t_temp[no] = p->sampling.temperature;
+            e->t_mask[no] = p->ignore_eos && !needs_full_row(p);
+            e->t_seq[no] = es;
             e->b_out[no++] = nt - 1;
+        }
         e->b_store[i] = (uint8_t)it->path;
         int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
         memcpy(row, q->table.blocks, (size_t)q->table.n_blocks * sizeof *row);
@@ -648,8 +751,21 @@ static void run_step(dp_engine *e)
                   .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture};
     dp_kv_store *stores[DP_KV_MAX_STORES] = {e->store, e->dstore};
     double tf = dp_now();
-    int rc = llama_forward(e->model, &b, stores, e->logits);
+    /* With device sampling the step ends in the candidates (the ignore_eos
+     * rows masked on the device); the rows stay there for whoever needs
+     * them. Each row's path depends only on its own request and logits. */
+    e->step_topk = e->opts.device_sampling && e->be->ops->logits_topk && no > 0;
+    e->n_cand = e->n_fallback = e->n_full = 0;
+    int rc;
+    if (e->step_topk)
+        rc = llama_forward_topk(e->model, &b, stores, e->topk_k, e->t_temp, e->eog, e->n_eog,
+                                e->n_eog > 0 ? e->t_mask : NULL, e->t_ids, e->t_vals, e->t_max,
+                                e->t_sum);
+    else
+        rc = llama_forward(e->model, &b, stores, e->logits);
     double tf_end = dp_now();
+    if (rc == 0 && e->step_topk)
+        rc = decide_rows(e, e->t_seq, no);
     if (rc) {
         dp_log(DP_LOG_ERROR, "engine: forward pass failed (%s); failing running requests",
                dp_strerror(rc));
@@ -676,7 +792,7 @@ static void run_step(dp_engine *e)
         }
         gen_toks++;
         eng_seq *es = it->seq->owner;
-        bool alive = emit_token(e, es, e->logits + (size_t)(o++) * (size_t)e->vocab);
+        bool alive = emit_token(e, es, o++);
         /* The prompt is done: the sequence switches to the decode path (or,
          * having switched early, compacts its uncompressed tail). */
         if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath)
@@ -710,6 +826,9 @@ static void run_step(dp_engine *e)
     e->stats.generation_tokens += gen_toks;
     e->stats.busy_seconds += dp_now() - t0;
     e->stats.forward_seconds += tf_end - tf;
+    e->stats.sampled_candidates += e->n_cand;
+    e->stats.sampled_fallback += e->n_fallback;
+    e->stats.sampled_full_row += e->n_full;
     pthread_mutex_unlock(&e->stats_mu);
 }
 
@@ -1019,6 +1138,20 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
     e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
     e->raw_row = malloc((size_t)e->vocab * sizeof(float));
+    e->topk_k = e->vocab < ENGINE_TOPK ? e->vocab : ENGINE_TOPK;
+    e->t_temp = malloc(S * sizeof(float));
+    e->t_max = malloc(S * sizeof(float));
+    e->t_sum = malloc(S * sizeof(float));
+    e->t_mask = calloc(S, 1);
+    e->t_ids = malloc(S * (size_t)e->topk_k * sizeof(int32_t));
+    e->t_tok = malloc(S * sizeof(int32_t));
+    e->t_pd = malloc(S * sizeof *e->t_pd);
+    e->t_seq = malloc(S * sizeof *e->t_seq);
+    e->t_vals = malloc(S * (size_t)e->topk_k * sizeof(float));
+    e->eog = malloc((size_t)e->vocab * sizeof(int32_t));
+    for (int32_t t = 0; e->eog && t < e->vocab; t++)
+        if (tokenizer_is_eog(tok, t))
+            e->eog[e->n_eog++] = t;
     e->b_tokens = malloc(T * sizeof(int32_t));
     e->b_pos = malloc(T * sizeof(int32_t));
     e->b_seq = malloc(T * sizeof(int32_t));
@@ -1034,8 +1167,9 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                    e->has_pc ? &e->pc : NULL) ||
         sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture || !e->lists[0] ||
         !e->lists[1] || !e->lists[2] ||
-        !e->raw_row || !e->b_tokens || !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out ||
-        !e->b_store || !e->in_q) {
+        !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
+        !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
+        !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1109,6 +1243,16 @@ void engine_destroy(dp_engine *e)
     sampler_destroy(&e->sampler);
     free(e->logits);
     free(e->raw_row);
+    free(e->t_temp);
+    free(e->t_max);
+    free(e->t_sum);
+    free(e->t_mask);
+    free(e->t_ids);
+    free(e->t_vals);
+    free(e->t_tok);
+    free(e->t_pd);
+    free(e->t_seq);
+    free(e->eog);
     free(e->b_tokens);
     free(e->b_pos);
     free(e->b_seq);

@@ -39,6 +39,9 @@ typedef struct dp_engine_opts {
     bool early_switch;           /* the path detector may switch before the prompt ends */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
+    bool device_sampling;        /* sample from the backend's logits_topk candidates, the
+                                  * full row only for the requests and draws that need
+                                  * it (default on; same tokens either way) */
 } dp_engine_opts;
 
 void engine_opts_default(dp_engine_opts *o);
@@ -80,6 +83,10 @@ typedef struct dp_engine_stats {
     int64_t requests_finished[5]; /* indexed by dp_finish */
     double busy_seconds;      /* time inside steps */
     double forward_seconds;   /* of which in the forward pass */
+    /* Sampled rows by source: decided by the device's candidates, candidates
+     * then the downloaded row (undecided), the row alone (device sampling
+     * off or unavailable, logit_bias, penalties, logprobs). */
+    int64_t sampled_candidates, sampled_fallback, sampled_full_row;
     uint64_t heartbeat;       /* bumped every loop iteration, idle or not */
 } dp_engine_stats;
 

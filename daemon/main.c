@@ -54,6 +54,7 @@ static int serve_from_config(const dp_config *c, bool verbose)
     so.model = c->model;
     so.device = c->device;
     so.threads = c->threads;
+    so.cuda_graphs = c->cuda_graphs;
     so.verbose = verbose;
     so.log_level = verbose ? DP_LOG_DEBUG : c->log_level;
     so.host = host;

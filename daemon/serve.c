@@ -31,6 +31,7 @@ void serve_opts_default(dp_serve_opts *o)
     o->drain_timeout_s = 30.0;
     o->log_level = DP_LOG_INFO;
     o->watchdog = true;
+    o->cuda_graphs = true;
     engine_opts_default(&o->engine);
 }
 
@@ -252,6 +253,8 @@ static void load_main(void *arg)
     notify_sendf("STATUS=starting the %s backend", o->device);
     c->load_rc = backend_create(&c->be, o->device, o->threads, c->load_err, sizeof c->load_err);
     if (!c->load_rc) {
+        if (c->be->ops->step_graphs)
+            c->be->ops->step_graphs(c->be, o->cuda_graphs ? DP_GRAPHS_ON : DP_GRAPHS_OFF, NULL);
         notify_sendf("STATUS=loading weights (%s backend)", c->be->ops->name);
         extend_start_timeout(o->model);
         char e2[DP_ERRLEN];
@@ -438,6 +441,14 @@ done:
     server_destroy(c.srv);
     free(name);
     llama_destroy(m);
+    if (be && be->ops->step_graphs) {
+        dp_graph_stats gs;
+        be->ops->step_graphs(be, -1, &gs);
+        dp_log(DP_LOG_INFO, "%s: %llu decode steps replayed from %llu recordings (%llu abandoned, "
+               "%llu dropped)", be->ops->name, (unsigned long long)gs.replayed,
+               (unsigned long long)gs.recorded, (unsigned long long)gs.abandoned,
+               (unsigned long long)gs.evicted);
+    }
     backend_destroy(be);
     if (ct_ok)
         chat_template_destroy(&ct);

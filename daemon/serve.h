@@ -12,6 +12,7 @@ typedef struct dp_serve_opts {
     const char *model;
     const char *device;
     int threads;
+    bool cuda_graphs;        /* record and replay decode steps (default true) */
     bool verbose;
     int log_level;           /* DP_LOG_* */
     const char *host;        /* default 127.0.0.1 */

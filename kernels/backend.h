@@ -80,6 +80,21 @@ typedef struct dp_rope_params {
     bool neox;           /* rotate halves (NeoX) instead of adjacent pairs (LLaMA GGUF: false) */
 } dp_rope_params;
 
+/* step_begin's answers, and step_end's request to issue a step again. */
+enum { DP_STEP_EAGER = 0, DP_STEP_RECORD = 1, DP_STEP_REPLAYED = 2, DP_STEP_RETRY = 3 };
+/* Recording policies: off; record a shape the second time it is seen (the
+ * first, eager, run grows every scratch buffer to its size); record at once
+ * (tests: exercises the abandoned-recording path). */
+enum { DP_GRAPHS_OFF = 0, DP_GRAPHS_ON = 1, DP_GRAPHS_EAGER_RECORD = 2 };
+typedef struct dp_graph_stats {
+    uint64_t recorded;  /* steps recorded and instantiated */
+    uint64_t replayed;  /* steps served by a replay */
+    uint64_t abandoned; /* recordings given up (issued again eagerly) */
+    uint64_t evicted;   /* recorded steps dropped (cache full, or buffers changed) */
+    int32_t cached;     /* recorded steps held now */
+    int policy;
+} dp_graph_stats;
+
 /* Most candidates logits_topk returns per row. */
 #define DP_TOPK_MAX 256
 
@@ -179,15 +194,39 @@ typedef struct dp_backend_ops {
     /* Sampling inputs without downloading the vocabulary: for each of n rows
      * of logits (backend memory, [n, vocab]), the k (1..DP_TOPK_MAX, <= vocab)
      * largest logits in descending order (equal logits: lower id first; NaN
-     * ranks as -inf and is reported as -inf) with their ids, the row's max m,
-     * and lse = log(sum_i exp((logit_i - m) / temperature)) (temperature > 0;
-     * lse = 0 when every logit is -inf). Candidate i then has probability
-     * exp((vals[i] - m) / temperature - lse). Results go to host arrays:
-     * ids and vals [n * k], row_max and row_lse [n]. Waits for the stream
-     * like download, and reports an earlier failed op the same way. */
-    int (*logits_topk)(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
-                       float temperature, int32_t *ids, float *vals, float *row_max,
-                       float *row_lse);
+     * ranks as -inf and is reported as -inf) with their ids, the row's max m
+     * (NaN skipped, -0 as +0; -inf when nothing else) and row_sum, the sum of
+     * the row's weights at temperature[r] (kernels/topk.h: fixed-point
+     * weights of (logit - m) / T, summed exactly, reported in units of the
+     * max's weight; 0 when m is not finite). A sum rather than a log-sum-exp:
+     * it is exact and the same on every backend, so the sampler's decisions
+     * from it do not depend on where it was computed. temperature: host, n
+     * entries; a value <= 0 (a greedy row) counts as 1. mask_rows (host, n
+     * entries, or NULL): rows r with mask_rows[r] != 0 first get the logits of
+     * the n_mask ids mask_ids set to -inf, in place (ignore_eos: a later
+     * download sees the masked row). Results go to host arrays: ids and vals
+     * [n * k], row_max and row_sum [n]. Waits for the stream like download,
+     * and reports an earlier failed op the same way. */
+    int (*logits_topk)(dp_backend *be, float *logits, int32_t n, int32_t vocab, int32_t k,
+                       const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                       const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                       float *row_sum);
+    /* Recording and replay of whole steps (CUDA graphs): the launches of a
+     * decode step cost more than its small GEMMs at low batch, so a backend
+     * may record a step's ops once and replay them for later steps of the
+     * same shape. A step goes: batch_set, then step_begin, then the step's
+     * ops (unless step_begin returned DP_STEP_REPLAYED: then the backend has
+     * queued the recorded step, reading this step's batch arrays, and the
+     * caller issues nothing), then step_end. step_end returns DP_STEP_RETRY
+     * when a recording had to be abandoned (nothing ran): the caller issues
+     * the ops again, from step_begin. owner identifies the caller's buffers
+     * (the model), stores the KV stores of the step; a recorded step is only
+     * replayed for the same owner and stores. NULL: every step is issued. */
+    int (*step_begin)(dp_backend *be, const void *owner, dp_kv_store *const *stores);
+    int (*step_end)(dp_backend *be);
+    /* Sets the recording policy (DP_GRAPHS_*; a negative value leaves it) and
+     * reads the counters (st may be NULL). */
+    void (*step_graphs)(dp_backend *be, int policy, dp_graph_stats *st);
 } dp_backend_ops;
 
 struct dp_backend {

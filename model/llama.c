@@ -210,19 +210,13 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     return 0;
 }
 
-/* The step up to the output head: the logits of the out_tokens are left in
- * m->logits (backend memory). */
-static int forward_to_logits(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
+/* The ops of one step, top to bottom (after batch_set). */
+static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
 {
     const dp_hparams *hp = &m->hp;
     const dp_backend_ops *op = m->be->ops;
     dp_backend *be = m->be;
     const int32_t n = b->n_tokens;
-    int rc = check_batch(m, b, stores);
-    if (rc)
-        return rc;
-    if ((rc = op->batch_set(be, b)))
-        return rc;
     const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, false};
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
@@ -251,12 +245,42 @@ static int forward_to_logits(dp_llama *m, const dp_batch *b, dp_kv_store *const 
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
     }
     if (b->n_out == 0)
-        return 0;
+        return;
     /* Only the rows whose logits are wanted go through the output head. */
     op->gather_rows(be, m->xn, m->x, hp->dim);
     op->rmsnorm(be, m->outx, m->xn, &m->out_norm, b->n_out, hp->dim, hp->rms_eps);
     op->matmul(be, m->logits, m->outx, hp->tied_output ? &m->tok_embd : &m->output, b->n_out);
-    return 0;
+}
+
+/* The step up to the output head: the logits of the out_tokens are left in
+ * m->logits (backend memory). A backend that records steps (backend.h,
+ * step_begin) may replay this one instead of taking its ops again. */
+static int forward_to_logits(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
+{
+    const dp_backend_ops *op = m->be->ops;
+    dp_backend *be = m->be;
+    int rc = check_batch(m, b, stores);
+    if (rc)
+        return rc;
+    if ((rc = op->batch_set(be, b)))
+        return rc;
+    if (!op->step_begin) {
+        issue_step(m, b, stores);
+        return 0;
+    }
+    /* A recording abandoned half-way ran nothing: issue the step again (the
+     * backend answers EAGER for this shape from then on). */
+    for (int attempt = 0; attempt < 3; attempt++) {
+        int mode = op->step_begin(be, m, stores);
+        if (mode < 0)
+            return mode;
+        if (mode != DP_STEP_REPLAYED)
+            issue_step(m, b, stores);
+        rc = op->step_end(be);
+        if (rc != DP_STEP_RETRY)
+            return rc;
+    }
+    return DP_EIO;
 }
 
 int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits)
@@ -269,22 +293,29 @@ int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, fl
 }
 
 int llama_forward_topk(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, int32_t k,
-                       float temperature, int32_t *ids, float *vals, float *row_max,
-                       float *row_lse)
+                       const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                       const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                       float *row_sum)
 {
     if (!m->be->ops->logits_topk)
         return DP_EUNSUPPORTED;
     int rc = forward_to_logits(m, b, stores);
     if (rc || b->n_out == 0)
         return rc;
-    return m->be->ops->logits_topk(m->be, m->logits, b->n_out, m->hp.vocab, k, temperature, ids,
-                                   vals, row_max, row_lse);
+    return m->be->ops->logits_topk(m->be, m->logits, b->n_out, m->hp.vocab, k, temperature,
+                                   mask_ids, n_mask, mask_rows, ids, vals, row_max, row_sum);
 }
 
 int llama_download_logits(dp_llama *m, int32_t n_out, float *logits)
 {
-    if (n_out < 0 || n_out > m->max_out)
+    return llama_download_rows(m, 0, n_out, logits);
+}
+
+int llama_download_rows(dp_llama *m, int32_t first, int32_t n, float *logits)
+{
+    if (first < 0 || n < 0 || first > m->max_out - n)
         return DP_EINVAL;
-    return m->be->ops->download(m->be, logits, m->logits,
-                                (size_t)n_out * m->hp.vocab * sizeof(float));
+    const size_t row = (size_t)m->hp.vocab;
+    return m->be->ops->download(m->be, logits, m->logits + (size_t)first * row,
+                                (size_t)n * row * sizeof(float));
 }

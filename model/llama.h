@@ -56,14 +56,19 @@ const float *llama_captured_queries(const dp_llama *m);
  * of the batch's out_tokens to the host array logits [n_out * vocab]. */
 int llama_forward(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, float *logits);
 /* The same step, but instead of the logits only sampling inputs come back:
- * per out_token, the k best candidates and the row's max and log-sum-exp at
- * temperature (backend.h, logits_topk; host arrays ids/vals [n_out * k],
- * row_max/row_lse [n_out]). DP_EUNSUPPORTED when the backend lacks the op. */
+ * per out_token, the k best candidates, the row's max and its weight sum at
+ * temperature[o] (backend.h, logits_topk: host arrays temperature and
+ * mask_rows [n_out], ids/vals [n_out * k], row_max/row_sum [n_out]; rows
+ * flagged in mask_rows get mask_ids set to -inf first). DP_EUNSUPPORTED when
+ * the backend lacks the op. */
 int llama_forward_topk(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores, int32_t k,
-                       float temperature, int32_t *ids, float *vals, float *row_max,
-                       float *row_lse);
+                       const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                       const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                       float *row_sum);
 /* The full logits of the last step's first n_out rows (the fallback when the
- * candidates of llama_forward_topk do not cover what the sampler needs). */
+ * candidates of llama_forward_topk do not cover what the sampler needs; rows
+ * it masked come back masked), or of rows [first, first + n). */
 int llama_download_logits(dp_llama *m, int32_t n_out, float *logits);
+int llama_download_rows(dp_llama *m, int32_t first, int32_t n, float *logits);
 
 #endif

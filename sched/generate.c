@@ -25,7 +25,23 @@ int gen_init(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, cha
                       block_tokens);
     }
     const dp_hparams *hp = llama_hparams(m);
-    g->logits = malloc((size_t)llama_max_out(m) * (size_t)hp->vocab * sizeof(float));
+    const size_t O = (size_t)llama_max_out(m);
+    g->logits = malloc(O * (size_t)hp->vocab * sizeof(float));
+    if (be->ops->logits_topk) {
+        /* Decode steps end in the device's candidates (sampler.h: the same
+         * tokens as from the rows). */
+        g->c_k = hp->vocab < SAMPLER_CANDIDATES ? hp->vocab : SAMPLER_CANDIDATES;
+        g->c_ids = malloc(O * (size_t)g->c_k * sizeof *g->c_ids);
+        g->c_vals = malloc(O * (size_t)g->c_k * sizeof *g->c_vals);
+        g->c_max = malloc(O * sizeof *g->c_max);
+        g->c_sum = malloc(O * sizeof *g->c_sum);
+        g->c_temp = malloc(O * sizeof *g->c_temp);
+        g->c_pd = malloc(O * sizeof *g->c_pd);
+        if (!g->c_ids || !g->c_vals || !g->c_max || !g->c_sum || !g->c_temp || !g->c_pd) {
+            gen_destroy(g);
+            return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+        }
+    }
     if (!g->logits || sampler_init(&g->sampler, hp->vocab)) {
         gen_destroy(g);
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
@@ -40,6 +56,12 @@ void gen_destroy(dp_gen *g)
     kv_pool_destroy(&g->pool);
     sampler_destroy(&g->sampler);
     free(g->logits);
+    free(g->c_ids);
+    free(g->c_vals);
+    free(g->c_max);
+    free(g->c_sum);
+    free(g->c_temp);
+    free(g->c_pd);
     memset(g, 0, sizeof *g);
 }
 
@@ -56,10 +78,9 @@ typedef struct step_buf {
     uint8_t *seq_store;
 } step_buf;
 
-static int sample_into(dp_gen *g, dp_gen_seq *sq, seq_state *st, int32_t si, const float *row,
-                       const dp_tokenizer *tok, dp_gen_token_cb cb, void *ud)
+static int take_token(dp_gen_seq *sq, seq_state *st, int32_t si, int32_t t,
+                      const dp_tokenizer *tok, dp_gen_token_cb cb, void *ud)
 {
-    int32_t t = sampler_sample(&g->sampler, &sq->sampling, &st->rng, row);
     sq->out[sq->n_out++] = t;
     st->last = t;
     if (cb)
@@ -157,7 +178,9 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
             if (seqs[i].prompt_logits)
                 memcpy(seqs[i].prompt_logits, row, (size_t)hp->vocab * sizeof(float));
             if (!st[i].finished)
-                sample_into(g, &seqs[i], &st[i], i, row, tok, cb, ud);
+                take_token(&seqs[i], &st[i], i,
+                           sampler_sample(&g->sampler, &seqs[i].sampling, &st[i].rng, row), tok,
+                           cb, ud);
         }
         while (cur < n && st[cur].n_done == seqs[cur].n_prompt)
             cur++;
@@ -185,13 +208,37 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
             break;
         b.n_tokens = nt;
         b.n_out = nt;
-        if ((rc = llama_forward(m, &b, stores, g->logits))) {
+        for (int32_t o = 0; o < nt && g->c_ids; o++)
+            g->c_temp[o] = seqs[sb.out_seq[o]].sampling.temperature;
+        rc = g->c_ids ? llama_forward_topk(m, &b, stores, g->c_k, g->c_temp, NULL, 0, NULL,
+                                           g->c_ids, g->c_vals, g->c_max, g->c_sum)
+                      : llama_forward(m, &b, stores, g->logits);
+        if (rc) {
             rc = dp_err(err, errsz, rc, "forward pass failed during decode");
             goto out;
         }
+        bool have_rows = !g->c_ids;
         for (int32_t o = 0; o < nt; o++) {
-            int32_t i = sb.out_seq[o];
-            sample_into(g, &seqs[i], &st[i], i, g->logits + (size_t)o * hp->vocab, tok, cb, ud);
+            int32_t i = sb.out_seq[o], t;
+            const float *row = g->logits + (size_t)o * hp->vocab;
+            if (!g->c_ids) {
+                t = sampler_sample(&g->sampler, &seqs[i].sampling, &st[i].rng, row);
+            } else {
+                const size_t at = (size_t)o * (size_t)g->c_k;
+                t = sampler_sample_candidates(&seqs[i].sampling, &st[i].rng, g->c_ids + at,
+                                              g->c_vals + at, g->c_k, hp->vocab, g->c_max[o],
+                                              g->c_sum[o], &g->c_pd[o]);
+                if (t == DP_SAMPLE_UNDECIDED) {
+                    /* The step's rows, downloaded once, for every undecided row. */
+                    if (!have_rows && (rc = llama_download_logits(m, nt, g->logits))) {
+                        rc = dp_err(err, errsz, rc, "logits download failed during decode");
+                        goto out;
+                    }
+                    have_rows = true;
+                    t = sampler_sample_rest(&g->sampler, &seqs[i].sampling, &g->c_pd[o], row);
+                }
+            }
+            take_token(&seqs[i], &st[i], i, t, tok, cb, ud);
         }
         g->t_decode += dp_now() - t0;
         g->n_decode_tokens += nt;

@@ -32,6 +32,11 @@ typedef struct dp_gen {
     dp_kv_store *store;
     dp_sampler sampler;
     float *logits;
+    /* Decode steps' candidates (backend.h logits_topk; NULL without it). */
+    int32_t c_k;
+    int32_t *c_ids;
+    float *c_vals, *c_max, *c_sum, *c_temp;
+    dp_sample_pending *c_pd;
     /* Sum over steps, for benchmarks. */
     double t_prefill, t_decode;
     int64_t n_prefill_tokens, n_decode_tokens;

@@ -1,6 +1,7 @@
-/* sampler.c: candidate filtering and sampling over a logits row. Sorting is
- * limited to the candidates that survive top-k, so large vocabularies stay
- * cheap when top-k is set. */
+/* sampler.c: sampling a token from sorted candidates (what logits_topk
+ * returns) or from a whole logits row, with one semantics for both: the row
+ * path computes the same candidates on the host and only walks the rest of
+ * the row when they do not settle the draw. */
 #include "sampler.h"
 
 #include <math.h>
@@ -9,13 +10,8 @@
 
 #include "common/dp.h"
 
-#include "kernels/simd.h"
-
-struct dp_cand {
-    int32_t id;
-    float logit;
-    float p;
-};
+#include "kernels/backend.h"
+#include "kernels/topk.h"
 
 void sampling_default(dp_sampling *sp)
 {
@@ -61,337 +57,335 @@ uint64_t rng_next(dp_rng *r)
 
 double rng_uniform(dp_rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
 
+/* Scratch of the full-row fallback: the row's weighted tokens, a histogram of
+ * them by scaled logit, and one bucket sorted by key. */
+#define HIST_BINS 4096
+#define HIST_SCALE ((float)HIST_BINS / DP_TOPK_TCUT)
+
+struct dp_cand {
+    uint64_t key;
+    uint64_t w;
+};
+
 int sampler_init(dp_sampler *s, int32_t vocab)
 {
+    memset(s, 0, sizeof *s);
     s->vocab = vocab;
-    s->cand = malloc((size_t)vocab * sizeof *s->cand);
-    s->counts = calloc((size_t)vocab, sizeof *s->counts);
-    s->probs = malloc((size_t)vocab * sizeof *s->probs);
-    return s->cand && s->counts && s->probs ? 0 : DP_ENOMEM;
+    const size_t n = (size_t)vocab, ns = n + DP_TOPK_SLACK;
+    s->counts = calloc(n, sizeof *s->counts);
+    s->cand = malloc(n * sizeof *s->cand);
+    s->w_id = malloc(ns * sizeof *s->w_id);
+    s->w_w = malloc(ns * sizeof *s->w_w);
+    s->w_t = malloc(ns * sizeof *s->w_t);
+    s->w_b = malloc(n * sizeof *s->w_b);
+    s->b_id = malloc(n * sizeof *s->b_id);
+    s->b_w = malloc(n * sizeof *s->b_w);
+    s->h_cnt = malloc(HIST_BINS * sizeof *s->h_cnt);
+    s->h_off = malloc(HIST_BINS * sizeof *s->h_off);
+    s->h_mass = malloc(HIST_BINS * sizeof *s->h_mass);
+    return s->counts && s->cand && s->w_id && s->w_w && s->w_t && s->w_b && s->b_id && s->b_w &&
+                   s->h_cnt && s->h_off && s->h_mass
+               ? 0
+               : DP_ENOMEM;
 }
 
 void sampler_destroy(dp_sampler *s)
 {
-    free(s->cand);
     free(s->counts);
-    free(s->probs);
-    s->cand = NULL;
-    s->counts = NULL;
-    s->probs = NULL;
+    free(s->cand);
+    free(s->w_id);
+    free(s->w_w);
+    free(s->w_t);
+    free(s->w_b);
+    free(s->b_id);
+    free(s->b_w);
+    free(s->h_cnt);
+    free(s->h_off);
+    free(s->h_mass);
+    memset(s, 0, sizeof *s);
 }
 
-/* Largest finite value (-INFINITY when none). */
-static float max_finite(const float *x, int32_t n)
+int32_t sampler_argmax(const float *logits, int32_t vocab) { return dp_topk_argmax(logits, vocab); }
+
+bool sampling_needs_row(const dp_sampling *sp)
 {
-    int32_t i = 0;
-    float best = -INFINITY;
-#ifdef __AVX512F__
-    __m512 vb = _mm512_set1_ps(-INFINITY);
-    const __m512 inf = _mm512_set1_ps(INFINITY);
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        /* NaN and +inf compare false against +inf with LT_OQ: skipped. */
-        __mmask16 ok = _mm512_cmp_ps_mask(v, inf, _CMP_LT_OQ);
-        vb = _mm512_mask_max_ps(vb, ok, vb, v);
+    const float rep = sp->repetition_penalty;
+    return (rep > 0.0f && rep != 1.0f) || sp->presence_penalty != 0.0f ||
+           sp->frequency_penalty != 0.0f;
+}
+
+/* ---- one sampling semantics -------------------------------------------------
+ * Over the row in key order (kernels/topk.h: logit descending, lower id
+ * first) with integer weights W_i (the max weighs 2^44, weights below e^-30
+ * of it are 0) and prefix sums M(n) = W_0 + ... + W_{n-1}, exact:
+ *   top_k:  the first K = top_k tokens (when 0 < top_k < vocab);
+ *   min_p:  the tokens with x = (max - l) / T <= -log(min_p) (a prefix, and
+ *           never less than the max);
+ *   top_p:  the first n with M(n) >= ceil(top_p * base), within the two cuts
+ *           above; base is M(K) with top_k, else the reported row sum S;
+ *   draw:   one uniform u per sample; total is M(nucleus) when anything
+ *           truncates, else S; the token is the first i with
+ *           M(i + 1) > floor(u * total) (the nucleus' last if none: S may
+ *           round above the exact sum).
+ * Weighted tokens only: a zero weight is never drawn. Every quantity is an
+ * exact integer or one IEEE operation on the same inputs, so the candidate
+ * path (a sequential walk over a sorted prefix) and the fallback (buckets of
+ * the whole row, one bucket sorted at a time) reach the same token, and the
+ * answer does not depend on how many candidates there were. */
+
+static uint64_t topp_target(float top_p, uint64_t base)
+{
+    const double v = ceil((double)top_p * (double)base);
+    return v > 0.0 ? (uint64_t)v : 0;
+}
+
+static uint64_t draw_target(double u, uint64_t total) { return (uint64_t)(u * (double)total); }
+
+/* -log(min_p) as the largest admitted x (never below 0: the max is always in). */
+static float minp_xmax(float min_p) { return fmaxf(-logf(min_p), 0.0f); }
+
+int32_t sampler_sample_candidates(const dp_sampling *sp, dp_rng *rng, const int32_t *ids,
+                                  const float *vals, int32_t k, int32_t vocab, float max,
+                                  float sum, dp_sample_pending *pd)
+{
+    if (sp->temperature <= 0.0f || sp->top_k == 1 || !isfinite(max))
+        return ids[0];
+    const double u = rng_uniform(rng);
+    pd->u = u;
+    pd->max = max;
+    pd->sum = sum;
+    if (k > vocab)
+        k = vocab;
+    if (k > DP_TOPK_MAX)
+        k = DP_TOPK_MAX; /* a prefix of the order is as good as the whole */
+    const float inv_t = 1.0f / sp->temperature;
+    const bool topk_on = sp->top_k > 0 && sp->top_k < vocab;
+    const bool minp_on = sp->min_p > 0.0f, topp_on = sp->top_p < 1.0f;
+    const float xmax = minp_on ? minp_xmax(sp->min_p) : INFINITY;
+    uint64_t M[DP_TOPK_MAX + 1];
+    M[0] = 0;
+    int32_t P = 0, nm = -1; /* weighted candidates; the min_p cut when seen */
+    for (; P < k; P++) {
+        const float t = (vals[P] - max) * inv_t;
+        if (!(t > -DP_TOPK_TCUT))
+            break;
+        if (nm < 0 && P > 0 && -t > xmax)
+            nm = P;
+        M[P + 1] = M[P] + dp_topk_weight(t);
     }
-    best = _mm512_reduce_max_ps(vb);
-#endif
-    for (; i < n; i++)
-        if (isfinite(x[i]) && x[i] > best)
-            best = x[i];
-    return best;
+    if (P == 0)
+        return ids[0]; /* no weight at all: a NaN or infinite 1/T */
+    /* Complete: every weighted token of the row is a candidate. Otherwise a
+     * cut not seen among the candidates lies beyond them (-1: unknown). */
+    const bool complete = P < k || k >= vocab;
+    int32_t nk = topk_on && sp->top_k <= P ? sp->top_k : complete ? P : -1;
+    if (nm < 0 && (complete || !minp_on))
+        nm = complete ? P : -1;
+    int32_t n1 = nk < 0 ? nm : nm < 0 ? nk : nk < nm ? nk : nm;
+    int32_t n = n1;
+    if (topp_on) {
+        if (topk_on && nk < 0)
+            return DP_SAMPLE_UNDECIDED; /* top_k beyond the candidates: M(K) unknown */
+        const uint64_t target = topp_target(sp->top_p, topk_on ? M[nk] : dp_topk_sum_units(sum));
+        const int32_t lim = n1 >= 0 ? n1 : P;
+        n = -1;
+        for (int32_t i = 1; i <= lim; i++)
+            if (M[i] >= target) {
+                n = i;
+                break;
+            }
+        const uint64_t s_units = dp_topk_sum_units(sum);
+        if (n < 0 && n1 < 0 && !topk_on && !minp_on && target < s_units - (s_units >> 20) - 2) {
+            /* The nucleus ends past the candidates, at some n with
+             * target <= M(n) < target + W_{n-1} (the target is reached: it
+             * is below the exact sum, which S matches to float precision),
+             * and a token past the candidates weighs at most about W_{k-1}
+             * (its logit is no larger; the polynomial's error is 2e-7, the
+             * margin far more). If every total in that range puts the draw
+             * on the same candidate, that is the token. */
+            const uint64_t wk = M[P] - M[P - 1], bound = wk + (wk >> 10) + 2;
+            const uint64_t lo = draw_target(u, target), hi = draw_target(u, target + bound - 1);
+            for (int32_t i = 1; i <= P; i++)
+                if (M[i] > lo)
+                    return M[i] > hi ? ids[i - 1] : DP_SAMPLE_UNDECIDED;
+            return DP_SAMPLE_UNDECIDED;
+        }
+        if (n < 0 && (n = n1) < 0)
+            return DP_SAMPLE_UNDECIDED; /* the nucleus is wider than the candidates */
+    }
+    const bool truncated = topk_on || minp_on || topp_on;
+    if (truncated && n < 0)
+        return DP_SAMPLE_UNDECIDED;
+    const uint64_t total = truncated ? M[n] : dp_topk_sum_units(sum);
+    const uint64_t target = draw_target(u, total);
+    const int32_t lim = n >= 0 ? n : P;
+    for (int32_t i = 1; i <= lim; i++)
+        if (M[i] > target)
+            return ids[i - 1];
+    /* Past the candidates: the draw lands in the tail (or past the exact
+     * sum, which only the whole row can tell). */
+    return n >= 0 ? ids[n - 1] : DP_SAMPLE_UNDECIDED;
 }
 
-int32_t sampler_argmax(const float *logits, int32_t vocab)
+/* ---- the fallback: the same walk over the whole row ---------------------- */
+
+typedef struct rest_ctx {
+    dp_sampler *s;
+    const float *x;
+    int32_t P;        /* weighted tokens */
+    int32_t b_sorted; /* the bucket now sorted in s->cand (-1: none) */
+} rest_ctx;
+
+static int32_t bucket_of(float xv)
 {
-    float best = max_finite(logits, vocab);
-    for (int32_t i = 0; i < vocab; i++)
-        if (logits[i] == best)
-            return i; /* lowest index on ties */
-    return 0;
+    const int32_t b = (int32_t)(xv * HIST_SCALE);
+    return b < HIST_BINS ? b : HIST_BINS - 1;
 }
 
 static int cand_desc(const void *a, const void *b)
 {
-    const struct dp_cand *x = a, *y = b;
-    if (x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return x->id - y->id; /* deterministic order on ties */
+    const uint64_t x = ((const struct dp_cand *)a)->key, y = ((const struct dp_cand *)b)->key;
+    return x < y ? 1 : x > y ? -1 : 0;
 }
 
-static bool cand_better(const struct dp_cand *x, const struct dp_cand *y)
+/* Bucket b's tokens in key order. x = -t is monotone along the key order and
+ * so is its bucket: every token of an earlier bucket precedes every token of
+ * a later one. */
+static const struct dp_cand *bucket_sorted(rest_ctx *c, int32_t b)
 {
-    return x->logit != y->logit ? x->logit > y->logit : x->id < y->id;
+    dp_sampler *s = c->s;
+    if (c->b_sorted == b)
+        return s->cand;
+    const int32_t o = s->h_off[b], n = s->h_cnt[b];
+    for (int32_t j = 0; j < n; j++) {
+        const int32_t id = s->b_id[o + j];
+        s->cand[j] = (struct dp_cand){dp_topk_key(c->x[id], id), s->b_w[o + j]};
+    }
+    qsort(s->cand, (size_t)n, sizeof *s->cand, cand_desc);
+    c->b_sorted = b;
+    return s->cand;
 }
 
-/* Partitions c[0..n) so that c[0..k) are the k best candidates (in cand_desc
- * order), in O(n) on average. */
-static void select_top(struct dp_cand *c, int32_t n, int32_t k)
+/* M(n). */
+static uint64_t mass_prefix(rest_ctx *c, int32_t n)
 {
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        struct dp_cand pivot = c[lo + (hi - lo) / 2];
-        int32_t i = lo, j = hi;
-        while (i <= j) {
-            while (cand_better(&c[i], &pivot))
-                i++;
-            while (cand_better(&pivot, &c[j]))
-                j--;
-            if (i <= j) {
-                struct dp_cand t = c[i];
-                c[i++] = c[j];
-                c[j--] = t;
+    const int32_t *cnt = c->s->h_cnt;
+    const uint64_t *mass = c->s->h_mass;
+    int32_t acc = 0;
+    uint64_t m = 0;
+    for (int32_t b = 0; b < HIST_BINS && acc < n; b++) {
+        if (acc + cnt[b] <= n) {
+            acc += cnt[b];
+            m += mass[b];
+            continue;
+        }
+        const struct dp_cand *sc = bucket_sorted(c, b);
+        for (int32_t j = 0; acc < n; j++, acc++)
+            m += sc[j].w;
+    }
+    return m;
+}
+
+/* The smallest n in [1, lim] with M(n) >= target, or lim; *id: token n - 1. */
+static int32_t first_reaching(rest_ctx *c, int32_t lim, uint64_t target, int32_t *id)
+{
+    const int32_t *cnt = c->s->h_cnt;
+    const uint64_t *mass = c->s->h_mass;
+    int32_t acc = 0;
+    uint64_t m = 0;
+    for (int32_t b = 0; b < HIST_BINS; b++) {
+        if (!cnt[b])
+            continue;
+        if (acc + cnt[b] < lim && m + mass[b] < target) {
+            acc += cnt[b];
+            m += mass[b];
+            continue;
+        }
+        const struct dp_cand *sc = bucket_sorted(c, b);
+        for (int32_t j = 0; j < cnt[b]; j++) {
+            m += sc[j].w;
+            acc++;
+            if (m >= target || acc == lim) {
+                *id = dp_topk_key_id(sc[j].key);
+                return acc;
             }
         }
-        if (k - 1 <= j)
-            hi = j;
-        else if (k - 1 >= i)
-            lo = i;
-        else
-            break;
     }
+    return acc; /* lim > P: not reached by callers */
 }
 
-/* Draws from c[0..n) with weights p (need not be normalized or sorted). */
-static int32_t draw(const struct dp_cand *c, int32_t n, dp_rng *rng)
+int32_t sampler_sample_rest(dp_sampler *s, const dp_sampling *sp, const dp_sample_pending *pd,
+                            const float *logits)
 {
-    double total = 0.0;
-    for (int32_t i = 0; i < n; i++)
-        total += c[i].p;
-    double u = rng_uniform(rng) * total, acc = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        acc += c[i].p;
-        if (u < acc)
-            return c[i].id;
+    const float inv_t = 1.0f / sp->temperature;
+    rest_ctx c = {s, logits, 0, -1};
+    c.P = dp_topk_weights(logits, s->vocab, pd->max, inv_t, s->w_id, s->w_w, s->w_t);
+    if (c.P == 0)
+        return sampler_argmax(logits, s->vocab); /* not this row's summary */
+    memset(s->h_cnt, 0, HIST_BINS * sizeof *s->h_cnt);
+    memset(s->h_mass, 0, HIST_BINS * sizeof *s->h_mass);
+    for (int32_t i = 0; i < c.P; i++) {
+        const int32_t b = bucket_of(-s->w_t[i]);
+        s->w_b[i] = (uint16_t)b;
+        s->h_cnt[b]++;
+        s->h_mass[b] += s->w_w[i];
     }
-    return c[n - 1].id;
-}
-
-#define FAST_CANDIDATES 256
-
-/* sum over finite x of exp((x - best) * inv_t): the softmax denominator.
- * With AVX-512 it uses a degree-6 polynomial exp (relative error ~2e-7),
- * about twenty times faster than a libm call per element. */
-static double exp_sum(const float *x, int32_t n, float best, float inv_t)
-{
-    int32_t i = 0;
-    double total = 0.0;
-#ifdef __AVX512F__
-    const __m512 vb = _mm512_set1_ps(best), vt = _mm512_set1_ps(inv_t);
-    __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        __m512 v = _mm512_loadu_ps(x + i);
-        /* Non-finite logits (masked tokens) contribute nothing. */
-        __mmask16 ok = _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
-        __m512 e = simd_exp_neg(_mm512_mul_ps(_mm512_sub_ps(v, vb), vt));
-        acc = _mm512_mask_add_ps(acc, ok, acc, e);
+    /* Group the tokens by bucket (a counting sort), so that a bucket is a
+     * slice to sort rather than a scan of the row. */
+    for (int32_t b = 0, acc = 0; b < HIST_BINS; b++) {
+        s->h_off[b] = acc;
+        acc += s->h_cnt[b];
     }
-    total = _mm512_reduce_add_ps(acc);
-#endif
-    for (; i < n; i++)
-        if (isfinite(x[i]))
-            total += expf((x[i] - best) * inv_t);
-    return total;
-}
-
-/* The nucleus of a flat distribution without sorting it: probabilities
- * bucketed by log-ratio to the best (monotone, so every token of an earlier
- * bucket precedes every token of a later one in sorted order); only the
- * bucket where min_p or top_p cuts is sorted. Exactly the sorted-order
- * nucleus, in O(vocab). Returns -1 when there is nothing to draw from. */
-#define HIST_BINS 4096
-#define HIST_RANGE 30.0f
-
-static int32_t sample_histogram(dp_sampler *s, const dp_sampling *sp, dp_rng *rng,
-                                const float *logits, float best, float inv_t)
-{
-    static _Thread_local double mass[HIST_BINS];
-    const int32_t V = s->vocab;
-    const float scale = HIST_BINS / HIST_RANGE;
-    float *p = s->probs;
-    memset(mass, 0, sizeof mass);
-    double total = 0.0;
-    for (int32_t i = 0; i < V; i++) {
-        float x = (best - logits[i]) * inv_t; /* >= 0; NaN and -inf fail the test */
-        if (x < HIST_RANGE) {
-            p[i] = expf(-x);
-            mass[(int32_t)(x * scale)] += p[i];
-            total += p[i];
-        } else {
-            p[i] = 0.0f;
+    for (int32_t i = 0; i < c.P; i++) {
+        const int32_t at = s->h_off[s->w_b[i]]++;
+        s->b_id[at] = s->w_id[i];
+        s->b_w[at] = s->w_w[i];
+    }
+    for (int32_t b = 0; b < HIST_BINS; b++)
+        s->h_off[b] -= s->h_cnt[b];
+    const bool topk_on = sp->top_k > 0 && sp->top_k < s->vocab;
+    const bool minp_on = sp->min_p > 0.0f, topp_on = sp->top_p < 1.0f;
+    const int32_t nk = topk_on && sp->top_k < c.P ? sp->top_k : c.P;
+    int32_t nm = c.P;
+    if (minp_on) {
+        const float xmax = minp_xmax(sp->min_p);
+        if (xmax < DP_TOPK_TCUT) { /* else every weighted token is in */
+            const int32_t bx = bucket_of(xmax);
+            nm = 0;
+            for (int32_t b = 0; b < bx; b++)
+                nm += s->h_cnt[b];
+            for (int32_t i = 0; i < c.P; i++)
+                nm += s->w_b[i] == bx && -s->w_t[i] <= xmax; /* a prefix of bucket bx */
+            if (nm < 1)
+                nm = 1;
         }
     }
-    /* min_p keeps p >= min_p * p_best (p_best = 1 here): a cut in x. */
-    float x_min = sp->min_p > 0.0f ? -logf(sp->min_p) : HIST_RANGE;
-    int32_t last = x_min < HIST_RANGE ? (int32_t)(x_min * scale) : HIST_BINS - 1;
-    int32_t bb = last;
-    double before = 0.0, target = sp->top_p < 1.0f ? sp->top_p * total : INFINITY;
-    for (int32_t b = 0; b <= last; b++) {
-        if (before + mass[b] >= target) {
-            bb = b;
-            break;
-        }
-        before += mass[b];
+    const int32_t n1 = nk < nm ? nk : nm;
+    int32_t n = n1, id = -1;
+    if (topp_on) {
+        const uint64_t base = topk_on ? mass_prefix(&c, nk) : dp_topk_sum_units(pd->sum);
+        n = first_reaching(&c, n1, topp_target(sp->top_p, base), &id);
     }
-    /* Tokens of earlier buckets are in; the boundary bucket is sorted. */
-    struct dp_cand *c = s->cand;
-    int32_t n_in = 0, n_edge = 0;
-    for (int32_t i = 0; i < V; i++) {
-        if (p[i] <= 0.0f)
-            continue;
-        int32_t b = (int32_t)((best - logits[i]) * inv_t * scale);
-        if (b < bb)
-            c[n_in++] = (struct dp_cand){i, logits[i] * inv_t, p[i]};
-    }
-    struct dp_cand *edge = c + n_in;
-    for (int32_t i = 0; i < V; i++) {
-        if (p[i] <= 0.0f)
-            continue;
-        int32_t b = (int32_t)((best - logits[i]) * inv_t * scale);
-        if (b == bb)
-            edge[n_edge++] = (struct dp_cand){i, logits[i] * inv_t, p[i]};
-    }
-    qsort(edge, (size_t)n_edge, sizeof *edge, cand_desc);
-    int32_t take = 0;
-    double cum = before;
-    const float floor_p = sp->min_p > 0.0f ? sp->min_p : 0.0f;
-    while (take < n_edge && edge[take].p >= floor_p) {
-        cum += edge[take].p;
-        take++;
-        if (cum >= target)
-            break;
-    }
-    int32_t n = n_in + take;
-    if (n == 0)
-        return -1;
-    return draw(c, n, rng);
+    const bool truncated = topk_on || minp_on || topp_on;
+    const uint64_t total = truncated ? mass_prefix(&c, n) : dp_topk_sum_units(pd->sum);
+    first_reaching(&c, n, draw_target(pd->u, total) + 1, &id);
+    return id;
 }
-
-/* Candidates whose scaled logit is this far below the best carry a
- * probability ratio under e^-30 (1e-13): over any vocabulary their total mass
- * is below float32 resolution, so dropping them changes no draw, and it
- * spares an exp() for almost every token of the vocabulary. */
-#define NEGLIGIBLE_LOGIT 30.0f
 
 int32_t sampler_sample(dp_sampler *s, const dp_sampling *sp, dp_rng *rng, const float *logits)
 {
     if (sp->temperature <= 0.0f || sp->top_k == 1)
         return sampler_argmax(logits, s->vocab);
-    struct dp_cand *c = s->cand;
-    float best = max_finite(logits, s->vocab);
-    if (!isfinite(best))
-        return sampler_argmax(logits, s->vocab);
-    const float inv_t = 1.0f / sp->temperature, mx = best * inv_t;
-    bool trunc_p = sp->min_p > 0.0f || sp->top_p < 1.0f;
-    if (trunc_p && sp->top_k <= 0) {
-        /* The common OpenAI case (top_p and/or min_p): the nucleus is decided
-         * by the few tokens near the top. Collect those within `tier`
-         * (in units of temperature) of the best, against the denominator
-         * over the whole vocabulary; widen once if that is not enough. */
-        double total = exp_sum(logits, s->vocab, best, inv_t);
-        for (float tier = 6.0f; tier <= 6.0f; tier += 6.0f) {
-            const float thr = best - tier * sp->temperature;
-            int32_t m = 0;
-            for (int32_t i = 0; i < s->vocab; i++)
-                m += logits[i] >= thr;
-            if (m > 2048)
-                break; /* flat: sorting would cost more than the histogram */
-            m = 0;
-            for (int32_t i = 0; i < s->vocab; i++)
-                if (logits[i] >= thr)
-                    c[m++] = (struct dp_cand){i, logits[i] * inv_t, 0.0f};
-            qsort(c, (size_t)m, sizeof *c, cand_desc);
-            for (int32_t i = 0; i < m; i++)
-                c[i].p = expf(c[i].logit - mx);
-            /* Every uncollected token has p < e^-tier (relative to the best). */
-            int32_t cut = m;
-            bool decided = false;
-            if (sp->min_p > 0.0f) {
-                float floor_p = sp->min_p * c[0].p;
-                for (int32_t i = 1; i < m; i++)
-                    if (c[i].p < floor_p) {
-                        cut = i;
-                        decided = true;
-                        break;
-                    }
-                if (!decided && floor_p >= expf(-tier))
-                    decided = true; /* the floor lies below what was collected */
-            }
-            if (sp->top_p < 1.0f) {
-                double cum = 0.0, target = sp->top_p * total;
-                bool hit = false;
-                for (int32_t i = 0; i < cut; i++) {
-                    cum += c[i].p;
-                    if (cum >= target) {
-                        cut = i + 1;
-                        hit = true;
-                        break;
-                    }
-                }
-                decided = hit || decided;
-            }
-            if (decided)
-                return draw(c, cut, rng);
-        }
-        /* A wide nucleus: decide it by histogram instead of sorting. */
-        int32_t t = sample_histogram(s, sp, rng, logits, best, inv_t);
-        if (t >= 0)
-            return t;
-    }
-    const float cutoff = best - NEGLIGIBLE_LOGIT * sp->temperature;
-    int32_t n = 0;
-    for (int32_t i = 0; i < s->vocab; i++)
-        if (logits[i] >= cutoff)
-            c[n++] = (struct dp_cand){i, logits[i] * inv_t, 0.0f};
-    if (n == 0)
-        return sampler_argmax(logits, s->vocab);
-    int32_t K = sp->top_k > 0 && sp->top_k < n ? sp->top_k : n;
-    if (!trunc_p) {
-        /* No probability truncation: no order needed, only the top-k set. */
-        if (K < n)
-            select_top(c, n, K);
-        for (int32_t i = 0; i < K; i++)
-            c[i].p = expf(c[i].logit - mx);
-        return draw(c, K, rng);
-    }
-    /* Probability truncation keeps a prefix of the sorted candidates: sort
-     * only the best M, and widen M (8x at a time) until the cut falls inside
-     * it. Real nuclei are usually a few hundred tokens; a flat one costs a
-     * few O(n) selections instead of a full sort. */
-    if (K < n)
-        select_top(c, n, K);
-    double total = 0.0;
-    for (int32_t i = 0; i < K; i++)
-        total += (c[i].p = expf(c[i].logit - mx));
-    for (int32_t M = K < FAST_CANDIDATES ? K : FAST_CANDIDATES;; M = M * 8 < K ? M * 8 : K) {
-        if (M < K)
-            select_top(c, K, M);
-        qsort(c, (size_t)M, sizeof *c, cand_desc);
-        int32_t cut = M;
-        bool decided = M == K;
-        if (sp->min_p > 0.0f) {
-            float floor_p = sp->min_p * c[0].p;
-            for (int32_t i = 1; i < M; i++)
-                if (c[i].p < floor_p) {
-                    cut = i;
-                    decided = true;
-                    break;
-                }
-        }
-        if (sp->top_p < 1.0f) {
-            double cum = 0.0, target = sp->top_p * total;
-            for (int32_t i = 0; i < cut; i++) {
-                cum += c[i].p;
-                if (cum >= target) {
-                    cut = i + 1;
-                    decided = true;
-                    break;
-                }
-            }
-        }
-        if (decided)
-            return draw(c, cut, rng);
-    }
+    /* The candidates logits_topk would give (the CPU backend runs this very
+     * function), then the same decision and, when they do not settle it, the
+     * same fallback as the engine's device path. */
+    int32_t ids[SAMPLER_CANDIDATES];
+    float vals[SAMPLER_CANDIDATES], max, sum;
+    const int32_t k = s->vocab < SAMPLER_CANDIDATES ? s->vocab : SAMPLER_CANDIDATES;
+    dp_topk_row(logits, s->vocab, k, 1.0f / sp->temperature, ids, vals, &max, &sum);
+    dp_sample_pending pd;
+    const int32_t t = sampler_sample_candidates(sp, rng, ids, vals, k, s->vocab, max, sum, &pd);
+    return t != DP_SAMPLE_UNDECIDED ? t : sampler_sample_rest(s, sp, &pd, logits);
 }
 
 void sampler_apply_bias(float *logits, int32_t vocab, const int32_t *ids, const float *bias,

@@ -2,6 +2,7 @@
  * concurrency levels (fixed prompt and output lengths), and the share of step
  * time spent outside the forward pass (scheduling, sampling, stop checks,
  * events). Not a test: timings vary run to run. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,9 @@ int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *device = "cpu";
     int32_t plen = 256, olen = 128, threads = 0;
-    float temperature = 0.0f;
+    float temperature = 0.0f, top_p = -1.0f, min_p = 0.0f;
+    int32_t top_k = 0;
+    bool device_sampling = true;
     int levels[8] = {1, 8, 32, 64}, n_levels = 4;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -26,6 +29,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--output")) olen = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--temperature")) temperature = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--top-p")) top_p = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--top-k")) top_k = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--min-p")) min_p = (float)atof(argv[i + 1]);
+        else if (!strcmp(argv[i], "--device-sampling")) device_sampling = atoi(argv[i + 1]) != 0;
         else if (!strcmp(argv[i], "--concurrency")) {
             n_levels = 0;
             for (char *p = argv[i + 1]; *p && n_levels < 8;) {
@@ -35,7 +42,10 @@ int main(int argc, char **argv)
             }
         } else {
             fprintf(stderr, "usage: dp-engine-bench [--model F] [--device D] [--prompt N] "
-                            "[--output N] [--concurrency 1,8,32,64] [--temperature T] [--threads N]\n");
+                            "[--output N] [--concurrency 1,8,32,64] [--temperature T] [--top-p P]\n"
+                            "       [--top-k K] [--min-p P] [--device-sampling 0|1] [--threads N]\n"
+                            "top_p defaults to 0.9 when T > 0; --device-sampling 0 samples every row\n"
+                            "from its downloaded logits (the engine's device_sampling option)\n");
             return 2;
         }
     }
@@ -55,10 +65,14 @@ int main(int argc, char **argv)
         return 1;
     }
     const int32_t vocab = llama_hparams(m)->vocab;
-    printf("dp-engine-bench: %s, %s backend, prompt %d, output %d tokens, temperature %.2f\n",
-           model, be->ops->name, plen, olen, temperature);
-    printf("%-12s %12s %12s %12s %14s %12s\n", "concurrency", "output tok/s", "total tok/s",
-           "wall s", "outside fwd", "steps");
+    if (top_p < 0.0f)
+        top_p = temperature > 0 ? 0.9f : 1.0f;
+    printf("dp-engine-bench: %s, %s backend, prompt %d, output %d tokens, temperature %.2f, "
+           "top_p %.2f, top_k %d, min_p %.3f, device sampling %s\n",
+           model, be->ops->name, plen, olen, temperature, top_p, top_k, min_p,
+           device_sampling ? "on" : "off");
+    printf("%-12s %12s %12s %12s %14s %12s %24s\n", "concurrency", "output tok/s", "total tok/s",
+           "wall s", "outside fwd", "steps", "sampled cand/fb/row");
     for (int li = 0; li < n_levels; li++) {
         int C = levels[li];
         dp_engine_opts o;
@@ -66,6 +80,7 @@ int main(int argc, char **argv)
         o.max_batched_tokens = 512;
         o.max_seqs = maxc;
         o.n_blocks = C * ((plen + olen) / 16 + 2);
+        o.device_sampling = device_sampling;
         dp_engine *e;
         if (engine_init(&e, m, tok, &o, NULL, NULL, err, sizeof err) || engine_start(e)) {
             fprintf(stderr, "dp-engine-bench: %s\n", err);
@@ -84,7 +99,9 @@ int main(int argc, char **argv)
             prm.max_tokens = olen;
             sampling_default(&prm.sampling);
             prm.sampling.temperature = temperature;
-            prm.sampling.top_p = temperature > 0 ? 0.9f : 1.0f;
+            prm.sampling.top_p = top_p;
+            prm.sampling.top_k = top_k;
+            prm.sampling.min_p = min_p;
             prm.sampling.seed = (uint64_t)r;
             prm.logprobs = -1;
             prm.ignore_eos = true;
@@ -111,9 +128,13 @@ int main(int argc, char **argv)
         double wall = dp_now() - t0;
         dp_engine_stats st;
         engine_get_stats(e, &st);
-        printf("%-12d %12.1f %12.1f %12.2f %13.2f%% %12lld\n", C, out_tokens / wall,
+        char sampled[64];
+        snprintf(sampled, sizeof sampled, "%lld/%lld/%lld", (long long)st.sampled_candidates,
+                 (long long)st.sampled_fallback, (long long)st.sampled_full_row);
+        printf("%-12d %12.1f %12.1f %12.2f %13.2f%% %12lld %24s\n", C, out_tokens / wall,
                (out_tokens + (double)C * plen) / wall, wall,
-               100.0 * (st.busy_seconds - st.forward_seconds) / st.busy_seconds, (long long)st.steps);
+               100.0 * (st.busy_seconds - st.forward_seconds) / st.busy_seconds, (long long)st.steps,
+               sampled);
         fflush(stdout);
         engine_destroy(e);
     }

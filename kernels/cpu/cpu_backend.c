@@ -10,6 +10,7 @@
 #include "common/dp.h"
 #include "cpu_internal.h"
 #include "kernels/quant.h"
+#include "kernels/topk.h"
 
 #define TILE_LARGE_ROWS 64
 
@@ -400,83 +401,49 @@ static void cpu_destroy(dp_backend *be)
 }
 
 /* ---- logits top-k: the reference for backend.h's logits_topk ----------------
- * The same total order as the CUDA kernel (kernels/cuda/cuda_topk.cuh): the
- * logit's bits made order-preserving (NaN as -inf) above the complemented
- * id, so equal logits rank lower id first and the k chosen are one set. */
-static uint64_t topk_key(float v, int32_t id)
+ * kernels/topk.c does one row; the sampler runs the same code on a row it
+ * holds, so on this backend the two sampling paths see identical numbers. */
+typedef struct topk_job {
+    float *logits;
+    int32_t vocab, k;
+    const float *temperature;
+    const int32_t *mask_ids;
+    int32_t n_mask;
+    const uint8_t *mask_rows;
+    int32_t *ids;
+    float *vals, *row_max, *row_sum;
+} topk_job;
+
+static void topk_task(void *ctx, int64_t r, int thread)
 {
-    if (isnan(v))
-        v = -INFINITY;
-    uint32_t u;
-    memcpy(&u, &v, sizeof u);
-    const uint32_t o = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return ((uint64_t)o << 32) | (uint32_t)~(uint32_t)id;
+    const topk_job *j = ctx;
+    float *x = j->logits + (size_t)r * (size_t)j->vocab;
+    if (j->mask_rows && j->mask_rows[r])
+        for (int32_t i = 0; i < j->n_mask; i++)
+            if (j->mask_ids[i] >= 0 && j->mask_ids[i] < j->vocab)
+                x[j->mask_ids[i]] = -INFINITY;
+    const float T = j->temperature[r];
+    const float inv_t = T > 0.0f ? 1.0f / T : 1.0f;
+    dp_topk_row(x, j->vocab, j->k, inv_t, j->ids + (size_t)r * j->k, j->vals + (size_t)r * j->k,
+                j->row_max + r, j->row_sum + r);
 }
 
-static int topk_desc(const void *a, const void *b)
+static int cpu_logits_topk(dp_backend *be, float *logits, int32_t n, int32_t vocab, int32_t k,
+                           const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                           const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                           float *row_sum)
 {
-    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
-    return x < y ? 1 : x > y ? -1 : 0;
-}
-
-/* Sifts the smallest key of a min-heap of n keys down from slot i. */
-static void topk_sift(uint64_t *h, int32_t n, int32_t i)
-{
-    for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i;
-        if (l < n && h[l] < h[m])
-            m = l;
-        if (r < n && h[r] < h[m])
-            m = r;
-        if (m == i)
-            return;
-        uint64_t t = h[i];
-        h[i] = h[m];
-        h[m] = t;
-        i = m;
-    }
-}
-
-static int cpu_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t vocab,
-                           int32_t k, float temperature, int32_t *ids, float *vals,
-                           float *row_max, float *row_lse)
-{
-    (void)be;
-    if (n < 1 || k < 1 || k > DP_TOPK_MAX || k > vocab || !(temperature > 0.0f))
+    if (n < 1 || k < 1 || k > DP_TOPK_MAX || k > vocab || n_mask < 0 || (n_mask > 0 && !mask_ids))
         return DP_EINVAL;
-    uint64_t heap[DP_TOPK_MAX];
-    for (int32_t r = 0; r < n; r++) {
-        const float *x = logits + (size_t)r * (size_t)vocab;
-        float m = -INFINITY;
-        for (int32_t i = 0; i < vocab; i++)
-            if (!isnan(x[i]) && x[i] > m)
-                m = x[i];
-        double s = 0.0;
-        if (m != -INFINITY)
-            for (int32_t i = 0; i < vocab; i++)
-                if (!isnan(x[i]))
-                    s += exp(((double)x[i] - m) / temperature);
-        row_max[r] = m;
-        row_lse[r] = m == -INFINITY ? 0.0f : (float)log(s);
-        /* A min-heap of the k largest keys seen. */
-        for (int32_t i = 0; i < k; i++)
-            heap[i] = topk_key(x[i], i);
-        for (int32_t i = k / 2 - 1; i >= 0; i--)
-            topk_sift(heap, k, i);
-        for (int32_t i = k; i < vocab; i++) {
-            const uint64_t key = topk_key(x[i], i);
-            if (key > heap[0]) {
-                heap[0] = key;
-                topk_sift(heap, k, 0);
-            }
-        }
-        qsort(heap, (size_t)k, sizeof heap[0], topk_desc);
-        for (int32_t i = 0; i < k; i++) {
-            const int32_t id = (int32_t)~(uint32_t)(heap[i] & 0xffffffffu);
-            ids[(size_t)r * k + i] = id;
-            vals[(size_t)r * k + i] = isnan(x[id]) ? -INFINITY : x[id];
-        }
-    }
+    topk_job j = {logits, vocab, k, temperature, mask_ids, n_mask, mask_rows,
+                  ids,    vals,  row_max, row_sum};
+    /* A row is tens of microseconds: rows go to the pool when there are a
+     * few (a decode step of a full batch). */
+    if (n >= 4)
+        threadpool_run(cpu_of(be)->tp, topk_task, &j, n);
+    else
+        for (int32_t r = 0; r < n; r++)
+            topk_task(&j, r, 0);
     return 0;
 }
 

@@ -37,6 +37,13 @@ int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_
 {
     if (want <= *cap && *p)
         return 0;
+    if (c->step_mode == DP_STEP_RECORD) {
+        /* No synchronization or allocation inside a capture: the recording
+         * is abandoned and the step issued again (cuda_graph.cu). */
+        c->rec_spoiled = true;
+        return DP_ENOMEM;
+    }
+    cuda_graphs_retire(c); /* recorded steps hold the old pointer */
     size_t n = want + want / 4 + 1024;
     /* Work queued on the stream may still read the old buffer. */
     cudaStreamSynchronize(c->stream);
@@ -70,6 +77,7 @@ static void *cuda_alloc(dp_backend *be, size_t bytes)
 static void cuda_free(dp_backend *be, void *p)
 {
     cuda_xh_forget(cuda_of(be)); /* a later buffer may get the same address */
+    cuda_graphs_retire(cuda_of(be)); /* and so may a later model's */
     cuda_bind(cuda_of(be));
     cudaFree(p);
 }
@@ -111,6 +119,7 @@ static int cuda_download(dp_backend *be, void *dst, const void *src, size_t byte
  * tensor-core GEMM. Vectors (norm weights, rows == 1) stay f32: they are tiny
  * and rmsnorm reads them as f32 like the CPU does. */
 
+#define CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
 #define CUDA_WSTAGE_ELEMS ((size_t)8 << 20) /* 16 MiB of fp16 per staged copy */
 
 static int cuda_copy_sync(cuda_backend *c, void *dst, const void *src, size_t bytes)
@@ -241,6 +250,7 @@ static void cuda_weight_free(dp_backend *be, dp_weight *w)
     cuda_bind(c);
     if (w->data)
         c->weight_bytes -= w->nbytes < c->weight_bytes ? w->nbytes : c->weight_bytes;
+    cuda_graphs_retire(c);
     cudaFree(w->data);
     memset(w, 0, sizeof *w);
 }
@@ -345,6 +355,7 @@ static void cuda_kv_destroy(dp_backend *be, dp_kv_store *kv)
         return;
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
+    cuda_graphs_retire(c);
     cudaStreamSynchronize(c->stream);
     cudaFree(kv->k);
     cudaFree(kv->v);
@@ -358,15 +369,32 @@ static const dp_kv_layout *cuda_kv_get_layout(dp_backend *be, const dp_kv_store 
 
 /* ---- the step's batch -----------------------------------------------------
  * All index arrays travel in one async copy from a pinned staging buffer:
- * tokens, pos, seq, slot [n_tokens each], block tables [n_seqs * max_blocks],
+ * tokens, pos, seq, slot [n_tokens each], block tables [n_seqs * stride],
  * out_tokens [n_out], capture_tokens [n_capture], seq_store widened to int32
- * [n_seqs], and the query tiles the attention kernel walks [n_tiles + 1]. */
+ * [n_seqs], and the query tiles the attention kernel walks [n_tiles + 1].
+ *
+ * A decode step (one token per sequence, nothing captured) may be recorded
+ * and replayed (cuda_graph.cu), keyed by its shape. So that the shape repeats
+ * from step to step while contexts grow, such a step rounds the block-table
+ * stride and the longest context (which sizes attention's split-K launch) up
+ * to powers of two: kernels read a table only up to each token's own block
+ * and stop at each row's own slot, so the rounding changes no result. It is
+ * applied whether or not recording is on, so that both give the same bits. */
+
+static int32_t round_pow2(int32_t x, int32_t lo)
+{
+    int32_t r = lo;
+    while (r < x && r < (INT32_MAX >> 1))
+        r <<= 1;
+    return r < x ? x : r;
+}
 
 static int cuda_arrays_reserve(cuda_backend *c, size_t need)
 {
     if (need <= c->arrays_cap)
         return 0;
     size_t n = need + need / 2 + 4096;
+    cuda_graphs_retire(c);            /* recorded steps read the old arrays */
     cudaStreamSynchronize(c->stream); /* queued kernels may read the old arrays */
     cudaFreeHost(c->h_arrays);
     cudaFree(c->d_arrays);
@@ -394,8 +422,14 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     if (b->n_tokens < 1 || b->n_seqs < 1 || b->max_blocks < 1 || b->n_out < 0)
         return DP_EINVAL;
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
-    const size_t nbt = ns * (size_t)b->max_blocks;
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
+    /* One token per sequence (so every query tile is one token) and no
+     * capture: a decode step. */
+    bool decode = n_capture == 0 && b->n_tokens == b->n_seqs && b->n_tokens <= CUDA_GRAPH_MAX_TOKENS;
+    for (int32_t i = 1; decode && i < b->n_tokens; i++)
+        decode = b->seq[i] != b->seq[i - 1];
+    const int32_t stride = decode ? round_pow2(b->max_blocks, 8) : b->max_blocks;
+    const size_t nbt = ns * (size_t)stride;
     /* Tiles: at most one per token. */
     const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + ns + nt + 1;
     /* The previous step's copy may still be reading the staging buffer (a
@@ -411,7 +445,16 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     memcpy(h + nt, b->pos, nt * sizeof *h);
     memcpy(h + 2 * nt, b->seq, nt * sizeof *h);
     memcpy(h + 3 * nt, b->slot, nt * sizeof *h);
-    memcpy(h + 4 * nt, b->block_tables, nbt * sizeof *h);
+    if (stride == b->max_blocks) {
+        memcpy(h + 4 * nt, b->block_tables, nbt * sizeof *h);
+    } else {
+        for (size_t s = 0; s < ns; s++) {
+            int32_t *row = h + 4 * nt + s * (size_t)stride;
+            memcpy(row, b->block_tables + s * (size_t)b->max_blocks,
+                   (size_t)b->max_blocks * sizeof *h);
+            memset(row + b->max_blocks, 0, (size_t)(stride - b->max_blocks) * sizeof *h);
+        }
+    }
     size_t o = 4 * nt + nbt;
     if (b->n_out)
         memcpy(h + o, b->out_tokens, (size_t)b->n_out * sizeof *h);
@@ -431,6 +474,8 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     for (int32_t i = 0; i < b->n_tokens; i++)
         if (b->slot[i] + 1 > max_slots)
             max_slots = b->slot[i] + 1;
+    if (decode)
+        max_slots = round_pow2(max_slots, CUDA_ATT_KT);
     const size_t used = o_tiles + (size_t)n_tiles + 1;
     cudaError_t e = cudaMemcpyAsync(c->d_arrays, h, used * sizeof *h, cudaMemcpyHostToDevice,
                                     c->stream);
@@ -453,7 +498,8 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     c->bd.tile_start = d + o_tiles;
     c->n_tokens = b->n_tokens;
     c->n_seqs = b->n_seqs;
-    c->max_blocks = b->max_blocks;
+    c->max_blocks = stride;
+    c->step_graphable = decode;
     c->n_out = b->n_out;
     c->n_capture = n_capture;
     c->n_tiles = n_tiles;
@@ -517,8 +563,10 @@ static void cuda_destroy(dp_backend *be)
     cuda_bind(c);
     if (c->stream)
         cudaStreamSynchronize(c->stream);
+    cuda_graphs_clear(c);
     if (c->blas)
         cublasDestroy(c->blas);
+    cudaFree(c->blas_ws);
     cudaFree(c->xh);
     cudaFree(c->part);
     cudaFree(c->kvp_idx);
@@ -577,6 +625,7 @@ static dp_backend_ops cuda_make_ops(void)
     o.host_alloc = cuda_host_alloc;
     o.host_free = cuda_host_free;
     o.logits_topk = cuda_logits_topk;
+    cuda_graph_ops(&o);
     return o;
 }
 
@@ -629,6 +678,20 @@ extern "C" int backend_cuda_create(dp_backend **out, int device_index, char *err
         rc = dp_err(err, errsz, DP_EIO, "cuBLAS: %s", cublasGetStatusString(bs));
         goto fail;
     }
+    /* A workspace of our own, so that cuBLAS allocates nothing while a step
+     * is being recorded (32 MiB: NVIDIA's recommendation for Hopper). */
+    if ((e = cudaMalloc(&c->blas_ws, CUDA_BLAS_WORKSPACE)) != cudaSuccess) {
+        c->blas_ws = NULL;
+        rc = dp_err(err, errsz, DP_ENOMEM, "CUDA device %d: no memory for the cuBLAS workspace",
+                    device_index);
+        goto fail;
+    }
+    if ((bs = cublasSetWorkspace(c->blas, c->blas_ws, CUDA_BLAS_WORKSPACE)) !=
+        CUBLAS_STATUS_SUCCESS) {
+        rc = dp_err(err, errsz, DP_EIO, "cuBLAS: %s", cublasGetStatusString(bs));
+        goto fail;
+    }
+    c->graph_policy = DP_GRAPHS_ON;
     if ((rc = cuda_attention_setup(c, err, errsz)))
         goto fail;
     dp_log(DP_LOG_INFO, "cuda: device %d: %s (sm_%d%d, %d SMs, %.1f GiB)", device_index, prop.name,

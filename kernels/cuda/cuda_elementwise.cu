@@ -336,21 +336,29 @@ void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n)
 }
 
 /* ---- logits top-k (cuda_topk.cuh) ------------------------------------------------
- * One launch and one copy back: the results of every row are packed into one
- * device buffer, copied into pinned memory, then spread into the caller's
- * arrays. This is the step's synchronization, in place of the download of
- * n * vocab logits. */
+ * One launch and one copy each way: the rows' inverse temperatures and mask
+ * flags (and the mask ids) are staged in the pinned buffer and copied up
+ * ahead of the kernel on the stream (no wait: the buffer is not written again
+ * before this call's synchronization); the results of every row come back
+ * packed in one buffer and are spread into the caller's arrays. This is the
+ * step's synchronization, in place of the download of n * vocab logits. */
 #include "cuda_topk.cuh"
 
-int cuda_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
-                     float temperature, int32_t *ids, float *vals, float *row_max,
-                     float *row_lse)
+int cuda_logits_topk(dp_backend *be, float *logits, int32_t n, int32_t vocab, int32_t k,
+                     const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                     const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                     float *row_sum)
 {
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
-    if (n < 1 || k < 1 || k > DP_TOPK_MAX || k > vocab || !(temperature > 0.0f))
+    if (n < 1 || k < 1 || k > DP_TOPK_MAX || k > vocab || n_mask < 0 || (n_mask > 0 && !mask_ids))
         return DP_EINVAL;
-    const size_t words = (size_t)n * (2 * (size_t)k + 2);
+    bool masked = false;
+    for (int32_t r = 0; mask_rows && n_mask > 0 && r < n; r++)
+        masked |= mask_rows[r] != 0;
+    const size_t in_words = 2 * (size_t)n + (masked ? (size_t)n_mask : 0);
+    const size_t out_words = (size_t)n * (2 * (size_t)k + 2);
+    const size_t words = in_words + out_words;
     if (cuda_scratch_grow(c, (void **)&c->topk_dev, &c->topk_dev_cap, words, sizeof(uint32_t)))
         return c->failed ? c->failed : DP_ENOMEM;
     if (words > c->topk_host_cap) {
@@ -365,21 +373,39 @@ int cuda_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t voc
         }
         c->topk_host_cap = words;
     }
+    uint32_t *in = c->topk_host;
+    for (int32_t r = 0; r < n; r++) {
+        /* 1/T computed here exactly as the sampler computes it. */
+        const float inv_t = temperature[r] > 0.0f ? 1.0f / temperature[r] : 1.0f;
+        memcpy(&in[r], &inv_t, sizeof inv_t);
+        in[n + r] = masked && mask_rows[r] ? 1u : 0u;
+    }
+    if (masked) {
+        memcpy(in + 2 * n, mask_ids, (size_t)n_mask * sizeof *mask_ids);
+        cuda_xh_forget(c); /* it writes device floats */
+    }
+    cudaError_t e = cudaMemcpyAsync(c->topk_dev, in, in_words * sizeof(uint32_t),
+                                    cudaMemcpyHostToDevice, c->stream);
+    if (e != cudaSuccess) {
+        cuda_note_error(c, "logits_topk", e);
+        return c->failed;
+    }
     CUDA_LAUNCH(cuda_topk_kernel, n, TOPK_THREADS, 0, c->stream, logits, n, vocab, k,
-                1.0f / temperature, c->topk_dev);
+                masked ? n_mask : 0, (const uint32_t *)c->topk_dev, c->topk_dev + in_words);
     cuda_check_launch(c, "logits_topk");
-    cudaError_t e = cudaMemcpyAsync(c->topk_host, c->topk_dev, words * sizeof(uint32_t),
-                                    cudaMemcpyDeviceToHost, c->stream);
+    e = cudaMemcpyAsync(c->topk_host + in_words, c->topk_dev + in_words,
+                        out_words * sizeof(uint32_t), cudaMemcpyDeviceToHost, c->stream);
     if (e == cudaSuccess)
         e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess)
         cuda_note_error(c, "logits_topk", e);
     if (c->failed)
         return c->failed;
+    const uint32_t *out = c->topk_host + in_words;
     const size_t nk = (size_t)n * (size_t)k;
-    memcpy(ids, c->topk_host, nk * sizeof *ids);
-    memcpy(vals, c->topk_host + nk, nk * sizeof *vals);
-    memcpy(row_max, c->topk_host + 2 * nk, (size_t)n * sizeof *row_max);
-    memcpy(row_lse, c->topk_host + 2 * nk + n, (size_t)n * sizeof *row_lse);
+    memcpy(ids, out, nk * sizeof *ids);
+    memcpy(vals, out + nk, nk * sizeof *vals);
+    memcpy(row_max, out + 2 * nk, (size_t)n * sizeof *row_max);
+    memcpy(row_sum, out + 2 * nk + n, (size_t)n * sizeof *row_sum);
     return 0;
 }

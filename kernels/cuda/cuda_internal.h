@@ -71,6 +71,25 @@ typedef struct cuda_batch_dev {
     const int32_t *tile_start; /* [n_tiles + 1] first batch token of each query tile */
 } cuda_batch_dev;
 
+/* Recorded decode steps (cuda_graph.cu). The key is everything that shapes a
+ * step's launches and the offsets of its batch arrays. */
+#define CUDA_GRAPH_SLOTS 64
+/* Steps of more tokens are prefill-sized: their GEMMs dwarf launch costs. */
+#define CUDA_GRAPH_MAX_TOKENS 512
+typedef struct cuda_graph_key {
+    const void *owner;
+    const void *stores[DP_KV_MAX_STORES];
+    int32_t n_tokens, n_seqs, n_out, max_blocks, max_slots;
+} cuda_graph_key;
+enum { CUDA_GRAPH_EMPTY, CUDA_GRAPH_SEEN, CUDA_GRAPH_READY, CUDA_GRAPH_NEVER };
+typedef struct cuda_graph_entry {
+    cuda_graph_key key;
+    int state;
+    uint64_t gen;       /* graph_gen when recorded */
+    uint64_t last_used;
+    cudaGraphExec_t exec;
+} cuda_graph_entry;
+
 typedef struct cuda_backend {
     dp_backend base;
     int device;
@@ -124,6 +143,18 @@ typedef struct cuda_backend {
     size_t topk_dev_cap;  /* words */
     uint32_t *topk_host;
     size_t topk_host_cap; /* words */
+    /* Recorded steps: batch_set decides whether this step may be recorded
+     * (decode tokens only, see cuda_batch_set); step_begin/step_end. */
+    bool step_graphable;
+    int graph_policy;
+    uint64_t graph_gen;   /* bumped when a buffer a recording may use moves */
+    uint64_t graph_clock;
+    int step_mode;        /* DP_STEP_* of the step being issued */
+    cuda_graph_entry *step_entry;
+    bool rec_spoiled;     /* a scratch buffer had to grow while recording */
+    cuda_graph_entry graphs[CUDA_GRAPH_SLOTS];
+    dp_graph_stats gstats;
+    void *blas_ws;        /* cuBLAS workspace: no allocation inside a capture */
     /* weight_load: pinned staging for converted rows. */
     uint16_t *wstage;
     size_t wstage_cap;   /* elements */
@@ -141,6 +172,12 @@ static inline void cuda_xh_forget(cuda_backend *c)
     c->xh_of = NULL;
     c->xh_of_n = 0;
 }
+
+/* Recorded steps (cuda_graph.cu): the ops table entries, retiring every
+ * recording (a buffer moved), and dropping them all. */
+void cuda_graph_ops(dp_backend_ops *o);
+void cuda_graphs_retire(cuda_backend *c);
+void cuda_graphs_clear(cuda_backend *c);
 
 /* Records the first failure (and logs it once); later ops still run, and
  * the next download reports it. */
@@ -163,9 +200,10 @@ void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim);
-int cuda_logits_topk(dp_backend *be, const float *logits, int32_t n, int32_t vocab, int32_t k,
-                     float temperature, int32_t *ids, float *vals, float *row_max,
-                     float *row_lse);
+int cuda_logits_topk(dp_backend *be, float *logits, int32_t n, int32_t vocab, int32_t k,
+                     const float *temperature, const int32_t *mask_ids, int32_t n_mask,
+                     const uint8_t *mask_rows, int32_t *ids, float *vals, float *row_max,
+                     float *row_sum);
 /* dst[n] = fp16(src[n]), saturating at the fp16 range so that no inf reaches
  * a GEMM (inf * 0 would turn into NaN). */
 void cuda_to_half(cuda_backend *c, __half *dst, const float *src, int64_t n);

@@ -1,6 +1,6 @@
 /* cuda_topk.cuh: logits_topk (backend.h): per row of logits, the top-k
- * candidates, the max and the log-sum-exp at a temperature, so that the host
- * samples from k candidates instead of downloading the whole vocabulary.
+ * candidates, the max and the weight sum at the row's temperature, so that
+ * the host samples from k candidates instead of downloading the vocabulary.
  * Included by cuda_elementwise.cu (one translation unit, one build list). */
 #ifndef DP_KERNELS_CUDA_TOPK_CUH
 #define DP_KERNELS_CUDA_TOPK_CUH
@@ -8,22 +8,21 @@
 #define TOPK_THREADS 256 /* = DP_TOPK_MAX: the final sort has one key per thread */
 static_assert(TOPK_THREADS == DP_TOPK_MAX, "the sort holds one candidate per thread");
 
-/* A total order on (logit, id): the logit's bits made order-preserving as an
- * unsigned integer (NaN as -inf) above the complemented id, so a larger key
- * is a larger logit, then a lower id. Every key of a row is distinct, so
- * "the k largest keys" is one well-defined set, on the device and in the CPU
- * reference (kernels/cpu) alike. */
+/* The total order and the weights are kernels/topk.h's, the very functions
+ * the CPU backend and the sampler use (__host__ __device__ there): a key per
+ * (logit, id), every key of a row distinct, so "the k largest keys" is one
+ * well-defined set; fixed-point weights summed as integers, so the row sum is
+ * exact in any order and equal to the CPU's. */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+extern "C" { /* the project's headers are C */
+#include "kernels/topk.h"
+}
+
 __device__ __forceinline__ unsigned long long cuda_topk_key(float v, int32_t id)
 {
-    if (v != v)
-        v = -INFINITY;
-    union {
-        float f;
-        uint32_t u;
-    } b;
-    b.f = v;
-    const uint32_t o = (b.u & 0x80000000u) ? ~b.u : (b.u | 0x80000000u);
-    return ((unsigned long long)o << 32) | (unsigned long long)(uint32_t)~(uint32_t)id;
+    return (unsigned long long)dp_topk_key(v, id);
 }
 
 __device__ float cuda_topk_block_max(float v, float *red)
@@ -45,10 +44,11 @@ __device__ float cuda_topk_block_max(float v, float *red)
  * 8 bits (a 256-bin histogram of the keys that match the bits chosen so
  * far); the keys at or above it are exactly the k candidates, gathered in
  * any order and then sorted by a bitonic sort in shared memory.
- * out: ids [n * k] | vals [n * k] | max [n] | lse [n], as 32-bit words. */
+ * in: inv_temp [n] (float bits) | mask flag [n] | mask ids [n_mask].
+ * out: ids [n * k] | vals [n * k] | max [n] | sum [n], as 32-bit words. */
 __global__ void __launch_bounds__(TOPK_THREADS)
-cuda_topk_kernel(const float *logits, int32_t n, int32_t vocab, int32_t k, float inv_temp,
-                 uint32_t *out)
+cuda_topk_kernel(float *logits, int32_t n, int32_t vocab, int32_t k, int32_t n_mask,
+                 const uint32_t *in, uint32_t *out)
 {
     __shared__ float red[TOPK_THREADS / 32];
     __shared__ int32_t hist[256];
@@ -56,25 +56,42 @@ cuda_topk_kernel(const float *logits, int32_t n, int32_t vocab, int32_t k, float
     __shared__ unsigned long long prefix, mask;
     __shared__ int32_t need, n_sel;
     const int32_t row = blockIdx.x, t = threadIdx.x;
-    const float *x = logits + (size_t)row * (size_t)vocab;
+    float *x = logits + (size_t)row * (size_t)vocab;
+    float inv_temp;
+    memcpy(&inv_temp, &in[row], sizeof inv_temp);
 
-    /* Max and log-sum-exp (NaN: -inf, contributes nothing). */
+    /* ignore_eos: the masked ids become -inf, in place, before anything
+     * reads the row (__syncthreads makes the block's writes visible). */
+    if (in[n + row])
+        for (int32_t j = t; j < n_mask; j += blockDim.x) {
+            const int32_t id = (int32_t)in[2 * n + j];
+            if (id >= 0 && id < vocab)
+                x[id] = -INFINITY;
+        }
+    __syncthreads();
+
+    /* Max (NaN: skipped; -0 read as +0 as on the CPU) and the exact weight
+     * sum, reduced through sel (free until the gather). */
     float m = -INFINITY;
     for (int32_t i = t; i < vocab; i += blockDim.x) {
         const float v = x[i];
         if (v == v)
             m = fmaxf(m, v);
     }
-    m = cuda_topk_block_max(m, red);
-    float s = 0.0f;
-    if (m != -INFINITY)
-        for (int32_t i = t; i < vocab; i += blockDim.x) {
-            const float v = x[i];
-            if (v == v)
-                s += __expf((v - m) * inv_temp);
-        }
-    __syncthreads(); /* red is reused */
-    s = cuda_block_sum(s, red);
+    m = cuda_topk_block_max(m, red) + 0.0f;
+    unsigned long long s = 0;
+    if (isfinite(m))
+        for (int32_t i = t; i < vocab; i += blockDim.x)
+            s += dp_topk_weight((x[i] - m) * inv_temp);
+    sel[t] = s;
+    __syncthreads();
+    for (int h = TOPK_THREADS / 2; h > 0; h >>= 1) {
+        if (t < h)
+            sel[t] += sel[t + h];
+        __syncthreads();
+    }
+    s = sel[0];
+    __syncthreads(); /* sel is reused by the gather */
 
     /* Radix select of the k-th largest key. */
     if (t == 0) {
@@ -150,7 +167,7 @@ cuda_topk_kernel(const float *logits, int32_t n, int32_t vocab, int32_t k, float
         } b;
         b.f = m;
         out[2 * (size_t)n * k + row] = b.u;
-        b.f = m == -INFINITY ? 0.0f : logf(s);
+        b.f = isfinite(m) ? dp_topk_sum_float(s) : 0.0f;
         out[2 * (size_t)n * k + n + row] = b.u;
     }
 }

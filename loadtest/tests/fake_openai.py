@@ -176,14 +176,16 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 ch = {"index": 0, "text": piece, "finish_reason": "length" if last else None}
             self.sse({"id": "x", "object": "chunk", "model": "fake-model", "choices": [ch]})
-        if want_usage:
-            self.sse({"id": "x", "object": "chunk", "model": "fake-model", "choices": [], "usage": usage})
-        self.sse("[DONE]")
-        self.chunk(b"")
+        # Counted before the stream ends: a client that scrapes /metrics as
+        # soon as its last response is complete must see it.
         with LOCK:
             COUNTERS["ok"] += 1
             COUNTERS["prompt_tokens"] += ptoks
             COUNTERS["completion_tokens"] += ntok
+        if want_usage:
+            self.sse({"id": "x", "object": "chunk", "model": "fake-model", "choices": [], "usage": usage})
+        self.sse("[DONE]")
+        self.chunk(b"")
 
 
 class Server(ThreadingHTTPServer):

@@ -24,6 +24,7 @@
 #include "common/dp.h"
 #include "kernels/backend.h"
 #include "kernels/quant.h"
+#include "kernels/topk.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "sched/generate.h"
@@ -369,18 +370,25 @@ static void check_norm_matmul(dp_backend *be[2])
     free(wv);
 }
 
-/* logits_topk: ids, values and the row max must equal the CPU reference
- * exactly (the same total order on the same floats); the log-sum-exp is a
- * reduction in another order. Rows: random logits, heavy ties (ids decide),
- * NaN and -inf entries, and a row of nothing but -inf. */
+/* logits_topk: ids, values, the row max and the row sum must equal the CPU
+ * reference exactly (the same total order on the same floats; the sum adds
+ * integer weights, so its order does not matter), and the masked rows of
+ * the logits buffer must read -inf at the masked ids afterwards, nothing
+ * else changed. Rows have their own temperatures (a greedy one, <= 0, counts
+ * as 1); rows: random logits, heavy ties (ids decide), NaN and -inf entries,
+ * and a row of nothing but -inf. */
 static void check_topk(dp_backend *be[2])
 {
     if (!be[0]->ops->logits_topk || !be[1]->ops->logits_topk) {
         printf("  %-12s %s\n", "logits_topk", "not in this build");
         return;
     }
-    const struct { int32_t n, vocab, k; float temp; } cases[] = {
-        {3, 49152, 256, 0.8f}, {4, 1000, 1, 1.0f}, {2, 300, 256, 0.3f}, {5, 4096, 40, 1.5f}};
+    const struct { int32_t n, vocab, k; float temp[5]; } cases[] = {
+        {3, 49152, 256, {0.8f, 1.0f, 0.3f}},
+        {4, 1000, 1, {1.0f, 0.0f, 2.0f, 0.7f}},
+        {2, 300, 256, {0.3f, 1.7f}},
+        {5, 4096, 40, {1.5f, 0.5f, -1.0f, 1.0f, 0.9f}}};
+    const int32_t mask_ids[] = {2, 9, 11, 5000000, -3}; /* out of range ids are ignored */
     char what[96];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci].n, vocab = cases[ci].vocab, k = cases[ci].k;
@@ -392,42 +400,61 @@ static void check_topk(dp_backend *be[2])
                 x[(size_t)vocab + i] = (float)(int)(4.0f * frand());
         x[5] = NAN;
         x[7] = -INFINITY;
+        x[9] = 40.0f; /* the max until the mask takes it */
         x[vocab - 1] = 30.0f;
         if (n > 3) /* row 3: nothing but -inf */
             for (int32_t i = 0; i < vocab; i++)
                 x[(size_t)3 * vocab + i] = -INFINITY;
+        uint8_t mask_rows[5] = {1, 0, 0, 1, 1}; /* row 0 loses its max */
         int32_t *ids[2];
-        float *vals[2], *mx[2], *lse[2];
+        float *vals[2], *mx[2], *sum[2], *after[2];
         for (int b = 0; b < 2; b++) {
             ids[b] = xmalloc(nk * sizeof(int32_t));
             vals[b] = xmalloc(nk * sizeof(float));
             mx[b] = xmalloc((size_t)n * sizeof(float));
-            lse[b] = xmalloc((size_t)n * sizeof(float));
+            sum[b] = xmalloc((size_t)n * sizeof(float));
+            after[b] = xmalloc(ne * sizeof(float));
             float *dx = dev_from(be[b], x, ne);
-            if (be[b]->ops->logits_topk(be[b], dx, n, vocab, k, cases[ci].temp, ids[b], vals[b],
-                                        mx[b], lse[b]))
+            if (be[b]->ops->logits_topk(be[b], dx, n, vocab, k, cases[ci].temp, mask_ids, 5,
+                                        mask_rows, ids[b], vals[b], mx[b], sum[b]) ||
+                be[b]->ops->download(be[b], after[b], dx, ne * sizeof(float)))
                 die(EXIT_CHECK, "%s: logits_topk failed", be[b]->ops->name);
             be[b]->ops->free(be[b], dx);
         }
         bool same = memcmp(ids[0], ids[1], nk * sizeof(int32_t)) == 0 &&
                     memcmp(vals[0], vals[1], nk * sizeof(float)) == 0 &&
-                    memcmp(mx[0], mx[1], (size_t)n * sizeof(float)) == 0;
-        /* The reference itself: descending, and nothing outside beats the k-th. */
-        for (int32_t r = 0; r < n && same; r++)
+                    memcmp(mx[0], mx[1], (size_t)n * sizeof(float)) == 0 &&
+                    memcmp(sum[0], sum[1], (size_t)n * sizeof(float)) == 0 &&
+                    memcmp(after[0], after[1], ne * sizeof(float)) == 0;
+        /* The reference itself: descending from the max, the masked ids
+         * gone, and the sum is the definition's (kernels/topk.h) in the
+         * plainest order. */
+        for (int32_t r = 0; r < n && same; r++) {
+            const float *row = after[0] + (size_t)r * vocab;
             for (int32_t i = 1; i < k; i++)
                 if (vals[0][(size_t)r * k + i] > vals[0][(size_t)r * k + i - 1])
                     same = false;
-        snprintf(what, sizeof what, "%d rows x %d, k=%d: ids, values, max", n, vocab, k);
+            for (int32_t j = 0; j < 3 && mask_rows[r]; j++)
+                same = same && row[mask_ids[j]] == -INFINITY;
+            const float T = cases[ci].temp[r] > 0.0f ? cases[ci].temp[r] : 1.0f;
+            const float inv_t = 1.0f / T, m = mx[0][r];
+            uint64_t w = 0;
+            for (int32_t i = 0; i < vocab && isfinite(m); i++)
+                w += dp_topk_weight((row[i] - m) * inv_t);
+            same = same && sum[0][r] == (isfinite(m) ? dp_topk_sum_float(w) : 0.0f) &&
+                   (m == -INFINITY || vals[0][(size_t)r * k] == m);
+        }
+        same = same && memcmp(after[0] + vocab, x + vocab, (size_t)vocab * sizeof(float)) == 0;
+        snprintf(what, sizeof what, "%d rows x %d, k=%d: ids, values, max, sum, mask", n, vocab, k);
         g_checks++;
         g_failed += !same;
         printf("  %-12s %-46s %s\n", "logits_topk", what, same ? "identical  ok" : "DIFFERENT  FAIL");
-        snprintf(what, sizeof what, "%d rows x %d, T=%g: log-sum-exp", n, vocab, cases[ci].temp);
-        report("logits_topk", what, lse[0], lse[1], (size_t)n, TOL_EW);
         for (int b = 0; b < 2; b++) {
             free(ids[b]);
             free(vals[b]);
             free(mx[b]);
-            free(lse[b]);
+            free(sum[b]);
+            free(after[b]);
         }
         free(x);
     }
@@ -1064,9 +1091,11 @@ static void check_kvpath(dp_backend *be[2])
 
 /* llama_forward_topk: the step ends in logits_topk instead of the logits
  * download. On each backend, one prefill step of two sequences is run both
- * ways; the candidates must be the row's best logits of llama_forward's
- * output, in order, with its max and log-sum-exp, and llama_download_logits
- * must still give the full rows afterwards. */
+ * ways, the rows at their own temperatures and the second with its best
+ * token masked; the candidates must be the row's best logits of
+ * llama_forward's output (less the mask), in order, with its max and exact
+ * weight sum, and llama_download_logits must still give the full rows
+ * afterwards, the masked one masked. */
 static void check_forward_topk(dp_backend *be[2])
 {
     dp_synth_shape sh;
@@ -1081,7 +1110,8 @@ static void check_forward_topk(dp_backend *be[2])
         gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
         die(EXIT_SETUP, "synthetic model: %s", err);
     enum { NT = 9, K = 32, NOUT = 2 };
-    const float temp = 0.7f;
+    const float temp[NOUT] = {0.7f, 1.3f};
+    const uint8_t mask_rows[NOUT] = {0, 1};
     hbatch hb;
     hbatch_alloc(&hb, NT, 2, 1);
     for (int32_t i = 0; i < NT; i++) {
@@ -1108,13 +1138,18 @@ static void check_forward_topk(dp_backend *be[2])
         float *ref = xmalloc((size_t)NOUT * vocab * sizeof(float));
         float *again = xmalloc((size_t)NOUT * vocab * sizeof(float));
         int32_t ids[NOUT * K];
-        float vals[NOUT * K], mx[NOUT], lse[NOUT];
-        if (llama_forward(m, &b, stores, ref) ||
-            llama_forward_topk(m, &b, stores, K, temp, ids, vals, mx, lse) ||
+        float vals[NOUT * K], mx[NOUT], sum[NOUT];
+        if (llama_forward(m, &b, stores, ref))
+            die(EXIT_CHECK, "%s: forward failed", be[bi]->ops->name);
+        int32_t mask_id[1] = {0};
+        for (int32_t i = 1; i < vocab; i++)
+            mask_id[0] = ref[vocab + i] > ref[vocab + mask_id[0]] ? i : mask_id[0];
+        if (llama_forward_topk(m, &b, stores, K, temp, mask_id, 1, mask_rows, ids, vals, mx, sum) ||
             llama_download_logits(m, NOUT, again))
             die(EXIT_CHECK, "%s: forward failed", be[bi]->ops->name);
+        ref[vocab + mask_id[0]] = -INFINITY;
         bool ok = memcmp(ref, again, (size_t)NOUT * vocab * sizeof(float)) == 0;
-        double lse_err = 0;
+        double sum_err = 0;
         for (int32_t r = 0; r < NOUT && ok; r++) {
             const float *x = ref + (size_t)r * vocab;
             const int32_t *ri = ids + r * K;
@@ -1125,16 +1160,19 @@ static void check_forward_topk(dp_backend *be[2])
                 m_ref = x[i] > m_ref ? x[i] : m_ref;
                 above += x[i] > rv[K - 1];
             }
-            double sum = 0;
-            for (int32_t i = 0; i < vocab; i++)
-                sum += exp(((double)x[i] - m_ref) / temp);
-            const double e = fabs(log(sum) - lse[r]);
-            lse_err = e > lse_err ? e : lse_err;
-            ok = mx[r] == m_ref && rv[0] == m_ref && above < K;
+            double sd = 0;
+            uint64_t wsum = 0;
+            for (int32_t i = 0; i < vocab; i++) {
+                sd += exp(((double)x[i] - m_ref) / temp[r]);
+                wsum += dp_topk_weight((x[i] - m_ref) * (1.0f / temp[r]));
+            }
+            const double e = fabs(sd - sum[r]) / sd;
+            sum_err = e > sum_err ? e : sum_err;
+            ok = mx[r] == m_ref && rv[0] == m_ref && above < K && sum[r] == dp_topk_sum_float(wsum);
             for (int32_t i = 0; i < K && ok; i++)
                 ok = ri[i] >= 0 && ri[i] < vocab && x[ri[i]] == rv[i] && (i == 0 || rv[i] <= rv[i - 1]);
         }
-        ok = ok && lse_err < 1e-3;
+        ok = ok && sum_err < 1e-5;
         g_checks++;
         g_failed += !ok;
         printf("  %-12s %-46s %s\n", "forward_topk",
@@ -1220,6 +1258,189 @@ static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
     free(buf);
     gguf_writer_destroy(&w);
     return ok;
+}
+
+/* ---- recorded decode steps (CUDA graphs) --------------------------------------------
+ * One script of steps (prefills, then decode steps whose batch, block-table
+ * width and context bucket change, a larger prefill in the middle that grows
+ * the scratch buffers and so retires every recording) runs on fresh CUDA
+ * backends with recording off, on, and recording at first sight (whose first
+ * recordings must be abandoned and issued again). The logits of every step
+ * must be the same bits whatever the policy, and the counters must show that
+ * each path was taken. */
+
+enum { GR_SEQS = 5, GR_BT = 16, GR_BPS = 12, GR_STEPS = 44, GR_MAXT = 128 };
+
+typedef struct gr_step {
+    int32_t n;             /* tokens */
+    int32_t seqs[GR_MAXT]; /* sequence of each token */
+    int32_t toks[GR_MAXT];
+} gr_step;
+
+/* The script: fixed by the seed, the same for every run. */
+static int32_t gr_script(gr_step *st, int32_t vocab)
+{
+    int32_t n = 0;
+    const int32_t first[4] = {4, 16, 32, 2};
+    /* The first token of sequences 0-3: a decode-shaped step on a fresh
+     * backend (recording it at once must be abandoned: scratch buffers grow). */
+    st[n].n = 4;
+    for (int s = 0; s < 4; s++)
+        st[n].seqs[s] = s;
+    n++;
+    /* The rest of their prompts in one step (54 tokens). */
+    st[n].n = 0;
+    for (int s = 0; s < 4; s++)
+        for (int32_t j = 0; j < first[s]; j++)
+            st[n].seqs[st[n].n++] = s;
+    n++;
+    for (int32_t d = 0; d < GR_STEPS; d++) {
+        if (d == 20) {
+            /* Sequence 4 arrives: a 120-token prefill, large enough to grow
+             * the fp16 activation scratch (a retirement of every recording). */
+            st[n].n = 120;
+            for (int32_t j = 0; j < 120; j++)
+                st[n].seqs[j] = 4;
+            n++;
+        }
+        int32_t active = d < 10 ? 4 : d < 20 ? 3 : 5;
+        if (d % 7 == 6)
+            active = 2; /* a shape seen once in a while */
+        st[n].n = active;
+        for (int32_t s = 0; s < active; s++)
+            st[n].seqs[s] = s;
+        n++;
+    }
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t j = 0; j < st[i].n; j++)
+            st[i].toks[j] = (int32_t)(rnd64() % (uint64_t)vocab);
+    return n;
+}
+
+/* Runs the script; out gets every step's logits, in order. */
+static void gr_run(dp_backend *be, const dp_gguf *g, int policy, const gr_step *st, int32_t n_steps,
+                   float *out, dp_graph_stats *stats)
+{
+    char err[DP_ERRLEN];
+    dp_llama *m;
+    if (llama_init(&m, g, be, GR_MAXT, GR_MAXT, err, sizeof err))
+        die(EXIT_SETUP, "llama_init: %s", err);
+    const int32_t vocab = llama_hparams(m)->vocab;
+    dp_kv_layout l = llama_kv_layout(m, GR_BT, GR_SEQS * GR_BPS);
+    dp_kv_store *kv;
+    if (be->ops->kv_create(be, &l, &kv))
+        die(EXIT_SETUP, "%s", "kv_create failed");
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+    be->ops->step_graphs(be, policy, NULL);
+    int32_t len[GR_SEQS] = {0};
+    hbatch hb;
+    hbatch_alloc(&hb, GR_MAXT, GR_SEQS, GR_BPS);
+    size_t off = 0;
+    for (int32_t i = 0; i < n_steps; i++) {
+        const gr_step *s = &st[i];
+        /* Batch sequences are the distinct sequences in order of appearance. */
+        int32_t bseq[GR_SEQS], nb = 0, width = 1;
+        for (int32_t j = 0; j < s->n; j++) {
+            if (j == 0 || s->seqs[j] != s->seqs[j - 1])
+                bseq[nb++] = s->seqs[j];
+            hb.tokens[j] = s->toks[j];
+            hb.seq[j] = nb - 1;
+            hb.pos[j] = hb.slot[j] = len[s->seqs[j]]++;
+            hb.out_tokens[j] = j;
+            if (hb.slot[j] / GR_BT + 1 > width)
+                width = hb.slot[j] / GR_BT + 1;
+        }
+        for (int32_t b = 0; b < nb; b++)
+            for (int32_t k = 0; k < width; k++)
+                hb.tables[b * width + k] = bseq[b] * GR_BPS + k;
+        dp_batch b = {.n_tokens = s->n, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                      .slot = hb.slot, .n_seqs = nb, .seq_store = hb.seq_store,
+                      .block_tables = hb.tables, .max_blocks = width, .n_out = s->n,
+                      .out_tokens = hb.out_tokens};
+        if (llama_forward(m, &b, stores, out + off))
+            die(EXIT_CHECK, "%s", "graph script: a step failed");
+        off += (size_t)s->n * vocab;
+    }
+    be->ops->step_graphs(be, -1, stats);
+    hbatch_free(&hb);
+    be->ops->kv_destroy(be, kv);
+    llama_destroy(m);
+}
+
+static void check_graphs(void)
+{
+    char err[DP_ERRLEN];
+    dp_synth_shape sh;
+    if (synth_shape_preset("tiny", &sh))
+        die(EXIT_SETUP, "%s", "no tiny preset");
+    gguf_writer w;
+    void *buf;
+    size_t size;
+    dp_gguf g;
+    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), DP_TYPE_F16, err, sizeof err) ||
+        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
+        die(EXIT_SETUP, "synthetic model: %s", err);
+    gr_step *st = xmalloc(GR_STEPS * 2 * sizeof *st);
+    const int32_t n_steps = gr_script(st, (int32_t)sh.vocab);
+    size_t n_logits = 0;
+    for (int32_t i = 0; i < n_steps; i++)
+        n_logits += (size_t)st[i].n * sh.vocab;
+    const int policies[3] = {DP_GRAPHS_OFF, DP_GRAPHS_ON, DP_GRAPHS_EAGER_RECORD};
+    const char *names[3] = {"off", "on", "record at once"};
+    float *lg[3];
+    dp_graph_stats gs[3];
+    for (int p = 0; p < 3; p++) {
+        dp_backend *be;
+        if (backend_cuda_create(&be, 0, err, sizeof err))
+            die(EXIT_SETUP, "cuda backend: %s", err);
+        if (!be->ops->step_graphs)
+            die(EXIT_SETUP, "%s", "the cuda backend has no step recording");
+        lg[p] = xmalloc(n_logits * sizeof(float));
+        gr_run(be, &g, policies[p], st, n_steps, lg[p], &gs[p]);
+        backend_destroy(be);
+    }
+    for (int p = 1; p < 3; p++) {
+        size_t differ = 0;
+        double num = 0, den = 0;
+        for (size_t i = 0; i < n_logits; i++) {
+            if (memcmp(&lg[p][i], &lg[0][i], sizeof(float)) != 0)
+                differ++;
+            const double d = (double)lg[p][i] - lg[0][i];
+            num += d * d;
+            den += (double)lg[0][i] * lg[0][i];
+        }
+        const double rel = sqrt(num / (den > 0 ? den : 1));
+        const dp_graph_stats *s = &gs[p];
+        /* Every path must have been taken: replays, and (record at once)
+         * abandoned recordings; the mid-script prefill retires recordings. */
+        bool paths = s->recorded > 0 && s->replayed > 0 && s->evicted > 0 &&
+                     (policies[p] != DP_GRAPHS_EAGER_RECORD || s->abandoned > 0);
+        /* Bits are expected; a device library that picked another GEMM
+         * algorithm inside a capture would still be within rounding. */
+        bool ok = paths && (differ == 0 || rel < 1e-5);
+        g_checks++;
+        if (!ok)
+            g_failed++;
+        char what[128];
+        snprintf(what, sizeof what, "%d steps, recording %s vs off", n_steps, names[p]);
+        printf("  %-12s %-46s %s (rel %.1e); recorded %llu, replayed %llu, abandoned %llu, "
+               "evicted %llu%s\n",
+               "graphs", what, differ ? "logits differ" : "identical bits", rel,
+               (unsigned long long)s->recorded, (unsigned long long)s->replayed,
+               (unsigned long long)s->abandoned, (unsigned long long)s->evicted,
+               ok ? "  ok" : (paths ? "  FAIL" : "  FAIL: a path was not taken"));
+    }
+    if (gs[0].recorded || gs[0].replayed) {
+        g_checks++;
+        g_failed++;
+        printf("  %-12s recording off still recorded steps  FAIL\n", "graphs");
+    }
+    for (int p = 0; p < 3; p++)
+        free(lg[p]);
+    free(st);
+    gguf_close(&g);
+    free(buf);
+    gguf_writer_destroy(&w);
 }
 
 /* ---- benchmark ------------------------------------------------------------------------- */
@@ -1387,26 +1608,37 @@ static int run_bench(dp_backend *gpu, const bench_cfg *bc)
             for (int32_t j = 0; j < bps; j++)
                 hb.tables[(size_t)i * bps + j] = i * bps + j;
         }
-        double t = 0, kv_read = 0;
-        for (int32_t s = 0; s < warm + steps; s++) {
-            for (int32_t i = 0; i < B; i++) {
-                hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
-                hb.pos[i] = hb.slot[i] = ctx + s;
-            }
-            double a = dp_now();
-            if (llama_forward(m, &b, stores, logits))
-                die(EXIT_CHECK, "%s", "decode step failed");
-            if (s >= warm) {
-                t += dp_now() - a;
-                kv_read += (double)B * (ctx + s + 1) * kv_bytes_per_slot;
+        /* Each batch size twice: steps issued op by op, then recorded and
+         * replayed (the default); the same slots are rewritten. */
+        double t_mode[2] = {0, 0}, kv_read = 0;
+        for (int graphs = 0; graphs < 2; graphs++) {
+            if (gpu->ops->step_graphs)
+                gpu->ops->step_graphs(gpu, graphs ? DP_GRAPHS_ON : DP_GRAPHS_OFF, NULL);
+            else if (graphs)
+                break;
+            kv_read = 0;
+            for (int32_t s = 0; s < warm + steps; s++) {
+                for (int32_t i = 0; i < B; i++) {
+                    hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
+                    hb.pos[i] = hb.slot[i] = ctx + s;
+                }
+                double a = dp_now();
+                if (llama_forward(m, &b, stores, logits))
+                    die(EXIT_CHECK, "%s", "decode step failed");
+                if (s >= warm) {
+                    t_mode[graphs] += dp_now() - a;
+                    kv_read += (double)B * (ctx + s + 1) * kv_bytes_per_slot;
+                }
             }
         }
+        const double t = t_mode[1] > 0 ? t_mode[1] : t_mode[0];
         const double tps = (double)B * steps / t;
         const double limit = (double)B * steps / ((weight_bytes * steps + kv_read) / bw);
-        char name[32], notes[96];
+        char name[32], notes[160];
         snprintf(name, sizeof name, "decode batch %d", B);
-        snprintf(notes, sizeof notes, "ctx %d; %.1f GB weights + %.1f GB KV per step", ctx,
-                 weight_bytes / 1e9, kv_read / steps / 1e9);
+        snprintf(notes, sizeof notes, "ctx %d; %.1f GB weights + %.1f GB KV per step; step %.2f ms, "
+                 "eager %.2f ms (graphs x%.2f)", ctx, weight_bytes / 1e9, kv_read / steps / 1e9,
+                 1e3 * t / steps, 1e3 * t_mode[0] / steps, t_mode[1] > 0 ? t_mode[0] / t_mode[1] : 1.0);
         printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit, notes);
     }
     {
@@ -1553,6 +1785,10 @@ int main(int argc, char **argv)
         check_generation(be, DP_TYPE_F16, 8);
         check_generation(be, DP_TYPE_Q8_0, 0);
         check_forward_topk(be);
+        if (!self_test) {
+            printf("recorded decode steps: graphs against eager issue\n");
+            check_graphs();
+        }
         printf("checks: %d, failed: %d\n", g_checks, g_failed);
     }
     int rc = g_failed ? EXIT_CHECK : 0;

@@ -11,6 +11,12 @@
  * shared memory start as NaN bytes. emu_runtime.cpp holds the scheduler and a
  * fake CUDA runtime and cuBLAS on host memory.
  *
+ * Stream capture and graphs are emulated too: while a stream is captured,
+ * launches, async copies, memsets and GEMMs are recorded instead of run, and
+ * cudaGraphLaunch runs them in order; a call that would synchronize or
+ * allocate during a capture stops the program (on a device it invalidates
+ * the capture).
+ *
  * What it cannot show: timing, coalescing, bank conflicts, the exact rounding
  * of device intrinsics, occupancy or launch-limit errors. */
 #ifndef DP_TESTS_GPU_EMU_H
@@ -30,6 +36,7 @@
 #include <stdint.h>
 
 #include <functional>
+#include <tuple>
 
 /* State of the running block (emu_runtime.cpp). */
 extern int emu_cur;
@@ -68,7 +75,13 @@ static inline int atomicAdd(int *p, int v)
 /* Runs every block of the grid; body calls the kernel with its arguments. */
 void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body);
 
+/* The arguments are evaluated at the launch and kept by value, as on a
+ * device: a launch recorded by stream capture (cudaStreamBeginCapture) runs
+ * later, with the values of its launch, whatever changed since. */
 #define CUDA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
-    emu_launch(dim3(grid), (int)(block), (size_t)(smem), [&]() { kernel(__VA_ARGS__); })
+    emu_launch(dim3(grid), (int)(block), (size_t)(smem),                                           \
+               [emu_args = std::make_tuple(__VA_ARGS__)]() {                                     \
+                   std::apply([](auto... a) { kernel(a...); }, emu_args);                          \
+               })
 
 #endif

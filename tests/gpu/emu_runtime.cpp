@@ -144,14 +144,44 @@ static void emu_run_block(int n)
 
 static void emu_flush(void);
 
+/* ---- stream capture: while on, stream work is recorded into emu_graph ---- */
+
+struct CUgraph_st {
+    std::vector<std::function<void()>> nodes;
+};
+struct CUgraphExec_st {
+    std::vector<std::function<void()>> nodes;
+};
+static CUgraph_st *emu_capture;
+
+/* True (after recording fn) when a capture is on. */
+static bool emu_record(const std::function<void()> &fn)
+{
+    if (!emu_capture)
+        return false;
+    emu_capture->nodes.push_back(fn);
+    return true;
+}
+
+static void emu_no_capture(const char *call)
+{
+    if (emu_capture) {
+        fprintf(stderr, "emulator: %s during stream capture (it would invalidate the capture)\n",
+                call);
+        exit(1);
+    }
+}
+
 void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body)
 {
-    emu_flush();
     if (threads < 1 || threads > EMU_MAX_THREADS || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
         grid.y > 65535 || grid.z > 65535)
         emu_die("bad launch configuration");
     if (smem > 227 * 1024)
         emu_die("more dynamic shared memory than an H200 block may have");
+    if (emu_record([=]() { emu_launch(grid, threads, smem, body); }))
+        return;
+    emu_flush();
     std::vector<unsigned char> dyn(smem + 16);
     emu_body = &body;
     emu_grid_dim = make_uint3(grid.x, grid.y, grid.z);
@@ -204,6 +234,10 @@ static void emu_flush(void)
 static void emu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                        size_t height, bool async)
 {
+    if (!async)
+        emu_no_capture("a synchronous copy");
+    if (emu_record([=]() { emu_copy2d(dst, dpitch, src, spitch, width, height, async); }))
+        return;
     emu_flush();
     emu_copy c = {(char *)dst, (const char *)src, dpitch, spitch, width, height};
     if (async && (emu_is_pinned(dst) || emu_is_pinned(src)))
@@ -246,6 +280,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t s) { (void)s; return cudaSuccess; }
 cudaError_t cudaStreamSynchronize(cudaStream_t s)
 {
     (void)s;
+    emu_no_capture("cudaStreamSynchronize");
     emu_flush();
     return cudaSuccess;
 }
@@ -265,10 +300,16 @@ cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     (void)e;
     (void)s;
+    emu_no_capture("cudaEventRecord"); /* legal on a device; the backend never needs it */
     emu_flush();
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { (void)e; return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    (void)e;
+    emu_no_capture("cudaEventSynchronize");
+    return cudaSuccess;
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
     (void)a;
@@ -289,6 +330,7 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
  * cudaMalloc returning zeros. */
 cudaError_t cudaMalloc(void **p, size_t size)
 {
+    emu_no_capture("cudaMalloc");
     size_t n = (size + 255) & ~(size_t)255;
     *p = aligned_alloc(256, n ? n : 256);
     if (!*p)
@@ -298,6 +340,7 @@ cudaError_t cudaMalloc(void **p, size_t size)
 }
 cudaError_t cudaFree(void *p)
 {
+    emu_no_capture("cudaFree");
     emu_flush(); /* cudaFree waits for the device */
     free(p);
     return cudaSuccess;
@@ -360,6 +403,7 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 }
 cudaError_t cudaMemset(void *p, int v, size_t n)
 {
+    emu_no_capture("cudaMemset");
     emu_flush();
     memset(p, v, n);
     return cudaSuccess;
@@ -367,7 +411,60 @@ cudaError_t cudaMemset(void *p, int v, size_t n)
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s)
 {
     (void)s;
-    return cudaMemset(p, v, n);
+    if (emu_record([=]() { emu_flush(); memset(p, v, n); }))
+        return cudaSuccess;
+    emu_flush();
+    memset(p, v, n);
+    return cudaSuccess;
+}
+
+/* ---- graphs ---- */
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    (void)s;
+    (void)mode;
+    if (emu_capture)
+        return cudaErrorIllegalState;
+    emu_flush(); /* work queued before the capture is not part of it */
+    emu_capture = new CUgraph_st;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    (void)s;
+    if (!emu_capture)
+        return cudaErrorIllegalState;
+    *graph = emu_capture;
+    emu_capture = NULL;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    (void)flags;
+    emu_no_capture("cudaGraphInstantiate");
+    *exec = new CUgraphExec_st;
+    (*exec)->nodes = graph->nodes;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    (void)s;
+    emu_no_capture("cudaGraphLaunch"); /* legal on a device; never nested here */
+    emu_flush();
+    for (const auto &fn : exec->nodes)
+        fn();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    delete graph;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    delete exec;
+    return cudaSuccess;
 }
 
 /* ---- a fake cuBLAS: GemmEx as the cuBLAS documentation defines it
@@ -380,6 +477,13 @@ cublasStatus_t cublasCreate_v2(cublasHandle_t *h)
     return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasDestroy_v2(cublasHandle_t h) { (void)h; return CUBLAS_STATUS_SUCCESS; }
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *workspace, size_t bytes)
+{
+    (void)h;
+    (void)workspace;
+    (void)bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
 cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s)
 {
     (void)h;
@@ -402,6 +506,15 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
 {
     (void)handle;
     (void)algo;
+    if (emu_capture) {
+        /* cuBLAS reads alpha and beta (host pointers) when called. */
+        const float av = *(const float *)alpha, bv = *(const float *)beta;
+        emu_record([=]() {
+            cublasGemmEx(handle, transa, transb, m, n, k, &av, A, Atype, lda, B, Btype, ldb, &bv,
+                         C, Ctype, ldc, computeType, algo);
+        });
+        return CUBLAS_STATUS_SUCCESS;
+    }
     emu_flush();
     if (Ctype != CUDA_R_32F || computeType != CUBLAS_COMPUTE_32F ||
         (Atype != CUDA_R_16F && Atype != CUDA_R_32F) || (Btype != CUDA_R_16F && Btype != CUDA_R_32F))

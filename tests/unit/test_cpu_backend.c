@@ -9,6 +9,7 @@
 #include "common/dp.h"
 #include "kernels/backend.h"
 #include "kernels/quant.h"
+#include "kernels/topk.h"
 #include "t.h"
 
 static uint64_t rs = 0x1234567;
@@ -300,6 +301,63 @@ static void test_attention(dp_backend *be)
     be->ops->kv_destroy(be, kv);
 }
 
+/* logits_topk: per-row temperatures (<= 0 counts as 1) and masks, against a
+ * plain sort of the masked rows and the weight sum of kernels/topk.h summed
+ * one by one; the masked ids read -inf afterwards, other rows unchanged. */
+static void test_logits_topk(dp_backend *be)
+{
+    enum { N = 6, NV = 3000, K = 64 };
+    float *x = be->ops->alloc(be, (size_t)N * NV * sizeof(float));
+    static float orig[N * NV], vals[N * K], mx[N], sum[N];
+    static int32_t ids[N * K];
+    for (int i = 0; i < N * NV; i++)
+        orig[i] = i % 7 == 3 ? (float)(int)(4.0f * frand()) : 6.0f * frand();
+    orig[NV + 5] = NAN;
+    orig[2 * NV + 9] = -INFINITY;
+    orig[3 * NV + 11] = 20.0f; /* masked: the max must move */
+    for (int i = 0; i < NV; i++)
+        orig[5 * NV + i] = -INFINITY;
+    memcpy(x, orig, sizeof orig);
+    const float temp[N] = {0.8f, 1.0f, 0.0f, 1.3f, -1.0f, 0.5f};
+    const uint8_t mask_rows[N] = {0, 1, 0, 1, 0, 1};
+    const int32_t mask_ids[3] = {11, 17, NV + 4}; /* out of range: ignored */
+    CHECK(be->ops->logits_topk(be, x, N, NV, K, temp, mask_ids, 3, mask_rows, ids, vals, mx,
+                               sum) == 0);
+    for (int r = 0; r < N; r++) {
+        float *want = orig + (size_t)r * NV;
+        const float *got = x + (size_t)r * NV;
+        if (mask_rows[r])
+            want[11] = want[17] = -INFINITY;
+        CHECK(memcmp(got, want, NV * sizeof(float)) == 0);
+        float m = -INFINITY;
+        for (int i = 0; i < NV; i++)
+            m = want[i] > m ? want[i] : m;
+        m += 0.0f;
+        CHECK(mx[r] == m);
+        const float inv_t = 1.0f / (temp[r] > 0.0f ? temp[r] : 1.0f);
+        uint64_t w = 0;
+        for (int i = 0; i < NV && isfinite(m); i++)
+            w += dp_topk_weight((want[i] - m) * inv_t);
+        CHECK(sum[r] == (isfinite(m) ? dp_topk_sum_float(w) : 0.0f));
+        if (isfinite(m))
+            CHECK(fabs(sum[r] - (double)w * 0x1p-44) <= 1e-6 * sum[r] && sum[r] >= 1.0f);
+        /* Each candidate beats everything after it, and nothing outside beats the last. */
+        int32_t above = 0;
+        for (int j = 0; j < K; j++) {
+            CHECK(vals[r * K + j] == (isnan(want[ids[r * K + j]]) ? -INFINITY : want[ids[r * K + j]]));
+            CHECK(j == 0 || dp_topk_key(vals[r * K + j], ids[r * K + j]) <
+                                dp_topk_key(vals[r * K + j - 1], ids[r * K + j - 1]));
+        }
+        for (int i = 0; i < NV; i++)
+            above += dp_topk_key(want[i], i) > dp_topk_key(vals[r * K + K - 1], ids[r * K + K - 1]);
+        CHECK_EQ_INT(above, K - 1);
+    }
+    CHECK_EQ_INT(ids[5 * K], 0); /* all -inf: lowest id first */
+    CHECK(be->ops->logits_topk(be, x, N, NV, NV + 1, temp, NULL, 0, NULL, ids, vals, mx, sum) ==
+          DP_EINVAL);
+    be->ops->free(be, x);
+}
+
 int main(void)
 {
     for (int threads = 1; threads <= 2; threads++) {
@@ -309,6 +367,7 @@ int main(void)
         test_matmul(be);
         test_elementwise(be);
         test_attention(be);
+        test_logits_topk(be);
         backend_destroy(be);
     }
     dp_backend *be;

@@ -81,6 +81,12 @@ typedef struct req_spec {
     uint64_t seed;
     const char *stop;
     bool ignore_eos;
+    /* Zero: off. */
+    int32_t top_k;
+    float min_p, presence_penalty;
+    bool logprobs;
+    int32_t bias_token;
+    float bias;
 } req_spec;
 
 static dp_request *make_req(const req_spec *sp, result *res)
@@ -94,8 +100,16 @@ static dp_request *make_req(const req_spec *sp, result *res)
     prm.sampling.temperature = sp->temperature;
     prm.sampling.top_p = sp->top_p;
     prm.sampling.seed = sp->seed;
-    prm.logprobs = -1;
+    prm.logprobs = sp->logprobs ? 3 : -1;
     prm.ignore_eos = sp->ignore_eos;
+    prm.sampling.top_k = sp->top_k;
+    prm.sampling.min_p = sp->min_p;
+    prm.sampling.presence_penalty = sp->presence_penalty;
+    if (sp->bias != 0.0f) {
+        prm.logit_bias = malloc(sizeof *prm.logit_bias);
+        prm.logit_bias[0] = (dp_logit_bias){sp->bias_token, sp->bias};
+        prm.n_logit_bias = 1;
+    }
     if (sp->stop) {
         prm.stops[0] = strdup(sp->stop);
         prm.n_stops = 1;
@@ -475,6 +489,65 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
     engine_destroy(e);
 }
 
+/* Device sampling on and off: the same seeded requests, with every kind of
+ * sampling setting at once in one batch, give the same tokens, whether a row
+ * was decided by the backend's candidates, fell back to its downloaded row,
+ * or (logit_bias, penalties, logprobs) used the row alone. */
+static void test_device_sampling(world *w, const req_spec *base, int n_base, const char *what)
+{
+    enum { N = 12 };
+    static req_spec sp[N];
+    static result off[N], on[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = base[i % n_base];
+        sp[i].max_tokens = 24 + 2 * i;
+        sp[i].ignore_eos = i != 7;
+        sp[i].top_p = 1.0f;
+        sp[i].seed = 900 + (uint64_t)i;
+    }
+    sp[0].temperature = 0.0f;                       /* greedy */
+    sp[1].temperature = 0.8f, sp[1].top_p = 0.9f;
+    sp[2].temperature = 1.0f;                       /* temperature alone */
+    sp[3].temperature = 1.0f, sp[3].top_k = 40;
+    sp[4].temperature = 0.9f, sp[4].min_p = 0.05f;
+    sp[5].temperature = 0.8f, sp[5].top_p = 0.9f, sp[5].bias_token = 17, sp[5].bias = 4.0f;
+    sp[6].temperature = 0.7f, sp[6].logprobs = true;
+    sp[7].temperature = 1.5f, sp[7].top_p = 0.95f; /* may stop at an end token */
+    sp[8].temperature = 1.2f, sp[8].top_k = 100, sp[8].top_p = 0.95f, sp[8].min_p = 0.02f;
+    sp[9].temperature = 0.0f, sp[9].presence_penalty = 0.5f;
+    sp[10].temperature = 2.0f;                      /* flat: draws past the candidates */
+    sp[11].temperature = 1.0f, sp[11].top_p = 0.99f;
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.dualpath = false;
+    o.n_blocks = 1024;
+    dp_engine_stats st_off, st_on;
+    o.device_sampling = false;
+    run_with(w, &o, sp, N, off, &st_off, DP_DUALPATH_DEFAULT);
+    o.device_sampling = true;
+    run_with(w, &o, sp, N, on, &st_on, DP_DUALPATH_DEFAULT);
+    int total = 0;
+    for (int i = 0; i < N; i++) {
+        CHECK(off[i].finish == DP_FINISH_STOP || off[i].finish == DP_FINISH_LENGTH);
+        CHECK_MSG(on[i].n == off[i].n &&
+                      memcmp(on[i].toks, off[i].toks, (size_t)off[i].n * sizeof(int32_t)) == 0,
+                  "%s: request %d differs with device sampling", what, i);
+        CHECK(on[i].text_len == off[i].text_len &&
+              memcmp(on[i].text, off[i].text, off[i].text_len) == 0);
+        CHECK_EQ_INT(on[i].finish, off[i].finish);
+        total += off[i].n;
+    }
+    CHECK_EQ_INT(st_off.sampled_candidates + st_off.sampled_fallback, 0);
+    CHECK_EQ_INT(st_off.sampled_full_row, total);
+    CHECK_EQ_INT(st_on.sampled_candidates + st_on.sampled_fallback + st_on.sampled_full_row, total);
+    CHECK(st_on.sampled_candidates > 0);
+    CHECK(st_on.sampled_full_row >= on[5].n + on[6].n + on[9].n);
+    printf("%s: device sampling on = off for %d requests, %d tokens (%lld from candidates, %lld "
+           "fell back to the row, %lld full row)\n",
+           what, N, total, (long long)st_on.sampled_candidates, (long long)st_on.sampled_fallback,
+           (long long)st_on.sampled_full_row);
+}
+
 /* The path detector switches a highly repetitive long prompt early; the
  * request completes and every pool drains. */
 static void test_early_switch(world *w)
@@ -603,6 +676,7 @@ int main(void)
     concurrent_equals_alone(&w, specs, 8, 1024, "tiny sampled");
     test_cancel(&w);
     test_limits(&w);
+    test_device_sampling(&w, specs, 16, "tiny");
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;
     test_dualpath(&w, specs, 16, "tiny dualpath");
@@ -639,6 +713,7 @@ int main(void)
     concurrent_equals_alone(&w, specs, 8, 1024, "SmolLM2 sampled (T=0.8, top_p=0.9)");
     test_stop_string(&w);
     test_cancel(&w);
+    test_device_sampling(&w, specs, 16, "SmolLM2");
     for (int i = 0; i < 8; i++) {
         specs[i].temperature = 0;
         specs[i].max_tokens = 16;

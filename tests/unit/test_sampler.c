@@ -5,10 +5,215 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/backend.h"
+#include "kernels/topk.h"
 #include "sched/sampler.h"
 #include "t.h"
 
 #define V 8
+
+/* ---- candidates vs the full row -------------------------------------------- */
+
+static uint64_t trs = 88172645463325252ULL;
+static uint64_t trand(void)
+{
+    trs ^= trs << 13;
+    trs ^= trs >> 7;
+    trs ^= trs << 17;
+    return trs;
+}
+static float tunif(void) { return (float)(trand() >> 40) / 16777216.0f; } /* [0, 1) */
+
+static const float *key_row;
+static int key_cmp(const void *a, const void *b)
+{
+    const int32_t i = *(const int32_t *)a, j = *(const int32_t *)b;
+    const uint64_t x = dp_topk_key(key_row[i], i), y = dp_topk_key(key_row[j], j);
+    return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* The semantics of sampler.c written plainly: the whole row sorted, weights
+ * and prefix sums walked in order. */
+static int32_t ref_sample(const float *x, int32_t nv, const dp_sampling *sp, dp_rng *rng)
+{
+    static int32_t ord[50000];
+    static uint64_t M[50001];
+    for (int32_t i = 0; i < nv; i++)
+        ord[i] = i;
+    key_row = x;
+    qsort(ord, (size_t)nv, sizeof *ord, key_cmp);
+    if (sp->temperature <= 0.0f || sp->top_k == 1)
+        return ord[0];
+    float m = -INFINITY;
+    for (int32_t i = 0; i < nv; i++)
+        if (x[i] > m)
+            m = x[i];
+    m += 0.0f;
+    if (!isfinite(m))
+        return ord[0];
+    const double u = rng_uniform(rng);
+    const float inv_t = 1.0f / sp->temperature;
+    const float xmax = sp->min_p > 0.0f ? fmaxf(-logf(sp->min_p), 0.0f) : INFINITY;
+    int32_t P = 0, nm = 0;
+    M[0] = 0;
+    for (; P < nv; P++) {
+        const float t = (x[ord[P]] - m) * inv_t;
+        if (!(t > -DP_TOPK_TCUT))
+            break;
+        nm += -t <= xmax;
+        M[P + 1] = M[P] + dp_topk_weight(t);
+    }
+    const uint64_t S = dp_topk_sum_units(dp_topk_sum_float(M[P]));
+    const bool topk_on = sp->top_k > 0 && sp->top_k < nv;
+    const int32_t nk = topk_on && sp->top_k < P ? sp->top_k : P;
+    if (sp->min_p <= 0.0f)
+        nm = P;
+    if (nm < 1)
+        nm = 1;
+    const int32_t n1 = nk < nm ? nk : nm;
+    int32_t n = n1;
+    if (sp->top_p < 1.0f) {
+        const double target = ceil((double)sp->top_p * (double)(topk_on ? M[nk] : S));
+        for (n = 1; n < n1 && (double)M[n] < target; n++)
+            ;
+    }
+    const bool truncated = topk_on || sp->min_p > 0.0f || sp->top_p < 1.0f;
+    const uint64_t total = truncated ? M[n] : S;
+    const uint64_t td = (uint64_t)(u * (double)total);
+    for (int32_t i = 1; i <= n; i++)
+        if (M[i] > td)
+            return ord[i - 1];
+    return ord[n - 1];
+}
+
+/* Row shapes: peaked, flat, heavy ties, -inf/NaN holes, zeros at the top. */
+static void make_row(float *x, int32_t nv, int shape)
+{
+    for (int32_t i = 0; i < nv; i++) {
+        const float u = tunif();
+        switch (shape) {
+        case 0: x[i] = 3.0f * (u + tunif() + tunif() - 1.5f); break;
+        case 1: x[i] = u; break;
+        case 2: x[i] = (float)(int)(4.0f * u); break;
+        case 3: x[i] = u < 0.3f ? -INFINITY : u < 0.35f ? NAN : 10.0f * u; break;
+        case 4: x[i] = u < 0.5f ? (u < 0.25f ? -0.0f : 0.0f) : -20.0f * u; break;
+        default: x[i] = 40.0f * u * u * u; break;
+        }
+    }
+    if (shape == 0)
+        x[trand() % (uint64_t)nv] = 12.0f; /* one clear favourite */
+}
+
+static void random_sampling(dp_sampling *sp)
+{
+    static const float temps[] = {0.0f, 0.3f, 0.8f, 1.0f, 1.5f, 4.0f};
+    static const int32_t topks[] = {0, 0, 0, 1, 5, 40, 64, 100, 300};
+    static const float topps[] = {1.0f, 1.0f, 0.5f, 0.9f, 0.95f, 0.999f, 0.0f, 0.99999994f};
+    static const float minps[] = {0.0f, 0.0f, 0.0f, 0.05f, 0.2f, 1e-9f};
+    sampling_default(sp);
+    sp->temperature = temps[trand() % 6];
+    sp->top_k = topks[trand() % 9];
+    sp->top_p = topps[trand() % 8];
+    sp->min_p = minps[trand() % 6];
+    sp->seed = trand();
+}
+
+/* sampler_sample, sampler_sample_candidates (+ the fallback) at several
+ * candidate counts, and the plain reference: one token, one RNG state. */
+static void check_paths(int rows, int32_t vmax)
+{
+    static float x[50000];
+    static int32_t ids[DP_TOPK_MAX];
+    static float vals[DP_TOPK_MAX];
+    static const int32_t ks[] = {1, 2, 7, 64, 256};
+    dp_sampler s;
+    int64_t decided = 0, undecided = 0;
+    for (int r = 0; r < rows; r++) {
+        const int32_t nv = 1 + (int32_t)(trand() % (uint64_t)vmax);
+        make_row(x, nv, (int)(trand() % 6));
+        CHECK(sampler_init(&s, nv) == 0);
+        for (int c = 0; c < 4; c++) {
+            dp_sampling sp;
+            random_sampling(&sp);
+            dp_rng base;
+            rng_seed(&base, sp.seed);
+            dp_rng r_full = base, r_ref = base;
+            const int32_t want = ref_sample(x, nv, &sp, &r_ref);
+            const int32_t got = sampler_sample(&s, &sp, &r_full, x);
+            CHECK_MSG(got == want, "row %d (nv=%d) T=%g top_k=%d top_p=%g min_p=%g: %d vs reference %d",
+                      r, nv, sp.temperature, sp.top_k, sp.top_p, sp.min_p, got, want);
+            CHECK(memcmp(&r_full, &r_ref, sizeof r_ref) == 0);
+            for (int ki = 0; ki < 5; ki++) {
+                const int32_t k = ks[ki] < nv ? ks[ki] : nv;
+                const float T = sp.temperature > 0.0f ? sp.temperature : 1.0f;
+                float mx, sum;
+                dp_topk_row(x, nv, k, 1.0f / T, ids, vals, &mx, &sum);
+                dp_rng r_c = base;
+                dp_sample_pending pd;
+                int32_t t = sampler_sample_candidates(&sp, &r_c, ids, vals, k, nv, mx, sum, &pd);
+                if (t == DP_SAMPLE_UNDECIDED) {
+                    undecided++;
+                    t = sampler_sample_rest(&s, &sp, &pd, x);
+                } else {
+                    decided++;
+                }
+                CHECK_MSG(t == want, "row %d (nv=%d) k=%d T=%g top_k=%d top_p=%g min_p=%g: %d vs %d", r,
+                          nv, k, sp.temperature, sp.top_k, sp.top_p, sp.min_p, t, want);
+                CHECK(memcmp(&r_c, &r_ref, sizeof r_ref) == 0);
+            }
+        }
+        sampler_destroy(&s);
+    }
+    /* Both outcomes must have been exercised. */
+    CHECK(decided > 0 && undecided > 0);
+    printf("sampler: %d rows up to %d tokens: candidates decided %lld, fell back %lld, all identical\n",
+           rows, vmax, (long long)decided, (long long)undecided);
+}
+
+/* The AVX-512 weights, sum and argmax against their scalar definitions. */
+static void check_topk_host(void)
+{
+    static float x[20000];
+    static int32_t wid[20000 + DP_TOPK_SLACK];
+    static uint64_t ww[20000 + DP_TOPK_SLACK];
+    static float wt[20000 + DP_TOPK_SLACK];
+    for (int r = 0; r < 200; r++) {
+        const int32_t nv = 1 + (int32_t)(trand() % 20000);
+        make_row(x, nv, r % 6);
+        const float inv_t = 1.0f / (0.05f + 3.0f * tunif());
+        int32_t ids[DP_TOPK_MAX];
+        float vals[DP_TOPK_MAX], mx, sum;
+        const int32_t k = nv < DP_TOPK_MAX ? nv : 1 + (int32_t)(trand() % DP_TOPK_MAX);
+        dp_topk_row(x, nv, k, inv_t, ids, vals, &mx, &sum);
+        CHECK_EQ_INT(sampler_argmax(x, nv), ids[0]);
+        uint64_t s = 0;
+        int32_t n = 0;
+        for (int32_t i = 0; i < nv && isfinite(mx); i++) {
+            const uint64_t w = dp_topk_weight((x[i] - mx) * inv_t);
+            s += w;
+            n += w != 0;
+        }
+        CHECK(sum == (isfinite(mx) ? dp_topk_sum_float(s) : 0.0f));
+        if (isfinite(mx)) {
+            CHECK_EQ_INT(dp_topk_weights(x, nv, mx, inv_t, wid, ww, wt), n);
+            for (int32_t j = 0; j < n; j++) {
+                CHECK(j == 0 || wid[j] > wid[j - 1]);
+                CHECK(ww[j] == dp_topk_weight((x[wid[j]] - mx) * inv_t) && ww[j] > 0);
+                CHECK(wt[j] == (x[wid[j]] - mx) * inv_t);
+            }
+        }
+        /* Candidates: descending keys, and nothing left out beats the last. */
+        for (int32_t j = 1; j < k; j++)
+            CHECK(dp_topk_key(vals[j], ids[j]) < dp_topk_key(vals[j - 1], ids[j - 1]));
+        int32_t above = 0;
+        for (int32_t i = 0; i < nv; i++)
+            above += dp_topk_key(x[i], i) > dp_topk_key(vals[k - 1], ids[k - 1]);
+        CHECK_EQ_INT(above, k - 1);
+    }
+    /* The scalar exp against libm over the whole range. */
+    for (float t = -30.0f; t <= 0.0f; t += 0.001f)
+        CHECK(fabs(dp_topk_exp(t) / exp((double)t) - 1.0) < 1e-6);
+}
 
 int main(void)
 {
@@ -175,5 +380,19 @@ int main(void)
         CHECK(distinct > 1);
     }
     sampler_destroy(&s);
+
+    /* One semantics, two sources of candidates. */
+    check_topk_host();
+    check_paths(3000, 300);
+    check_paths(400, 5000);
+    check_paths(12, 49152);
+    dp_sampling np;
+    sampling_default(&np);
+    CHECK(!sampling_needs_row(&np));
+    np.presence_penalty = 0.1f;
+    CHECK(sampling_needs_row(&np));
+    np.presence_penalty = 0.0f;
+    np.repetition_penalty = 1.1f;
+    CHECK(sampling_needs_row(&np));
     T_DONE("sampler");
 }

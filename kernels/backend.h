@@ -223,6 +223,13 @@ typedef struct dp_backend_ops {
      * (the model), stores the KV stores of the step; a recorded step is only
      * replayed for the same owner and stores. NULL: every step is issued. */
     int (*step_begin)(dp_backend *be, const void *owner, dp_kv_store *const *stores);
+    /* The size to pad a decode step of n tokens (one per sequence, nothing
+     * captured) to, so that few recordings cover every batch size; n when
+     * it is not padded. Padding tokens follow the real ones, one padding
+     * sequence each, with slot -1: kv_write skips them and their attention
+     * rows are zeros; their output rows come after the real ones. Only a
+     * backend with step_pad is ever sent a slot of -1. */
+    int32_t (*step_pad)(dp_backend *be, int32_t n_tokens);
     int (*step_end)(dp_backend *be);
     /* Sets the recording policy (DP_GRAPHS_*; a negative value leaves it) and
      * reads the counters (st may be NULL). */

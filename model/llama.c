@@ -23,6 +23,11 @@ struct dp_llama {
     layer_w *layers;
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture;
+    /* A decode step padded for the backend (backend.h step_pad): host
+     * arrays, grown on demand. */
+    int32_t *pad_i32;
+    uint8_t *pad_store;
+    size_t pad_cap_i32, pad_cap_store;
 };
 
 const dp_hparams *llama_hparams(const dp_llama *m) { return &m->hp; }
@@ -89,6 +94,8 @@ void llama_destroy(dp_llama *m)
         }
         free(m->layers);
     }
+    free(m->pad_i32);
+    free(m->pad_store);
     float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -252,6 +259,71 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
     op->matmul(be, m->logits, m->outx, hp->tied_output ? &m->tok_embd : &m->output, b->n_out);
 }
 
+/* A decode step (one token per sequence, nothing captured) padded to the
+ * size the backend asks for (step_pad): padding tokens after the real ones,
+ * each its own sequence, slot -1, its output row after the real ones. The
+ * real rows' logits stay first, so callers read them as before. Returns b
+ * itself when there is nothing to pad (or no room). */
+static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
+{
+    const dp_backend_ops *op = m->be->ops;
+    const int32_t n = b->n_tokens;
+    if (!op->step_pad || b->n_capture > 0 || n != b->n_seqs || b->n_out != n)
+        return b;
+    for (int32_t i = 1; i < n; i++)
+        if (b->seq[i] == b->seq[i - 1])
+            return b;
+    const int32_t N = op->step_pad(m->be, n);
+    if (N <= n || N > m->max_tokens || N > m->max_out)
+        return b;
+    const size_t mb = (size_t)b->max_blocks;
+    const size_t need = 5 * (size_t)N + (size_t)N * mb;
+    if (need > m->pad_cap_i32) {
+        int32_t *p = realloc(m->pad_i32, need * sizeof *p);
+        if (!p)
+            return b; /* unpadded is still correct */
+        m->pad_i32 = p;
+        m->pad_cap_i32 = need;
+    }
+    if ((size_t)N > m->pad_cap_store) {
+        uint8_t *p = realloc(m->pad_store, (size_t)N);
+        if (!p)
+            return b;
+        m->pad_store = p;
+        m->pad_cap_store = (size_t)N;
+    }
+    int32_t *tokens = m->pad_i32, *pos = tokens + N, *seq = pos + N, *slot = seq + N;
+    int32_t *out = slot + N, *tables = out + N;
+    memcpy(tokens, b->tokens, (size_t)n * sizeof *tokens);
+    memcpy(pos, b->pos, (size_t)n * sizeof *pos);
+    memcpy(seq, b->seq, (size_t)n * sizeof *seq);
+    memcpy(slot, b->slot, (size_t)n * sizeof *slot);
+    memcpy(out, b->out_tokens, (size_t)n * sizeof *out);
+    memcpy(tables, b->block_tables, (size_t)n * mb * sizeof *tables);
+    memcpy(m->pad_store, b->seq_store, (size_t)n);
+    for (int32_t i = n; i < N; i++) {
+        tokens[i] = 0;
+        pos[i] = 0;
+        seq[i] = i;
+        slot[i] = -1;
+        out[i] = i;
+        m->pad_store[i] = b->seq_store[0]; /* a store that exists; never read */
+    }
+    memset(tables + (size_t)n * mb, 0, (size_t)(N - n) * mb * sizeof *tables);
+    *pb = *b;
+    pb->n_tokens = N;
+    pb->n_seqs = N;
+    pb->n_out = N;
+    pb->tokens = tokens;
+    pb->pos = pos;
+    pb->seq = seq;
+    pb->slot = slot;
+    pb->out_tokens = out;
+    pb->block_tables = tables;
+    pb->seq_store = m->pad_store;
+    return pb;
+}
+
 /* The step up to the output head: the logits of the out_tokens are left in
  * m->logits (backend memory). A backend that records steps (backend.h,
  * step_begin) may replay this one instead of taking its ops again. */
@@ -262,6 +334,8 @@ static int forward_to_logits(dp_llama *m, const dp_batch *b, dp_kv_store *const 
     int rc = check_batch(m, b, stores);
     if (rc)
         return rc;
+    dp_batch padded;
+    b = pad_step(m, b, &padded);
     if ((rc = op->batch_set(be, b)))
         return rc;
     if (!op->step_begin) {

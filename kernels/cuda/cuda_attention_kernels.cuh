@@ -274,7 +274,8 @@ __global__ void __launch_bounds__(NT)
             if (i < rpg && r < R) {
                 const size_t orow = (size_t)row_tok[r] * (size_t)n_heads + (size_t)row_head[r];
                 if (n_splits == 1) {
-                    const float inv = 1.0f / row_l[r];
+                    /* A padding token's rows see no key: zeros, not 0/0. */
+                    const float inv = row_l[r] > 0.0f ? 1.0f / row_l[r] : 0.0f;
                     *(float2 *)(out + orow * hd + 2 * pc) =
                         make_float2(acc[i].x * inv, acc[i].y * inv);
                 } else {
@@ -309,7 +310,7 @@ __global__ void cuda_attn_combine(const float *__restrict__ part, float *__restr
         if (m != -INFINITY)
             L += __expf(m - M) * ml[2 * ((size_t)s * n_rows + row) + 1];
     }
-    const float inv = 1.0f / L;
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f; /* 0: a padding row */
     for (int32_t d = threadIdx.x; d < hd; d += blockDim.x) {
         float a = 0.0f;
         for (int32_t s = 0; s < n_splits; s++) {

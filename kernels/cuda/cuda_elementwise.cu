@@ -213,10 +213,12 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
     const int32_t vi = (int32_t)(idx % vecs);
     const int32_t h = (int32_t)((idx / vecs) % n_kv);
     const int32_t i = (int32_t)(idx / ((int64_t)vecs * n_kv));
+    const int32_t slot = bd.slot[i];
+    if (slot < 0)
+        return; /* a padding token (backend.h step_pad) has no slot */
     const int32_t s = bd.seq[i];
     const int32_t st = bd.seq_store[s];
     const int32_t bt = cuda_pick(kd.block_tokens, st);
-    const int32_t slot = bd.slot[i];
     const int32_t block = bd.block_tables[(size_t)s * (size_t)max_blocks + (size_t)(slot / bt)];
     const size_t row = (((size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) + (size_t)block) * (size_t)n_kv +
                         (size_t)h) * (size_t)bt + (size_t)(slot % bt);

@@ -172,6 +172,21 @@ static int cuda_step_end(dp_backend *be)
     return 0;
 }
 
+/* Decode batches are padded to 1, 2, 4 and then multiples of 8 tokens: at
+ * most 7 padding rows (GEMMs of a few more rows cost the same weight
+ * traffic), and 3 + max_seqs / 8 recordings cover every batch size. Padded
+ * whether or not recording is on, so that both give the same bits (cuBLAS
+ * may pick another kernel for another row count). */
+static int32_t cuda_step_pad(dp_backend *be, int32_t n)
+{
+    (void)be;
+    if (n < 1 || n > CUDA_GRAPH_MAX_TOKENS)
+        return n;
+    if (n <= 4)
+        return n == 3 ? 4 : n;
+    return (n + 7) / 8 * 8;
+}
+
 static void cuda_step_graphs(dp_backend *be, int policy, dp_graph_stats *st)
 {
     cuda_backend *c = cuda_of(be);
@@ -192,5 +207,6 @@ void cuda_graph_ops(dp_backend_ops *o)
 {
     o->step_begin = cuda_step_begin;
     o->step_end = cuda_step_end;
+    o->step_pad = cuda_step_pad;
     o->step_graphs = cuda_step_graphs;
 }

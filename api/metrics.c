@@ -247,6 +247,15 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     tb_printf(&b, "dualpath_engine_steps_total %lld\n", (long long)st->steps);
     family(&b, "dualpath_engine_busy_seconds_total", "counter", "Time spent inside steps.");
     tb_printf(&b, "dualpath_engine_busy_seconds_total %.9g\n", st->busy_seconds);
+    family(&b, "dualpath_engine_graph_steps_total", "counter",
+           "Decode steps recorded as CUDA graphs, replayed from one, and recordings given up "
+           "(always 0 on the CPU backend).");
+    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"recorded\"} %lld\n",
+              (long long)st->graph_recorded);
+    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"replayed\"} %lld\n",
+              (long long)st->graph_replayed);
+    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"abandoned\"} %lld\n",
+              (long long)st->graph_abandoned);
     family(&b, "dualpath_engine_sampled_rows_total", "counter",
            "Tokens sampled, by source: device candidates, candidates then the full row, the "
            "full row alone.");

@@ -829,6 +829,13 @@ static void run_step(dp_engine *e)
     e->stats.sampled_candidates += e->n_cand;
     e->stats.sampled_fallback += e->n_fallback;
     e->stats.sampled_full_row += e->n_full;
+    if (e->be->ops->step_graphs) {
+        dp_graph_stats gs;
+        e->be->ops->step_graphs(e->be, -1, &gs);
+        e->stats.graph_recorded = (int64_t)gs.recorded;
+        e->stats.graph_replayed = (int64_t)gs.replayed;
+        e->stats.graph_abandoned = (int64_t)gs.abandoned;
+    }
     pthread_mutex_unlock(&e->stats_mu);
 }
 

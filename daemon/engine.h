@@ -87,6 +87,8 @@ typedef struct dp_engine_stats {
      * then the downloaded row (undecided), the row alone (device sampling
      * off or unavailable, logit_bias, penalties, logprobs). */
     int64_t sampled_candidates, sampled_fallback, sampled_full_row;
+    /* Recorded steps (backend.h step_graphs; zeros on the CPU). */
+    int64_t graph_recorded, graph_replayed, graph_abandoned;
     uint64_t heartbeat;       /* bumped every loop iteration, idle or not */
 } dp_engine_stats;
 

@@ -41,6 +41,15 @@ def test_metrics_content(server):
     assert m["dualpath_e2e_request_latency_seconds_count"] >= 1
     assert any(k.startswith("dualpath_build_info{") for k in m)
     assert not any('pool="kv"' in k for k in m)  # the single-pool label is gone
+    # Every token of a finished request was sampled from one source (device
+    # candidates on the CPU backend too; a request still running counts in
+    # the sources only); CUDA graph counters exist and stay 0 on the CPU.
+    src = [m['dualpath_engine_sampled_rows_total{source="%s"}' % s]
+           for s in ("candidates", "fallback", "full_row")]
+    assert sum(src) >= m["dualpath_generation_tokens_total"], src
+    assert src[0] > 0
+    for ev in ("recorded", "replayed", "abandoned"):
+        assert m['dualpath_engine_graph_steps_total{event="%s"}' % ev] == 0
     # The decode pool is there exactly when the server runs the dual path.
     if 'dualpath_kv_blocks_capacity{pool="decode"}' in m:
         assert m['dualpath_kv_blocks_capacity{pool="decode"}'] > 0

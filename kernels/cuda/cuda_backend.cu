@@ -43,7 +43,7 @@ int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_
         c->rec_spoiled = true;
         return DP_ENOMEM;
     }
-    cuda_graphs_retire(c); /* recorded steps hold the old pointer */
+    cuda_graphs_clear(c); /* recorded steps hold the old pointer */
     size_t n = want + want / 4 + 1024;
     /* Work queued on the stream may still read the old buffer. */
     cudaStreamSynchronize(c->stream);
@@ -77,7 +77,7 @@ static void *cuda_alloc(dp_backend *be, size_t bytes)
 static void cuda_free(dp_backend *be, void *p)
 {
     cuda_xh_forget(cuda_of(be)); /* a later buffer may get the same address */
-    cuda_graphs_retire(cuda_of(be)); /* and so may a later model's */
+    cuda_graphs_clear(cuda_of(be)); /* and so may a later model's */
     cuda_bind(cuda_of(be));
     cudaFree(p);
 }
@@ -250,7 +250,7 @@ static void cuda_weight_free(dp_backend *be, dp_weight *w)
     cuda_bind(c);
     if (w->data)
         c->weight_bytes -= w->nbytes < c->weight_bytes ? w->nbytes : c->weight_bytes;
-    cuda_graphs_retire(c);
+    cuda_graphs_clear(c);
     cudaFree(w->data);
     memset(w, 0, sizeof *w);
 }
@@ -355,7 +355,7 @@ static void cuda_kv_destroy(dp_backend *be, dp_kv_store *kv)
         return;
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
-    cuda_graphs_retire(c);
+    cuda_graphs_clear(c);
     cudaStreamSynchronize(c->stream);
     cudaFree(kv->k);
     cudaFree(kv->v);
@@ -394,7 +394,7 @@ static int cuda_arrays_reserve(cuda_backend *c, size_t need)
     if (need <= c->arrays_cap)
         return 0;
     size_t n = need + need / 2 + 4096;
-    cuda_graphs_retire(c);            /* recorded steps read the old arrays */
+    cuda_graphs_clear(c);            /* recorded steps read the old arrays */
     cudaStreamSynchronize(c->stream); /* queued kernels may read the old arrays */
     cudaFreeHost(c->h_arrays);
     cudaFree(c->d_arrays);

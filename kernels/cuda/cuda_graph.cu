@@ -9,7 +9,7 @@
  *    the launch, outside the graph), and the shape that decides their offsets
  *    and every launch size is the key of the recorded step.
  * 2. No pointer a recorded step uses may move: every reallocation of a
- *    scratch buffer and every free bumps graph_gen, which retires all of them.
+ *    scratch buffer and every free drops all of them (cuda_graphs_clear).
  * 3. Nothing inside a recording may synchronize or allocate: a scratch buffer
  *    that would have to grow spoils the recording instead (cuda_scratch_grow),
  *    the step is issued again eagerly, and its shape is never recorded. */
@@ -28,19 +28,18 @@ static void entry_drop(cuda_backend *c, cuda_graph_entry *g)
         /* An exec still in flight is freed when it completes. */
         cudaGraphExecDestroy(g->exec);
         c->gstats.evicted++;
+        c->gstats.cached--;
     }
     memset(g, 0, sizeof *g);
 }
 
+/* Never called between step_begin and step_end of a recording: the only
+ * callers inside a step are scratch reallocations, which a recording turns
+ * into an abandoned recording instead (cuda_scratch_grow). */
 void cuda_graphs_clear(cuda_backend *c)
 {
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
         entry_drop(c, &c->graphs[i]);
-}
-
-void cuda_graphs_retire(cuda_backend *c)
-{
-    c->graph_gen++;
 }
 
 /* The entry for key, or a free / least recently used one reset for it. */
@@ -49,8 +48,6 @@ static cuda_graph_entry *entry_for(cuda_backend *c, const cuda_graph_key *key, b
     cuda_graph_entry *victim = NULL;
     for (int i = 0; i < CUDA_GRAPH_SLOTS; i++) {
         cuda_graph_entry *g = &c->graphs[i];
-        if (g->state != CUDA_GRAPH_EMPTY && g->gen != c->graph_gen)
-            entry_drop(c, g); /* buffers moved since it was recorded */
         if (g->state != CUDA_GRAPH_EMPTY && key_eq(&g->key, key)) {
             *found = true;
             return g;
@@ -62,7 +59,6 @@ static cuda_graph_entry *entry_for(cuda_backend *c, const cuda_graph_key *key, b
     *found = false;
     entry_drop(c, victim);
     victim->key = *key;
-    victim->gen = c->graph_gen;
     return victim;
 }
 
@@ -98,11 +94,11 @@ static int cuda_step_begin(dp_backend *be, const void *owner, dp_kv_store *const
         /* Not sticky for a launch refused up front: run this step eagerly
          * and never record the shape again. */
         cudaGetLastError();
-        entry_drop(c, g);
-        g->key = key;
-        g->gen = c->graph_gen;
+        cudaGraphExecDestroy(g->exec);
+        g->exec = NULL;
         g->state = CUDA_GRAPH_NEVER;
-        g->last_used = c->graph_clock;
+        c->gstats.evicted++;
+        c->gstats.cached--;
         dp_log(DP_LOG_WARN, "cuda: graph launch failed (%s); this step shape runs eagerly",
                cudaGetErrorString(e));
         return DP_STEP_EAGER;
@@ -163,6 +159,7 @@ static int cuda_step_end(dp_backend *be)
     g->exec = exec;
     g->state = CUDA_GRAPH_READY;
     c->gstats.recorded++;
+    c->gstats.cached++;
     /* Captured work is only recorded: this step runs now, as a replay. */
     e = cudaGraphLaunch(exec, c->stream);
     if (e != cudaSuccess) {
@@ -196,9 +193,6 @@ static void cuda_step_graphs(dp_backend *be, int policy, dp_graph_stats *st)
     }
     if (st) {
         *st = c->gstats;
-        st->cached = 0;
-        for (int i = 0; i < CUDA_GRAPH_SLOTS; i++)
-            st->cached += c->graphs[i].state == CUDA_GRAPH_READY && c->graphs[i].gen == c->graph_gen;
         st->policy = c->graph_policy;
     }
 }

@@ -85,7 +85,6 @@ enum { CUDA_GRAPH_EMPTY, CUDA_GRAPH_SEEN, CUDA_GRAPH_READY, CUDA_GRAPH_NEVER };
 typedef struct cuda_graph_entry {
     cuda_graph_key key;
     int state;
-    uint64_t gen;       /* graph_gen when recorded */
     uint64_t last_used;
     cudaGraphExec_t exec;
 } cuda_graph_entry;
@@ -147,7 +146,6 @@ typedef struct cuda_backend {
      * (decode tokens only, see cuda_batch_set); step_begin/step_end. */
     bool step_graphable;
     int graph_policy;
-    uint64_t graph_gen;   /* bumped when a buffer a recording may use moves */
     uint64_t graph_clock;
     int step_mode;        /* DP_STEP_* of the step being issued */
     cuda_graph_entry *step_entry;
@@ -173,10 +171,9 @@ static inline void cuda_xh_forget(cuda_backend *c)
     c->xh_of_n = 0;
 }
 
-/* Recorded steps (cuda_graph.cu): the ops table entries, retiring every
- * recording (a buffer moved), and dropping them all. */
+/* Recorded steps (cuda_graph.cu): the ops table entries, and dropping every
+ * recording (a buffer they may read moved or was freed; shutdown). */
 void cuda_graph_ops(dp_backend_ops *o);
-void cuda_graphs_retire(cuda_backend *c);
 void cuda_graphs_clear(cuda_backend *c);
 
 /* Records the first failure (and logs it once); later ops still run, and

@@ -204,6 +204,47 @@ static void hbatch_set(dp_backend *be, const hbatch *h)
         die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
 }
 
+/* ---- synthetic models ------------------------------------------------------------------
+ * A LLaMA of a preset shape with seeded random weights, written to memory and
+ * opened: every check and the benchmark use one, so nothing is downloaded. */
+
+typedef struct synth_model {
+    dp_synth_shape sh;
+    void *buf;
+    dp_gguf g;
+} synth_model;
+
+static void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type)
+{
+    char err[DP_ERRLEN] = "out of memory", msg[DP_ERRLEN + 64];
+    if (synth_shape_preset(preset, &sm->sh)) {
+        snprintf(msg, sizeof msg, "no %s preset", preset);
+        die(EXIT_SETUP, "%s", msg);
+    }
+    gguf_writer w;
+    size_t size;
+    int rc = gguf_writer_init(&w);
+    if (!rc) {
+        /* The buffer is the writer's output, independent of the writer. */
+        rc = synth_llama_build(&w, &sm->sh, seed, type, err, sizeof err);
+        if (!rc)
+            rc = gguf_writer_finish_mem(&w, &sm->buf, &size);
+        gguf_writer_destroy(&w);
+    }
+    if (!rc && (rc = gguf_open_mem(&sm->g, sm->buf, size, err, sizeof err)))
+        free(sm->buf);
+    if (rc) {
+        snprintf(msg, sizeof msg, "%s synthetic model: %s", preset, err);
+        die(EXIT_SETUP, "%s", msg);
+    }
+}
+
+static void synth_close(synth_model *sm)
+{
+    gguf_close(&sm->g);
+    free(sm->buf);
+}
+
 /* ---- op checks ----------------------------------------------------------------------- */
 
 static void check_matmul(dp_backend *be[2])
@@ -1098,17 +1139,11 @@ static void check_kvpath(dp_backend *be[2])
  * afterwards, the masked one masked. */
 static void check_forward_topk(dp_backend *be[2])
 {
-    dp_synth_shape sh;
     char err[DP_ERRLEN];
-    if (synth_shape_preset("tiny", &sh))
-        die(EXIT_SETUP, "%s", "no tiny preset");
-    gguf_writer w;
-    void *buf;
-    size_t size;
-    dp_gguf g;
-    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), DP_TYPE_F16, err, sizeof err) ||
-        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
-        die(EXIT_SETUP, "synthetic model: %s", err);
+    synth_model sm;
+    synth_open(&sm, "tiny", rnd64(), DP_TYPE_F16);
+    const dp_synth_shape sh = sm.sh;
+    const dp_gguf *g = &sm.g;
     enum { NT = 9, K = 32, NOUT = 2 };
     const float temp[NOUT] = {0.7f, 1.3f};
     const uint8_t mask_rows[NOUT] = {0, 1};
@@ -1127,7 +1162,7 @@ static void check_forward_topk(dp_backend *be[2])
                   .block_tables = hb.tables, .max_blocks = 1, .n_out = NOUT, .out_tokens = outs};
     for (int bi = 0; bi < 2; bi++) {
         dp_llama *m;
-        if (llama_init(&m, &g, be[bi], 64, 8, err, sizeof err))
+        if (llama_init(&m, g, be[bi], 64, 8, err, sizeof err))
             die(EXIT_SETUP, "llama_init: %s", err);
         const int32_t vocab = llama_hparams(m)->vocab;
         dp_kv_layout l = llama_kv_layout(m, 16, 2);
@@ -1184,26 +1219,18 @@ static void check_forward_topk(dp_backend *be[2])
         llama_destroy(m);
     }
     hbatch_free(&hb);
-    gguf_close(&g);
-    free(buf);
-    gguf_writer_destroy(&w);
+    synth_close(&sm);
 }
 
 /* ---- greedy generation on both backends ----------------------------------------------- */
 
 static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
 {
-    dp_synth_shape sh;
     char err[DP_ERRLEN];
-    if (synth_shape_preset("tiny", &sh))
-        die(EXIT_SETUP, "%s", "no tiny preset");
-    gguf_writer w;
-    void *buf;
-    size_t size;
-    dp_gguf g;
-    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), type, err, sizeof err) ||
-        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
-        die(EXIT_SETUP, "synthetic model: %s", err);
+    synth_model sm;
+    synth_open(&sm, "tiny", rnd64(), type);
+    const dp_synth_shape sh = sm.sh;
+    const dp_gguf *g = &sm.g;
     enum { NSEQ = 4, NEW = 32 };
     const int32_t lens[NSEQ] = {5, 17, 33, 1};
     int32_t *prompts[NSEQ], out[2][NSEQ][NEW];
@@ -1215,7 +1242,7 @@ static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
     for (int b = 0; b < 2; b++) {
         dp_llama *m;
         dp_gen gen;
-        if (llama_init(&m, &g, be[b], 64, 8, err, sizeof err))
+        if (llama_init(&m, g, be[b], 64, 8, err, sizeof err))
             die(EXIT_SETUP, "llama_init: %s", err);
         if (gen_init(&gen, m, 16, 64, err, sizeof err))
             die(EXIT_SETUP, "gen_init: %s", err);
@@ -1254,9 +1281,7 @@ static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
            required > 0 ? (ok ? "  ok" : "  FAIL: required identical first tokens") : "");
     for (int i = 0; i < NSEQ; i++)
         free(prompts[i]);
-    gguf_close(&g);
-    free(buf);
-    gguf_writer_destroy(&w);
+    synth_close(&sm);
     return ok;
 }
 
@@ -1372,16 +1397,10 @@ static void gr_run(dp_backend *be, const dp_gguf *g, int policy, const gr_step *
 static void check_graphs(dp_backend *cpu)
 {
     char err[DP_ERRLEN];
-    dp_synth_shape sh;
-    if (synth_shape_preset("tiny", &sh))
-        die(EXIT_SETUP, "%s", "no tiny preset");
-    gguf_writer w;
-    void *buf;
-    size_t size;
-    dp_gguf g;
-    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, rnd64(), DP_TYPE_F16, err, sizeof err) ||
-        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
-        die(EXIT_SETUP, "synthetic model: %s", err);
+    synth_model sm;
+    synth_open(&sm, "tiny", rnd64(), DP_TYPE_F16);
+    const dp_synth_shape sh = sm.sh;
+    const dp_gguf *g = &sm.g;
     gr_step *st = xmalloc(GR_STEPS * 2 * sizeof *st);
     const int32_t n_steps = gr_script(st, (int32_t)sh.vocab);
     size_t n_logits = 0;
@@ -1398,7 +1417,7 @@ static void check_graphs(dp_backend *cpu)
         if (!be->ops->step_graphs)
             die(EXIT_SETUP, "%s", "the cuda backend has no step recording");
         lg[p] = xmalloc(n_logits * sizeof(float));
-        gr_run(be, &g, policies[p], st, n_steps, lg[p], &gs[p]);
+        gr_run(be, g, policies[p], st, n_steps, lg[p], &gs[p]);
         backend_destroy(be);
     }
     for (int p = 1; p < 3; p++) {
@@ -1437,7 +1456,7 @@ static void check_graphs(dp_backend *cpu)
     {
         float *ref = xmalloc(n_logits * sizeof(float));
         dp_graph_stats none;
-        gr_run(cpu, &g, DP_GRAPHS_OFF, st, n_steps, ref, &none);
+        gr_run(cpu, g, DP_GRAPHS_OFF, st, n_steps, ref, &none);
         char what[96];
         snprintf(what, sizeof what, "%d steps, padded batches: cuda vs cpu logits", n_steps);
         report("graphs", what, ref, lg[1], n_logits, TOL_ATT);
@@ -1451,9 +1470,7 @@ static void check_graphs(dp_backend *cpu)
     for (int p = 0; p < 3; p++)
         free(lg[p]);
     free(st);
-    gguf_close(&g);
-    free(buf);
-    gguf_writer_destroy(&w);
+    synth_close(&sm);
 }
 
 /* ---- benchmark ------------------------------------------------------------------------- */
@@ -1558,28 +1575,19 @@ static int run_bench(dp_backend *gpu, const bench_cfg *bc)
     printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (%d^3, f32 accumulate)\n", flops / 1e12,
            bc->gemm_n);
 
-    dp_synth_shape sh;
-    if (synth_shape_preset(bc->shape, &sh))
-        die(EXIT_SETUP, "no %s preset", bc->shape);
     double t0 = dp_now();
-    gguf_writer w;
-    void *buf;
-    size_t size;
-    dp_gguf g;
-    if (gguf_writer_init(&w) || synth_llama_build(&w, &sh, 7, DP_TYPE_F16, err, sizeof err) ||
-        gguf_writer_finish_mem(&w, &buf, &size) || gguf_open_mem(&g, buf, size, err, sizeof err))
-        die(EXIT_SETUP, "7B synthetic model: %s", err);
+    synth_model sm;
+    synth_open(&sm, bc->shape, 7, DP_TYPE_F16);
+    const dp_synth_shape sh = sm.sh;
     double t1 = dp_now();
     const int32_t max_b = bc->max_b, prompt = bc->prompt;
     dp_llama *m;
-    if (llama_init(&m, &g, gpu, prompt, max_b, err, sizeof err))
+    if (llama_init(&m, &sm.g, gpu, prompt, max_b, err, sizeof err))
         die(EXIT_SETUP, "llama_init: %s", err);
     double t2 = dp_now();
     printf("  model: %u layers, dim %u, %u/%u heads, ffn %u, vocab %u: built in %.0f s, loaded in %.1f s\n",
            sh.n_layers, sh.dim, sh.n_heads, sh.n_kv_heads, sh.ffn, sh.vocab, t1 - t0, t2 - t1);
-    gguf_close(&g);
-    free(buf);
-    gguf_writer_destroy(&w);
+    synth_close(&sm);
 
     const dp_hparams *hp = llama_hparams(m);
     const double hd = hp->head_dim;

@@ -69,7 +69,7 @@ struct runner {
     lg_workload *w;
     lg_run_result *out;
     struct sockaddr_storage addr;
-    lg_rng rng;
+    dp_rng rng;
     int phase;
     double t_begin, t0, now;
     int inflight;
@@ -907,7 +907,7 @@ int lg_run_execute(const lg_run_opts *o, lg_workload *w, lg_run_result *out, cha
         free(r);
         return dp_err(err, errsz, DP_EIO, "uv_loop_init: %s", uv_strerror(rc));
     }
-    lg_rng_seed(&r->rng, o->seed ^ 0xA5A5A5A5u);
+    rng_seed(&r->rng, o->seed ^ 0xA5A5A5A5u);
     uv_timer_init(&r->loop, &r->tick);
     uv_timer_init(&r->loop, &r->arrival);
     uv_signal_init(&r->loop, &r->sigint);

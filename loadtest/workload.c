@@ -12,53 +12,23 @@
 
 /* ---- rng ---- */
 
-static uint64_t splitmix64(uint64_t *x)
+double lg_rng_uniform(dp_rng *r)
 {
-    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
+    return ((double)(rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
 }
 
-void lg_rng_seed(lg_rng *r, uint64_t seed)
+uint64_t lg_rng_below(dp_rng *r, uint64_t n)
 {
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
+    return n ? rng_next(r) % n : 0; /* the modulo bias is irrelevant at these sizes */
 }
 
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-uint64_t lg_rng_next(lg_rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t result = rotl(s[1] * 5, 7) * 9;
-    uint64_t t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return result;
-}
-
-double lg_rng_uniform(lg_rng *r)
-{
-    return ((double)(lg_rng_next(r) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
-}
-
-uint64_t lg_rng_below(lg_rng *r, uint64_t n)
-{
-    return n ? lg_rng_next(r) % n : 0; /* the modulo bias is irrelevant at these sizes */
-}
-
-static double rng_normal(lg_rng *r)
+static double rng_normal(dp_rng *r)
 {
     double u1 = lg_rng_uniform(r), u2 = lg_rng_uniform(r);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
-double lg_rng_gamma(lg_rng *r, double shape, double scale)
+double lg_rng_gamma(dp_rng *r, double shape, double scale)
 {
     /* Marsaglia and Tsang; shape < 1 via the x * U^(1/shape) boost. */
     if (shape < 1.0) {
@@ -77,7 +47,7 @@ double lg_rng_gamma(lg_rng *r, double shape, double scale)
     }
 }
 
-double lg_rng_interarrival(lg_rng *r, double rate, double burstiness)
+double lg_rng_interarrival(dp_rng *r, double rate, double burstiness)
 {
     if (rate <= 0 || isinf(rate))
         return 0;
@@ -208,7 +178,7 @@ void lg_len_dist_destroy(lg_len_dist *d)
     memset(d, 0, sizeof *d);
 }
 
-int lg_len_dist_sample(const lg_len_dist *d, lg_rng *r)
+int lg_len_dist_sample(const lg_len_dist *d, dp_rng *r)
 {
     switch (d->kind) {
     case LG_LEN_UNIFORM:
@@ -271,7 +241,7 @@ static const char *const k_words[] = {
 };
 #define N_WORDS (sizeof k_words / sizeof k_words[0])
 
-int lg_workload_random_text(lg_rng *r, int n, char **out)
+int lg_workload_random_text(dp_rng *r, int n, char **out)
 {
     size_t cap = (size_t)(n > 0 ? n : 1) * 12 + 1, len = 0;
     char *s = malloc(cap);
@@ -348,7 +318,7 @@ int lg_workload_init(lg_workload *w, const lg_workload_opts *o, char *err, size_
 {
     memset(w, 0, sizeof *w);
     w->o = *o;
-    lg_rng_seed(&w->rng, o->seed);
+    rng_seed(&w->rng, o->seed);
     int rc = 0;
     if (o->extra_body && *o->extra_body) {
         w->extra = cJSON_Parse(o->extra_body);

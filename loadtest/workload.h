@@ -8,21 +8,15 @@
 #include <stdint.h>
 
 #include "common/dp.h"
+#include "common/rng.h"
 
-/* ---- random numbers (xoshiro256**, seeded by splitmix64: reproducible runs) ---- */
-
-typedef struct lg_rng {
-    uint64_t s[4];
-} lg_rng;
-
-void lg_rng_seed(lg_rng *r, uint64_t seed);
-uint64_t lg_rng_next(lg_rng *r);
-double lg_rng_uniform(lg_rng *r);             /* (0, 1] */
-uint64_t lg_rng_below(lg_rng *r, uint64_t n); /* [0, n) */
-double lg_rng_gamma(lg_rng *r, double shape, double scale);
+/* ---- random numbers (common/rng.h's generator: reproducible runs) ---- */
+double lg_rng_uniform(dp_rng *r);             /* (0, 1] */
+uint64_t lg_rng_below(dp_rng *r, uint64_t n); /* [0, n) */
+double lg_rng_gamma(dp_rng *r, double shape, double scale);
 /* Gap before the next arrival at `rate` req/s: exponential when burstiness == 1
  * (Poisson arrivals), gamma with shape = burstiness otherwise (same mean 1/rate). */
-double lg_rng_interarrival(lg_rng *r, double rate, double burstiness);
+double lg_rng_interarrival(dp_rng *r, double rate, double burstiness);
 
 /* ---- length distributions ---- */
 
@@ -38,7 +32,7 @@ typedef struct lg_len_dist {
 /* "N" fixed, "A:B" uniform in [A, B], "@FILE" one length per line. */
 int lg_len_dist_parse(lg_len_dist *d, const char *spec, char *err, size_t errsz);
 void lg_len_dist_destroy(lg_len_dist *d);
-int lg_len_dist_sample(const lg_len_dist *d, lg_rng *r);
+int lg_len_dist_sample(const lg_len_dist *d, dp_rng *r);
 double lg_len_dist_mean(const lg_len_dist *d);
 /* Human-readable form for reports ("256", "128:512", "list of 100 (mean 300.5)"). */
 void lg_len_dist_describe(const lg_len_dist *d, char *out, size_t outsz);
@@ -79,7 +73,7 @@ typedef struct lg_work_item {
 
 typedef struct lg_workload {
     lg_workload_opts o;
-    lg_rng rng;
+    dp_rng rng;
     char *file_text;     /* prompt file / corpus, owned */
     char **lines;        /* LG_WL_FILE: prompts; LG_WL_CORPUS: words */
     size_t n_lines;
@@ -104,6 +98,6 @@ void lg_workload_session_end(lg_workload *w, lg_session *s);
 void lg_work_item_clear(lg_work_item *it);
 
 /* Appends `n` random words (leading space before each but the first if at_start). */
-int lg_workload_random_text(lg_rng *r, int n, char **out);
+int lg_workload_random_text(dp_rng *r, int n, char **out);
 
 #endif

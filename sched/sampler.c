@@ -25,38 +25,6 @@ void sampling_default(dp_sampling *sp)
     sp->seed = 0;
 }
 
-static uint64_t splitmix64(uint64_t *x)
-{
-    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-void rng_seed(dp_rng *r, uint64_t seed)
-{
-    for (int i = 0; i < 4; i++)
-        r->s[i] = splitmix64(&seed);
-}
-
-static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
-
-/* xoshiro256** */
-uint64_t rng_next(dp_rng *r)
-{
-    uint64_t *s = r->s;
-    uint64_t res = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0];
-    s[3] ^= s[1];
-    s[1] ^= s[2];
-    s[0] ^= s[3];
-    s[2] ^= t;
-    s[3] = rotl(s[3], 45);
-    return res;
-}
-
-double rng_uniform(dp_rng *r) { return (double)(rng_next(r) >> 11) * 0x1.0p-53; }
-
 /* Scratch of the full-row fallback: the row's weighted tokens, a histogram of
  * them by scaled logit, and one bucket sorted by key. */
 #define HIST_BINS 4096

@@ -7,6 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "common/rng.h"
+
 typedef struct dp_sampling {
     float temperature;  /* <= 0: greedy */
     int32_t top_k;      /* <= 0: off */
@@ -20,14 +22,6 @@ typedef struct dp_sampling {
 
 void sampling_default(dp_sampling *sp);
 
-typedef struct dp_rng {
-    uint64_t s[4];
-} dp_rng;
-
-void rng_seed(dp_rng *r, uint64_t seed);
-uint64_t rng_next(dp_rng *r);
-/* Uniform in [0, 1). */
-double rng_uniform(dp_rng *r);
 
 typedef struct dp_sampler {
     int32_t vocab;

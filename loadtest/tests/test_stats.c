@@ -85,8 +85,8 @@ static void test_lengths_and_arrivals(void)
 {
     char err[128];
     lg_len_dist d;
-    lg_rng r;
-    lg_rng_seed(&r, 7);
+    dp_rng r;
+    rng_seed(&r, 7);
     CHECK(lg_len_dist_parse(&d, "256", err, sizeof err) == 0 && d.kind == LG_LEN_FIXED);
     CHECK(lg_len_dist_sample(&d, &r) == 256);
     lg_len_dist_destroy(&d);

@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "sched/path.h"
+#include "tools/bench_util.h"
 
 typedef struct outcome {
     int32_t max_running;        /* before the first preemption */
@@ -28,6 +29,16 @@ typedef struct outcome {
     int64_t kept, evicted;
 } outcome;
 
+/* The most sequences running at once before the first preemption. */
+static void track_running(dp_engine *e, void *ud)
+{
+    outcome *out = ud;
+    dp_engine_stats st;
+    engine_get_stats(e, &st);
+    if (st.preemptions == 0 && st.running > out->max_running)
+        out->max_running = st.running;
+}
+
 static int run(dp_llama *m, const dp_tokenizer *tok, const dp_engine_opts *o, int n_req, int plen,
                int olen, outcome *out)
 {
@@ -37,48 +48,22 @@ static int run(dp_llama *m, const dp_tokenizer *tok, const dp_engine_opts *o, in
         fprintf(stderr, "dp-dualpath-bench: %s\n", err);
         return 1;
     }
-    const int32_t vocab = llama_hparams(m)->vocab;
-    uint64_t x = 7;
+    dp_request_params prm;
+    memset(&prm, 0, sizeof prm);
+    prm.max_tokens = olen;
+    sampling_default(&prm.sampling);
+    prm.sampling.temperature = 0;
+    prm.logprobs = -1;
+    prm.ignore_eos = true;
     double t0 = dp_now();
-    for (int r = 0; r < n_req; r++) {
-        int32_t *p = malloc((size_t)plen * sizeof *p);
-        for (int32_t i = 0; i < plen; i++) {
-            x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-            p[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
-        }
-        dp_request_params prm;
-        memset(&prm, 0, sizeof prm);
-        prm.max_tokens = olen;
-        sampling_default(&prm.sampling);
-        prm.sampling.temperature = 0;
-        prm.logprobs = -1;
-        prm.ignore_eos = true;
-        dp_request *req = request_new(p, plen, &prm);
-        if (engine_submit(e, req, err, sizeof err)) {
-            fprintf(stderr, "dp-dualpath-bench: %s\n", err);
-            return 1;
-        }
-        request_unref(req);
+    if (bench_submit_random(e, n_req, plen, llama_hparams(m)->vocab, 7, &prm, err, sizeof err)) {
+        fprintf(stderr, "dp-dualpath-bench: %s\n", err);
+        return 1;
     }
     memset(out, 0, sizeof *out);
-    int finished = 0;
-    int64_t tokens = 0;
-    dp_engine_stats st;
-    while (finished < n_req) {
-        dp_event *ev = engine_take_events(e);
-        engine_get_stats(e, &st);
-        if (st.preemptions == 0 && st.running > out->max_running)
-            out->max_running = st.running;
-        if (!ev)
-            usleep(1000);
-        for (dp_event *q = ev; q; q = q->next)
-            if (q->kind == DP_EV_FINISH) {
-                finished++;
-                tokens += q->completion_tokens;
-            }
-        event_free_list(ev);
-    }
+    const int64_t tokens = bench_wait(e, n_req, track_running, out);
     out->wall = dp_now() - t0;
+    dp_engine_stats st;
     engine_get_stats(e, &st);
     out->preemptions = st.preemptions;
     out->out_tps = tokens / out->wall;
@@ -106,14 +91,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--requests")) n_req = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prompt-slots")) prompt_slots = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prompts")) {
-            n_plens = 0;
-            for (char *p = argv[i + 1]; *p && n_plens < 4;) {
-                plens[n_plens++] = (int)strtol(p, &p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        } else {
+        else if (!strcmp(argv[i], "--prompts"))
+            n_plens = bench_parse_list(argv[i + 1], plens, 4);
+        else {
             fprintf(stderr, "usage: dp-dualpath-bench [--model F] [--kv-mb MB] [--keep-ratio R] "
                             "[--prompts 512,2048] [--output N] [--requests N] [--prompt-slots N]\n");
             return 2;

@@ -13,6 +13,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "tools/bench_util.h"
 
 int main(int argc, char **argv)
 {
@@ -33,14 +34,9 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--top-k")) top_k = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--min-p")) min_p = (float)atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--device-sampling")) device_sampling = atoi(argv[i + 1]) != 0;
-        else if (!strcmp(argv[i], "--concurrency")) {
-            n_levels = 0;
-            for (char *p = argv[i + 1]; *p && n_levels < 8;) {
-                levels[n_levels++] = (int)strtol(p, &p, 10);
-                if (*p == ',')
-                    p++;
-            }
-        } else {
+        else if (!strcmp(argv[i], "--concurrency"))
+            n_levels = bench_parse_list(argv[i + 1], levels, 8);
+        else {
             fprintf(stderr, "usage: dp-engine-bench [--model F] [--device D] [--prompt N] "
                             "[--output N] [--concurrency 1,8,32,64] [--temperature T] [--top-p P]\n"
                             "       [--top-k K] [--min-p P] [--device-sampling 0|1] [--threads N]\n"
@@ -86,45 +82,22 @@ int main(int argc, char **argv)
             fprintf(stderr, "dp-engine-bench: %s\n", err);
             return 1;
         }
-        uint64_t x = 42;
+        dp_request_params prm;
+        memset(&prm, 0, sizeof prm);
+        prm.max_tokens = olen;
+        sampling_default(&prm.sampling);
+        prm.sampling.temperature = temperature;
+        prm.sampling.top_p = top_p;
+        prm.sampling.top_k = top_k;
+        prm.sampling.min_p = min_p;
+        prm.logprobs = -1;
+        prm.ignore_eos = true;
         double t0 = dp_now();
-        for (int r = 0; r < C; r++) {
-            int32_t *p = malloc((size_t)plen * sizeof *p);
-            for (int32_t i = 0; i < plen; i++) {
-                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-                p[i] = (int32_t)((x >> 33) % (uint64_t)vocab);
-            }
-            dp_request_params prm;
-            memset(&prm, 0, sizeof prm);
-            prm.max_tokens = olen;
-            sampling_default(&prm.sampling);
-            prm.sampling.temperature = temperature;
-            prm.sampling.top_p = top_p;
-            prm.sampling.top_k = top_k;
-            prm.sampling.min_p = min_p;
-            prm.sampling.seed = (uint64_t)r;
-            prm.logprobs = -1;
-            prm.ignore_eos = true;
-            dp_request *req = request_new(p, plen, &prm);
-            if (engine_submit(e, req, err, sizeof err)) {
-                fprintf(stderr, "dp-engine-bench: %s\n", err);
-                return 1;
-            }
-            request_unref(req);
+        if (bench_submit_random(e, C, plen, vocab, 42, &prm, err, sizeof err)) {
+            fprintf(stderr, "dp-engine-bench: %s\n", err);
+            return 1;
         }
-        int finished = 0;
-        int64_t out_tokens = 0;
-        while (finished < C) {
-            dp_event *ev = engine_take_events(e);
-            if (!ev)
-                usleep(500);
-            for (dp_event *q = ev; q; q = q->next)
-                if (q->kind == DP_EV_FINISH) {
-                    finished++;
-                    out_tokens += q->completion_tokens;
-                }
-            event_free_list(ev);
-        }
+        const int64_t out_tokens = bench_wait(e, C, NULL, NULL);
         double wall = dp_now() - t0;
         dp_engine_stats st;
         engine_get_stats(e, &st);

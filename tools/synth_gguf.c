@@ -640,6 +640,26 @@ static const char *const CHATML_TEMPLATE =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/* The merged token a + b and its merge rule "a b" (both malloc'd). */
+static int merge_pair(const char *a, const char *b, char **tok, char **merge)
+{
+    size_t la = strlen(a), lb = strlen(b);
+    char *t = malloc(la + lb + 1), *mg = malloc(la + lb + 2);
+    if (!t || !mg) {
+        free(t);
+        free(mg);
+        return DP_ENOMEM;
+    }
+    memcpy(t, a, la);
+    memcpy(t + la, b, lb + 1);
+    memcpy(mg, a, la);
+    mg[la] = ' ';
+    memcpy(mg + la + 1, b, lb + 1);
+    *tok = t;
+    *merge = mg;
+    return 0;
+}
+
 /* Tokens, merges and types for the synthetic vocabulary. Merges pair bytes in
  * a rough English-frequency order (diagonally, so common pairs get low ranks),
  * then, for very large vocabularies, pair those two-character tokens with one
@@ -687,22 +707,9 @@ static int build_tokenizer(gguf_writer *w, uint32_t vocab, char *err, size_t err
             if (i > 255 || j > 255)
                 continue;
             const char *a = bc[perm[i]], *b = bc[perm[j]];
-            size_t la = strlen(a), lb = strlen(b);
-            char *t = malloc(la + lb + 1), *mg = malloc(la + lb + 2);
-            if (!t || !mg) {
-                free(t);
-                free(mg);
-                rc = DP_ENOMEM;
+            if ((rc = merge_pair(a, b, &toks[256 + m], &merges[m])))
                 break;
-            }
-            memcpy(t, a, la);
-            memcpy(t + la, b, lb + 1);
-            memcpy(mg, a, la);
-            mg[la] = ' ';
-            memcpy(mg + la + 1, b, lb + 1);
-            toks[256 + m] = t;
-            types[256 + m] = 1;
-            merges[m++] = mg;
+            types[256 + m++] = 1;
         }
     }
     /* Level 2: (level-1 token k, byte perm[j]), diagonally again. */
@@ -715,22 +722,9 @@ static int build_tokenizer(gguf_writer *w, uint32_t vocab, char *err, size_t err
         for (uint64_t k = k0; k <= k1 && m < n_merges && !rc; k++) {
             uint64_t j = sdiag - k;
             const char *a = toks[256 + k], *b = bc[perm[j]];
-            size_t la = strlen(a), lb = strlen(b);
-            char *t = malloc(la + lb + 1), *mg = malloc(la + lb + 2);
-            if (!t || !mg) {
-                free(t);
-                free(mg);
-                rc = DP_ENOMEM;
+            if ((rc = merge_pair(a, b, &toks[256 + m], &merges[m])))
                 break;
-            }
-            memcpy(t, a, la);
-            memcpy(t + la, b, lb + 1);
-            memcpy(mg, a, la);
-            mg[la] = ' ';
-            memcpy(mg + la + 1, b, lb + 1);
-            toks[256 + m] = t;
-            types[256 + m] = 1;
-            merges[m++] = mg;
+            types[256 + m++] = 1;
         }
     }
     if (rc) {

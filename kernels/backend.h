@@ -61,6 +61,19 @@ typedef struct dp_batch {
     const int32_t *capture_tokens; /* [n_capture] indices into the token list */
 } dp_batch;
 
+/* A decode step: one token per sequence (consecutive tokens belong to
+ * different sequences) and no query capture. Such steps are the ones a
+ * backend may pad and record (step_pad, step_begin). */
+static inline bool dp_batch_is_decode(const dp_batch *b)
+{
+    if (b->n_capture > 0 || b->n_tokens != b->n_seqs)
+        return false;
+    for (int32_t i = 1; i < b->n_tokens; i++)
+        if (b->seq[i] == b->seq[i - 1])
+            return false;
+    return true;
+}
+
 /* One sequence's migration for kv_compact: for every layer and KV head, the
  * source slots to keep, in order; kept slot s of head h lands in slot s of
  * the destination table (so one table serves every head). */

@@ -268,11 +268,8 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
 {
     const dp_backend_ops *op = m->be->ops;
     const int32_t n = b->n_tokens;
-    if (!op->step_pad || b->n_capture > 0 || n != b->n_seqs || b->n_out != n)
+    if (!op->step_pad || b->n_out != n || !dp_batch_is_decode(b))
         return b;
-    for (int32_t i = 1; i < n; i++)
-        if (b->seq[i] == b->seq[i - 1])
-            return b;
     const int32_t N = op->step_pad(m->be, n);
     if (N <= n || N > m->max_tokens || N > m->max_out)
         return b;

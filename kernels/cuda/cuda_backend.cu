@@ -425,9 +425,7 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* One token per sequence (so every query tile is one token) and no
      * capture: a decode step. */
-    bool decode = n_capture == 0 && b->n_tokens == b->n_seqs && b->n_tokens <= CUDA_GRAPH_MAX_TOKENS;
-    for (int32_t i = 1; decode && i < b->n_tokens; i++)
-        decode = b->seq[i] != b->seq[i - 1];
+    const bool decode = b->n_tokens <= CUDA_GRAPH_MAX_TOKENS && dp_batch_is_decode(b);
     const int32_t stride = decode ? round_pow2(b->max_blocks, 8) : b->max_blocks;
     const size_t nbt = ns * (size_t)stride;
     /* Tiles: at most one per token. */

@@ -270,8 +270,10 @@ static void mm_task(void *ctx, int64_t t, int thread)
     const int64_t k = w->cols, n = w->rows;
     const int64_t r0 = t * j->tile;
     const int64_t nt = r0 + j->tile <= n ? j->tile : n - r0;
-    const size_t rb = weight_row_bytes(w);
 #ifdef __AVX512F__
+    /* Declared inside the #ifdef: without AVX-512 nothing reads them, and an
+     * unused variable is an error under -Werror. */
+    const size_t rb = weight_row_bytes(w);
     fused_fn ff = NULL;
     decode_fn df = NULL;
     bool fast = k % 32 == 0 && fast_path(w->type, &ff, &df);

@@ -24,19 +24,34 @@ static void on_poll(uv_poll_t *p, int status, int events)
     http_kick(p->data);
 }
 
+/* While the connection limit is reached MHD keeps its listen socket out of
+ * the epoll set; it puts it back at the next MHD_run after a slot frees. */
+#define AT_LIMIT_TICK_MS 100
+
 void http_kick(dp_server *s)
 {
     if (!s->mhd || s->in_mhd)
         return;
     s->in_mhd = true;
+    s->conn_closed = false;
     MHD_run(s->mhd);
     s->in_mhd = false;
     if (!s->mhd)
         return;
     MHD_UNSIGNED_LONG_LONG to = 0;
+    uint64_t ms = UINT64_MAX;
     /* 0 ms is common (MHD keeps its own ready list): honour it. */
     if (MHD_get_timeout(s->mhd, &to) == MHD_YES)
-        uv_timer_start(&s->timer, on_timer, to > 60000 ? 60000 : (uint64_t)to, 0);
+        ms = to > 60000 ? 60000 : (uint64_t)to;
+    /* A connection closed inside this run: MHD re-adds the listen socket only
+     * at its next run, and when the server is idle nothing else would cause
+     * one (no fd ready, no timeout), so accepting would stop for good. */
+    if (s->conn_closed)
+        ms = 0;
+    else if (s->n_conns >= s->opts.conn_limit && ms > AT_LIMIT_TICK_MS)
+        ms = AT_LIMIT_TICK_MS;
+    if (ms != UINT64_MAX)
+        uv_timer_start(&s->timer, on_timer, ms, 0);
     else
         uv_timer_stop(&s->timer);
     server_check_drain(s);
@@ -107,6 +122,89 @@ enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
     return send_ex(h, (unsigned)e->status, "application/json", body, len, hn, hv);
 }
 
+/* Each connection's socket is also watched by the loop for the peer's
+ * hang-up (EPOLLRDHUP, level-triggered). MHD cannot see it in two cases: its
+ * edge-triggered registration misses a FIN that arrived together with the
+ * data it already read, and a suspended connection is out of its epoll set.
+ * Either way the slot would be held until the idle timeout. A client that
+ * stops sending is gone for HTTP/1.1 purposes (nginx treats it so too). */
+typedef struct dp_conn {
+    uv_poll_t poll;
+    dp_server *srv;
+    struct MHD_Connection *conn;
+    dp_hreq *hreq;            /* the request being served, if any */
+    int fd;
+    bool watching;
+} dp_conn;
+
+static void conn_free(uv_handle_t *h)
+{
+    free(h->data);
+}
+
+static void conn_unwatch(dp_conn *c)
+{
+    if (c->watching) {
+        uv_poll_stop(&c->poll);
+        c->watching = false;
+    }
+}
+
+static void on_hangup(uv_poll_t *p, int status, int events)
+{
+    dp_conn *c = p->data;
+    dp_server *s = c->srv;
+    conn_unwatch(c);
+    /* Shutting the socket down wakes MHD's own registration (it then reads
+     * end-of-file and closes); a suspended request is cancelled, and the
+     * write that ends it fails. */
+    shutdown(c->fd, SHUT_RDWR);
+    if (c->hreq)
+        server_client_gone(s, c->hreq);
+    http_kick(s);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    dp_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        s->n_conns++;
+        const union MHD_ConnectionInfo *ci =
+            MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        dp_conn *c = ci ? calloc(1, sizeof *c) : NULL;
+        if (!c)
+            return; /* served, just not watched for hang-ups */
+        c->srv = s;
+        c->conn = conn;
+        c->fd = ci->connect_fd;
+        if (uv_poll_init_socket(s->loop, &c->poll, c->fd) != 0) {
+            free(c);
+            return;
+        }
+        c->poll.data = c;
+        c->watching = uv_poll_start(&c->poll, UV_DISCONNECT, on_hangup) == 0;
+        *socket_context = c;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        s->n_conns--;
+        s->conn_closed = true;
+        dp_conn *c = *socket_context;
+        if (c) {
+            /* Before MHD closes the fd: its number may be reused at once. */
+            conn_unwatch(c);
+            uv_close((uv_handle_t *)&c->poll, conn_free);
+            *socket_context = NULL;
+        }
+    }
+}
+
+static dp_conn *conn_of(struct MHD_Connection *conn)
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
                                  const char *method, const char *version,
                                  const char *upload, size_t *upload_size, void **con_cls)
@@ -124,6 +222,9 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         h->t_start = dp_now();
         *con_cls = h;
         s->n_hreqs++;
+        dp_conn *c = conn_of(conn);
+        if (c)
+            c->hreq = h;
         /* Decide 413 from Content-Length before reading a byte of the body. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
@@ -184,6 +285,9 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     dp_server *s = cls;
     dp_hreq *h = *con_cls;
     *con_cls = NULL;
+    dp_conn *c = conn_of(conn);
+    if (c && c->hreq == h)
+        c->hreq = NULL;
     if (h)
         server_hreq_done(s, h, toe);
 }
@@ -231,6 +335,7 @@ int http_open(dp_server *s, char *err, size_t errsz)
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->opts.conn_limit,
                               MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opts.conn_timeout_s,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                              MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                               MHD_OPTION_SIGPIPE_HANDLED_BY_APP, (int)1,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
                               MHD_OPTION_END);

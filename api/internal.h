@@ -73,6 +73,8 @@ struct dp_server {
     uv_async_t async;
     bool poll_open, timers_open, async_open;
     bool in_mhd;              /* inside MHD_run: never re-enter */
+    unsigned n_conns;         /* open connections (MHD's connection notifications) */
+    bool conn_closed;         /* one closed during the current MHD_run */
     int port;
     int listen_fd;            /* returned by quiesce; closed at stop */
     dp_job *jobs;             /* live jobs */
@@ -108,6 +110,9 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h);
 enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind);
 enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h);
 void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe);
+/* The client of h hung up: its generation (if any) is cancelled and its
+ * parked connection resumed so that MHD ends it. */
+void server_client_gone(dp_server *s, dp_hreq *h);
 void server_check_drain(dp_server *s);
 
 #endif

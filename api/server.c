@@ -334,6 +334,17 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
     return http_send(h, 200, "application/json", body, len);
 }
 
+void server_client_gone(dp_server *s, dp_hreq *h)
+{
+    dp_job *j = h->job;
+    if (!j || j->finished || j->cancelled)
+        return;
+    dp_log(DP_LOG_DEBUG, "api: %s: client hung up, cancelling", j->id);
+    j->cancelled = true;
+    job_cancel(j);
+    /* The FINISH event resumes the connection; the write then fails. */
+}
+
 void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe)
 {
     dp_job *j = h->job;

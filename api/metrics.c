@@ -225,6 +225,9 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
 
     family(&b, "dualpath_requests_running", "gauge", "Sequences being prefilled or decoded.");
     tb_printf(&b, "dualpath_requests_running %d\n", st->running);
+    family(&b, "dualpath_requests_running_peak", "gauge",
+           "Most sequences running at once since the daemon started.");
+    tb_printf(&b, "dualpath_requests_running_peak %d\n", st->running_peak);
     family(&b, "dualpath_requests_waiting", "gauge", "Sequences queued or preempted.");
     tb_printf(&b, "dualpath_requests_waiting %d\n", st->waiting);
 

@@ -636,7 +636,10 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
             pr->max_tokens = (int32_t)max_tokens;
         } else {
             int32_t room = ctx - pr->n_ids;
-            pr->max_tokens = kind == DP_OAI_CHAT ? room : (room < 16 ? room : 16);
+            int32_t want = c->default_max_tokens > 0 ? c->default_max_tokens
+                           : kind == DP_OAI_CHAT   ? room
+                                                   : 16;
+            pr->max_tokens = want < room ? want : room;
         }
     }
     return 0;

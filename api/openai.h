@@ -26,6 +26,10 @@ typedef struct dp_oai_ctx {
     const char *model_name;    /* the id /v1/models lists */
     const char *model_alias;   /* also accepted (e.g. the file name); may be NULL */
     int32_t context_length;
+    /* max_tokens of a request that gives none, capped by the context; 0: the
+     * rest of the context for chat (as OpenAI and vLLM), 16 for completions
+     * (OpenAI's legacy default). */
+    int32_t default_max_tokens;
 } dp_oai_ctx;
 
 typedef struct dp_oai_prompt {

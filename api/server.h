@@ -24,6 +24,7 @@ typedef struct dp_server_opts {
     unsigned conn_limit;
     unsigned conn_timeout_s;  /* idle connections are closed after this */
     double ping_interval_s;   /* SSE comment while a stream has nothing to send */
+    int32_t default_max_tokens; /* a request without max_tokens; 0: the endpoint's default */
 } dp_server_opts;
 
 void server_opts_default(dp_server_opts *o);

@@ -437,17 +437,19 @@ static int32_t budget_keep(const dp_engine *e)
     return k > floor_k ? k : floor_k;
 }
 
-/* Decode-path slots a sequence can need: its compressed cache plus what it
- * may still generate, or, with a decode budget, the budget plus the copy made
- * while recompressing. Used by admission. */
+/* Decode-pool slots promised at admission: the compressed cache the
+ * migration will write, plus one block of growth. What the sequence
+ * generates after that is taken block by block (sched/scheduler.c), never
+ * promised up front: a chat request without max_tokens may run to the end of
+ * the context, and promising that would admit one request where the full
+ * cache admits eight. */
 static int32_t decode_slots(void *ud, const dp_seq *q)
 {
     dp_engine *e = ud;
     const eng_seq *es = q->owner;
     if (!es->dualpath)
         return 0;
-    int64_t left = (int64_t)es->req->params.max_tokens - es->n_gen;
-    int64_t need = (int64_t)compress_n_keep(&es->copts, q->n_tokens) + (left > 0 ? left : 0) + 1;
+    int64_t need = (int64_t)compress_n_keep(&es->copts, q->n_tokens) + e->dpool.block_tokens;
     int32_t B = e->opts.decode_budget;
     if (B > 0) {
         int64_t cap = (int64_t)B + budget_keep(e) + 1;
@@ -672,6 +674,11 @@ static void run_step(dp_engine *e)
     recompress_over_budget(e);
     dp_sched_plan plan;
     sched_schedule(&e->sched, &plan);
+    if (e->sched.n_running > e->stats.running_peak) {
+        pthread_mutex_lock(&e->stats_mu);
+        e->stats.running_peak = e->sched.n_running;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
     if (plan.n_items == 0) {
         /* Nothing fits. If nothing runs either, the head of the queue can
          * never fit (submit checks against the pools, so this is a safety

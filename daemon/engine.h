@@ -56,6 +56,7 @@ extern const double dp_migration_bucket_bounds[DP_MIGRATION_BUCKETS]; /* seconds
 
 typedef struct dp_engine_stats {
     int32_t running;          /* sequences being prefilled or decoded */
+    int32_t running_peak;     /* most sequences running at once since start */
     int32_t waiting;          /* queued or preempted */
     int32_t blocks_total;     /* prefill pool (the only pool without dualpath) */
     int32_t blocks_used;

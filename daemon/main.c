@@ -64,6 +64,7 @@ static int serve_from_config(const dp_config *c, bool verbose)
     so.max_body = (size_t)c->max_body_bytes;
     so.conn_limit = (unsigned)c->max_connections;
     so.conn_timeout_s = (unsigned)((c->request_timeout_ms + 999) / 1000);
+    so.default_max_tokens = c->default_max_tokens;
     so.watchdog = c->watchdog;
     engine_from_config(c, &so.engine);
     return serve_run(&so);

@@ -376,6 +376,7 @@ int serve_run(const dp_serve_opts *o)
         so.conn_limit = o->conn_limit;
     if (o->conn_timeout_s)
         so.conn_timeout_s = o->conn_timeout_s;
+    so.default_max_tokens = o->default_max_tokens;
     if (server_init(&c.srv, &c.loop, &so, tok, &ct, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;

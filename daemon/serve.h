@@ -22,6 +22,7 @@ typedef struct dp_serve_opts {
     size_t max_body;         /* 0: the server's default */
     unsigned conn_limit;     /* 0: the server's default */
     unsigned conn_timeout_s; /* 0: the server's default */
+    int default_max_tokens;  /* 0: the rest of the context (chat), 16 (completions) */
     bool watchdog;           /* answer systemd's watchdog (default true) */
     dp_engine_opts engine;
 } dp_serve_opts;

@@ -5,9 +5,12 @@
  *
  * With a decode pool (dualpath), admission is compression-aware: a sequence
  * is admitted when the prefill pool holds its whole prompt and the decode
- * pool can promise its compressed size plus its generation budget. The
- * promise (decode_reserved) is what lets many more sequences run than full
- * caches would allow, without the decode pool ever running dry. */
+ * pool can promise its compressed size plus a little headroom, above a
+ * watermark of free blocks. Its generation budget is not promised: decode
+ * blocks are taken as tokens are produced and the newest sequence is
+ * preempted when they run out (as vLLM does). Promising max_tokens up front
+ * would let one chat request without max_tokens (the rest of the context)
+ * block every other. */
 #include "scheduler.h"
 
 #include <stdlib.h>
@@ -180,22 +183,24 @@ void sched_switch_to_decode(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n
 
 void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots)
 {
-    int32_t freed = q->table.n_blocks;
+    /* The freed blocks go back to the pool: the sequence grows into it again
+     * a token at a time, like any other. */
     kv_table_release(&q->table, s->dpool);
     free(q->table.blocks);
     q->table = *t;
     kv_table_init(t);
     q->n_slots = n_slots;
-    /* The freed blocks stay promised to this sequence (up to what it can
-     * still need), so that it can grow back to its budget without competing
-     * with new admissions. */
-    int32_t want = kv_pool_blocks_for(s->dpool, s->opts.decode_slots(s->opts.ud, q)) -
-                   q->table.n_blocks - q->decode_reserve;
-    int32_t add = want < freed ? want : freed;
-    if (add > 0) {
-        q->decode_reserve += add;
-        s->decode_reserved += add;
-    }
+}
+
+int32_t sched_decode_watermark(const dp_sched *s)
+{
+    /* About 1 % of the decode pool stays free at admission (vLLM's default
+     * watermark), so that sequences just admitted can grow for a while
+     * before the pool runs out and someone must be preempted. */
+    if (!s->dpool)
+        return 0;
+    int32_t w = s->dpool->n_blocks / 100;
+    return w > 0 ? w : 1;
 }
 
 void sched_preempt(dp_sched *s, dp_seq *q)
@@ -271,7 +276,10 @@ static bool admit(dp_sched *s, dp_seq *q)
     if (ok && s->dpool) {
         int32_t d = s->opts.decode_slots(s->opts.ud, q);
         need_d = d > 0 ? kv_pool_blocks_for(s->dpool, d) : 0;
-        ok = need_d <= kv_pool_n_free(s->dpool) - s->decode_reserved;
+        /* The watermark only applies while others run: an idle server
+         * admits anything that fits at all. */
+        int32_t wm = s->run_head && need_d > 0 ? sched_decode_watermark(s) : 0;
+        ok = need_d + wm <= kv_pool_n_free(s->dpool) - s->decode_reserved;
     }
     if (!ok || kv_table_reserve(&q->table, s->pool, slots) != 0) {
         /* Not now: the matched blocks go back, still named, for the retry. */

@@ -37,7 +37,6 @@ typedef struct dp_seq {
     dp_path path;             /* which pool the table lives in */
     dp_block_table table;
     int32_t decode_reserve;   /* decode-pool blocks reserved at admission, not yet taken */
-    int32_t max_new;          /* tokens still to generate at most (admission estimate) */
     int32_t hashed_blocks;    /* prefill blocks named in the prefix cache so far */
     uint64_t chain;           /* name of the last of them */
     int32_t reused_tokens;    /* prompt tokens taken from the prefix cache at admission */
@@ -76,14 +75,16 @@ typedef struct dp_sched_plan {
     int32_t n_preempted;     /* preemptions made while planning this step */
 } dp_sched_plan;
 
-/* Decode-pool slots a sequence will need at most once compacted (its
- * compressed prompt plus its generation budget), from the engine's policy. */
+/* Decode-pool slots a sequence needs at admission: its compressed cache and
+ * a little headroom, from the engine's policy. Never its whole generation
+ * budget: decode blocks are taken as tokens are produced, and the newest
+ * sequence is preempted when they run out. */
 typedef int32_t (*dp_decode_slots_fn)(void *ud, const dp_seq *q);
 
 typedef struct dp_sched_opts {
     int32_t max_batched_tokens;
     int32_t max_seqs;
-    dp_decode_slots_fn decode_slots;  /* with a decode pool: admission estimate */
+    dp_decode_slots_fn decode_slots;  /* with a decode pool: admission need */
     void *ud;
 } dp_sched_opts;
 
@@ -119,6 +120,8 @@ void sched_switch_to_decode(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n
 /* Replaces q's decode table by t (a recompression), releasing the old one. */
 void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots);
 void sched_destroy(dp_sched *s);
+/* Decode-pool blocks kept free at admission while sequences run. */
+int32_t sched_decode_watermark(const dp_sched *s);
 /* Queues a new sequence. */
 void sched_add(dp_sched *s, dp_seq *seq);
 /* Plans the next step (allocating the KV blocks it needs, preempting if it

@@ -122,7 +122,7 @@ static void test_table_and_defaults(void)
     CHECK_EQ_INT(c.decode_budget, 0);
     CHECK_EQ_INT(c.host_tier_bytes, 0);
     CHECK(c.gpu_memory_fraction == 0.9);
-    CHECK_EQ_INT(c.default_max_tokens, 256);
+    CHECK_EQ_INT(c.default_max_tokens, 0);
     CHECK_MSG(config_validate(&c, err, sizeof err) == 0, "%s", err);
 
     char name[64];

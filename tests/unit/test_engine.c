@@ -540,6 +540,45 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
     engine_destroy(e);
 }
 
+/* Admission never costs concurrency: 8 requests whose max_tokens is the rest
+ * of the context (what a chat request without max_tokens gets) all run at
+ * once with dualpath on, in the same KV memory as dualpath off (a quarter of
+ * the blocks for prefill, the rest for decode, as the daemon splits it).
+ * Promising max_tokens in the decode pool at admission ran them 4 at a time
+ * here (1 at a time in the daemon's default configuration). */
+static void test_admission(world *w)
+{
+    enum { N = 8, PROMPT = 20 };
+    const int32_t ctx = llama_hparams(w->m)->n_ctx_train;
+    static req_spec specs[N];
+    static result res[N];
+    for (int i = 0; i < N; i++) {
+        specs[i] = (req_spec){.n_prompt = PROMPT, .max_tokens = ctx - PROMPT, .ignore_eos = true};
+        for (int k = 0; k < PROMPT; k++)
+            specs[i].prompt[k] = urand(w->vocab);
+    }
+    const int32_t total = N * ctx / 16; /* blocks of 16 tokens: every sequence whole */
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    dp_engine_stats st[2];
+    for (int on = 0; on < 2; on++) {
+        o.dualpath = on;
+        o.n_blocks = on ? total / 4 : total;
+        o.n_blocks_decode = on ? total - total / 4 : 0;
+        run_with(w, &o, specs, N, res, &st[on], DP_DUALPATH_DEFAULT);
+        for (int i = 0; i < N; i++)
+            CHECK_EQ_INT(res[i].n, ctx - PROMPT);
+    }
+    CHECK_EQ_INT(st[0].running_peak, N);
+    CHECK_MSG(st[1].running_peak >= st[0].running_peak,
+              "dualpath on ran %d at once, off %d, in the same memory", st[1].running_peak,
+              st[0].running_peak);
+    CHECK(st[1].migrations >= N);
+    printf("admission: %d requests of max_tokens = rest of context: %d at once with dualpath off, "
+           "%d on (%lld preemptions on)\n",
+           N, st[0].running_peak, st[1].running_peak, (long long)st[1].preemptions);
+}
+
 /* Device sampling on and off: the same seeded requests, with every kind of
  * sampling setting at once in one batch, give the same tokens, whether a row
  * was decided by the backend's candidates, fell back to its downloaded row,
@@ -731,6 +770,7 @@ int main(void)
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;
     test_dualpath(&w, specs, 16, "tiny dualpath");
+    test_admission(&w);
     test_multiturn_rebuild(&w, 64);
     world_close(&w);
 

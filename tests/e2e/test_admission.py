@@ -1,0 +1,65 @@
+"""Admission over HTTP, with the daemon's default settings (dualpath on): chat
+requests without max_tokens (the most common request there is) all run at
+once, as many as with dualpath off; default_max_tokens applies to requests
+that set none."""
+import json
+import threading
+
+from conftest import Daemon, metrics, request
+
+CHAT = {"messages": [{"role": "user", "content": "Say hello to my friend Sam."}],
+        "temperature": 0, "stop": ["."]}
+
+
+def run_concurrent(d, n):
+    out = [None] * n
+
+    def one(i):
+        st, _, b = request("POST", "/v1/chat/completions", CHAT, base=d.url)
+        out[i] = (st, json.loads(b))
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for st, b in out:
+        assert st == 200, b
+        assert b["choices"][0]["finish_reason"] == "stop", b
+    return metrics(base=d.url)
+
+
+def test_chat_without_max_tokens_all_run_at_once():
+    peaks = {}
+    for mode in ("true", "false"):
+        d = Daemon(extra=["--dualpath" if mode == "true" else "--no-dualpath"],
+                   log_name=f"dualpathd-admission-{mode}")
+        try:
+            m = run_concurrent(d, 8)
+            peaks[mode] = m["dualpath_requests_running_peak"]
+            assert m["dualpath_requests_running"] == 0
+        finally:
+            assert d.stop() == 0
+    # All 8 are admitted in the first step: nothing waits for another to end.
+    assert peaks["true"] == 8, peaks
+    assert peaks["false"] == 8, peaks
+
+
+def test_default_max_tokens_applies():
+    d = Daemon(extra=["--default-max-tokens", "3"], log_name="dualpathd-default-max-tokens")
+    try:
+        body = {"messages": [{"role": "user", "content": "Tell me a long story."}],
+                "temperature": 0}
+        st, _, b = request("POST", "/v1/chat/completions", body, base=d.url)
+        assert st == 200, b
+        r = json.loads(b)
+        assert r["usage"]["completion_tokens"] == 3
+        assert r["choices"][0]["finish_reason"] == "length"
+        # An explicit max_tokens still wins.
+        st, _, b = request("POST", "/v1/chat/completions", dict(body, max_tokens=5), base=d.url)
+        assert st == 200, b
+        assert json.loads(b)["usage"]["completion_tokens"] == 5
+        st, _, b = request("POST", "/v1/completions", {"prompt": "Once upon a time",
+                                                       "temperature": 0}, base=d.url)
+        assert json.loads(b)["usage"]["completion_tokens"] == 3
+    finally:
+        assert d.stop() == 0

@@ -152,8 +152,15 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Sequences whose compacted KV cache lives in the decode pool.");
     tb_printf(b, "dualpath_decode_path_sequences %d\n", st->seqs_on_decode_path);
     family(b, "dualpath_migrations_total", "counter",
-           "Sequences moved from the prefill path to the decode path.");
-    tb_printf(b, "dualpath_migrations_total %lld\n", (long long)st->migrations);
+           "Sequences moved from the prefill path to the decode path, by the scorer used.");
+    for (int i = 0; i < DP_N_SCORERS; i++)
+        tb_printf(b, "dualpath_migrations_total{scorer=\"%s\"} %lld\n", scorer_name((dp_scorer)i),
+                  (long long)st->migrations_by_scorer[i]);
+    family(b, "dualpath_scorer_fallbacks_total", "counter",
+           "Compactions that wanted SnapKV but had no captured queries (scored by key norm).");
+    for (int i = 0; i < DP_N_COMPACTIONS; i++)
+        tb_printf(b, "dualpath_scorer_fallbacks_total{kind=\"%s\"} %lld\n", dp_compaction_names[i],
+                  (long long)st->scorer_fallbacks[i]);
     family(b, "dualpath_tokens_kept_total", "counter",
            "Prompt tokens kept in the decode pool at migrations.");
     tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);

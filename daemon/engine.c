@@ -68,6 +68,7 @@ struct dp_engine {
     int32_t *keep;             /* migration scratch: keep lists */
     size_t keep_cap;
     int32_t *b_capture;
+    int32_t capture_cap;       /* llama_capture_capacity */
     dp_sched sched;
     dp_sampler sampler;
     float *logits;
@@ -112,6 +113,12 @@ struct dp_engine {
     pthread_mutex_t stats_mu;
     dp_engine_stats stats;
 };
+
+_Static_assert(DP_SCORER_RANDOM + 1 == DP_N_SCORERS, "DP_N_SCORERS counts dp_scorer");
+
+const char *const dp_compaction_names[DP_N_COMPACTIONS] = {"migration", "early_switch",
+                                                           "prompt_end", "recompression",
+                                                           "early_signal"};
 
 const double dp_migration_bucket_bounds[DP_MIGRATION_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005,
                                                                   0.01,   0.025, 0.05,   0.1};
@@ -268,6 +275,15 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->copts.keep_ratio = p->keep_ratio;
     es->copts.seed = p->sampling.seed ^ req->id;
     es->capture_at = -1;
+    /* SnapKV scores with the prompt's last window of queries: they run in
+     * one step (the scheduler never splits them, nor takes them from the
+     * prefix cache) so that they are captured together. */
+    if (es->dualpath && es->copts.scorer == DP_SCORER_SNAPKV) {
+        int32_t w = es->copts.window < DP_MAX_CAPTURE ? es->copts.window : DP_MAX_CAPTURE;
+        if (w > e->opts.max_batched_tokens / 2)
+            w = e->opts.max_batched_tokens / 2;
+        es->seq->tail_min = w > 0 ? w : 0;
+    }
     path_init(&es->path);
     if (es->dualpath && e->popts.early_switch)
         es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
@@ -472,9 +488,13 @@ static int ensure_keep(dp_engine *e, size_t n)
 }
 
 static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t kept, int64_t evicted,
-                             bool recompress)
+                             bool recompress, const int64_t *by_scorer, int64_t fallbacks,
+                             dp_compaction_kind kind)
 {
     pthread_mutex_lock(&e->stats_mu);
+    for (int i = 0; i < DP_N_SCORERS; i++)
+        e->stats.migrations_by_scorer[i] += by_scorer[i];
+    e->stats.scorer_fallbacks[kind] += fallbacks;
     if (recompress) {
         e->stats.recompressions += n_seqs;
     } else {
@@ -515,6 +535,12 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
     const dp_hparams *hp = llama_hparams(e->model);
     const size_t per_keep = (size_t)hp->n_layers * (size_t)hp->n_kv_heads;
     const bool recompress = mode != COMPACT_MIGRATE;
+    const dp_compaction_kind kind = mode == COMPACT_BUDGET       ? DP_COMPACT_RECOMPRESS
+                                    : mode == COMPACT_PROMPT_END ? DP_COMPACT_PROMPT_END
+                                    : q                          ? DP_COMPACT_MIGRATION
+                                                                 : DP_COMPACT_EARLY;
+    int64_t by_scorer[DP_N_SCORERS] = {0}, fallbacks = 0;
+    dp_scorer used[COMPACT_BATCH];
     double t0 = dp_now();
     dp_compact_seq cs[COMPACT_BATCH];
     dp_block_table tables[COMPACT_BATCH];
@@ -544,11 +570,20 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
         kv_table_init(&tables[ok]);
         const float *qq = NULL;
         int32_t nq = 0, qslot[DP_MAX_CAPTURE];
-        if (!recompress && es->capture_at >= 0) {
+        if (q && es->capture_at >= 0) {
             qq = q + (size_t)es->capture_at * (size_t)hp->n_heads * (size_t)hp->head_dim;
             nq = es->n_capture;
             for (int32_t j = 0; j < nq; j++)
                 qslot[j] = s->n_slots - nq + j;
+        }
+        /* compressor_select scores SnapKV by key norm without queries: say
+         * so, and count it under the scorer that was used. */
+        used[ok] = es->copts.scorer;
+        if (used[ok] == DP_SCORER_SNAPKV && nq == 0) {
+            used[ok] = DP_SCORER_KNORM;
+            fallbacks++;
+            dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by knorm (no captured queries)",
+                   (unsigned long long)es->req->id, dp_compaction_names[kind]);
         }
         dp_kv_store *src = recompress ? e->dstore : e->store;
         if (sched_decode_reserve(&e->sched, s, &tables[ok], n_keep[i]) != 0 ||
@@ -579,6 +614,7 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
             continue;
         }
         if (!recompress) {
+            by_scorer[used[i]]++;
             es->tokens_kept = n_keep[i];
             es->tokens_evicted = s->n_slots - n_keep[i];
             kept += es->tokens_kept;
@@ -596,7 +632,7 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
     if (rc)
         dp_log(DP_LOG_ERROR, "engine: kv_compact failed (%s); sequences keep full caches",
                dp_strerror(rc));
-    record_migration(e, dp_now() - t0, ok, kept, evicted, recompress);
+    record_migration(e, dp_now() - t0, ok, kept, evicted, recompress, by_scorer, fallbacks, kind);
 }
 
 static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
@@ -618,8 +654,12 @@ static int early_signal(dp_engine *e, eng_seq *es)
     if (!cur)
         return DP_ENOMEM;
     dp_compress_opts co = es->copts;
-    if (co.scorer == DP_SCORER_SNAPKV)
+    if (co.scorer == DP_SCORER_SNAPKV) {
         co.scorer = DP_SCORER_KNORM; /* no captured queries mid-prompt */
+        pthread_mutex_lock(&e->stats_mu);
+        e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
     if (compressor_select(&e->comp, &co, e->store, s->table.blocks, s->n_slots, NULL, 0, NULL, 0, k,
                           cur) != 0) {
         free(cur);
@@ -725,13 +765,14 @@ static void run_step(dp_engine *e)
             e->b_seq[nt] = i;
             nt++;
         }
-        /* The last queries of a prompt feed SnapKV scoring at the switch. */
+        /* The last queries of a prompt feed SnapKV scoring at the switch
+         * (or, for a sequence that switched early, at its prompt's end). */
         es->capture_at = -1;
-        if (it->emits && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath &&
-            es->copts.scorer == DP_SCORER_SNAPKV) {
-            int32_t w = es->copts.window < it->n ? es->copts.window : it->n;
-            if (w > DP_MAX_CAPTURE - nc)
-                w = DP_MAX_CAPTURE - nc;
+        if (it->emits && !it->decode_phase && es->dualpath && es->seq->tail_min > 0 &&
+            (it->path == DP_PATH_PREFILL || es->switched_early)) {
+            int32_t w = es->seq->tail_min < it->n ? es->seq->tail_min : it->n;
+            if (w > e->capture_cap - nc)
+                w = e->capture_cap - nc; /* cannot happen: capacity covers every window */
             if (w > 0) {
                 es->capture_at = nc;
                 es->n_capture = w;
@@ -820,13 +861,13 @@ static void run_step(dp_engine *e)
         e->stats.early_switches += switched;
         pthread_mutex_unlock(&e->stats_mu);
     }
+    const dp_hparams *hp = llama_hparams(e->model);
+    const float *captured = llama_captured_queries(e->model);
+    const int64_t q_stride = (int64_t)nc * hp->n_heads * hp->head_dim;
     if (n_tail > 0)
-        compact_seqs(e, tail_done, n_tail, COMPACT_PROMPT_END, NULL, 0);
-    if (n_migrate > 0) {
-        const dp_hparams *hp = llama_hparams(e->model);
-        compact_seqs(e, migrate, n_migrate, COMPACT_MIGRATE, llama_captured_queries(e->model),
-                     (int64_t)nc * hp->n_heads * hp->head_dim);
-    }
+        compact_seqs(e, tail_done, n_tail, COMPACT_PROMPT_END, captured, q_stride);
+    if (n_migrate > 0)
+        compact_seqs(e, migrate, n_migrate, COMPACT_MIGRATE, captured, q_stride);
     pthread_mutex_lock(&e->stats_mu);
     e->stats.steps++;
     e->stats.prompt_tokens += prompt_toks;
@@ -1172,7 +1213,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_slot = malloc(T * sizeof(int32_t));
     e->b_out = malloc(S * sizeof(int32_t));
     e->b_store = calloc(S, 1);
-    e->b_capture = malloc(DP_MAX_CAPTURE * sizeof(int32_t));
+    e->capture_cap = llama_capture_capacity(model);
+    e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
     for (int i = 0; i < 3; i++)
         e->lists[i] = malloc(S * sizeof(eng_seq *));
     e->in_cap = 64;

@@ -50,6 +50,18 @@ void engine_opts_default(dp_engine_opts *o);
  * work completes; must be cheap and thread-safe (uv_async_send is). */
 typedef void (*dp_engine_notify_fn)(void *ud);
 
+#define DP_N_SCORERS 5
+/* What a compaction is for (the fallback counters' label). */
+typedef enum dp_compaction_kind {
+    DP_COMPACT_MIGRATION = 0,  /* prompt done: prefill -> decode */
+    DP_COMPACT_EARLY,          /* switch before the prompt's end (path detector) */
+    DP_COMPACT_PROMPT_END,     /* an early-switched prompt's tail */
+    DP_COMPACT_RECOMPRESS,     /* decode budget reached */
+    DP_COMPACT_EARLY_SIGNAL,   /* the detector's kept-set estimate */
+    DP_N_COMPACTIONS
+} dp_compaction_kind;
+extern const char *const dp_compaction_names[DP_N_COMPACTIONS];
+
 /* A consistent snapshot of counters for /metrics and tests. */
 #define DP_MIGRATION_BUCKETS 8
 extern const double dp_migration_bucket_bounds[DP_MIGRATION_BUCKETS]; /* seconds */
@@ -65,6 +77,10 @@ typedef struct dp_engine_stats {
     int32_t block_tokens, decode_block_tokens;
     int32_t seqs_on_decode_path;
     int64_t migrations;       /* sequences moved prefill -> decode */
+    int64_t migrations_by_scorer[DP_N_SCORERS]; /* by the scorer actually used */
+    /* Compactions that wanted SnapKV but had no captured queries and scored
+     * by key norm instead, by kind (dp_compaction_kind). */
+    int64_t scorer_fallbacks[DP_N_COMPACTIONS];
     int64_t tokens_kept;
     int64_t tokens_evicted;
     int64_t recompressions;   /* decode-budget compressions */

@@ -34,6 +34,11 @@ const dp_hparams *llama_hparams(const dp_llama *m) { return &m->hp; }
 dp_backend *llama_backend(const dp_llama *m) { return m->be; }
 int32_t llama_max_tokens(const dp_llama *m) { return m->max_tokens; }
 int32_t llama_max_out(const dp_llama *m) { return m->max_out; }
+int32_t llama_capture_capacity(const dp_llama *m)
+{
+    int64_t c = (int64_t)m->max_out * DP_MAX_CAPTURE;
+    return c < m->max_tokens ? (int32_t)c : m->max_tokens;
+}
 const float *llama_captured_queries(const dp_llama *m) { return m->capture; }
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
@@ -158,7 +163,7 @@ int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tok
         {&m->v, T * kvd}, {&m->att, T * qd}, {&m->tmp, T * hp->dim}, {&m->gate, T * hp->ffn},
         {&m->up, T * hp->ffn}, {&m->outx, (size_t)max_out * hp->dim},
         {&m->logits, (size_t)max_out * hp->vocab},
-        {&m->capture, (size_t)hp->n_layers * DP_MAX_CAPTURE * qd},
+        {&m->capture, (size_t)hp->n_layers * (size_t)llama_capture_capacity(m) * qd},
     };
     for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
         *acts[i].p = be->ops->alloc(be, acts[i].n * sizeof(float));
@@ -209,7 +214,7 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_tokens[i] < 0 || b->out_tokens[i] >= b->n_tokens)
             return DP_EINVAL;
-    if (b->n_capture < 0 || b->n_capture > DP_MAX_CAPTURE)
+    if (b->n_capture < 0 || b->n_capture > llama_capture_capacity(m))
         return DP_EINVAL;
     for (int32_t i = 0; i < b->n_capture; i++)
         if (b->capture_tokens[i] < 0 || b->capture_tokens[i] >= b->n_tokens)

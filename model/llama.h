@@ -45,8 +45,15 @@ int32_t llama_max_out(const dp_llama *m);
 /* Layout of a KV store that fits this model, with the given block geometry. */
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks);
 
-/* Queries kept per step for attention-mass scoring (dp_batch.capture_tokens). */
+/* Queries one sequence keeps for attention-mass scoring (SnapKV's
+ * observation window, at most): its prompt's last DP_MAX_CAPTURE tokens. */
 #define DP_MAX_CAPTURE 64
+/* Queries one step can capture (dp_batch.capture_tokens): enough for every
+ * sequence of the step to capture its whole window, min(max_tokens,
+ * max_out * DP_MAX_CAPTURE). A per-step cap smaller than that starved every
+ * prompt but the first few ending in a step, which then fell back to key
+ * norms without a word. */
+int32_t llama_capture_capacity(const dp_llama *m);
 
 /* Backend buffer holding, after a forward with n_capture > 0, the captured
  * post-RoPE queries: [n_layers][n_capture][n_heads * head_dim]. */

@@ -251,6 +251,22 @@ static int grow(dp_sched *s, dp_seq *q, int32_t n)
     return kv_table_reserve(&q->table, s->pool, (int64_t)q->n_slots + n);
 }
 
+/* Tokens of q to run now, at most budget: a chunk never leaves fewer than
+ * tail_min tokens for later, so that the last tail_min run in one step. 0
+ * when the rest cannot be split that way and does not fit the budget (it
+ * waits for a step with room). */
+static int32_t chunk_len(const dp_seq *q, int32_t budget)
+{
+    int32_t n = q->n_tokens - q->n_computed;
+    if (n <= budget)
+        return n;
+    if (n - budget < q->tail_min) {
+        int32_t shorter = n - q->tail_min;
+        return shorter > 0 ? shorter : 0;
+    }
+    return budget;
+}
+
 /* Admission test and allocation for the head of the queue. */
 static bool admit(dp_sched *s, dp_seq *q)
 {
@@ -262,7 +278,9 @@ static bool admit(dp_sched *s, dp_seq *q)
     int32_t reused = 0, from_host = 0;
     if (s->pc && q->n_computed == 0 && q->table.n_blocks == 0) {
         uint64_t last;
-        reused = prefix_match(s->pc, q->tokens, q->n_tokens - 1, &q->table, &from_host, &last);
+        int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
+        int32_t limit = q->n_tokens - tail;
+        reused = limit > 0 ? prefix_match(s->pc, q->tokens, limit, &q->table, &from_host, &last) : 0;
         q->hashed_blocks = q->table.n_blocks;
         q->chain = last;
     }
@@ -340,11 +358,9 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
     for (dp_seq *q = s->run_head; q && budget > 0 && p->n_items < cap; q = q->next) {
         if (q->scheduled || q->n_computed >= q->n_tokens)
             continue;
-        int32_t n = q->n_tokens - q->n_computed;
-        if (n > budget)
-            n = budget;
-        if (grow(s, q, n) != 0)
-            continue; /* decode-path prompt tail waiting for blocks */
+        int32_t n = chunk_len(q, budget);
+        if (n == 0 || grow(s, q, n) != 0)
+            continue; /* waits for a step with room, or for decode blocks */
         add_item(s, p, q, n);
         budget -= n;
     }
@@ -360,9 +376,11 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         q->state = DP_SEQ_RUNNING;
         insert_sorted(&s->run_head, &s->run_tail, q, false);
         s->n_running++;
-        int32_t n = q->n_tokens - q->n_computed;
-        add_item(s, p, q, n > budget ? budget : n);
-        budget -= n > budget ? budget : n;
+        int32_t n = chunk_len(q, budget);
+        if (n == 0)
+            break; /* admitted; its first chunk waits for the next step */
+        add_item(s, p, q, n);
+        budget -= n;
     }
     p->n_preempted = (int32_t)(s->n_preemptions - preempted_before);
 }

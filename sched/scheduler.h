@@ -31,6 +31,8 @@ typedef struct dp_seq {
     int32_t n_tokens;
     int32_t cap;
     int32_t n_prompt;
+    int32_t tail_min;         /* the prompt's last tail_min tokens run in one step, never
+                               * from the prefix cache (SnapKV captures their queries) */
     int32_t n_computed;       /* tokens whose K/V are in the cache */
     int32_t n_slots;          /* cache entries in the current table (== n_computed on the
                                * prefill path; fewer once compacted on the decode path) */

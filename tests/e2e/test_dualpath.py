@@ -2,6 +2,7 @@
 usage.dualpath report, the dual-path metrics, and a multi-turn chat that
 takes its earlier turns back from the prefix cache."""
 import json
+import threading
 import math
 import shutil
 import subprocess
@@ -187,8 +188,15 @@ def test_empty_and_null_members_mean_defaults(server):
         dp_usage(o)
 
 
+def migrations(m, scorer=None):
+    """dualpath_migrations_total{scorer=...}, one scorer or all."""
+    return sum(v for k, v in m.items() if k.startswith("dualpath_migrations_total{")
+               and (scorer is None or f'scorer="{scorer}"' in k))
+
+
 def _dual_metrics(m):
-    names = ["dualpath_decode_path_sequences", "dualpath_migrations_total",
+    names = ["dualpath_decode_path_sequences", 'dualpath_migrations_total{scorer="snapkv"}',
+             'dualpath_scorer_fallbacks_total{kind="migration"}',
              "dualpath_tokens_kept_total", "dualpath_tokens_evicted_total",
              "dualpath_recompressions_total", "dualpath_early_switches_total",
              "dualpath_migration_seconds_sum", "dualpath_migration_seconds_count",
@@ -223,13 +231,37 @@ def test_metrics_present_and_moving(dual):
     kept, evicted = dp_usage(o)
     after = metrics(dual)
     _check_migration_hist(after)
-    assert after["dualpath_migrations_total"] >= before["dualpath_migrations_total"] + 1
+    assert migrations(after) >= migrations(before) + 1
     assert after["dualpath_tokens_kept_total"] - before["dualpath_tokens_kept_total"] >= kept
     assert after["dualpath_tokens_evicted_total"] - before["dualpath_tokens_evicted_total"] >= evicted
     assert after["dualpath_migration_seconds_count"] > before["dualpath_migration_seconds_count"]
     assert after["dualpath_migration_seconds_sum"] > before["dualpath_migration_seconds_sum"]
     # Idle now: nothing left on the decode path.
     assert after["dualpath_decode_path_sequences"] == 0
+
+
+def test_concurrent_snapkv_all_score_with_snapkv(dual):
+    """16 requests at once (their prompts end in the same step or a few):
+    every migration scores with SnapKV, none falls back to key norms."""
+    before = metrics(dual)
+    out = [None] * 16
+
+    def one(i):
+        out[i] = post("/v1/completions", {"prompt": f"{i}: " + " ".join(_SENTENCES[:2]),
+                                          "max_tokens": 2, "temperature": 0,
+                                          "dualpath": {"scorer": "snapkv", "keep_ratio": 0.5}})
+    ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    for st, o in out:
+        assert st == 200, o
+    after = metrics(dual)
+    assert migrations(after, "snapkv") - migrations(before, "snapkv") == 16
+    assert migrations(after) - migrations(before) == 16
+    fb = 'dualpath_scorer_fallbacks_total{kind="migration"}'
+    assert after[fb] == before[fb]
 
 
 def test_promtool_after_dualpath_traffic(dual):
@@ -265,7 +297,7 @@ def test_enabled_true_without_dualpath(single_path_daemon):
     m = metrics(base)
     assert 'dualpath_kv_blocks_capacity{pool="prefill"}' in m
     assert not any('pool="decode"' in k for k in m)
-    assert m["dualpath_migrations_total"] == 0
+    assert migrations(m) == 0
     if shutil.which("promtool"):
         _, _, body = request("GET", "/metrics", base=base)
         r = subprocess.run(["promtool", "check", "metrics"], input=body, capture_output=True)

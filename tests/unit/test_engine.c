@@ -579,6 +579,59 @@ static void test_admission(world *w)
            N, st[0].running_peak, st[1].running_peak, (long long)st[1].preemptions);
 }
 
+/* SnapKV as configured, every time: 16 prompts of 30 tokens, submitted before
+ * the engine starts so that four end in each 128-token step, all migrate with
+ * SnapKV; so do 16 prompts of 150 tokens, chunked (the last chunk keeps the
+ * whole window: 118 + 32, not 128 + 22), and the same prompts again, now
+ * taken mostly from the prefix cache. The per-step capture of 64 queries
+ * served two prompts of each step; the others fell back to key norms. */
+static void test_snapkv_every_time(world *w)
+{
+    enum { N = 16 };
+    static req_spec specs[N];
+    static result res[N];
+    const int lens[2] = {30, 150};
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.max_batched_tokens = 128; /* the test model's activations */
+    o.max_seqs = 32;
+    o.n_blocks = 512;
+    o.n_blocks_decode = 1024;
+    char err[DP_ERRLEN];
+    dp_engine *e;
+    CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
+    int64_t want = 0;
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < N; i++) {
+            if (round < 2) {
+                specs[i] = (req_spec){.n_prompt = lens[round], .max_tokens = 2, .ignore_eos = true};
+                for (int k = 0; k < specs[i].n_prompt; k++)
+                    specs[i].prompt[k] = urand(w->vocab);
+            }
+            memset(&res[i], 0, sizeof res[i]);
+            dp_request *r = make_req(&specs[i], &res[i]);
+            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+            request_unref(r);
+        }
+        if (round == 0)
+            CHECK(engine_start(e) == 0);
+        collect(e, N);
+        want += N;
+        dp_engine_stats st;
+        settled_stats(e, &st);
+        CHECK_EQ_INT(st.migrations_by_scorer[DP_SCORER_SNAPKV], want);
+        CHECK_EQ_INT(st.migrations, want);
+        CHECK_EQ_INT(st.scorer_fallbacks[DP_COMPACT_MIGRATION], 0);
+        if (round == 2)
+            CHECK(st.rebuild_prefix_tokens > 0);
+        printf("snapkv: round %d (%s): %lld migrations, all with snapkv\n", round,
+               round == 0 ? "4 prompts ending in each step" : round == 1 ? "chunked prompts"
+                                                                         : "prefix-cache hits",
+               (long long)st.migrations);
+    }
+    engine_destroy(e);
+}
+
 /* Device sampling on and off: the same seeded requests, with every kind of
  * sampling setting at once in one batch, give the same tokens, whether a row
  * was decided by the backend's candidates, fell back to its downloaded row,
@@ -771,6 +824,7 @@ int main(void)
         specs[i].temperature = 0;
     test_dualpath(&w, specs, 16, "tiny dualpath");
     test_admission(&w);
+    test_snapkv_every_time(&w);
     test_multiturn_rebuild(&w, 64);
     world_close(&w);
 

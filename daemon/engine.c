@@ -1175,6 +1175,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
              * asynchronously on its stream (kvcache/host.h). */
             dp_host_alloc ha = {engine_host_alloc, engine_host_free, e->be};
             if ((rc = host_tier_init(&e->host, (size_t)opts->host_tier_bytes, bb,
+                                     (size_t)opts->block_tokens * sizeof(int32_t),
                                      e->be->ops->host_alloc && e->be->ops->host_free ? &ha
                                                                                      : NULL))) {
                 rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",

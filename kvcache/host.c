@@ -7,7 +7,7 @@
 
 #include "common/dp.h"
 
-int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes,
+int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes, size_t tag_bytes,
                    const dp_host_alloc *a)
 {
     memset(h, 0, sizeof *h);
@@ -30,10 +30,12 @@ int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes,
     }
     if (!h->arena)
         h->arena = malloc(cap * block_bytes);
+    h->tag_bytes = tag_bytes;
+    h->tags = calloc(cap, tag_bytes ? tag_bytes : 1);
     h->hash = calloc(cap, sizeof *h->hash);
     h->prev = malloc(cap * sizeof *h->prev);
     h->next = malloc(cap * sizeof *h->next);
-    if (!h->arena || !h->hash || !h->prev || !h->next || u64map_init(&h->map, (uint32_t)cap)) {
+    if (!h->arena || !h->tags || !h->hash || !h->prev || !h->next || u64map_init(&h->map, (uint32_t)cap)) {
         host_tier_destroy(h);
         return DP_ENOMEM;
     }
@@ -47,6 +49,7 @@ void host_tier_destroy(dp_host_tier *h)
         h->alloc.free(h->alloc.ud, h->arena);
     else
         free(h->arena);
+    free(h->tags);
     free(h->hash);
     free(h->prev);
     free(h->next);
@@ -112,4 +115,10 @@ const void *host_tier_find(const dp_host_tier *h, uint64_t hash)
 {
     int32_t e = hash ? u64map_get(&h->map, hash) : -1;
     return e < 0 ? NULL : h->arena + (size_t)e * h->block_bytes;
+}
+
+void *host_tier_tag(const dp_host_tier *h, const void *entry)
+{
+    size_t i = (size_t)((const uint8_t *)entry - h->arena) / h->block_bytes;
+    return h->tags + i * h->tag_bytes;
 }

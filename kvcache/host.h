@@ -21,6 +21,8 @@ typedef struct dp_host_alloc {
 
 typedef struct dp_host_tier {
     size_t block_bytes;
+    size_t tag_bytes;     /* per entry, host-side only (host_tier_tag) */
+    uint8_t *tags;
     int32_t cap;          /* entries */
     uint8_t *arena;
     dp_host_alloc alloc;  /* arena's allocator; alloc.free NULL: malloc'd */
@@ -40,7 +42,7 @@ typedef struct dp_host_tier {
  * never touches entry bytes itself, and callers must not either: an entry is
  * only ever passed back to kv_block_write, which the backend orders after
  * the copy that filled it. */
-int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes,
+int host_tier_init(dp_host_tier *h, size_t capacity_bytes, size_t block_bytes, size_t tag_bytes,
                    const dp_host_alloc *a);
 void host_tier_destroy(dp_host_tier *h);
 /* A buffer of block_bytes to fill for hash (the least recently used entry is
@@ -50,5 +52,8 @@ void *host_tier_put(dp_host_tier *h, uint64_t hash);
 const void *host_tier_get(dp_host_tier *h, uint64_t hash);
 /* The same without touching the LRU order or the counters. */
 const void *host_tier_find(const dp_host_tier *h, uint64_t hash);
+/* tag_bytes of ordinary host memory that belong to an entry (what the owner
+ * wants to know about its contents; the prefix cache keeps its tokens). */
+void *host_tier_tag(const dp_host_tier *h, const void *entry);
 
 #endif

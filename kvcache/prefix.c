@@ -8,6 +8,11 @@
 
 #include "common/dp.h"
 
+static int32_t *tokens_of(const dp_prefix_cache *pc, int32_t block)
+{
+    return pc->block_tokens + (size_t)block * (size_t)pc->pool->block_tokens;
+}
+
 static void on_reuse(void *ud, int32_t block)
 {
     dp_prefix_cache *pc = ud;
@@ -16,8 +21,11 @@ static void on_reuse(void *ud, int32_t block)
         return;
     if (pc->host) {
         void *buf = host_tier_put(pc->host, h);
-        if (buf && pc->be->ops->kv_block_read(pc->be, pc->store, block, buf) == 0)
+        if (buf && pc->be->ops->kv_block_read(pc->be, pc->store, block, buf) == 0) {
+            memcpy(host_tier_tag(pc->host, buf), tokens_of(pc, block),
+                   (size_t)pc->pool->block_tokens * sizeof(int32_t));
             pc->spilled_blocks++;
+        }
     }
     u64map_del(&pc->map, h);
     pc->block_hash[block] = 0;
@@ -31,8 +39,15 @@ int prefix_init(dp_prefix_cache *pc, dp_kv_pool *pool, dp_backend *be, dp_kv_sto
     pc->be = be;
     pc->store = store;
     pc->host = host;
+    const size_t bt = (size_t)pool->block_tokens;
+    if (host && host->tag_bytes < bt * sizeof(int32_t))
+        return DP_EINVAL;
+    pc->key = hash_key_random();
     pc->block_hash = calloc((size_t)pool->n_blocks, sizeof *pc->block_hash);
-    if (!pc->block_hash || u64map_init(&pc->map, (uint32_t)pool->n_blocks)) {
+    pc->block_tokens = malloc((size_t)pool->n_blocks * bt * sizeof *pc->block_tokens);
+    pc->hbuf = malloc(sizeof(uint64_t) + bt * sizeof(int32_t));
+    if (!pc->block_hash || !pc->block_tokens || !pc->hbuf ||
+        u64map_init(&pc->map, (uint32_t)pool->n_blocks)) {
         prefix_destroy(pc);
         return DP_ENOMEM;
     }
@@ -50,26 +65,26 @@ void prefix_destroy(dp_prefix_cache *pc)
         pc->pool->reuse_ud = NULL;
     }
     free(pc->block_hash);
+    free(pc->block_tokens);
+    free(pc->hbuf);
     u64map_destroy(&pc->map);
     memset(pc, 0, sizeof *pc);
 }
 
-uint64_t prefix_chain(uint64_t prev, const int32_t *tokens, int32_t n)
+uint64_t prefix_chain(dp_prefix_cache *pc, uint64_t prev, const int32_t *tokens, int32_t n)
 {
-    uint64_t h = prev ^ 0x9e3779b97f4a7c15ULL;
-    for (int32_t i = 0; i < n; i++) {
-        h ^= (uint64_t)(uint32_t)tokens[i] + 0x632be59bd9b4e019ULL;
-        h *= 0x100000001b3ULL;
-        h ^= h >> 29;
-    }
+    memcpy(pc->hbuf, &prev, sizeof prev);
+    memcpy(pc->hbuf + sizeof prev, tokens, (size_t)n * sizeof *tokens);
+    uint64_t h = dp_siphash(&pc->key, pc->hbuf, sizeof prev + (size_t)n * sizeof *tokens);
     return h ? h : 1; /* 0 means "unnamed" */
 }
 
-void prefix_register(dp_prefix_cache *pc, int32_t block, uint64_t hash)
+void prefix_register(dp_prefix_cache *pc, int32_t block, uint64_t hash, const int32_t *tokens)
 {
     if (pc->block_hash[block] || u64map_get(&pc->map, hash) >= 0)
         return;
     pc->block_hash[block] = hash;
+    memcpy(tokens_of(pc, block), tokens, (size_t)pc->pool->block_tokens * sizeof *tokens);
     u64map_put(&pc->map, hash, block);
 }
 
@@ -94,17 +109,30 @@ int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tok
     *from_host = 0;
     *last_hash = 0;
     for (int32_t b = 0; (b + 1) * bt <= max_tokens; b++) {
-        uint64_t nh = prefix_chain(h, tokens + (size_t)b * bt, bt);
+        const int32_t *want = tokens + (size_t)b * bt;
+        const size_t wbytes = (size_t)bt * sizeof *want;
+        uint64_t nh = prefix_chain(pc, h, want, bt);
         if (grow_table(t))
             break;
         int32_t blk = u64map_get(&pc->map, nh);
         if (blk >= 0) {
+            /* A name is 64 bits: equal names with other tokens are refused,
+             * never served (the chain before it was checked the same way). */
+            if (memcmp(tokens_of(pc, blk), want, wbytes) != 0) {
+                pc->refused++;
+                break;
+            }
             kv_pool_ref(pc->pool, blk); /* revives it if it was free */
             pc->hit_blocks++;
         } else {
-            const void *src = pc->host ? host_tier_get(pc->host, nh) : NULL;
+            const void *src = pc->host ? host_tier_find(pc->host, nh) : NULL;
             if (!src)
                 break;
+            if (memcmp(host_tier_tag(pc->host, src), want, wbytes) != 0) {
+                pc->refused++;
+                break;
+            }
+            src = host_tier_get(pc->host, nh); /* now most recently used */
             if (kv_pool_alloc(pc->pool, &blk) != 0)
                 break;
             /* Taking a block may have spilled another into the host tier,
@@ -122,7 +150,7 @@ int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tok
                 kv_pool_unref(pc->pool, blk);
                 break;
             }
-            prefix_register(pc, blk, nh);
+            prefix_register(pc, blk, nh, want);
             pc->host_blocks++;
             (*from_host)++;
         }

@@ -396,8 +396,9 @@ void sched_commit(dp_sched *s, const dp_sched_plan *p)
         if (s->pc && q->path == DP_PATH_PREFILL) {
             const int32_t bt = s->pool->block_tokens;
             while ((q->hashed_blocks + 1) * bt <= q->n_slots && q->hashed_blocks < q->table.n_blocks) {
-                q->chain = prefix_chain(q->chain, q->tokens + (size_t)q->hashed_blocks * bt, bt);
-                prefix_register(s->pc, q->table.blocks[q->hashed_blocks], q->chain);
+                const int32_t *bt_tokens = q->tokens + (size_t)q->hashed_blocks * bt;
+                q->chain = prefix_chain(s->pc, q->chain, bt_tokens, bt);
+                prefix_register(s->pc, q->table.blocks[q->hashed_blocks], q->chain, bt_tokens);
                 q->hashed_blocks++;
             }
         }

@@ -167,6 +167,15 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_tokens_evicted_total", "counter",
            "Prompt tokens dropped from the device at migrations.");
     tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);
+    family(b, "dualpath_swaps_total", "counter",
+           "Preempted decode-path caches copied to host memory (out) and restored (in).");
+    tb_printf(b, "dualpath_swaps_total{direction=\"out\"} %lld\n", (long long)st->swap_outs);
+    tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->swap_ins);
+    family(b, "dualpath_swap_bytes", "gauge", "Host memory held by swapped-out decode-path caches.");
+    tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->swap_bytes);
+    family(b, "dualpath_decode_recomputes_total", "counter",
+           "Decode-path preemptions recomputed from their tokens (the swap space was full).");
+    tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->decode_recomputes);
     family(b, "dualpath_recompressions_total", "counter",
            "Decode-path caches compacted again on reaching the decode budget.");
     tb_printf(b, "dualpath_recompressions_total %lld\n", (long long)st->recompressions);

@@ -17,6 +17,7 @@
 #include "kvcache/host.h"
 #include "kvcache/pool.h"
 #include "kvcache/prefix.h"
+#include "kvcache/swap.h"
 #include "sched/path.h"
 #include "sched/sampler.h"
 #include "sched/scheduler.h"
@@ -63,6 +64,8 @@ struct dp_engine {
     dp_path_opts popts;
     dp_prefix_cache pc;
     dp_host_tier host;
+    dp_kv_swap swap;           /* the decode pool's swap space (dualpath) */
+    bool has_swap;
     eng_seq **lists[3];        /* per-step scratch lists, max_seqs entries each */
     bool has_pc, has_host;
     int32_t *keep;             /* migration scratch: keep lists */
@@ -753,8 +756,12 @@ static void run_step(dp_engine *e)
         if (q->n_preemptions != es->seen_preemptions) {
             es->seen_preemptions = q->n_preemptions;
             path_set(&es->path, DP_PS_PREEMPTED);
-            path_set(&es->path, DP_PS_WAITING);
-            es->switched_early = false;
+            if (q->path == DP_PATH_DECODE) {
+                path_set(&es->path, DP_PS_DECODE); /* swapped back in as it was */
+            } else {
+                path_set(&es->path, DP_PS_WAITING);
+                es->switched_early = false;
+            }
         }
         if (es->path.state == DP_PS_WAITING)
             path_set(&es->path, DP_PS_PREFILL);
@@ -909,6 +916,10 @@ static void update_gauges(dp_engine *e)
     e->stats.host_spilled_blocks = e->has_pc ? e->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = e->has_host ? e->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
+    e->stats.swap_outs = e->sched.n_swapped;
+    e->stats.swap_ins = e->has_swap ? e->swap.ins : 0;
+    e->stats.swap_bytes = e->has_swap ? (int64_t)e->swap.used_bytes : 0;
+    e->stats.decode_recomputes = e->sched.n_recomputed_decode;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }
@@ -1164,6 +1175,10 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
             goto fail;
         }
         compressor_init(&e->comp, e->be, hp->n_layers, hp->n_kv_heads, hp->n_heads, hp->head_dim);
+        /* Preempted compact caches wait in host memory, at most as much as
+         * the decode pool itself holds. */
+        size_t dbytes = (size_t)n_dblocks * e->be->ops->kv_bytes_per_block(e->be, &dl);
+        e->has_swap = kv_swap_init(&e->swap, e->be, e->dstore, &e->dpool, dbytes) == 0;
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
     }
@@ -1230,6 +1245,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
+    if (e->has_swap)
+        sched_set_swap(&e->sched, &e->swap);
     atomic_init(&e->queued, 0);
     update_gauges(e);
     *out = e;
@@ -1283,6 +1300,8 @@ void engine_destroy(dp_engine *e)
         e->be->ops->kv_destroy(e->be, e->store);
     if (e->dstore)
         e->be->ops->kv_destroy(e->be, e->dstore);
+    if (e->has_swap)
+        kv_swap_destroy(&e->swap);
     if (e->has_pc)
         prefix_destroy(&e->pc);
     if (e->has_host)

@@ -97,6 +97,9 @@ typedef struct dp_engine_stats {
     int64_t prompt_tokens;    /* prefilled (recomputation included) */
     int64_t generation_tokens;
     int64_t preemptions;
+    int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
+    int64_t swap_bytes;       /* host memory the swapped caches hold now */
+    int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */
     int64_t requests_finished[5]; /* indexed by dp_finish */
     double busy_seconds;      /* time inside steps */
     double forward_seconds;   /* of which in the forward pass */

@@ -20,7 +20,9 @@ bool path_transition_ok(dp_path_state from, dp_path_state to)
     case DP_PS_DECODE:
         /* PREFILL again: a new turn rebuilds the full cache. */
         return to == DP_PS_PREFILL || to == DP_PS_PREEMPTED || to == DP_PS_FINISHED;
-    case DP_PS_PREEMPTED: return to == DP_PS_WAITING || to == DP_PS_FINISHED;
+    /* DECODE again: a compact cache swapped back in as it was. */
+    case DP_PS_PREEMPTED:
+        return to == DP_PS_WAITING || to == DP_PS_DECODE || to == DP_PS_FINISHED;
     case DP_PS_FINISHED: return false;
     }
     return false;

@@ -142,6 +142,8 @@ static void release_all(dp_sched *s, dp_seq *q)
 
 void sched_remove(dp_sched *s, dp_seq *seq)
 {
+    if (s->swap)
+        kv_swap_drop(s->swap, &seq->swapped);
     if (seq->state == DP_SEQ_WAITING) {
         unlink_seq(&s->wait_head, &s->wait_tail, seq);
         s->n_waiting--;
@@ -207,8 +209,18 @@ void sched_preempt(dp_sched *s, dp_seq *q)
 {
     unlink_seq(&s->run_head, &s->run_tail, q);
     s->n_running--;
-    release_all(s, q);
-    q->n_computed = 0;
+    if (q->path == DP_PATH_DECODE && s->swap && kv_swap_out(s->swap, &q->table, &q->swapped) == 0) {
+        /* Path, slots and computed tokens stay: the cache comes back whole. */
+        s->decode_reserved -= q->decode_reserve;
+        q->decode_reserve = 0;
+        q->n_swaps++;
+        s->n_swapped++;
+    } else {
+        if (q->path == DP_PATH_DECODE)
+            s->n_recomputed_decode++;
+        release_all(s, q);
+        q->n_computed = 0;
+    }
     q->n_preemptions++;
     q->state = DP_SEQ_WAITING;
     insert_sorted(&s->wait_head, &s->wait_tail, q, true);
@@ -268,8 +280,22 @@ static int32_t chunk_len(const dp_seq *q, int32_t budget)
 }
 
 /* Admission test and allocation for the head of the queue. */
+/* A swapped-out sequence comes back into the decode pool as it left it,
+ * with room for its next token. */
+static bool admit_swapped(dp_sched *s, dp_seq *q)
+{
+    int64_t slots = (int64_t)q->n_slots + 1;
+    int32_t need = kv_pool_blocks_for(s->dpool, slots);
+    int32_t wm = s->run_head ? sched_decode_watermark(s) : 0;
+    if (need + wm > kv_pool_n_free(s->dpool) - s->decode_reserved)
+        return false;
+    return kv_swap_in(s->swap, &q->swapped, &q->table, slots) == 0;
+}
+
 static bool admit(dp_sched *s, dp_seq *q)
 {
+    if (q->swapped.buf)
+        return admit_swapped(s, q);
     /* A prompt that extends an earlier one (the next turn of a conversation,
      * or a recompute after preemption) takes the cached prefix back: from the
      * pool where its blocks are intact, from the host tier where they were

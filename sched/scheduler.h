@@ -13,6 +13,7 @@
 
 #include "kvcache/pool.h"
 #include "kvcache/prefix.h"
+#include "kvcache/swap.h"
 
 typedef enum dp_seq_state {
     DP_SEQ_WAITING = 0,  /* queued, or preempted and waiting for recompute */
@@ -45,6 +46,8 @@ typedef struct dp_seq {
     int32_t restored_blocks;  /* of which blocks restored from the host tier */
     dp_seq_state state;
     int32_t n_preemptions;
+    int32_t n_swaps;          /* of which swapped out (restored as they were) */
+    dp_swapped swapped;       /* preempted on the decode path: its compact cache */
     bool scheduled;           /* in the current step's plan */
     void *owner;              /* the engine's context for this sequence */
     struct dp_seq *prev, *next; /* queue links */
@@ -95,6 +98,7 @@ typedef struct dp_sched {
     dp_kv_pool *pool;         /* prefill pool (the only pool without dualpath), borrowed */
     dp_kv_pool *dpool;        /* decode pool, or NULL; borrowed */
     dp_prefix_cache *pc;      /* prefix cache over the prefill pool, or NULL; borrowed */
+    dp_kv_swap *swap;         /* the decode pool's swap space, or NULL; borrowed */
     int64_t reused_tokens, restored_blocks, rebuilds;
     int32_t decode_reserved;  /* decode blocks promised to admitted sequences, not yet taken */
     dp_seq *wait_head, *wait_tail;
@@ -102,6 +106,8 @@ typedef struct dp_sched {
     int32_t n_waiting, n_running;
     uint64_t next_order;
     int64_t n_preemptions;
+    int64_t n_swapped;        /* preemptions that swapped a compact cache out */
+    int64_t n_recomputed_decode; /* decode-path preemptions recomputed (no swap room) */
     dp_sched_item *items;     /* plan storage, max_seqs entries */
 } dp_sched;
 
@@ -129,8 +135,12 @@ void sched_add(dp_sched *s, dp_seq *seq);
 /* Plans the next step (allocating the KV blocks it needs, preempting if it
  * must). The plan stays valid until sched_commit. */
 void sched_schedule(dp_sched *s, dp_sched_plan *plan);
-/* Frees a running sequence's blocks and queues it (at its arrival rank) for
- * recomputation. */
+/* Gives the decode pool a swap space (before the first step). */
+static inline void sched_set_swap(dp_sched *s, dp_kv_swap *swap) { s->swap = swap; }
+/* Frees a running sequence's blocks and queues it (at its arrival rank): a
+ * decode-path sequence's compact cache is swapped out and restored as it was
+ * at its next admission; any other sequence (or one the swap space cannot
+ * take) is recomputed from its tokens. */
 void sched_preempt(dp_sched *s, dp_seq *q);
 /* Records that the plan ran: advances n_computed of each item's sequence. */
 void sched_commit(dp_sched *s, const dp_sched_plan *plan);

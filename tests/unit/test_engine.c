@@ -540,6 +540,68 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
     engine_destroy(e);
 }
 
+/* Preemption keeps outputs with dualpath on: the same greedy requests run
+ * together in a decode pool small enough to force preemptions give the
+ * tokens each gives alone in a large one, because a preempted compact cache
+ * is swapped out and restored as it was (recomputing it would choose its
+ * kept set again, over its own output). usage's kept/evicted counts are the
+ * same too. */
+static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t small_pool,
+                                     const char *what)
+{
+    static result alone[MAXN], together[MAXN];
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4; /* short prompts are compressed too */
+    o.n_blocks_decode = 1024;
+    dp_engine_stats st_alone, st;
+    next_opts = o;
+    next_opts_set = true;
+    dp_engine *e = start(w, 1024, 32);
+    char err[DP_ERRLEN];
+    memset(alone, 0, sizeof alone);
+    for (int i = 0; i < n; i++) {
+        dp_request *r = make_req(&specs[i], &alone[i]);
+        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+        request_unref(r);
+        collect(e, 1);
+    }
+    check_idle(e);
+    engine_get_stats(e, &st_alone);
+    engine_destroy(e);
+    next_opts.n_blocks_decode = small_pool;
+    e = start(w, 1024, 32);
+    next_opts_set = false;
+    memset(together, 0, sizeof together);
+    for (int i = 0; i < n; i++) {
+        dp_request *r = make_req(&specs[i], &together[i]);
+        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+        request_unref(r);
+    }
+    collect(e, n);
+    check_idle(e);
+    engine_get_stats(e, &st);
+    engine_destroy(e);
+    for (int i = 0; i < n; i++) {
+        CHECK_EQ_INT(together[i].n, alone[i].n);
+        CHECK_MSG(memcmp(together[i].toks, alone[i].toks, (size_t)alone[i].n * sizeof(int32_t)) == 0,
+                  "%s: request %d differs under memory pressure", what, i);
+    }
+    CHECK_EQ_INT(st.migrations, st_alone.migrations);
+    CHECK_EQ_INT(st.tokens_kept, st_alone.tokens_kept);
+    CHECK_EQ_INT(st.tokens_evicted, st_alone.tokens_evicted);
+    CHECK_MSG(st.preemptions >= 5, "%s: only %lld preemptions", what, (long long)st.preemptions);
+    CHECK_EQ_INT(st.swap_outs, st.preemptions);
+    CHECK_EQ_INT(st.swap_ins, st.swap_outs);
+    CHECK_EQ_INT(st.decode_recomputes, 0);
+    CHECK_EQ_INT(st.swap_bytes, 0);
+    printf("%s: %d requests in a %d-block decode pool identical to alone (%lld preemptions, all "
+           "swapped out and back)\n",
+           what, n, small_pool, (long long)st.preemptions);
+}
+
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
  * of the context (what a chat request without max_tokens gets) all run at
  * once with dualpath on, in the same KV memory as dualpath off (a quarter of
@@ -824,6 +886,15 @@ int main(void)
         specs[i].temperature = 0;
     test_dualpath(&w, specs, 16, "tiny dualpath");
     test_admission(&w);
+    {
+        static req_spec pre[16];
+        for (int i = 0; i < 16; i++) {
+            pre[i] = (req_spec){.n_prompt = 20 + urand(40), .max_tokens = 60, .ignore_eos = true};
+            for (int k = 0; k < pre[i].n_prompt; k++)
+                pre[i].prompt[k] = urand(w.vocab);
+        }
+        test_dualpath_preemption(&w, pre, 16, 12, "tiny dualpath preemption");
+    }
     test_snapkv_every_time(&w);
     test_multiturn_rebuild(&w, 64);
     world_close(&w);

@@ -17,8 +17,10 @@ int main(void)
     CHECK(path_set(&p, DP_PS_DECODE));
     CHECK(path_set(&p, DP_PS_PREFILL)); /* a new turn rebuilds */
     CHECK(path_set(&p, DP_PS_PREEMPTED));
-    CHECK(!path_set(&p, DP_PS_DECODE));
-    CHECK(path_set(&p, DP_PS_WAITING));
+    CHECK(!path_set(&p, DP_PS_PREFILL)); /* waits for admission first */
+    CHECK(path_set(&p, DP_PS_DECODE));   /* a compact cache swapped back in */
+    CHECK(path_set(&p, DP_PS_PREEMPTED));
+    CHECK(path_set(&p, DP_PS_WAITING));  /* recomputed */
     CHECK(path_set(&p, DP_PS_PREFILL));
     CHECK(path_set(&p, DP_PS_FINISHED));
     CHECK(!path_set(&p, DP_PS_PREFILL)); /* terminal */

@@ -1175,10 +1175,13 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
             goto fail;
         }
         compressor_init(&e->comp, e->be, hp->n_layers, hp->n_kv_heads, hp->n_heads, hp->head_dim);
-        /* Preempted compact caches wait in host memory, at most as much as
-         * the decode pool itself holds. */
+        /* Preempted compact caches wait in host memory, up to four times
+         * what the decode pool holds (vLLM keeps a fixed swap space of a few
+         * GiB): each waiting sequence holds at most its own cache, and a
+         * refused swap-out falls back to a recompute that may change the
+         * sequence's continuation. */
         size_t dbytes = (size_t)n_dblocks * e->be->ops->kv_bytes_per_block(e->be, &dl);
-        e->has_swap = kv_swap_init(&e->swap, e->be, e->dstore, &e->dpool, dbytes) == 0;
+        e->has_swap = kv_swap_init(&e->swap, e->be, e->dstore, &e->dpool, 4 * dbytes) == 0;
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
     }

@@ -216,8 +216,11 @@ void sched_preempt(dp_sched *s, dp_seq *q)
         q->n_swaps++;
         s->n_swapped++;
     } else {
-        if (q->path == DP_PATH_DECODE)
+        if (q->path == DP_PATH_DECODE) {
             s->n_recomputed_decode++;
+            dp_log(DP_LOG_DEBUG, "sched: sequence %llu: no swap space, its compact cache will be "
+                   "recomputed", (unsigned long long)q->id);
+        }
         release_all(s, q);
         q->n_computed = 0;
     }
@@ -292,10 +295,40 @@ static bool admit_swapped(dp_sched *s, dp_seq *q)
     return kv_swap_in(s->swap, &q->swapped, &q->table, slots) == 0;
 }
 
+/* Whether a running sequence is still prefilling a prompt that q shares
+ * beyond what the prefix cache names already (n > 1, identical requests, a
+ * system prompt that arrives with several users at once). q then waits for
+ * those blocks to be named and takes them by reference instead of computing
+ * them a second time. It waits in its turn: strict FCFS, the queue behind it
+ * waits too, for at most that prompt's prefill. */
+static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
+{
+    if (!s->pc || q->n_computed > 0)
+        return false;
+    const int32_t bt = s->pool->block_tokens;
+    const int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
+    const int32_t q_blocks = (q->n_tokens - tail) / bt; /* what q could take from the cache */
+    for (const dp_seq *r = s->run_head; r; r = r->next) {
+        if (r->path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
+            continue;
+        int32_t named = r->hashed_blocks;
+        int32_t r_blocks = r->n_tokens / bt; /* r names each full block it computes */
+        int32_t upto = (q_blocks < r_blocks ? q_blocks : r_blocks) - named;
+        if (upto <= 0)
+            continue;
+        /* Equal through r's next unnamed block: waiting gains at least that. */
+        if (memcmp(q->tokens, r->tokens, (size_t)(named + 1) * (size_t)bt * sizeof *q->tokens) == 0)
+            return true;
+    }
+    return false;
+}
+
 static bool admit(dp_sched *s, dp_seq *q)
 {
     if (q->swapped.buf)
         return admit_swapped(s, q);
+    if (shares_pending_prefix(s, q))
+        return false;
     /* A prompt that extends an earlier one (the next turn of a conversation,
      * or a recompute after preemption) takes the cached prefix back: from the
      * pool where its blocks are intact, from the host tier where they were

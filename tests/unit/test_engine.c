@@ -602,6 +602,44 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
            what, n, small_pool, (long long)st.preemptions);
 }
 
+/* n = 4 (four requests with one prompt, submitted together) prefills the
+ * prompt once: the copies wait for its blocks to be named and take them by
+ * reference. Each copy computes only what it cannot share: the last partial
+ * block, and with SnapKV its last window (its own queries score it). The
+ * four greedy outputs are identical. Computing each copy whole cost 4 x 150. */
+static void test_shared_prompt(world *w)
+{
+    enum { N = 4, P = 150 };
+    static req_spec sp[N];
+    static result res[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = P, .max_tokens = 8, .ignore_eos = true};
+        for (int k = 0; k < P; k++)
+            sp[i].prompt[k] = i == 0 ? urand(w->vocab) : sp[0].prompt[k];
+    }
+    for (int on = 0; on < 2; on++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.dualpath = on;
+        o.n_blocks = 256;
+        o.n_blocks_decode = on ? 256 : 0;
+        dp_engine_stats st;
+        run_with(w, &o, sp, N, res, &st, DP_DUALPATH_DEFAULT);
+        for (int i = 1; i < N; i++) {
+            CHECK_EQ_INT(res[i].n, res[0].n);
+            CHECK(memcmp(res[i].toks, res[0].toks, (size_t)res[0].n * sizeof(int32_t)) == 0);
+        }
+        /* Per copy: below one block (16) of recompute, plus the window (32). */
+        const int64_t per_copy = 16 + (on ? 32 : 0);
+        int64_t prompt = st.prompt_tokens;
+        CHECK_MSG(prompt <= P + (N - 1) * per_copy, "dualpath %s: %lld prompt tokens computed for "
+                  "n = %d copies of %d", on ? "on" : "off", (long long)prompt, N, P);
+        printf("shared prompt (dualpath %s): n = %d copies of a %d-token prompt computed %lld "
+               "prompt tokens (%d without sharing)\n",
+               on ? "on" : "off", N, P, (long long)prompt, N * P);
+    }
+}
+
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
  * of the context (what a chat request without max_tokens gets) all run at
  * once with dualpath on, in the same KV memory as dualpath off (a quarter of
@@ -896,6 +934,7 @@ int main(void)
         test_dualpath_preemption(&w, pre, 16, 12, "tiny dualpath preemption");
     }
     test_snapkv_every_time(&w);
+    test_shared_prompt(&w);
     test_multiturn_rebuild(&w, 64);
     world_close(&w);
 

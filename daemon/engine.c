@@ -142,6 +142,8 @@ void engine_opts_default(dp_engine_opts *o)
     o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
     o->prefix_cache = true;
     o->device_sampling = true;
+    /* As llama.cpp keeps it: half the bytes of f32 per token. */
+    o->kv_type = DP_KV_F16;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -1054,12 +1056,21 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
     return 0;
 }
 
+/* The layout of a pool's store: the model's geometry, the configured type. */
+static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int32_t block_tokens,
+                                 int32_t n_blocks)
+{
+    dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
+    l.type = o->kv_type;
+    return l;
+}
+
 static void log_memory_plan(dp_engine *e, int32_t n_blocks, int32_t n_dblocks, int32_t dbt)
 {
     dp_backend *be = e->be;
     const dp_llama *m = e->model;
-    dp_kv_layout l1 = llama_kv_layout(m, e->opts.block_tokens, 1);
-    dp_kv_layout d1 = llama_kv_layout(m, dbt, 1);
+    dp_kv_layout l1 = kv_layout_of(m, &e->opts, e->opts.block_tokens, 1);
+    dp_kv_layout d1 = kv_layout_of(m, &e->opts, dbt, 1);
     const double pm = MIB((double)n_blocks * (double)be->ops->kv_bytes_per_block(be, &l1));
     const double dm = MIB((double)n_dblocks * (double)be->ops->kv_bytes_per_block(be, &d1));
     char model[96] = "";
@@ -1130,8 +1141,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     int32_t n_blocks = opts->n_blocks, n_dblocks = opts->n_blocks_decode;
     int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
     if (n_blocks <= 0 || (e->dual && n_dblocks <= 0)) {
-        dp_kv_layout l1 = llama_kv_layout(model, opts->block_tokens, 1);
-        dp_kv_layout d1 = llama_kv_layout(model, dbt, 1);
+        dp_kv_layout l1 = kv_layout_of(model, opts, opts->block_tokens, 1);
+        dp_kv_layout d1 = kv_layout_of(model, opts, dbt, 1);
         int64_t per = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &l1);
         int64_t dper = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &d1);
         double fp = e->dual ? opts->prefill_fraction : 1.0;
@@ -1158,7 +1169,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     opts->block_tokens);
         goto fail;
     }
-    dp_kv_layout l = llama_kv_layout(model, opts->block_tokens, n_blocks);
+    dp_kv_layout l = kv_layout_of(model, opts, opts->block_tokens, n_blocks);
     if ((rc = kv_pool_init(&e->pool, n_blocks, opts->block_tokens)) ||
         (rc = e->be->ops->kv_create(e->be, &l, &e->store))) {
         rc = dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d tokens",
@@ -1166,7 +1177,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         goto fail;
     }
     if (e->dual) {
-        dp_kv_layout dl = llama_kv_layout(model, dbt, n_dblocks);
+        dp_kv_layout dl = kv_layout_of(model, opts, dbt, n_dblocks);
         if ((rc = kv_pool_init(&e->dpool, n_dblocks, dbt)) ||
             (rc = e->be->ops->kv_create(e->be, &dl, &e->dstore))) {
             rc = dp_err(err, errsz, rc,

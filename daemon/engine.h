@@ -38,6 +38,7 @@ typedef struct dp_engine_opts {
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
     bool early_switch;           /* the path detector may switch before the prompt ends */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
+    int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
     bool device_sampling;        /* sample from the backend's logits_topk candidates, the
                                   * full row only for the requests and draws that need

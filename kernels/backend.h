@@ -25,12 +25,17 @@ typedef struct dp_weight {
  * layer, K and V for block_tokens tokens of every KV head, laid out
  * [kv_head][token][head_dim] so that one head's rows of a block are
  * contiguous (the compaction copy moves rows per head). */
+/* Element type of a KV store. f16 is what llama.cpp keeps by default and the
+ * CUDA backend always keeps; f32 is the CPU's exact reference. */
+typedef enum dp_kv_type { DP_KV_F32 = 0, DP_KV_F16 = 1 } dp_kv_type;
+
 typedef struct dp_kv_layout {
     int32_t n_layers;
     int32_t n_kv_heads;
     int32_t head_dim;
     int32_t block_tokens;
     int32_t n_blocks;
+    int32_t type;        /* dp_kv_type (CUDA: always f16 whatever is asked) */
 } dp_kv_layout;
 
 typedef struct dp_kv_store dp_kv_store;

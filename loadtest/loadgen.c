@@ -21,7 +21,7 @@ enum {
     OPT_OUTPUT, OPT_PROMPT_FILE, OPT_PREFIX_LEN, OPT_NUM_PREFIXES, OPT_TURNS, OPT_IGNORE_EOS,
     OPT_MIN_TOKENS, OPT_TEMP, OPT_EXTRA, OPT_SEED, OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_SLO_E2EL,
     OPT_JSON, OPT_TSV, OPT_LABEL, OPT_SCRAPE, OPT_METRICS_PATH, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_VERSION,
+    OPT_VERSION, OPT_NO_MAX_TOKENS,
 };
 
 static const struct option k_opts[] = {
@@ -43,6 +43,7 @@ static const struct option k_opts[] = {
     {"workload", required_argument, NULL, OPT_WORKLOAD},
     {"input-len", required_argument, NULL, OPT_INPUT},
     {"output-len", required_argument, NULL, OPT_OUTPUT},
+    {"no-max-tokens", no_argument, NULL, OPT_NO_MAX_TOKENS},
     {"prompt-file", required_argument, NULL, OPT_PROMPT_FILE},
     {"prefix-len", required_argument, NULL, OPT_PREFIX_LEN},
     {"num-prefixes", required_argument, NULL, OPT_NUM_PREFIXES},
@@ -109,6 +110,8 @@ static void usage(FILE *f)
         "  --input-len SPEC      prompt (or suffix / user turn) length: N, A:B (uniform) or\n"
         "                        @FILE (one length per line) (default 256)\n"
         "  --output-len SPEC     max_tokens, same forms (default 128)\n"
+        "  --no-max-tokens       send no max_tokens: replies end where the server's default\n"
+        "                        does (chat clients rarely set one; default off)\n"
         "  --prompt-file FILE    text for the file and corpus workloads\n"
         "  --prefix-len N        words in each shared prefix (default 512)\n"
         "  --num-prefixes N      distinct shared prefixes (default 1)\n"
@@ -290,6 +293,7 @@ int main(int argc, char **argv)
         case OPT_NUM_PREFIXES: bad = parse_int(optarg, 1, &wo.num_prefixes) != 0; break;
         case OPT_TURNS: bad = parse_int(optarg, 1, &wo.turns) != 0; break;
         case OPT_IGNORE_EOS: wo.ignore_eos = true; break;
+        case OPT_NO_MAX_TOKENS: wo.no_max_tokens = true; break;
         case OPT_MIN_TOKENS: wo.min_tokens = true; break;
         case OPT_TEMP: wo.temperature = strtod(optarg, NULL); break;
         case OPT_EXTRA: wo.extra_body = optarg; break;

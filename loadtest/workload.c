@@ -459,7 +459,10 @@ static int build_body(lg_workload *w, const char *prompt, const cJSON *messages,
             ok &= cJSON_AddStringToObject(b, "prompt", rendered ? rendered : prompt) != NULL;
         free(rendered);
     }
-    ok &= cJSON_AddNumberToObject(b, "max_tokens", max_tokens) != NULL;
+    if (w->o.no_max_tokens)
+        max_tokens = 0; /* unknown: the server decides */
+    else
+        ok &= cJSON_AddNumberToObject(b, "max_tokens", max_tokens) != NULL;
     ok &= cJSON_AddBoolToObject(b, "stream", w->o.stream) != NULL;
     if (w->o.stream && w->o.include_usage) {
         cJSON *so = cJSON_AddObjectToObject(b, "stream_options");
@@ -467,7 +470,7 @@ static int build_body(lg_workload *w, const char *prompt, const cJSON *messages,
     }
     if (w->o.ignore_eos)
         ok &= cJSON_AddBoolToObject(b, "ignore_eos", 1) != NULL;
-    if (w->o.min_tokens)
+    if (w->o.min_tokens && max_tokens > 0)
         ok &= cJSON_AddNumberToObject(b, "min_tokens", max_tokens) != NULL;
     if (w->o.temperature >= 0)
         ok &= cJSON_AddNumberToObject(b, "temperature", w->o.temperature) != NULL;

@@ -48,6 +48,7 @@ typedef struct lg_workload_opts {
     bool stream;
     bool include_usage;  /* stream_options.include_usage */
     bool ignore_eos;     /* "ignore_eos": true so that max_tokens is the output length */
+    bool no_max_tokens;  /* send no max_tokens: the server's default (chat: the rest of the context) */
     bool min_tokens;     /* also "min_tokens" = max_tokens (vLLM) */
     double temperature;  /* < 0: not sent */
     const char *extra_body; /* JSON object merged into every body, or NULL */

@@ -43,7 +43,8 @@ const float *llama_captured_queries(const dp_llama *m) { return m->capture; }
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
-    dp_kv_layout l = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, block_tokens, n_blocks};
+    dp_kv_layout l = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, block_tokens, n_blocks,
+                      DP_KV_F32};
     return l;
 }
 

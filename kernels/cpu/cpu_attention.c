@@ -44,8 +44,7 @@ static void attend_avx512(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
     float p[16];
     for (int32_t base = 0; base < n_slots; base += bt) {
         const int32_t blk = table[base / bt];
-        const float *kt = kv_head(kv, kv->k, layer, blk, kvh);
-        const float *vb = kv_head(kv, kv->v, layer, blk, kvh);
+        const size_t ho = kv_head_off(kv, layer, blk, kvh); /* K and V alike */
         const int32_t nb = n_slots - base < bt ? n_slots - base : bt;
         for (int32_t c0 = 0; c0 < nb; c0 += 16) {
             const int32_t nl = nb - c0 < 16 ? nb - c0 : 16;
@@ -55,7 +54,7 @@ static void attend_avx512(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
                 __m512 s = _mm512_setzero_ps();
                 for (int32_t d = 0; d < hd; d++)
                     s = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
-                                        _mm512_maskz_loadu_ps(mask, kt + (size_t)d * bt + c0), s);
+                                        kv_load16(kv, kv->k, ho + (size_t)d * bt + (size_t)c0, nl), s);
                 s = _mm512_mask_blend_ps(mask, _mm512_set1_ps(-INFINITY),
                                          _mm512_mul_ps(s, _mm512_set1_ps(scale)));
                 float bm = _mm512_reduce_max_ps(s);
@@ -78,9 +77,11 @@ static void attend_avx512(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
                 for (int32_t d = 0; d < hd; d += 16) {
                     __mmask16 dm = hd - d < 16 ? (__mmask16)((1u << (hd - d)) - 1u) : 0xffff;
                     __m512 a = _mm512_maskz_loadu_ps(dm, acc[g] + d);
+                    const int32_t nd = hd - d < 16 ? hd - d : 16;
                     for (int32_t t = 0; t < nl; t++)
                         a = _mm512_fmadd_ps(_mm512_set1_ps(p[t]),
-                                            _mm512_maskz_loadu_ps(dm, vb + (size_t)(c0 + t) * hd + d), a);
+                                            kv_load16(kv, kv->v, ho + (size_t)(c0 + t) * hd + (size_t)d, nd),
+                                            a);
                     _mm512_mask_storeu_ps(acc[g] + d, dm, a);
                 }
             }
@@ -105,10 +106,10 @@ static void attend_scalar(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
     for (int32_t g = 0; g < group; g++) {
         float mx = -INFINITY;
         for (int32_t p = 0; p < n_slots; p++) {
-            const float *kt = kv_head(kv, kv->k, layer, table[p / bt], kvh) + p % bt;
+            const size_t ko = kv_head_off(kv, layer, table[p / bt], kvh) + (size_t)(p % bt);
             float d = 0.0f;
             for (int32_t e = 0; e < hd; e++)
-                d += qs[g][e] * kt[(size_t)e * bt];
+                d += qs[g][e] * kv_elt(kv, kv->k, ko + (size_t)e * bt);
             sc[p] = d * scale;
             if (sc[p] > mx)
                 mx = sc[p];
@@ -119,10 +120,10 @@ static void attend_scalar(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
         float *o = outs[g];
         memset(o, 0, (size_t)hd * sizeof *o);
         for (int32_t p = 0; p < n_slots; p++) {
-            const float *vr = kv_vrow(kv, layer, table[p / bt], kvh, p % bt);
+            const size_t vo = kv_vrow_off(kv, layer, table[p / bt], kvh, p % bt);
             const float w = sc[p] / sum;
             for (int32_t e = 0; e < hd; e++)
-                o[e] += w * vr[e];
+                o[e] += w * kv_elt(kv, kv->v, vo + (size_t)e);
         }
     }
 }

@@ -85,19 +85,20 @@ static int weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows
 static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
-           (size_t)l->head_dim * sizeof(float);
+           (size_t)l->head_dim * (l->type == DP_KV_F16 ? 2 : sizeof(float));
 }
 
 static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->head_dim > 1024 ||
         l->block_tokens <= 0 ||
-        l->n_blocks <= 0)
+        l->n_blocks <= 0 || (l->type != DP_KV_F32 && l->type != DP_KV_F16))
         return DP_EINVAL;
     dp_kv_store *kv = calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
     kv->l = *l;
+    kv->es = l->type == DP_KV_F16 ? 2 : sizeof(float);
     size_t half = kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
     /* calloc: untouched pages cost nothing until a block is first written. */
     kv->k = calloc(1, half);
@@ -320,8 +321,8 @@ static void kvw_row(void *p, int64_t i)
     for (int32_t h = 0; h < l->n_kv_heads; h++) {
         kv_kput(kv, w->layer, block, h, slot % l->block_tokens,
                 w->k + (size_t)i * row + (size_t)h * l->head_dim);
-        memcpy(kv_vrow(kv, w->layer, block, h, slot % l->block_tokens),
-               w->v + (size_t)i * row + (size_t)h * l->head_dim, (size_t)l->head_dim * sizeof(float));
+        kv_vput(kv, w->layer, block, h, slot % l->block_tokens,
+                w->v + (size_t)i * row + (size_t)h * l->head_dim);
     }
 }
 

@@ -3,16 +3,25 @@
 #ifndef DP_KERNELS_CPU_INTERNAL_H
 #define DP_KERNELS_CPU_INTERNAL_H
 
+#include <string.h>
+#ifdef __x86_64__
+#include <immintrin.h>
+#endif
+
 #include "kernels/backend.h"
+#include "kernels/quant.h"
 #include "threadpool.h"
 
 /* Within a block, K is stored transposed per head ([head_dim][token]) so
  * that attention computes 16 scores per vector instruction without
- * horizontal sums; V keeps rows ([token][head_dim]) for the weighted sum. */
+ * horizontal sums; V keeps rows ([token][head_dim]) for the weighted sum.
+ * Elements are f32 or f16 (kv->es bytes); kernels read them through kv_elt
+ * and kv_load16, which widen f16 to f32. */
 struct dp_kv_store {
     dp_kv_layout l;
-    float *k;   /* [layer][block][kv_head][head_dim][token] */
-    float *v;   /* [layer][block][kv_head][token][head_dim] */
+    size_t es;  /* bytes per element: 4 (f32) or 2 (f16) */
+    void *k;    /* [layer][block][kv_head][head_dim][token] */
+    void *v;    /* [layer][block][kv_head][token][head_dim] */
 };
 
 typedef struct cpu_backend {
@@ -33,41 +42,108 @@ typedef struct cpu_backend {
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
 
-/* Start of one head's data in one block (K: [head_dim][token], V: [token][head_dim]). */
-static inline float *kv_head(const dp_kv_store *kv, float *base, int32_t layer, int32_t block,
-                             int32_t head)
+static inline float kv_h2f(uint16_t h)
+{
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    return dp_fp16_to_f32(h);
+#endif
+}
+
+static inline uint16_t kv_f2h(float f)
+{
+#ifdef __F16C__
+    return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
+#else
+    return dp_f32_to_fp16(f);
+#endif
+}
+
+/* Element index of one head's data in one block (K: [head_dim][token], V:
+ * [token][head_dim]); the same for K and V. */
+static inline size_t kv_head_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head)
 {
     const dp_kv_layout *l = &kv->l;
     size_t idx = (((size_t)layer * (size_t)l->n_blocks + (size_t)block) * (size_t)l->n_kv_heads +
                   (size_t)head);
-    return base + idx * (size_t)l->block_tokens * (size_t)l->head_dim;
+    return idx * (size_t)l->block_tokens * (size_t)l->head_dim;
 }
 
-/* Row `tok` of V. */
-static inline float *kv_vrow(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
-                             int32_t tok)
+/* Element i of K or V (base = kv->k or kv->v), as f32. */
+static inline float kv_elt(const dp_kv_store *kv, const void *base, size_t i)
 {
-    return kv_head(kv, kv->v, layer, block, head) + (size_t)tok * (size_t)kv->l.head_dim;
+    return kv->es == 2 ? kv_h2f(((const uint16_t *)base)[i]) : ((const float *)base)[i];
 }
 
-/* K of token `tok` gathered from (to_row) or scattered into (from_row) its
- * transposed block. */
+static inline void kv_set(const dp_kv_store *kv, void *base, size_t i, float x)
+{
+    if (kv->es == 2)
+        ((uint16_t *)base)[i] = kv_f2h(x);
+    else
+        ((float *)base)[i] = x;
+}
+
+#ifdef __AVX512F__
+/* n (<= 16) consecutive elements from i, widened to f32, zeros past n. */
+static inline __m512 kv_load16(const dp_kv_store *kv, const void *base, size_t i, int32_t n)
+{
+    if (kv->es == 4)
+        return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), (const float *)base + i);
+    const uint16_t *p = (const uint16_t *)base + i;
+    if (n == 16)
+        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+    uint16_t tmp[16] = {0};
+    memcpy(tmp, p, (size_t)n * sizeof *p);
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tmp));
+}
+#endif
+
+/* K of token `tok` gathered from (kv_kget) or scattered into (kv_kput) its
+ * transposed block; V rows likewise. */
 static inline void kv_kget(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, float *row)
 {
-    const float *k = kv_head(kv, kv->k, layer, block, head) + tok;
-    const int32_t bt = kv->l.block_tokens;
+    size_t o = kv_head_off(kv, layer, block, head) + (size_t)tok;
+    const size_t bt = (size_t)kv->l.block_tokens;
     for (int32_t d = 0; d < kv->l.head_dim; d++)
-        row[d] = k[(size_t)d * (size_t)bt];
+        row[d] = kv_elt(kv, kv->k, o + (size_t)d * bt);
 }
 
 static inline void kv_kput(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, const float *row)
 {
-    float *k = kv_head(kv, kv->k, layer, block, head) + tok;
-    const int32_t bt = kv->l.block_tokens;
+    size_t o = kv_head_off(kv, layer, block, head) + (size_t)tok;
+    const size_t bt = (size_t)kv->l.block_tokens;
     for (int32_t d = 0; d < kv->l.head_dim; d++)
-        k[(size_t)d * (size_t)bt] = row[d];
+        kv_set(kv, kv->k, o + (size_t)d * bt, row[d]);
+}
+
+/* Element index of row `tok` of V. */
+static inline size_t kv_vrow_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                                 int32_t tok)
+{
+    return kv_head_off(kv, layer, block, head) + (size_t)tok * (size_t)kv->l.head_dim;
+}
+
+static inline void kv_vput(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                           int32_t tok, const float *row)
+{
+    size_t o = kv_vrow_off(kv, layer, block, head, tok);
+    if (kv->es == 4) {
+        memcpy((float *)kv->v + o, row, (size_t)kv->l.head_dim * sizeof *row);
+        return;
+    }
+    for (int32_t d = 0; d < kv->l.head_dim; d++)
+        ((uint16_t *)kv->v)[o + (size_t)d] = kv_f2h(row[d]);
+}
+
+static inline void kv_vget(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                           int32_t tok, float *row)
+{
+    size_t o = kv_vrow_off(kv, layer, block, head, tok);
+    for (int32_t d = 0; d < kv->l.head_dim; d++)
+        row[d] = kv_elt(kv, kv->v, o + (size_t)d);
 }
 
 int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, int64_t cols,

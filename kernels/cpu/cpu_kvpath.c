@@ -26,13 +26,13 @@ static void knorm_task(void *ctx, int64_t t, int thread)
     float *o = j->out + (size_t)t * (size_t)j->n_slots;
     /* Sum of squares over the transposed block: one pass over K, no gather. */
     for (int32_t base = 0; base < j->n_slots; base += bt) {
-        const float *kt = kv_head(j->kv, j->kv->k, layer, j->table[base / bt], h);
+        const size_t ko = kv_head_off(j->kv, layer, j->table[base / bt], h);
         const int32_t nb = j->n_slots - base < bt ? j->n_slots - base : bt;
         for (int32_t tk = 0; tk < nb; tk++)
             o[base + tk] = 0.0f;
         for (int32_t d = 0; d < hd; d++)
             for (int32_t tk = 0; tk < nb; tk++) {
-                float v = kt[(size_t)d * bt + tk];
+                float v = kv_elt(j->kv, j->kv->k, ko + (size_t)d * bt + (size_t)tk);
                 o[base + tk] += v * v;
             }
         for (int32_t tk = 0; tk < nb; tk++)
@@ -68,7 +68,7 @@ static void head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const
     const dp_kv_layout *l = &kv->l;
     const int32_t hd = l->head_dim, bt = l->block_tokens;
     for (int32_t base = 0; base < n; base += bt) {
-        const float *kt = kv_head(kv, kv->k, layer, table[base / bt], kvh);
+        const size_t ko = kv_head_off(kv, layer, table[base / bt], kvh);
         const int32_t nb = n - base < bt ? n - base : bt;
 #ifdef __AVX512F__
         for (int32_t c0 = 0; c0 < nb; c0 += 16) {
@@ -77,14 +77,14 @@ static void head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const
             __m512 acc = _mm512_setzero_ps();
             for (int32_t d = 0; d < hd; d++)
                 acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
-                                      _mm512_maskz_loadu_ps(mask, kt + (size_t)d * bt + c0), acc);
+                                      kv_load16(kv, kv->k, ko + (size_t)d * bt + (size_t)c0, nl), acc);
             _mm512_mask_storeu_ps(sc + base + c0, mask, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
         }
 #else
         for (int32_t t = 0; t < nb; t++) {
             float dsum = 0.0f;
             for (int32_t d = 0; d < hd; d++)
-                dsum += q[d] * kt[(size_t)d * bt + t];
+                dsum += q[d] * kv_elt(kv, kv->k, ko + (size_t)d * bt + (size_t)t);
             sc[base + t] = dsum * scale;
         }
 #endif
@@ -161,17 +161,17 @@ static void compact_task(void *ctx, int64_t t, int thread)
     const dp_kv_layout *ls = &j->src->l, *ld = &j->dst->l;
     const dp_compact_seq *q = &j->seqs[t / ls->n_layers];
     const int32_t layer = (int32_t)(t % ls->n_layers);
-    const size_t row = (size_t)ls->head_dim * sizeof(float);
-    float k[1024];
+    float k[1024], v[1024];
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         for (int32_t s = 0; s < q->n_keep; s++) {
             int32_t from = keep[s];
             int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
+            /* Through f32 (exact when widening): the stores may differ in type. */
             kv_kget(j->src, layer, sb, h, from % ls->block_tokens, k);
             kv_kput(j->dst, layer, db, h, s % ld->block_tokens, k);
-            memcpy(kv_vrow(j->dst, layer, db, h, s % ld->block_tokens),
-                   kv_vrow(j->src, layer, sb, h, from % ls->block_tokens), row);
+            kv_vget(j->src, layer, sb, h, from % ls->block_tokens, v);
+            kv_vput(j->dst, layer, db, h, s % ld->block_tokens, v);
         }
     }
 }
@@ -209,16 +209,17 @@ static int block_copy(const dp_kv_store *kv, int32_t block, void *host, const vo
     const dp_kv_layout *l = &kv->l;
     if (block < 0 || block >= l->n_blocks)
         return DP_EINVAL;
-    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim;
+    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim * kv->es;
     for (int32_t layer = 0; layer < l->n_layers; layer++) {
-        float *k = kv_head(kv, kv->k, layer, block, 0), *v = kv_head(kv, kv->v, layer, block, 0);
-        float *h = (float *)(from_host ? (void *)(uintptr_t)from_host : host) + (size_t)layer * 2 * per;
+        size_t o = kv_head_off(kv, layer, block, 0) * kv->es;
+        uint8_t *k = (uint8_t *)kv->k + o, *v = (uint8_t *)kv->v + o;
+        uint8_t *h = (uint8_t *)(from_host ? (void *)(uintptr_t)from_host : host) + (size_t)layer * 2 * per;
         if (from_host) {
-            memcpy(k, h, per * sizeof(float));
-            memcpy(v, h + per, per * sizeof(float));
+            memcpy(k, h, per);
+            memcpy(v, h + per, per);
         } else {
-            memcpy(h, k, per * sizeof(float));
-            memcpy(h + per, v, per * sizeof(float));
+            memcpy(h, k, per);
+            memcpy(h + per, v, per);
         }
     }
     return 0;

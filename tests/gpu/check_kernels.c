@@ -773,7 +773,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
     for (int b = 0; b < 2; b++) {
         dp_kv_store *st[DP_KV_MAX_STORES] = {NULL, NULL};
         for (int s = 0; s < n_stores; s++) {
-            dp_kv_layout l = {cfg->n_layers, cfg->n_kv, cfg->hd, cfg->bt[s], cfg->nb[s]};
+            dp_kv_layout l = {cfg->n_layers, cfg->n_kv, cfg->hd, cfg->bt[s], cfg->nb[s], DP_KV_F32};
             if (be[b]->ops->kv_create(be[b], &l, &st[s]))
                 die(EXIT_SETUP, "%s: kv_create failed", be[b]->ops->name);
         }
@@ -955,7 +955,8 @@ static void check_kvpath(dp_backend *be[2])
     const size_t score_n[2] = {(size_t)n_layers * n_kv * sq[0].n_slots, (size_t)n_layers * n_kv * sq[1].n_slots};
     for (int b = 0; b < 2; b++) {
         dp_kv_store *src, *dst;
-        dp_kv_layout ls = {n_layers, n_kv, hd, bt_src, nb_src}, ld = {n_layers, n_kv, hd, bt_dst, nb_dst};
+        dp_kv_layout ls = {n_layers, n_kv, hd, bt_src, nb_src, DP_KV_F32},
+                     ld = {n_layers, n_kv, hd, bt_dst, nb_dst, DP_KV_F32};
         if (be[b]->ops->kv_create(be[b], &ls, &src) || be[b]->ops->kv_create(be[b], &ld, &dst))
             die(EXIT_SETUP, "%s: kv_create failed", be[b]->ops->name);
         dp_kv_store *st[DP_KV_MAX_STORES] = {src, dst};

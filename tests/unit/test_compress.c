@@ -12,6 +12,12 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "t.h"
+
+/* A V row of an f32 store (the tests fill and read the stores directly). */
+static float *vrow_f32(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head, int32_t tok)
+{
+    return (float *)kv->v + kv_vrow_off(kv, layer, block, head, tok);
+}
 #include "tools/synth_gguf.h"
 
 static uint64_t rs = 12345;
@@ -126,7 +132,7 @@ static void fill_random(dp_kv_store *kv, const int32_t *table, int32_t n)
         for (int32_t h = 0; h < HKV; h++)
             for (int32_t s = 0; s < n; s++) {
                 float k[HD];
-                float *v = kv_vrow(kv, l, table[s / BTK], h, s % BTK);
+                float *v = vrow_f32(kv, l, table[s / BTK], h, s % BTK);
                 float scale = 0.2f + 2.0f * (float)urand(1000) / 1000.0f; /* spread the norms */
                 for (int32_t d = 0; d < HD; d++) {
                     k[d] = scale * frand();
@@ -139,7 +145,7 @@ static void fill_random(dp_kv_store *kv, const int32_t *table, int32_t n)
 static void check_selection(dp_backend *be)
 {
     const int32_t n = 37, NB = 16;
-    dp_kv_layout lay = {L, HKV, HD, BTK, NB};
+    dp_kv_layout lay = {L, HKV, HD, BTK, NB, DP_KV_F32};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &lay, &kv) == 0);
     int32_t perm[16], table[16];
@@ -300,7 +306,7 @@ static void poison(dp_kv_store *kv)
 {
     size_t n = (size_t)kv->l.n_layers * kv->l.n_blocks * kv->l.n_kv_heads * kv->l.block_tokens * kv->l.head_dim;
     for (size_t i = 0; i < n; i++)
-        kv->k[i] = kv->v[i] = POISON;
+        ((float *)kv->k)[i] = ((float *)kv->v)[i] = POISON;
 }
 
 static void check_compact(dp_backend *be)
@@ -308,7 +314,7 @@ static void check_compact(dp_backend *be)
     /* Two sequences compacted at once into one destination store with
      * smaller blocks and scrambled tables; every other row stays poisoned. */
     const int32_t n[2] = {37, 21}, NBS = 16, DBT = 2, NBD = 40;
-    dp_kv_layout ls = {L, HKV, HD, BTK, NBS}, ld = {L, HKV, HD, DBT, NBD};
+    dp_kv_layout ls = {L, HKV, HD, BTK, NBS, DP_KV_F32}, ld = {L, HKV, HD, DBT, NBD, DP_KV_F32};
     dp_kv_store *src, *dst;
     CHECK(be->ops->kv_create(be, &ls, &src) == 0);
     CHECK(be->ops->kv_create(be, &ld, &dst) == 0);
@@ -336,7 +342,7 @@ static void check_compact(dp_backend *be)
     keep1[5] = 6 * BTK;
     CHECK(be->ops->kv_compact(be, src, dst, cs, 2) == DP_EINVAL);
     for (size_t i = 0; i < (size_t)L * NBD * HKV * DBT * HD; i++)
-        CHECK(dst->k[i] == POISON && dst->v[i] == POISON);
+        CHECK(((float *)dst->k)[i] == POISON && ((float *)dst->v)[i] == POISON);
     CHECK(compressor_select(&c, &o, src, stab[1], n[1], NULL, 0, NULL, 0, nk[1], keep[1]) == 0);
     CHECK(be->ops->kv_compact(be, src, dst, cs, 2) == 0);
     /* Mark what was expected to be written, check it, then check the rest. */
@@ -350,17 +356,17 @@ static void check_compact(dp_backend *be)
                     float sk[HD], dk[HD];
                     kv_kget(src, l, stab[i][from / BTK], h, from % BTK, sk);
                     kv_kget(dst, l, db, h, s % DBT, dk);
-                    const float *sv = kv_vrow(src, l, stab[i][from / BTK], h, from % BTK);
+                    const float *sv = vrow_f32(src, l, stab[i][from / BTK], h, from % BTK);
                     CHECK(memcmp(dk, sk, HD * sizeof(float)) == 0);
-                    CHECK(memcmp(kv_vrow(dst, l, db, h, s % DBT), sv, HD * sizeof(float)) == 0);
+                    CHECK(memcmp(vrow_f32(dst, l, db, h, s % DBT), sv, HD * sizeof(float)) == 0);
                     written[(((size_t)l * NBD + db) * HKV + h) * DBT + s % DBT] = 1;
                 }
     for (size_t r = 0; r < (size_t)L * NBD * HKV * DBT; r++)
         if (!written[r])
             for (int32_t d = 0; d < HD; d++)
                 /* K is transposed inside a block ([head_dim][token]). */
-                CHECK(dst->k[(r / DBT) * DBT * HD + (size_t)d * DBT + r % DBT] == POISON &&
-                      dst->v[r * HD + d] == POISON);
+                CHECK(((float *)dst->k)[(r / DBT) * DBT * HD + (size_t)d * DBT + r % DBT] == POISON &&
+                      ((float *)dst->v)[r * HD + d] == POISON);
     free(written);
     compressor_destroy(&c);
     be->ops->kv_destroy(be, src);

@@ -167,11 +167,12 @@ static void test_elementwise(dp_backend *be)
 
 /* A batch of three sequences: one mid-prompt chunk, one decoding, one whole
  * prompt, on shuffled blocks; checks embed, rope, kv_write, attention and
- * gather against a dense reference. */
-static void test_attention(dp_backend *be)
+ * gather against a dense reference. With an f16 store the reference reads
+ * K and V rounded to f16 (what kv_write stores), so the bound is the same. */
+static void test_attention(dp_backend *be, int32_t type)
 {
     enum { NH = 6, NKV = 2, HD = 32, BT = 4, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
-    dp_kv_layout l = {NL, NKV, HD, BT, NB};
+    dp_kv_layout l = {NL, NKV, HD, BT, NB, type};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &l, &kv) == 0);
     CHECK(be->ops->kv_layout(be, kv)->n_blocks == NB);
@@ -200,6 +201,11 @@ static void test_attention(dp_backend *be)
                 K[s][t][i] = frand();
                 V[s][t][i] = frand();
             }
+            if (type == DP_KV_F16)
+                for (int i = 0; i < NKV * HD; i++) {
+                    K[s][t][i] = dp_fp16_to_f32(dp_f32_to_fp16(K[s][t][i]));
+                    V[s][t][i] = dp_fp16_to_f32(dp_f32_to_fp16(V[s][t][i]));
+                }
             for (int i = 0; i < NH * HD; i++)
                 Q[s][t][i] = frand();
         }
@@ -366,7 +372,8 @@ int main(void)
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
         test_elementwise(be);
-        test_attention(be);
+        test_attention(be, DP_KV_F32);
+        test_attention(be, DP_KV_F16);
         test_logits_topk(be);
         backend_destroy(be);
     }

@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# dualpath_vs_peers.sh: the served comparison, over HTTP with dp-loadgen, at
+# the same KV bytes: dualpathd with dualpath off, dualpathd with its defaults
+# (dualpath on), and llama.cpp's llama-server (tools/llama-cpp.sh builds it),
+# run one after the other in the same invocation on the same GGUF and threads.
+#
+# Workloads (realistic chat): "chat": /v1/chat/completions without max_tokens
+# (replies end where the model stops, or at the context), a shared system
+# prompt of PREFIX words plus a user turn of 20-120 words; "multiturn":
+# sessions of TURNS turns, each resending the conversation, 64-token replies.
+#
+# Reported per server and workload: peak concurrent sequences (the server's
+# running gauge, polled every 0.2 s), output tok/s, TTFT p50/p99, preemptions.
+#
+# Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
+# Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
+#   TURNS (default 10), PREFIX (default 200), THREADS (default nproc),
+#   CELL_S (time limit per run, default 120), DP_MODEL_PATH, DP_DAEMON,
+#   LLAMA_BIN (directory of llama-server; default: tools/llama-cpp.sh's).
+set -u -o pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+KV_MIB=${KV_MIB:-64}
+OUT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --kv-mib) KV_MIB=$2; shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        *) echo "usage: $0 [--kv-mib N] [--out FILE]" >&2; exit 2 ;;
+    esac
+done
+CONC=${CONC:-32}; REQS=${REQS:-64}; TURNS=${TURNS:-10}; PREFIX=${PREFIX:-200}
+THREADS=${THREADS:-$(nproc)}; CELL_S=${CELL_S:-120}
+MODEL=${DP_MODEL_PATH:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+DAEMON=${DP_DAEMON:-$root/build/daemon/dualpathd}
+LOADGEN=${DP_LOADGEN:-$root/build/loadtest/dp-loadgen}
+LLAMA_BIN=${LLAMA_BIN:-$("$root/tools/llama-cpp.sh")} || { echo "no llama.cpp build" >&2; exit 1; }
+PORT=${DP_PORT:-8097}
+URL=http://127.0.0.1:$PORT
+work=$(mktemp -d /tmp/dp-vs-peers.XXXXXX)
+
+# llama-server's KV is f16 by default: bytes per token from the model's shape
+# (2 x layers x kv_heads x head_dim x 2 bytes); its context gets the same bytes.
+PY=${DP_CACHE:-$HOME/.cache/dualpath}/venv/bin/python
+kv_tok_f16=$("$PY" - "$MODEL" <<'PYEOF'
+import sys
+from gguf import GGUFReader
+r = GGUFReader(sys.argv[1])
+def v(k):
+    f = r.fields[k]
+    x = f.parts[f.data[0]]
+    return bytes(x).decode() if f.types[0].name == "STRING" else int(x[0])
+a = v("general.architecture")
+L, E, H = v(a + ".block_count"), v(a + ".embedding_length"), v(a + ".attention.head_count")
+KH = v(a + ".attention.head_count_kv") if a + ".attention.head_count_kv" in r.fields else H
+print(2 * L * KH * (E // H) * 2)
+PYEOF
+)
+LLAMA_CTX=$(( KV_MIB * 1024 * 1024 / kv_tok_f16 ))
+
+running_gauge() { # url -> the running-sequences gauge of either server
+    curl -s "$1/metrics" | awk '/^dualpath_requests_running /{print $2} /^llamacpp:requests_processing /{print $2}' | head -1
+}
+poll_peak() { # url file: tracks the max of the gauge until killed
+    local peak=0 v
+    while :; do
+        v=$(running_gauge "$1"); v=${v%.*}
+        [ -n "$v" ] && [ "$v" -gt "$peak" ] && { peak=$v; echo "$peak" > "$2"; }
+        sleep 0.2
+    done
+}
+wait_health() {
+    for _ in $(seq 1 600); do
+        curl -sf "$URL/health" >/dev/null 2>&1 && return 0
+        sleep 0.2
+    done
+    return 1
+}
+run_cell() { # label workload-args...
+    local label=$1; shift
+    echo 0 > "$work/peak"
+    poll_peak "$URL" "$work/peak" & local poller=$!
+    local pre0; pre0=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
+    "$LOADGEN" --base-url "$URL" --api chat --no-progress -q -t "$CELL_S" --seed 7 \
+        --json "$work/$label.json" "$@" >/dev/null 2>"$work/$label.err"
+    kill "$poller" 2>/dev/null; wait "$poller" 2>/dev/null
+    local pre1; pre1=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
+    local pre="n/a"
+    [ -n "$pre0" ] && pre=$(( ${pre1%.*} - ${pre0%.*} ))
+    "$PY" - "$work/$label.json" "$label" "$(cat "$work/peak")" "$pre" >> "$work/rows" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+print("| %s | %s | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], sys.argv[3],
+      r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"],
+      sys.argv[4], r["completed"], r["total_output_tokens"]))
+PY
+}
+serve_and_run() { # name command...
+    local name=$1; shift
+    "$@" >"$work/$name.log" 2>&1 & local pid=$!
+    wait_health || { echo "$name did not start; see $work/$name.log" >&2; kill $pid; return 1; }
+    run_cell "$name chat" --workload prefix --prefix-len "$PREFIX" --input-len 20:120 \
+        --no-max-tokens -n "$REQS" -c "$CONC"
+    run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
+        --output-len 64 -n "$(( TURNS * 8 ))" -c 8
+    kill -TERM $pid; wait $pid 2>/dev/null
+}
+: > "$work/rows"
+DP="$DAEMON --config= --model $MODEL --listen 127.0.0.1:$PORT --kv-memory ${KV_MIB}MiB --threads $THREADS"
+serve_and_run "dualpathd-off" $DP --no-dualpath
+serve_and_run "dualpathd-on" $DP
+serve_and_run "llama-server" "$LLAMA_BIN/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
+    -t "$THREADS" -c "$LLAMA_CTX" -np "$CONC" --kv-unified --metrics
+{
+    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens, -np $CONC --kv-unified);"
+    echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
+    echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, 64-token replies. Time limit ${CELL_S} s per run."
+    echo
+    echo "| server / workload | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens |"
+    echo "|---|---|---|---|---|---|---|---|"
+    cat "$work/rows"
+} | tee ${OUT:+"$OUT"}
+echo "logs and JSON in $work" >&2

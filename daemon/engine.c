@@ -1065,6 +1065,31 @@ static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int
     return l;
 }
 
+/* The context a request may use is what the KV memory can hold for one
+ * sequence (as llama.cpp's -c and vLLM's max_model_len are): otherwise a chat
+ * request without max_tokens (max_tokens = the rest of the context) could
+ * never be admitted and would be refused, however short. Dualpath off: the
+ * whole sequence in the one pool. On: the prompt in the prefill pool, and its
+ * compressed cache plus every generated token in the decode pool (the worst
+ * case is a 1-token prompt generating the rest). */
+static void cap_context(dp_engine *e)
+{
+    int64_t fit = (int64_t)e->pool.n_blocks * e->pool.block_tokens - 1;
+    if (e->dual) {
+        int64_t d = (int64_t)e->dpool.n_blocks * e->dpool.block_tokens;
+        int64_t c = fit < e->ctx_len ? fit : e->ctx_len;
+        while (c > 1 && (int64_t)compress_n_keep(&e->opts.compress, (int32_t)c) + c + 1 > d)
+            c--;
+        fit = c;
+    }
+    if (fit < e->ctx_len) {
+        dp_log(DP_LOG_WARN, "engine: context capped at %lld tokens (the model's is %d): that is what "
+               "the KV memory holds for one sequence; give more kv_memory for longer ones",
+               (long long)fit, e->ctx_len);
+        e->ctx_len = (int32_t)(fit > 1 ? fit : 1);
+    }
+}
+
 static void log_memory_plan(dp_engine *e, int32_t n_blocks, int32_t n_dblocks, int32_t dbt)
 {
     dp_backend *be = e->be;
@@ -1197,6 +1222,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         e->popts.early_switch = opts->early_switch;
     }
     log_memory_plan(e, n_blocks, e->dual ? n_dblocks : 0, dbt);
+    cap_context(e);
     if (opts->prefix_cache) {
         if (opts->host_tier_bytes > 0) {
             size_t bb = e->be->ops->kv_bytes_per_block(e->be, &l);

@@ -63,3 +63,19 @@ def test_default_max_tokens_applies():
         assert json.loads(b)["usage"]["completion_tokens"] == 3
     finally:
         assert d.stop() == 0
+
+
+def test_small_kv_memory_caps_the_context():
+    """A KV memory smaller than the model's context caps the context (as
+    llama.cpp's -c does), so that a chat request without max_tokens is served
+    rather than refused as too large for the pool; /v1/models says so."""
+    for flag in ("--dualpath", "--no-dualpath"):
+        d = Daemon(extra=["--kv-memory", "64MiB", flag], log_name="dualpathd-smallkv")
+        try:
+            st, _, b = request("POST", "/v1/chat/completions", CHAT, base=d.url)
+            assert st == 200, b
+            st, _, b = request("GET", "/v1/models", base=d.url)
+            m = json.loads(b)["data"][0]
+            assert 0 < m["max_model_len"] < 8192, m
+        finally:
+            assert d.stop() == 0

@@ -135,6 +135,7 @@ typedef struct dp_conn {
     dp_hreq *hreq;            /* the request being served, if any */
     int fd;
     bool watching;
+    bool gone;                /* the peer hung up */
 } dp_conn;
 
 static void conn_free(uv_handle_t *h)
@@ -155,12 +156,15 @@ static void on_hangup(uv_poll_t *p, int status, int events)
     dp_conn *c = p->data;
     dp_server *s = c->srv;
     conn_unwatch(c);
+    c->gone = true;
     /* Shutting the socket down wakes MHD's own registration (it then reads
      * end-of-file and closes); a suspended request is cancelled, and the
      * write that ends it fails. */
     shutdown(c->fd, SHUT_RDWR);
-    if (c->hreq)
+    if (c->hreq) {
+        c->hreq->client_gone = true; /* for a job not started yet */
         server_client_gone(s, c->hreq);
+    }
     http_kick(s);
 }
 
@@ -223,8 +227,11 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         *con_cls = h;
         s->n_hreqs++;
         dp_conn *c = conn_of(conn);
-        if (c)
+        if (c) {
             c->hreq = h;
+            /* MHD may still parse a request whose FIN came with it. */
+            h->client_gone = c->gone;
+        }
         /* Decide 413 from Content-Length before reading a byte of the body. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);

@@ -30,6 +30,7 @@ typedef struct dp_hreq {
     dp_job *job;     /* generation request, if any (holds a reference) */
     double t_start;  /* access log: dp_now() at the headers */
     unsigned status; /* access log: the queued HTTP status (0: none yet) */
+    bool client_gone; /* the peer hung up before the request was parsed */
 } dp_hreq;
 
 /* One completion request: n_choices engine requests and their output. */
@@ -49,6 +50,7 @@ struct dp_job {
     bool finished;            /* every choice has its FINISH */
     char *error;              /* first engine error */
     bool cancelled;
+    bool client_gone;         /* the peer hung up: generation cancelled, output unwanted */
     /* stream state */
     char *out;
     size_t out_len, out_off, out_cap;

@@ -196,6 +196,7 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     s->jobs = j;
     s->n_jobs++;
     h->job = j;
+    bool hung_up = h->client_gone;
     if (oai_parse(&s->oai, kind, h->body, h->len, &j->req, &e)) {
         j->finished = true;
         return http_send_error(h, &e);
@@ -258,6 +259,8 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
         }
         j->refs++; /* until its FINISH */
     }
+    if (hung_up)
+        server_client_gone(s, h); /* the hang-up came with the request */
     if (!r->stream) {
         j->suspended = true;
         MHD_suspend_connection(h->conn);
@@ -337,12 +340,14 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
 void server_client_gone(dp_server *s, dp_hreq *h)
 {
     dp_job *j = h->job;
-    if (!j || j->finished || j->cancelled)
+    if (!j || j->finished || j->cancelled || j->client_gone)
         return;
     dp_log(DP_LOG_DEBUG, "api: %s: client hung up, cancelling", j->id);
-    j->cancelled = true;
+    /* Not j->cancelled: the FINISH events still take their usual path (the
+     * response, or the stream's last chunk and [DONE]), which resumes the
+     * parked connection; that write then fails and MHD ends it. */
+    j->client_gone = true;
     job_cancel(j);
-    /* The FINISH event resumes the connection; the write then fails. */
 }
 
 void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe)

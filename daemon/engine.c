@@ -583,13 +583,8 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
         }
         /* compressor_select scores SnapKV by key norm without queries: say
          * so, and count it under the scorer that was used. */
-        used[ok] = es->copts.scorer;
-        if (used[ok] == DP_SCORER_SNAPKV && nq == 0) {
-            used[ok] = DP_SCORER_KNORM;
-            fallbacks++;
-            dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by knorm (no captured queries)",
-                   (unsigned long long)es->req->id, dp_compaction_names[kind]);
-        }
+        dp_scorer want = es->copts.scorer;
+        dp_scorer got = want == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : want;
         dp_kv_store *src = recompress ? e->dstore : e->store;
         if (sched_decode_reserve(&e->sched, s, &tables[ok], n_keep[i]) != 0 ||
             compressor_select(&e->comp, &es->copts, src, s->table.blocks, s->n_slots, qq, q_stride,
@@ -601,6 +596,12 @@ static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, con
                 es->dualpath = false;
             continue;
         }
+        if (got != want) {
+            fallbacks++;
+            dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by knorm (no captured queries)",
+                   (unsigned long long)es->req->id, dp_compaction_names[kind]);
+        }
+        used[ok] = got;
         cs[ok] = (dp_compact_seq){s->table.blocks, s->table.n_blocks, tables[ok].blocks,
                                   tables[ok].n_blocks, n_keep[i], e->keep + off[i]};
         list[ok] = es;

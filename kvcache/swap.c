@@ -45,7 +45,7 @@ int kv_swap_out(dp_kv_swap *s, dp_block_table *t, dp_swapped *out)
     memset(out, 0, sizeof *out);
     size_t bytes = (size_t)t->n_blocks * s->block_bytes;
     if (t->n_blocks == 0)
-        return 0;
+        return DP_EINVAL; /* nothing to keep: the caller recomputes */
     if (s->used_bytes + bytes > s->cap_bytes) {
         s->full++;
         return DP_ENOSPC;

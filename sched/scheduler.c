@@ -426,8 +426,9 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
 
     /* 3. Admissions in queue order. Strict FCFS: a large request at the head
      *    is not overtaken by smaller ones behind it. */
-    while (s->wait_head && budget > 0 && p->n_items < cap) {
+    while (s->wait_head && budget > 0 && p->n_items < cap && s->n_running < cap) {
         dp_seq *q = s->wait_head;
+        bool swapped = q->swapped.buf != NULL;
         if (!admit(s, q))
             break;
         unlink_seq(&s->wait_head, &s->wait_tail, q);
@@ -436,6 +437,11 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         insert_sorted(&s->run_head, &s->run_tail, q, false);
         s->n_running++;
         int32_t n = chunk_len(q, budget);
+        /* A swapped-in sequence got its cache back plus one slot; a prompt
+         * tail (an early switch) needs the rest now, like any decode-path
+         * prompt (step 2). */
+        if (n > 1 && swapped && grow(s, q, n) != 0)
+            n = 1;
         if (n == 0)
             break; /* admitted; its first chunk waits for the next step */
         add_item(s, p, q, n);

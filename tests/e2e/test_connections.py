@@ -90,3 +90,29 @@ def test_hangup_cancels_non_streamed_request(server):
     wait_for(lambda: metrics().get('dualpath_requests_finished_total{reason="cancelled"}', 0) > before)
     m = metrics()
     assert m['dualpath_requests_finished_total{reason="cancelled"}'] == before + 1
+
+
+def test_stream_hangups_free_their_slots():
+    """A client that closes a stream mid-answer frees its connection slot:
+    the generation is cancelled and the stream ends. With 2 slots, three
+    abandoned streams and then /health prove none is left parked."""
+    d = Daemon(extra=["--max-connections", "2"], log_name="dualpathd-stream-hangup")
+    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 500, "ignore_eos": True,
+                       "temperature": 0, "stream": True}).encode()
+    try:
+        for _ in range(3):
+            s = socket.create_connection(("127.0.0.1", d.port))
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            s.settimeout(30)
+            got = b""
+            while b"data: {" not in got:  # the first token arrived
+                chunk = s.recv(4096)
+                assert chunk, got
+                got += chunk
+            s.close()
+        assert health(d) == 200
+        wait_for(lambda: metrics(base=d.url)["dualpath_requests_running"] == 0)
+        assert metrics(base=d.url)['dualpath_requests_finished_total{reason="cancelled"}'] == 3
+    finally:
+        assert d.stop() == 0

@@ -34,6 +34,7 @@ typedef struct eng_seq {
     bool started;          /* admitted at least once (no longer counts as queued) */
     bool dualpath;         /* compacts at the switch to the decode path */
     dp_compress_opts copts;
+    int32_t capture_w;     /* SnapKV: queries captured at the prompt's end (0: none) */
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
     int32_t tokens_kept, tokens_evicted;
@@ -285,8 +286,13 @@ static int admit_request(dp_engine *e, dp_request *req)
      * prefix cache) so that they are captured together. */
     if (es->dualpath && es->copts.scorer == DP_SCORER_SNAPKV) {
         int32_t w = es->copts.window < DP_MAX_CAPTURE ? es->copts.window : DP_MAX_CAPTURE;
-        if (w > e->opts.max_batched_tokens / 2)
-            w = e->opts.max_batched_tokens / 2;
+        es->capture_w = w > 0 ? w : 0;
+        /* A step always has room for the aligned tail beside a full batch of
+         * decodes, or a prompt's last tokens could wait forever (a smaller
+         * tail captures fewer queries, never none). */
+        int32_t room = e->opts.max_batched_tokens - e->opts.max_seqs;
+        if (w > room)
+            w = room;
         es->seq->tail_min = w > 0 ? w : 0;
     }
     path_init(&es->path);
@@ -778,9 +784,9 @@ static void run_step(dp_engine *e)
         /* The last queries of a prompt feed SnapKV scoring at the switch
          * (or, for a sequence that switched early, at its prompt's end). */
         es->capture_at = -1;
-        if (it->emits && !it->decode_phase && es->dualpath && es->seq->tail_min > 0 &&
+        if (it->emits && !it->decode_phase && es->dualpath && es->capture_w > 0 &&
             (it->path == DP_PATH_PREFILL || es->switched_early)) {
-            int32_t w = es->seq->tail_min < it->n ? es->seq->tail_min : it->n;
+            int32_t w = es->capture_w < it->n ? es->capture_w : it->n;
             if (w > e->capture_cap - nc)
                 w = e->capture_cap - nc; /* cannot happen: capacity covers every window */
             if (w > 0) {
@@ -910,7 +916,7 @@ static void update_gauges(dp_engine *e)
     e->stats.decode_block_tokens = e->dual ? e->dpool.block_tokens : 0;
     int32_t on_decode = 0;
     for (eng_seq *es = e->live; es; es = es->next)
-        on_decode += es->seq->path == DP_PATH_DECODE;
+        on_decode += es->seq->path == DP_PATH_DECODE && !es->seq->swapped.buf;
     e->stats.seqs_on_decode_path = on_decode;
     e->stats.rebuilds = e->sched.rebuilds;
     e->stats.rebuild_prefix_tokens =

@@ -131,7 +131,6 @@ enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
 typedef struct dp_conn {
     uv_poll_t poll;
     dp_server *srv;
-    struct MHD_Connection *conn;
     dp_hreq *hreq;            /* the request being served, if any */
     int fd;
     bool watching;
@@ -180,7 +179,6 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         if (!c)
             return; /* served, just not watched for hang-ups */
         c->srv = s;
-        c->conn = conn;
         c->fd = ci->connect_fd;
         if (uv_poll_init_socket(s->loop, &c->poll, c->fd) != 0) {
             free(c);

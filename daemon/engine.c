@@ -925,7 +925,7 @@ static void update_gauges(dp_engine *e)
     e->stats.host_spilled_blocks = e->has_pc ? e->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = e->has_host ? e->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
-    e->stats.swap_outs = e->sched.n_swapped;
+    e->stats.swap_outs = e->has_swap ? e->swap.outs : 0;
     e->stats.swap_ins = e->has_swap ? e->swap.ins : 0;
     e->stats.swap_bytes = e->has_swap ? (int64_t)e->swap.used_bytes : 0;
     e->stats.decode_recomputes = e->sched.n_recomputed_decode;

@@ -46,10 +46,8 @@ int kv_swap_out(dp_kv_swap *s, dp_block_table *t, dp_swapped *out)
     size_t bytes = (size_t)t->n_blocks * s->block_bytes;
     if (t->n_blocks == 0)
         return DP_EINVAL; /* nothing to keep: the caller recomputes */
-    if (s->used_bytes + bytes > s->cap_bytes) {
-        s->full++;
+    if (s->used_bytes + bytes > s->cap_bytes)
         return DP_ENOSPC;
-    }
     uint8_t *buf = host_alloc(s, bytes);
     if (!buf)
         return DP_ENOMEM;

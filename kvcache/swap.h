@@ -21,7 +21,6 @@ typedef struct dp_kv_swap {
     size_t cap_bytes;      /* host memory the swapped copies may take */
     size_t used_bytes;
     int64_t outs, ins;     /* sequences swapped out / back in */
-    int64_t full;          /* swap-outs refused: no room (the sequence is recomputed) */
 } dp_kv_swap;
 
 /* One sequence's copy (zero: none). */

@@ -213,8 +213,6 @@ void sched_preempt(dp_sched *s, dp_seq *q)
         /* Path, slots and computed tokens stay: the cache comes back whole. */
         s->decode_reserved -= q->decode_reserve;
         q->decode_reserve = 0;
-        q->n_swaps++;
-        s->n_swapped++;
     } else {
         if (q->path == DP_PATH_DECODE) {
             s->n_recomputed_decode++;

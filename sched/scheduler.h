@@ -46,7 +46,6 @@ typedef struct dp_seq {
     int32_t restored_blocks;  /* of which blocks restored from the host tier */
     dp_seq_state state;
     int32_t n_preemptions;
-    int32_t n_swaps;          /* of which swapped out (restored as they were) */
     dp_swapped swapped;       /* preempted on the decode path: its compact cache */
     bool scheduled;           /* in the current step's plan */
     void *owner;              /* the engine's context for this sequence */
@@ -106,7 +105,6 @@ typedef struct dp_sched {
     int32_t n_waiting, n_running;
     uint64_t next_order;
     int64_t n_preemptions;
-    int64_t n_swapped;        /* preemptions that swapped a compact cache out */
     int64_t n_recomputed_decode; /* decode-path preemptions recomputed (no swap room) */
     dp_sched_item *items;     /* plan storage, max_seqs entries */
 } dp_sched;

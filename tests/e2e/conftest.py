@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 
@@ -74,6 +75,26 @@ def request(method, path, body=None, headers=None, base=None, timeout=120):
         return r.status, dict(r.getheaders()), r.read()
     finally:
         c.close()
+
+
+def parallel(fn, n):
+    """fn(0) .. fn(n - 1), each in its own thread, all at once; their results
+    in order. An exception in any of them is raised here."""
+    out, errors = [None] * n, []
+
+    def run(i):
+        try:
+            out[i] = fn(i)
+        except BaseException as e:  # noqa: BLE001 -- re-raised below
+            errors.append(e)
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+    return out
 
 
 def metrics(base=None):

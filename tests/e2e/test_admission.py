@@ -3,26 +3,18 @@ requests without max_tokens (the most common request there is) all run at
 once, as many as with dualpath off; default_max_tokens applies to requests
 that set none."""
 import json
-import threading
 
-from conftest import Daemon, metrics, request
+from conftest import Daemon, metrics, parallel, request
 
 CHAT = {"messages": [{"role": "user", "content": "Say hello to my friend Sam."}],
         "temperature": 0, "stop": ["."]}
 
 
 def run_concurrent(d, n):
-    out = [None] * n
-
     def one(i):
         st, _, b = request("POST", "/v1/chat/completions", CHAT, base=d.url)
-        out[i] = (st, json.loads(b))
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(n)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for st, b in out:
+        return st, json.loads(b)
+    for st, b in parallel(one, n):
         assert st == 200, b
         assert b["choices"][0]["finish_reason"] == "stop", b
     return metrics(base=d.url)

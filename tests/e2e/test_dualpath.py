@@ -2,14 +2,13 @@
 usage.dualpath report, the dual-path metrics, and a multi-turn chat that
 takes its earlier turns back from the prefix cache."""
 import json
-import threading
 import math
 import shutil
 import subprocess
 
 import pytest
 
-from conftest import Daemon, metrics, request
+from conftest import Daemon, metrics, parallel, request
 
 SCORERS = ("knorm", "knorm_high", "snapkv", "recent", "random")
 
@@ -244,18 +243,11 @@ def test_concurrent_snapkv_all_score_with_snapkv(dual):
     """16 requests at once (their prompts end in the same step or a few):
     every migration scores with SnapKV, none falls back to key norms."""
     before = metrics(dual)
-    out = [None] * 16
-
     def one(i):
-        out[i] = post("/v1/completions", {"prompt": f"{i}: " + " ".join(_SENTENCES[:2]),
-                                          "max_tokens": 2, "temperature": 0,
-                                          "dualpath": {"scorer": "snapkv", "keep_ratio": 0.5}})
-    ts = [threading.Thread(target=one, args=(i,)) for i in range(16)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    for st, o in out:
+        return post("/v1/completions", {"prompt": f"{i}: " + " ".join(_SENTENCES[:2]),
+                                        "max_tokens": 2, "temperature": 0,
+                                        "dualpath": {"scorer": "snapkv", "keep_ratio": 0.5}})
+    for st, o in parallel(one, 16):
         assert st == 200, o
     after = metrics(dual)
     assert migrations(after, "snapkv") - migrations(before, "snapkv") == 16

@@ -4,9 +4,8 @@ to force preemptions give the text each gives alone on the shared daemon (the
 same settings, more memory), because a preempted compact cache is swapped out
 and restored as it was. n = 4 prefills its prompt once."""
 import json
-import threading
 
-from conftest import Daemon, metrics, request
+from conftest import Daemon, metrics, parallel, request
 
 PROMPTS = [f"Request {i}: " + "The history of the river valley is long and varied, and " * 6
            for i in range(12)]
@@ -34,15 +33,7 @@ def test_outputs_equal_alone_under_preemption():
         assert big.stop() == 0
     d = Daemon(extra=["--kv-memory", "80MiB", "--kv-cache-type", "f32"], log_name="dualpathd-preempt")
     try:
-        out = [None] * len(PROMPTS)
-
-        def one(i):
-            out[i] = complete(PROMPTS[i], base=d.url)
-        ts = [threading.Thread(target=one, args=(i,)) for i in range(len(PROMPTS))]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
+        out = parallel(lambda i: complete(PROMPTS[i], base=d.url), len(PROMPTS))
         for i, o in enumerate(out):
             assert o["choices"][0]["text"] == alone[i], i
         m = metrics(base=d.url)

@@ -264,34 +264,41 @@ static void check_idle(dp_engine *e)
     CHECK_EQ_INT(st.waiting, 0);
 }
 
+/* Runs specs[0..n) on e into res: each alone (submitted once the previous
+ * finished) or all together; mode is each request's dualpath setting. The
+ * engine is then idle; *st (if given) holds its stats. */
+static void run_requests(dp_engine *e, const req_spec *specs, int n, result *res, bool alone,
+                         int8_t mode, dp_engine_stats *st)
+{
+    char err[DP_ERRLEN];
+    memset(res, 0, (size_t)n * sizeof *res);
+    for (int i = 0; i < n; i++) {
+        dp_request *r = make_req(&specs[i], &res[i]);
+        r->params.dualpath_mode = mode;
+        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+        request_unref(r);
+        if (alone)
+            collect(e, 1);
+    }
+    if (!alone)
+        collect(e, n);
+    check_idle(e);
+    if (st)
+        engine_get_stats(e, st);
+}
+
 /* n requests together vs each alone, on an engine with `n_blocks` blocks
  * (small pools force preemption). */
 static void concurrent_equals_alone(world *w, req_spec *specs, int n, int32_t n_blocks,
                                     const char *what)
 {
     static result alone[MAXN], together[MAXN];
-    memset(alone, 0, sizeof alone);
-    memset(together, 0, sizeof together);
     dp_engine *e = start(w, 1024, 32);
-    char err[DP_ERRLEN];
-    for (int i = 0; i < n; i++) {
-        dp_request *r = make_req(&specs[i], &alone[i]);
-        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-        request_unref(r);
-        collect(e, 1);
-    }
-    check_idle(e);
+    run_requests(e, specs, n, alone, true, DP_DUALPATH_DEFAULT, NULL);
     engine_destroy(e);
     e = start(w, n_blocks, 32);
-    for (int i = 0; i < n; i++) {
-        dp_request *r = make_req(&specs[i], &together[i]);
-        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-        request_unref(r);
-    }
-    collect(e, n);
     dp_engine_stats st;
-    engine_get_stats(e, &st);
-    check_idle(e);
+    run_requests(e, specs, n, together, false, DP_DUALPATH_DEFAULT, &st);
     engine_destroy(e);
     int total = 0;
     for (int i = 0; i < n; i++) {
@@ -452,17 +459,7 @@ static void run_with(world *w, const dp_engine_opts *o, req_spec *specs, int n, 
     next_opts_set = true;
     dp_engine *e = start(w, o->n_blocks, 32);
     next_opts_set = false;
-    char err[DP_ERRLEN];
-    memset(res, 0, (size_t)n * sizeof *res);
-    for (int i = 0; i < n; i++) {
-        dp_request *r = make_req(&specs[i], &res[i]);
-        r->params.dualpath_mode = mode;
-        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-        request_unref(r);
-    }
-    collect(e, n);
-    check_idle(e);
-    engine_get_stats(e, st);
+    run_requests(e, specs, n, res, false, mode, st);
     engine_destroy(e);
 }
 
@@ -571,29 +568,12 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     next_opts = o;
     next_opts_set = true;
     dp_engine *e = start(w, 1024, 32);
-    char err[DP_ERRLEN];
-    memset(alone, 0, sizeof alone);
-    for (int i = 0; i < n; i++) {
-        dp_request *r = make_req(&specs[i], &alone[i]);
-        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-        request_unref(r);
-        collect(e, 1);
-    }
-    check_idle(e);
-    engine_get_stats(e, &st_alone);
+    run_requests(e, specs, n, alone, true, DP_DUALPATH_DEFAULT, &st_alone);
     engine_destroy(e);
     next_opts.n_blocks_decode = small_pool;
     e = start(w, 1024, 32);
     next_opts_set = false;
-    memset(together, 0, sizeof together);
-    for (int i = 0; i < n; i++) {
-        dp_request *r = make_req(&specs[i], &together[i]);
-        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-        request_unref(r);
-    }
-    collect(e, n);
-    check_idle(e);
-    engine_get_stats(e, &st);
+    run_requests(e, specs, n, together, false, DP_DUALPATH_DEFAULT, &st);
     engine_destroy(e);
     for (int i = 0; i < n; i++) {
         CHECK_EQ_INT(together[i].n, alone[i].n);

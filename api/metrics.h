@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine.h"
+#include "engine/engine.h"
 
 #define DP_HIST_MAX_BUCKETS 24
 #define DP_METRICS_MAX_CODES 32

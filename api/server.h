@@ -8,7 +8,7 @@
 
 #include <uv.h>
 
-#include "daemon/engine.h"
+#include "engine/engine.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 

@@ -6,7 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "engine.h"
+#include "engine/engine.h"
 
 typedef struct dp_serve_opts {
     const char *model;

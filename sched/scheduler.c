@@ -1,5 +1,5 @@
-/* scheduler.c: queue management, block reservation, admission and
- * preemption for continuous batching over one or two KV pools. Owned by the
+/* scheduler.c: queue management, admission and preemption for continuous
+ * batching over one or two KV pools (blocks come from kvcache/manager). Owned by the
  * engine thread; no device work happens here, only bookkeeping, so a step's
  * planning costs microseconds.
  *
@@ -18,7 +18,8 @@
 
 #include "common/dp.h"
 
-dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority)
+dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority, bool dual,
+                const dp_compress_opts *co)
 {
     dp_seq *s = calloc(1, sizeof *s);
     if (!s)
@@ -33,7 +34,7 @@ dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t pr
     s->n_tokens = s->n_prompt = n_prompt;
     s->id = id;
     s->priority = priority;
-    kv_table_init(&s->table);
+    kv_seq_init(&s->kv, dual, co);
     return s;
 }
 
@@ -41,7 +42,7 @@ void seq_free(dp_seq *s)
 {
     if (!s)
         return;
-    free(s->table.blocks);
+    kv_seq_destroy(&s->kv);
     free(s->tokens);
     free(s);
 }
@@ -60,16 +61,13 @@ int seq_append(dp_seq *s, int32_t token)
     return 0;
 }
 
-int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_pool *pool, dp_kv_pool *dpool,
-               dp_prefix_cache *pc)
+int sched_init(dp_sched *s, const dp_sched_opts *o, dp_kv_mgr *kv)
 {
     memset(s, 0, sizeof *s);
-    if (o->max_batched_tokens < 1 || o->max_seqs < 1 || (dpool && !o->decode_slots))
+    if (o->max_batched_tokens < 1 || o->max_seqs < 1 || !kv)
         return DP_EINVAL;
     s->opts = *o;
-    s->pool = pool;
-    s->dpool = dpool;
-    s->pc = pc;
+    s->kv = kv;
     s->items = calloc((size_t)o->max_seqs, sizeof *s->items);
     return s->items ? 0 : DP_ENOMEM;
 }
@@ -128,22 +126,8 @@ void sched_add(dp_sched *s, dp_seq *seq)
     s->n_waiting++;
 }
 
-/* Frees every block the sequence holds or was promised. */
-static void release_all(dp_sched *s, dp_seq *q)
-{
-    kv_table_release(&q->table, sched_pool_of(s, q));
-    s->decode_reserved -= q->decode_reserve;
-    q->decode_reserve = 0;
-    q->path = DP_PATH_PREFILL;
-    q->n_slots = 0;
-    q->hashed_blocks = 0;
-    q->chain = 0;
-}
-
 void sched_remove(dp_sched *s, dp_seq *seq)
 {
-    if (s->swap)
-        kv_swap_drop(s->swap, &seq->swapped);
     if (seq->state == DP_SEQ_WAITING) {
         unlink_seq(&s->wait_head, &s->wait_tail, seq);
         s->n_waiting--;
@@ -151,77 +135,18 @@ void sched_remove(dp_sched *s, dp_seq *seq)
         unlink_seq(&s->run_head, &s->run_tail, seq);
         s->n_running--;
     }
-    release_all(s, seq);
+    kv_mgr_free(s->kv, &seq->kv);
     seq->state = DP_SEQ_FINISHED;
-}
-
-int sched_decode_reserve(dp_sched *s, dp_seq *q, dp_block_table *t, int64_t n_slots)
-{
-    int32_t need = kv_pool_blocks_for(s->dpool, n_slots) - t->n_blocks;
-    if (need <= 0)
-        return 0;
-    /* Blocks promised to others are off limits; this sequence's own promise
-     * is what it draws on first. */
-    int32_t from_reserve = need < q->decode_reserve ? need : q->decode_reserve;
-    if (kv_pool_n_free(s->dpool) - (s->decode_reserved - from_reserve) < need)
-        return DP_ENOSPC;
-    int rc = kv_table_reserve(t, s->dpool, n_slots);
-    if (rc)
-        return rc;
-    q->decode_reserve -= from_reserve;
-    s->decode_reserved -= from_reserve;
-    return 0;
-}
-
-void sched_switch_to_decode(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots)
-{
-    kv_table_release(&q->table, s->pool);
-    free(q->table.blocks);
-    q->table = *t;
-    kv_table_init(t);
-    q->path = DP_PATH_DECODE;
-    q->n_slots = n_slots;
-}
-
-void sched_replace_decode_table(dp_sched *s, dp_seq *q, dp_block_table *t, int32_t n_slots)
-{
-    /* The freed blocks go back to the pool: the sequence grows into it again
-     * a token at a time, like any other. */
-    kv_table_release(&q->table, s->dpool);
-    free(q->table.blocks);
-    q->table = *t;
-    kv_table_init(t);
-    q->n_slots = n_slots;
-}
-
-int32_t sched_decode_watermark(const dp_sched *s)
-{
-    /* About 1 % of the decode pool stays free at admission (vLLM's default
-     * watermark), so that sequences just admitted can grow for a while
-     * before the pool runs out and someone must be preempted. */
-    if (!s->dpool)
-        return 0;
-    int32_t w = s->dpool->n_blocks / 100;
-    return w > 0 ? w : 1;
 }
 
 void sched_preempt(dp_sched *s, dp_seq *q)
 {
     unlink_seq(&s->run_head, &s->run_tail, q);
     s->n_running--;
-    if (q->path == DP_PATH_DECODE && s->swap && kv_swap_out(s->swap, &q->table, &q->swapped) == 0) {
-        /* Path, slots and computed tokens stay: the cache comes back whole. */
-        s->decode_reserved -= q->decode_reserve;
-        q->decode_reserve = 0;
-    } else {
-        if (q->path == DP_PATH_DECODE) {
-            s->n_recomputed_decode++;
-            dp_log(DP_LOG_DEBUG, "sched: sequence %llu: no swap space, its compact cache will be "
-                   "recomputed", (unsigned long long)q->id);
-        }
-        release_all(s, q);
+    /* A swapped-out cache comes back whole (computed tokens stay); any other
+     * is recomputed from the sequence's tokens. */
+    if (kv_mgr_swap_out(s->kv, &q->kv) != 0)
         q->n_computed = 0;
-    }
     q->n_preemptions++;
     q->state = DP_SEQ_WAITING;
     insert_sorted(&s->wait_head, &s->wait_tail, q, true);
@@ -234,7 +159,7 @@ void sched_preempt(dp_sched *s, dp_seq *q)
 static dp_seq *pick_victim(dp_sched *s, dp_path path)
 {
     for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled && q->path == path)
+        if (!q->scheduled && q->kv.path == path)
             return q;
     return NULL;
 }
@@ -244,24 +169,16 @@ static void add_item(dp_sched *s, dp_sched_plan *p, dp_seq *q, int32_t n)
     dp_sched_item *it = &s->items[p->n_items++];
     it->seq = q;
     it->start = q->n_computed;
-    it->slot_start = q->n_slots;
+    it->slot_start = q->kv.n_slots;
     it->n = n;
     it->emits = q->n_computed + n == q->n_tokens;
-    it->path = q->path;
+    it->path = q->kv.path;
     /* One uncomputed token left past the prompt means the sequence is generating. */
     it->decode_phase = q->n_tokens - q->n_computed == 1 && q->n_computed >= q->n_prompt;
     if (it->decode_phase)
         p->n_decode++;
     p->n_tokens += n;
     q->scheduled = true;
-}
-
-/* Grows q's table by n slots in its pool. */
-static int grow(dp_sched *s, dp_seq *q, int32_t n)
-{
-    if (q->path == DP_PATH_DECODE)
-        return sched_decode_reserve(s, q, &q->table, (int64_t)q->n_slots + n);
-    return kv_table_reserve(&q->table, s->pool, (int64_t)q->n_slots + n);
 }
 
 /* Tokens of q to run now, at most budget: a chunk never leaves fewer than
@@ -280,19 +197,6 @@ static int32_t chunk_len(const dp_seq *q, int32_t budget)
     return budget;
 }
 
-/* Admission test and allocation for the head of the queue. */
-/* A swapped-out sequence comes back into the decode pool as it left it,
- * with room for its next token. */
-static bool admit_swapped(dp_sched *s, dp_seq *q)
-{
-    int64_t slots = (int64_t)q->n_slots + 1;
-    int32_t need = kv_pool_blocks_for(s->dpool, slots);
-    int32_t wm = s->run_head ? sched_decode_watermark(s) : 0;
-    if (need + wm > kv_pool_n_free(s->dpool) - s->decode_reserved)
-        return false;
-    return kv_swap_in(s->swap, &q->swapped, &q->table, slots) == 0;
-}
-
 /* Whether a running sequence is still prefilling a prompt that q shares
  * beyond what the prefix cache names already (n > 1, identical requests, a
  * system prompt that arrives with several users at once). q then waits for
@@ -301,15 +205,15 @@ static bool admit_swapped(dp_sched *s, dp_seq *q)
  * waits too, for at most that prompt's prefill. */
 static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
 {
-    if (!s->pc || q->n_computed > 0)
+    if (!s->kv->has_pc || q->n_computed > 0)
         return false;
-    const int32_t bt = s->pool->block_tokens;
+    const int32_t bt = s->kv->pool.block_tokens;
     const int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
     const int32_t q_blocks = (q->n_tokens - tail) / bt; /* what q could take from the cache */
     for (const dp_seq *r = s->run_head; r; r = r->next) {
-        if (r->path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
+        if (r->kv.path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
             continue;
-        int32_t named = r->hashed_blocks;
+        int32_t named = r->kv.hashed_blocks;
         int32_t r_blocks = r->n_tokens / bt; /* r names each full block it computes */
         int32_t upto = (q_blocks < r_blocks ? q_blocks : r_blocks) - named;
         if (upto <= 0)
@@ -321,58 +225,22 @@ static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
     return false;
 }
 
+/* Admission of the head of the queue: a swapped-out sequence comes back as
+ * it left; any other takes its cached prefix and the blocks for the rest of
+ * its prompt. At least one token is left to run, for the logits (tail_min
+ * for SnapKV's captured queries). */
 static bool admit(dp_sched *s, dp_seq *q)
 {
-    if (q->swapped.buf)
-        return admit_swapped(s, q);
+    if (q->kv.swapped.buf)
+        return kv_mgr_swap_in(s->kv, &q->kv, s->run_head != NULL) == 0;
     if (shares_pending_prefix(s, q))
         return false;
-    /* A prompt that extends an earlier one (the next turn of a conversation,
-     * or a recompute after preemption) takes the cached prefix back: from the
-     * pool where its blocks are intact, from the host tier where they were
-     * spilled; only the rest is computed. At least one token is left to run,
-     * for the logits. */
-    int32_t reused = 0, from_host = 0;
-    if (s->pc && q->n_computed == 0 && q->table.n_blocks == 0) {
-        uint64_t last;
-        int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
-        int32_t limit = q->n_tokens - tail;
-        reused = limit > 0 ? prefix_match(s->pc, q->tokens, limit, &q->table, &from_host, &last) : 0;
-        q->hashed_blocks = q->table.n_blocks;
-        q->chain = last;
-    }
-    /* The prompt (or, after a preemption, prompt + output so far) goes to the
-     * prefill pool whole, so a running prefill never waits for blocks; one
-     * more slot when decoding will continue there. */
-    int64_t slots = s->dpool ? q->n_tokens : (int64_t)q->n_tokens + 1;
-    int32_t need_p = kv_pool_blocks_for(s->pool, slots) - q->table.n_blocks;
-    int32_t need_d = 0;
-    bool ok = need_p <= kv_pool_n_free(s->pool);
-    if (ok && s->dpool) {
-        int32_t d = s->opts.decode_slots(s->opts.ud, q);
-        need_d = d > 0 ? kv_pool_blocks_for(s->dpool, d) : 0;
-        /* The watermark only applies while others run: an idle server
-         * admits anything that fits at all. */
-        int32_t wm = s->run_head && need_d > 0 ? sched_decode_watermark(s) : 0;
-        ok = need_d + wm <= kv_pool_n_free(s->dpool) - s->decode_reserved;
-    }
-    if (!ok || kv_table_reserve(&q->table, s->pool, slots) != 0) {
-        /* Not now: the matched blocks go back, still named, for the retry. */
-        kv_table_release(&q->table, s->pool);
-        q->hashed_blocks = 0;
-        q->chain = 0;
+    int32_t reused = 0;
+    if (kv_mgr_admit(s->kv, &q->kv, q->tokens, q->n_tokens, q->tail_min, s->run_head != NULL,
+                     &reused) != 0)
         return false;
-    }
-    q->n_computed = q->n_slots = reused;
+    q->n_computed = reused;
     q->reused_tokens = reused;
-    q->restored_blocks = from_host;
-    if (reused > 0) {
-        s->rebuilds++;
-        s->reused_tokens += reused;
-        s->restored_blocks += from_host;
-    }
-    q->decode_reserve = need_d;
-    s->decode_reserved += need_d;
     return true;
 }
 
@@ -392,8 +260,8 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         if (q->n_tokens - q->n_computed != 1 || q->n_computed < q->n_prompt)
             continue;
         bool self_preempted = false;
-        while (grow(s, q, 1) == DP_ENOSPC) {
-            dp_seq *v = pick_victim(s, q->path);
+        while (kv_mgr_grow(s->kv, &q->kv, 1) == DP_ENOSPC) {
+            dp_seq *v = pick_victim(s, q->kv.path);
             if (!v || v == q) {
                 /* Nothing newer to evict: this sequence yields its own blocks. */
                 next = q->next;
@@ -416,7 +284,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         if (q->scheduled || q->n_computed >= q->n_tokens)
             continue;
         int32_t n = chunk_len(q, budget);
-        if (n == 0 || grow(s, q, n) != 0)
+        if (n == 0 || kv_mgr_grow(s->kv, &q->kv, n) != 0)
             continue; /* waits for a step with room, or for decode blocks */
         add_item(s, p, q, n);
         budget -= n;
@@ -426,7 +294,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
      *    is not overtaken by smaller ones behind it. */
     while (s->wait_head && budget > 0 && p->n_items < cap && s->n_running < cap) {
         dp_seq *q = s->wait_head;
-        bool swapped = q->swapped.buf != NULL;
+        bool swapped = q->kv.swapped.buf != NULL;
         if (!admit(s, q))
             break;
         unlink_seq(&s->wait_head, &s->wait_tail, q);
@@ -438,7 +306,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         /* A swapped-in sequence got its cache back plus one slot; a prompt
          * tail (an early switch) needs the rest now, like any decode-path
          * prompt (step 2). */
-        if (n > 1 && swapped && grow(s, q, n) != 0)
+        if (n > 1 && swapped && kv_mgr_grow(s->kv, &q->kv, n) != 0)
             n = 1;
         if (n == 0)
             break; /* admitted; its first chunk waits for the next step */
@@ -453,17 +321,7 @@ void sched_commit(dp_sched *s, const dp_sched_plan *p)
     for (int32_t i = 0; i < p->n_items; i++) {
         dp_seq *q = p->items[i].seq;
         q->n_computed += p->items[i].n;
-        q->n_slots += p->items[i].n;
+        kv_mgr_commit(s->kv, &q->kv, q->tokens, p->items[i].n);
         q->scheduled = false;
-        /* Name the prefill blocks this step filled (slot == position there). */
-        if (s->pc && q->path == DP_PATH_PREFILL) {
-            const int32_t bt = s->pool->block_tokens;
-            while ((q->hashed_blocks + 1) * bt <= q->n_slots && q->hashed_blocks < q->table.n_blocks) {
-                const int32_t *bt_tokens = q->tokens + (size_t)q->hashed_blocks * bt;
-                q->chain = prefix_chain(s->pc, q->chain, bt_tokens, bt);
-                prefix_register(s->pc, q->table.blocks[q->hashed_blocks], q->chain, bt_tokens);
-                q->hashed_blocks++;
-            }
-        }
     }
 }

@@ -7,7 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "daemon/engine.h"
+#include "engine/engine.h"
 
 /* Parses "512,2048" into out (at most max values); returns the count. */
 int bench_parse_list(const char *s, int *out, int max);

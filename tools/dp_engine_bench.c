@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/dp.h"
-#include "daemon/engine.h"
+#include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"

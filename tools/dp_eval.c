@@ -2,7 +2,9 @@
  * compresses the cache with every scorer x keep ratio, teacher-forces the
  * continuation (perplexity, KL from the full cache, top-1 agreement) and
  * checks greedy agreement on chat prompts; tables go to stdout and, with
- * --markdown, into a marked section of a document (docs/dualpath.md). */
+ * --markdown, into a marked section of a document (docs/dualpath.md).
+ * Compaction goes through kv_migrate, the function the daemon's KV manager
+ * migrates with, on a cache of the daemon's default type (f16; --kv-type). */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -11,6 +13,7 @@
 
 #include "common/dp.h"
 #include "kvcache/compress.h"
+#include "kvcache/migrate.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/llama.h"
@@ -36,6 +39,7 @@ typedef struct opts {
     int chat;            /* chat prompts (0: skip the greedy check) */
     int32_t gen;         /* greedy tokens per chat prompt */
     int threads;
+    int kv_type;         /* dp_kv_type of both stores */
 } opts;
 
 typedef struct acc {
@@ -50,7 +54,7 @@ typedef struct ev {
     dp_llama *m;
     dp_tokenizer *tok;
     const dp_hparams *hp;
-    dp_compressor comp;
+    dp_kv_migrator mig; /* the manager's migration (kvcache/migrate.h) */
     int32_t vocab, qd;
     float *q_dev;    /* backend copy of the captured queries */
     float *q_host;   /* [n_layers][DP_MAX_CAPTURE][qd] */
@@ -235,7 +239,7 @@ static int n_seeds_of(const opts *o, int sc) { return sc == DP_SCORER_RANDOM ? o
 static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, tf_result *r)
 {
     const opts *o = e->o;
-    const int32_t C = o->cont, L = e->hp->n_layers, H = e->hp->n_kv_heads;
+    const int32_t C = o->cont;
     if ((int64_t)P + C + 1 > n_text) {
         fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
                 P + C + 1);
@@ -247,16 +251,17 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     /* Store A: the prefill (P slots) plus room for the uncompressed
      * continuation; store B: the compacted cache plus the continuation. */
     int32_t nb = (P + C + BT - 1) / BT;
-    dp_kv_layout la = llama_kv_layout(e->m, BT, nb), lb = la;
+    dp_kv_layout la = llama_kv_layout(e->m, BT, nb), lb;
+    la.type = o->kv_type;
+    lb = la;
     dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
     int32_t *table = malloc((size_t)nb * sizeof *table);
-    int32_t *keep = malloc((size_t)L * H * P * sizeof *keep);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
     ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * e->vocab * sizeof(double)),
                     malloc((size_t)C * sizeof(int32_t)), C};
     int rc = DP_ENOMEM;
-    if (!table || !keep || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+    if (!table || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
@@ -270,13 +275,6 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
     if (n_cap > P)
         n_cap = P;
-    int32_t *q_slot = malloc((size_t)(n_cap > 0 ? n_cap : 1) * sizeof *q_slot);
-    if (!q_slot) {
-        rc = DP_ENOMEM;
-        goto out;
-    }
-    for (int32_t i = 0; i < n_cap; i++)
-        q_slot[i] = P - n_cap + i;
 
     int32_t span = n_text - (P + C + 1) - o->offset;
     for (int w = 0; w < o->windows; w++) {
@@ -304,11 +302,9 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                         continue;
                     dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window,
                                            (uint64_t)sd + 1};
-                    if ((rc = compressor_select(&e->comp, &co, stores[0], table, P, e->q_dev,
-                                                (int64_t)n_cap * e->qd, q_slot, n_cap, n_keep, keep)))
-                        goto out2;
-                    dp_compact_seq cs = {table, (P + BT - 1) / BT, table, nb, n_keep, keep};
-                    if ((rc = e->be->ops->kv_compact(e->be, stores[0], stores[1], &cs, 1)) ||
+                    dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep,
+                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM};
+                    if ((rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1)) ||
                         (rc = teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
                         goto out2;
                     if (n_keep == P &&
@@ -330,14 +326,12 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     rc = 0;
     r->seconds = dp_now() - t0;
 out2:
-    free(q_slot);
 out:
     if (stores[0])
         e->be->ops->kv_destroy(e->be, stores[0]);
     if (stores[1])
         e->be->ops->kv_destroy(e->be, stores[1]);
     free(table);
-    free(keep);
     free(ref_logits);
     free(scratch);
     free(ref.lp);
@@ -468,6 +462,7 @@ static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, 
             cs->table_b[(size_t)i * cs->max_blocks_b + b] = cs->base_b[i] + b;
     }
     dp_kv_layout la = llama_kv_layout(e->m, BT, blocks_a), lb = llama_kv_layout(e->m, BT, blocks_b);
+    la.type = lb.type = o->kv_type;
     if ((rc = e->be->ops->kv_create(e->be, &la, &cs->stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1])))
         return dp_err(err, errsz, rc, "cannot allocate the chat KV stores");
@@ -522,41 +517,32 @@ static void chat_destroy(ev *e, chat_set *cs)
 static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_t *out, double *kept)
 {
     const opts *o = e->o;
-    const int32_t L = e->hp->n_layers, H = e->hp->n_kv_heads, n = cs->n;
+    const int32_t L = e->hp->n_layers, n = cs->n;
     int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
-    int32_t **keep = calloc((size_t)n, sizeof(int32_t *));
-    dp_compact_seq *seqs = calloc((size_t)n, sizeof *seqs);
-    int32_t *q_slot = malloc((size_t)cs->n_cap * sizeof(int32_t));
     uint8_t *seq_store = malloc((size_t)n);
     bool *live = calloc((size_t)n, sizeof(bool));
     int rc = DP_ENOMEM;
-    if (!n_keep || !keep || !seqs || !q_slot || !seq_store || !live)
+    if (!n_keep || !seq_store || !live)
         goto out;
     *kept = 0;
     for (int i = 0; i < n; i++) {
         n_keep[i] = compress_n_keep(co, cs->len[i]);
         *kept += (double)n_keep[i] / cs->len[i] / n;
-        if (!(keep[i] = malloc((size_t)L * H * n_keep[i] * sizeof(int32_t))))
-            goto out;
-        for (int32_t j = 0; j < cs->n_cap; j++)
-            q_slot[j] = cs->len[i] - cs->n_cap + j;
+        /* One sequence per call: its queries are the ones on the device. */
         memcpy(e->q_host, cs->q[i], (size_t)L * cs->n_cap * e->qd * sizeof(float));
+        dp_kv_move mv = {co, cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
+                         cs->len[i], cs->table_b + (size_t)i * cs->max_blocks_b,
+                         (cs->len[i] + o->gen + BT - 1) / BT, n_keep[i], e->q_dev,
+                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM};
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
-            (rc = compressor_select(&e->comp, co, cs->stores[0], cs->table_a + (size_t)i * cs->max_blocks_a,
-                                    cs->len[i], e->q_dev, (int64_t)cs->n_cap * e->qd, q_slot, cs->n_cap,
-                                    n_keep[i], keep[i])))
+            (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
-        seqs[i] = (dp_compact_seq){cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
-                                   cs->table_b + (size_t)i * cs->max_blocks_b,
-                                   (cs->len[i] + o->gen + BT - 1) / BT, n_keep[i], keep[i]};
         seq_store[i] = 1;
         live[i] = true;
         out[(size_t)i * o->gen] = cs->first[i];
         if (tokenizer_is_eog(e->tok, cs->first[i]))
             live[i] = false;
     }
-    if ((rc = e->be->ops->kv_compact(e->be, cs->stores[0], cs->stores[1], seqs, n)))
-        goto out;
     for (int32_t t = 1; t < o->gen; t++) {
         int32_t nt = 0;
         for (int i = 0; i < n; i++) {
@@ -593,13 +579,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
     }
     rc = 0;
 out:
-    if (keep)
-        for (int i = 0; i < n; i++)
-            free(keep[i]);
-    free(keep);
     free(n_keep);
-    free(seqs);
-    free(q_slot);
     free(seq_store);
     free(live);
     return rc;
@@ -887,7 +867,8 @@ static void usage(void)
             "usage: dp-eval [--model FILE] [--text FILE] [--prefill 512,2048] [--cont 256]\n"
             "               [--offset TOKENS] [--windows N] [--ratios 1,0.7,0.5,0.3,0.2,0.1]\n"
             "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
-            "               [--threads N] [--device cpu] [--markdown FILE [--tag NAME]]\n");
+            "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
+            "               [--markdown FILE [--tag NAME]]\n");
 }
 
 int main(int argc, char **argv)
@@ -906,7 +887,8 @@ int main(int argc, char **argv)
               .sinks = 4,
               .window = 32,
               .chat = 20,
-              .gen = 64};
+              .gen = 64,
+              .kv_type = DP_KV_F16};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -951,6 +933,9 @@ int main(int argc, char **argv)
             bad = (o.gen = atoi(v)) < 1;
         else if (!strcmp(a, "--threads"))
             bad = (o.threads = atoi(v)) < 0;
+        else if (!strcmp(a, "--kv-type"))
+            bad = !strcmp(v, "f16") ? (o.kv_type = DP_KV_F16, 0)
+                  : !strcmp(v, "f32") ? (o.kv_type = DP_KV_F32, 0) : 1;
         else {
             fprintf(stderr, "dp-eval: unknown option %s\n", a);
             usage();
@@ -993,8 +978,8 @@ int main(int argc, char **argv)
     if (!e.q_host || !e.q_dev || !e.logits || !e.bt_tokens || !e.bt_pos || !e.bt_seq || !e.bt_slot ||
         !e.bt_out || !e.bt_cap)
         return die("memory", DP_ENOMEM, "out of memory");
-    if ((rc = compressor_init(&e.comp, e.be, e.hp->n_layers, e.hp->n_kv_heads, e.hp->n_heads,
-                              e.hp->head_dim)))
+    if ((rc = kv_migrator_init(&e.mig, e.be, e.hp->n_layers, e.hp->n_kv_heads, e.hp->n_heads,
+                               e.hp->head_dim)))
         return die("compressor", rc, "");
 
     /* The text, tokenized once. */
@@ -1053,7 +1038,7 @@ int main(int argc, char **argv)
 
     free(md.p);
     free(text);
-    compressor_destroy(&e.comp);
+    kv_migrator_destroy(&e.mig);
     e.be->ops->free(e.be, e.q_dev);
     free(e.q_host);
     free(e.logits);

@@ -36,7 +36,7 @@ static void fake_forward(fake *f, const dp_sched_plan *p, int32_t *next_tok)
         dp_seq *q = it->seq;
         for (int32_t k = 0; k < it->n; k++) {
             int32_t slot = it->start + k;
-            int32_t blk = q->table.blocks[slot / BT];
+            int32_t blk = q->kv.table.blocks[slot / BT];
             CHECK(blk >= 0 && blk < f->n_blocks);
             f->kv[blk * BT + slot % BT] = q->tokens[slot];
         }
@@ -45,7 +45,7 @@ static void fake_forward(fake *f, const dp_sched_plan *p, int32_t *next_tok)
             uint64_t h = 1469598103934665603ULL;
             int32_t last = it->start + it->n - 1;
             for (int32_t slot = 0; slot <= last; slot++) {
-                h ^= (uint64_t)f->kv[q->table.blocks[slot / BT] * BT + slot % BT] + 1;
+                h ^= (uint64_t)f->kv[q->kv.table.blocks[slot / BT] * BT + slot % BT] + 1;
                 h *= 1099511628211ULL;
             }
             next_tok[i] = (int32_t)(h % VOCAB);
@@ -57,6 +57,14 @@ typedef struct run_opts {
     int32_t n_blocks, max_tokens, max_seqs;
 } run_opts;
 
+/* One pool of n blocks, bookkeeping only (no backend, no prefix cache). */
+static int mgr_init(dp_kv_mgr *kv, int32_t n_blocks)
+{
+    dp_kv_mgr_opts o = {.prefill = {.block_tokens = BT, .n_blocks = n_blocks}};
+    char err[128];
+    return kv_mgr_init(kv, NULL, &o, err, sizeof err);
+}
+
 typedef struct run_stats {
     int64_t steps, preemptions, max_running;
     bool saw_interleave;   /* a long prompt's chunk and a decode in one step */
@@ -67,12 +75,13 @@ typedef struct run_stats {
 static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arrive,
                 run_stats *st, int32_t long_job)
 {
-    dp_kv_pool pool;
-    CHECK(kv_pool_init(&pool, o->n_blocks, BT) == 0);
+    dp_kv_mgr kv;
+    CHECK(mgr_init(&kv, o->n_blocks) == 0);
+    dp_kv_pool *pool = &kv.pool;
     fake f = {calloc((size_t)o->n_blocks * BT, sizeof(int32_t)), o->n_blocks};
     dp_sched s;
-    dp_sched_opts so = {o->max_tokens, o->max_seqs, NULL, NULL};
-    CHECK(sched_init(&s, &so, &pool, NULL, NULL) == 0);
+    dp_sched_opts so = {o->max_tokens, o->max_seqs};
+    CHECK(sched_init(&s, &so, &kv) == 0);
     memset(st, 0, sizeof *st);
     int32_t done = 0, next_tok[4096];
     for (int64_t step = 0; done < n_jobs; step++) {
@@ -105,7 +114,7 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
             if (i > 0 && p.items[i].decode_phase)
                 CHECK(p.items[i - 1].decode_phase);
             /* Each scheduled slot has a block. */
-            CHECK(p.items[i].seq->table.n_blocks * BT >= p.items[i].slot_start + p.items[i].n);
+            CHECK(p.items[i].seq->kv.table.n_blocks * BT >= p.items[i].slot_start + p.items[i].n);
             CHECK_EQ_INT(p.items[i].slot_start, p.items[i].start); /* one pool: slot == position */
         }
         CHECK_EQ_INT(sum, p.n_tokens);
@@ -147,10 +156,10 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
         }
     }
     CHECK(sched_idle(&s));
-    CHECK_EQ_INT(kv_pool_n_free(&pool), o->n_blocks); /* 0 leaked */
+    CHECK_EQ_INT(kv_pool_n_free(pool), o->n_blocks); /* 0 leaked */
     st->preemptions = s.n_preemptions;
     sched_destroy(&s);
-    kv_pool_destroy(&pool);
+    kv_mgr_destroy(&kv);
     free(f.kv);
 }
 
@@ -168,7 +177,7 @@ static void make_jobs(job *jobs, int32_t n, int32_t long_job)
         int32_t *pr = malloc((size_t)len * sizeof *pr);
         for (int32_t i = 0; i < len; i++)
             pr[i] = urand(VOCAB);
-        jobs[j].seq = seq_new((uint64_t)j, pr, len, 0);
+        jobs[j].seq = seq_new((uint64_t)j, pr, len, 0, false, NULL);
         jobs[j].max_new = 1 + urand(60);
         jobs[j].n_gen = 0;
         jobs[j].done = false;
@@ -256,13 +265,14 @@ int main(void)
     /* Admission stops when blocks run out and resumes when they free: two
      * sequences of 40 tokens + 1 need 3 blocks each; a 4-block pool admits one. */
     {
-        dp_kv_pool pool;
-        CHECK(kv_pool_init(&pool, 4, BT) == 0);
+        dp_kv_mgr kv;
+        CHECK(mgr_init(&kv, 4) == 0);
+        dp_kv_pool *pool = &kv.pool;
         dp_sched s;
-        dp_sched_opts so = {256, 8, NULL, NULL};
-        CHECK(sched_init(&s, &so, &pool, NULL, NULL) == 0);
+        dp_sched_opts so = {256, 8};
+        CHECK(sched_init(&s, &so, &kv) == 0);
         int32_t pr[40] = {0};
-        dp_seq *a = seq_new(1, pr, 40, 0), *b = seq_new(2, pr, 40, 0);
+        dp_seq *a = seq_new(1, pr, 40, 0, false, NULL), *b = seq_new(2, pr, 40, 0, false, NULL);
         sched_add(&s, a);
         sched_add(&s, b);
         dp_sched_plan p;
@@ -275,15 +285,15 @@ int main(void)
         CHECK_EQ_INT(p.n_items, 0);
         sched_commit(&s, &p);
         sched_remove(&s, a); /* a finishes: its blocks free, b is admitted */
-        CHECK_EQ_INT(kv_pool_n_free(&pool), 4);
+        CHECK_EQ_INT(kv_pool_n_free(pool), 4);
         sched_schedule(&s, &p);
         CHECK_EQ_INT(p.n_items, 1);
         CHECK(p.items[0].seq == b);
         sched_commit(&s, &p);
         sched_remove(&s, b);
-        CHECK_EQ_INT(kv_pool_n_free(&pool), 4);
+        CHECK_EQ_INT(kv_pool_n_free(pool), 4);
         /* Priority: a lower value is admitted first even if it came later. */
-        dp_seq *c = seq_new(3, pr, 40, 5), *d = seq_new(4, pr, 40, 1);
+        dp_seq *c = seq_new(3, pr, 40, 5, false, NULL), *d = seq_new(4, pr, 40, 1, false, NULL);
         sched_add(&s, c);
         sched_add(&s, d);
         sched_schedule(&s, &p);
@@ -291,13 +301,13 @@ int main(void)
         sched_commit(&s, &p);
         sched_remove(&s, c);
         sched_remove(&s, d);
-        CHECK_EQ_INT(kv_pool_n_free(&pool), 4);
+        CHECK_EQ_INT(kv_pool_n_free(pool), 4);
         seq_free(a);
         seq_free(b);
         seq_free(c);
         seq_free(d);
         sched_destroy(&s);
-        kv_pool_destroy(&pool);
+        kv_mgr_destroy(&kv);
     }
     free_jobs(ref, N);
     T_DONE("scheduler");

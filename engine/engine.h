@@ -2,8 +2,8 @@
  * the scheduler; takes requests and cancellations from an inbox and emits
  * token events to an outbox. It never blocks on the network: the consumer is
  * woken through a callback (the HTTP layer binds it to uv_async_send). */
-#ifndef DP_DAEMON_ENGINE_H
-#define DP_DAEMON_ENGINE_H
+#ifndef DP_ENGINE_ENGINE_H
+#define DP_ENGINE_ENGINE_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -14,10 +14,7 @@
 
 #include "common/dp.h"
 #include "kvcache/compress.h"
-#include "kvcache/host.h"
-#include "kvcache/pool.h"
-#include "kvcache/prefix.h"
-#include "kvcache/swap.h"
+#include "kvcache/manager.h"
 #include "sched/path.h"
 #include "sched/sampler.h"
 #include "sched/scheduler.h"
@@ -32,8 +29,6 @@ typedef struct eng_seq {
     dp_stop stop;
     int32_t n_gen;
     bool started;          /* admitted at least once (no longer counts as queued) */
-    bool dualpath;         /* compacts at the switch to the decode path */
-    dp_compress_opts copts;
     int32_t capture_w;     /* SnapKV: queries captured at the prompt's end (0: none) */
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
@@ -56,21 +51,11 @@ struct dp_engine {
     int32_t ctx_len;
     int32_t vocab;
     dp_backend *be;
-    dp_kv_pool pool;           /* prefill pool (the only one without dualpath) */
-    dp_kv_store *store;
-    dp_kv_pool dpool;          /* decode pool */
-    dp_kv_store *dstore;
+    dp_kv_mgr kv;              /* both pools, prefix cache, host tier, swap space */
     bool dual;
-    dp_compressor comp;
     dp_path_opts popts;
-    dp_prefix_cache pc;
-    dp_host_tier host;
-    dp_kv_swap swap;           /* the decode pool's swap space (dualpath) */
-    bool has_swap;
     eng_seq **lists[3];        /* per-step scratch lists, max_seqs entries each */
-    bool has_pc, has_host;
-    int32_t *keep;             /* migration scratch: keep lists */
-    size_t keep_cap;
+    dp_kv_migration *mig;      /* migration scratch, max_seqs entries */
     int32_t *b_capture;
     int32_t capture_cap;       /* llama_capture_capacity */
     dp_sched sched;
@@ -255,8 +240,15 @@ static int admit_request(dp_engine *e, dp_request *req)
     if (!es)
         return DP_ENOMEM;
     es->req = req; /* the inbox's reference moves here */
-    es->seq = seq_new(req->id, req->prompt, req->n_prompt, req->params.priority);
     const dp_request_params *p = &req->params;
+    dp_compress_opts co = e->opts.compress;
+    if (p->scorer > 0)
+        co.scorer = (dp_scorer)(p->scorer - 1);
+    if (p->keep_ratio > 0.0f)
+        co.keep_ratio = p->keep_ratio;
+    co.seed = p->sampling.seed ^ req->id;
+    es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority,
+                      e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
     if (p->n_logit_bias > 0) {
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
@@ -273,19 +265,12 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_vals[i] = p->logit_bias[i].bias;
     }
     es->seq->owner = es;
-    es->dualpath = e->dual && p->dualpath_mode != DP_DUALPATH_OFF;
-    es->copts = e->opts.compress;
-    if (p->scorer > 0)
-        es->copts.scorer = (dp_scorer)(p->scorer - 1);
-    if (p->keep_ratio > 0.0f)
-        es->copts.keep_ratio = p->keep_ratio;
-    es->copts.seed = p->sampling.seed ^ req->id;
     es->capture_at = -1;
     /* SnapKV scores with the prompt's last window of queries: they run in
      * one step (the scheduler never splits them, nor takes them from the
      * prefix cache) so that they are captured together. */
-    if (es->dualpath && es->copts.scorer == DP_SCORER_SNAPKV) {
-        int32_t w = es->copts.window < DP_MAX_CAPTURE ? es->copts.window : DP_MAX_CAPTURE;
+    if (es->seq->kv.dual && co.scorer == DP_SCORER_SNAPKV) {
+        int32_t w = co.window < DP_MAX_CAPTURE ? co.window : DP_MAX_CAPTURE;
         es->capture_w = w > 0 ? w : 0;
         /* A step always has room for the aligned tail beside a full batch of
          * decodes, or a prompt's last tokens could wait forever (a smaller
@@ -296,7 +281,7 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->seq->tail_min = w > 0 ? w : 0;
     }
     path_init(&es->path);
-    if (es->dualpath && e->popts.early_switch)
+    if (es->seq->kv.dual && e->popts.early_switch)
         es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
@@ -454,50 +439,6 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
 
 /* ---- the dual path: migration and recompression --------------------------- */
 
-/* Slots kept when a sequence hits the decode budget: a quarter of the budget
- * is freed each time, so recompression runs every budget/4 tokens rather than
- * every token (which would compound the loss geometrically). */
-static int32_t budget_keep(const dp_engine *e)
-{
-    int32_t k = e->opts.decode_budget - e->opts.decode_budget / 4;
-    int32_t floor_k = e->opts.compress.sinks + e->opts.compress.window;
-    return k > floor_k ? k : floor_k;
-}
-
-/* Decode-pool slots promised at admission: the compressed cache the
- * migration will write, plus one block of growth. What the sequence
- * generates after that is taken block by block (sched/scheduler.c), never
- * promised up front: a chat request without max_tokens may run to the end of
- * the context, and promising that would admit one request where the full
- * cache admits eight. */
-static int32_t decode_slots(void *ud, const dp_seq *q)
-{
-    dp_engine *e = ud;
-    const eng_seq *es = q->owner;
-    if (!es->dualpath)
-        return 0;
-    int64_t need = (int64_t)compress_n_keep(&es->copts, q->n_tokens) + e->dpool.block_tokens;
-    int32_t B = e->opts.decode_budget;
-    if (B > 0) {
-        int64_t cap = (int64_t)B + budget_keep(e) + 1;
-        if (need > cap)
-            need = cap;
-    }
-    return need > INT32_MAX ? INT32_MAX : (int32_t)need;
-}
-
-static int ensure_keep(dp_engine *e, size_t n)
-{
-    if (n <= e->keep_cap)
-        return 0;
-    int32_t *k = realloc(e->keep, n * sizeof *k);
-    if (!k)
-        return DP_ENOMEM;
-    e->keep = k;
-    e->keep_cap = n;
-    return 0;
-}
-
 static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t kept, int64_t evicted,
                              bool recompress, const int64_t *by_scorer, int64_t fallbacks,
                              dp_compaction_kind kind)
@@ -522,136 +463,65 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
     pthread_mutex_unlock(&e->stats_mu);
 }
 
-/* Compacts each sequence's cache from (src store, its table) into a new
- * decode-pool table of n_keep[i] slots, all in one kv_compact call. For
- * migrations src is the prefill store; for recompression the decode store. */
-enum { COMPACT_MIGRATE, COMPACT_BUDGET, COMPACT_PROMPT_END };
-
 /* Slots kept by a compaction of the given kind. */
-static int32_t compact_target(const dp_engine *e, const eng_seq *es, int mode)
+static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compaction_kind kind)
 {
-    if (mode == COMPACT_BUDGET)
-        return budget_keep(e);
-    if (mode == COMPACT_PROMPT_END)
-        return compress_n_keep(&es->copts, es->seq->n_prompt);
-    return compress_n_keep(&es->copts, es->seq->n_slots);
+    const dp_kv_seq *kv = &es->seq->kv;
+    if (kind == DP_COMPACT_RECOMPRESS)
+        return kv_mgr_budget_keep(&e->kv);
+    if (kind == DP_COMPACT_PROMPT_END)
+        return compress_n_keep(&kv->copts, es->seq->n_prompt);
+    return compress_n_keep(&kv->copts, kv->n_slots);
 }
 
-#define COMPACT_BATCH 64
-
-/* At most COMPACT_BATCH sequences per kv_compact call. */
-static void compact_batch(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
-                          int64_t q_stride)
+/* Compacts each sequence's cache into the decode pool through the KV
+ * manager (one backend call per source pool), with the queries this step
+ * captured where the kind scores with them, and records what happened. */
+static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_kind kind,
+                         const float *q, int64_t q_stride)
 {
     const dp_hparams *hp = llama_hparams(e->model);
-    const size_t per_keep = (size_t)hp->n_layers * (size_t)hp->n_kv_heads;
-    const bool recompress = mode != COMPACT_MIGRATE;
-    const dp_compaction_kind kind = mode == COMPACT_BUDGET       ? DP_COMPACT_RECOMPRESS
-                                    : mode == COMPACT_PROMPT_END ? DP_COMPACT_PROMPT_END
-                                    : q                          ? DP_COMPACT_MIGRATION
-                                                                 : DP_COMPACT_EARLY;
-    int64_t by_scorer[DP_N_SCORERS] = {0}, fallbacks = 0;
-    dp_scorer used[COMPACT_BATCH];
+    const bool recompress = kind != DP_COMPACT_MIGRATION && kind != DP_COMPACT_EARLY;
+    const size_t q_row = (size_t)hp->n_heads * (size_t)hp->head_dim;
     double t0 = dp_now();
-    dp_compact_seq cs[COMPACT_BATCH];
-    dp_block_table tables[COMPACT_BATCH];
-    int32_t n_keep[COMPACT_BATCH];
-    size_t off[COMPACT_BATCH], total = 0;
-    int32_t m = 0;
-    int64_t kept = 0, evicted = 0;
-    for (int32_t i = 0; i < n && m < COMPACT_BATCH; i++) {
-        dp_seq *s = list[i]->seq;
-        int32_t k = compact_target(e, list[i], mode);
-        if (k > s->n_slots)
-            k = s->n_slots;
-        n_keep[m] = k;
-        off[m] = total;
-        total += per_keep * (size_t)k;
-        list[m++] = list[i];
-    }
-    if (ensure_keep(e, total ? total : 1)) {
-        for (int32_t i = 0; i < m; i++)
-            list[i]->dualpath = false; /* stays whole on its current path */
-        return;
-    }
-    int32_t ok = 0;
-    for (int32_t i = 0; i < m; i++) {
+    for (int32_t i = 0; i < n; i++) {
         eng_seq *es = list[i];
-        dp_seq *s = es->seq;
-        kv_table_init(&tables[ok]);
-        const float *qq = NULL;
-        int32_t nq = 0, qslot[DP_MAX_CAPTURE];
+        dp_kv_migration *g = &e->mig[i];
+        *g = (dp_kv_migration){.kv = &es->seq->kv, .n_keep = compact_target(e, es, kind)};
         if (q && es->capture_at >= 0) {
-            qq = q + (size_t)es->capture_at * (size_t)hp->n_heads * (size_t)hp->head_dim;
-            nq = es->n_capture;
-            for (int32_t j = 0; j < nq; j++)
-                qslot[j] = s->n_slots - nq + j;
+            g->q = q + (size_t)es->capture_at * q_row;
+            g->q_stride = q_stride;
+            g->n_q = es->n_capture;
         }
-        /* compressor_select scores SnapKV by key norm without queries: say
-         * so, and count it under the scorer that was used. */
-        dp_scorer want = es->copts.scorer;
-        dp_scorer got = want == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : want;
-        dp_kv_store *src = recompress ? e->dstore : e->store;
-        if (sched_decode_reserve(&e->sched, s, &tables[ok], n_keep[i]) != 0 ||
-            compressor_select(&e->comp, &es->copts, src, s->table.blocks, s->n_slots, qq, q_stride,
-                              qslot, nq, n_keep[i], e->keep + off[i]) != 0) {
-            /* No room (or no memory) for the copy: the sequence keeps its
-             * cache as it is; correctness never depends on compaction. */
-            kv_table_destroy(&tables[ok], e->sched.dpool);
-            if (!recompress)
-                es->dualpath = false;
-            continue;
-        }
-        if (got != want) {
-            fallbacks++;
-            dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by knorm (no captured queries)",
-                   (unsigned long long)es->req->id, dp_compaction_names[kind]);
-        }
-        used[ok] = got;
-        cs[ok] = (dp_compact_seq){s->table.blocks, s->table.n_blocks, tables[ok].blocks,
-                                  tables[ok].n_blocks, n_keep[i], e->keep + off[i]};
-        list[ok] = es;
-        n_keep[ok] = n_keep[i];
-        ok++;
     }
-    if (ok == 0)
-        return;
-    int rc = e->be->ops->kv_compact(e->be, recompress ? e->dstore : e->store, e->dstore, cs, ok);
-    for (int32_t i = 0; i < ok; i++) {
+    int32_t moved = kv_mgr_migrate(&e->kv, e->mig, n);
+    int64_t by_scorer[DP_N_SCORERS] = {0}, fallbacks = 0, kept = 0, evicted = 0;
+    for (int32_t i = 0; i < n; i++) {
         eng_seq *es = list[i];
-        dp_seq *s = es->seq;
-        if (rc) {
-            kv_table_destroy(&tables[i], e->sched.dpool);
-            es->dualpath = false;
+        const dp_kv_migration *g = &e->mig[i];
+        if (g->rc)
             continue;
+        if (g->scorer != g->kv->copts.scorer) {
+            fallbacks++;
+            dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by %s (no captured queries)",
+                   (unsigned long long)es->req->id, dp_compaction_names[kind],
+                   scorer_name(g->scorer));
         }
         if (!recompress) {
-            by_scorer[used[i]]++;
-            es->tokens_kept = n_keep[i];
-            es->tokens_evicted = s->n_slots - n_keep[i];
+            by_scorer[g->scorer]++;
+            es->tokens_evicted = es->seq->n_computed - g->n_keep;
+            es->tokens_kept = g->n_keep;
             kept += es->tokens_kept;
             evicted += es->tokens_evicted;
-            sched_switch_to_decode(&e->sched, s, &tables[i], n_keep[i]);
             path_set(&es->path, DP_PS_DECODE);
-        } else {
-            if (mode == COMPACT_PROMPT_END) {
-                es->tokens_evicted += s->n_slots - n_keep[i];
-                es->tokens_kept = n_keep[i];
-            }
-            sched_replace_decode_table(&e->sched, s, &tables[i], n_keep[i]);
+        } else if (kind == DP_COMPACT_PROMPT_END) {
+            es->tokens_evicted = es->seq->n_prompt - g->n_keep;
+            es->tokens_kept = g->n_keep;
         }
     }
-    if (rc)
-        dp_log(DP_LOG_ERROR, "engine: kv_compact failed (%s); sequences keep full caches",
-               dp_strerror(rc));
-    record_migration(e, dp_now() - t0, ok, kept, evicted, recompress, by_scorer, fallbacks, kind);
-}
-
-static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, const float *q,
-                         int64_t q_stride)
-{
-    for (int32_t i = 0; i < n; i += COMPACT_BATCH)
-        compact_batch(e, list + i, n - i < COMPACT_BATCH ? n - i : COMPACT_BATCH, mode, q, q_stride);
+    if (moved > 0)
+        record_migration(e, dp_now() - t0, moved, kept, evicted, recompress, by_scorer, fallbacks,
+                         kind);
 }
 
 /* Updates the detector's kept-set change for a prefill-path sequence from the
@@ -659,21 +529,21 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, int mode, cons
 static int early_signal(dp_engine *e, eng_seq *es)
 {
     const dp_hparams *hp = llama_hparams(e->model);
-    dp_seq *s = es->seq;
+    const dp_kv_seq *kv = &es->seq->kv;
     int32_t rows = hp->n_layers * hp->n_kv_heads;
-    int32_t k = compress_n_keep(&es->copts, s->n_slots);
+    int32_t k = compress_n_keep(&kv->copts, kv->n_slots);
     int32_t *cur = malloc((size_t)rows * (size_t)k * sizeof *cur);
     if (!cur)
         return DP_ENOMEM;
-    dp_compress_opts co = es->copts;
+    dp_compress_opts co = kv->copts;
     if (co.scorer == DP_SCORER_SNAPKV) {
         co.scorer = DP_SCORER_KNORM; /* no captured queries mid-prompt */
         pthread_mutex_lock(&e->stats_mu);
         e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++;
         pthread_mutex_unlock(&e->stats_mu);
     }
-    if (compressor_select(&e->comp, &co, e->store, s->table.blocks, s->n_slots, NULL, 0, NULL, 0, k,
-                          cur) != 0) {
+    if (compressor_select(&e->kv.mig.comp, &co, e->kv.store, kv->table.blocks, kv->n_slots, NULL, 0,
+                          NULL, 0, k, cur) != 0) {
         free(cur);
         return DP_ENOMEM;
     }
@@ -692,12 +562,14 @@ static void recompress_over_budget(dp_engine *e)
         return;
     eng_seq **list = e->lists[0];
     int32_t n = 0;
-    for (eng_seq *es = e->live; es && n < e->opts.max_seqs; es = es->next)
-        if (es->seq->state == DP_SEQ_RUNNING && es->seq->path == DP_PATH_DECODE &&
-            es->seq->n_slots >= e->opts.decode_budget && es->seq->n_computed == es->seq->n_tokens - 1)
+    for (eng_seq *es = e->live; es && n < e->opts.max_seqs; es = es->next) {
+        const dp_seq *q = es->seq;
+        if (q->state == DP_SEQ_RUNNING && q->kv.path == DP_PATH_DECODE &&
+            q->kv.n_slots >= e->opts.decode_budget && q->n_computed == q->n_tokens - 1)
             list[n++] = es;
+    }
     if (n > 0)
-        compact_seqs(e, list, n, COMPACT_BUDGET, NULL, 0);
+        compact_seqs(e, list, n, DP_COMPACT_RECOMPRESS, NULL, 0);
 }
 
 /* ---- one step ------------------------------------------------------------- */
@@ -747,8 +619,8 @@ static void run_step(dp_engine *e)
     }
     int32_t max_blocks = 1;
     for (int32_t i = 0; i < plan.n_items; i++)
-        if (plan.items[i].seq->table.n_blocks > max_blocks)
-            max_blocks = plan.items[i].seq->table.n_blocks;
+        if (plan.items[i].seq->kv.table.n_blocks > max_blocks)
+            max_blocks = plan.items[i].seq->kv.table.n_blocks;
     if (ensure_tables(e, (size_t)plan.n_items * (size_t)max_blocks)) {
         fail_all(e, "out of memory");
         return;
@@ -765,7 +637,7 @@ static void run_step(dp_engine *e)
         if (q->n_preemptions != es->seen_preemptions) {
             es->seen_preemptions = q->n_preemptions;
             path_set(&es->path, DP_PS_PREEMPTED);
-            if (q->path == DP_PATH_DECODE) {
+            if (q->kv.path == DP_PATH_DECODE) {
                 path_set(&es->path, DP_PS_DECODE); /* swapped back in as it was */
             } else {
                 path_set(&es->path, DP_PS_WAITING);
@@ -784,7 +656,7 @@ static void run_step(dp_engine *e)
         /* The last queries of a prompt feed SnapKV scoring at the switch
          * (or, for a sequence that switched early, at its prompt's end). */
         es->capture_at = -1;
-        if (it->emits && !it->decode_phase && es->dualpath && es->capture_w > 0 &&
+        if (it->emits && !it->decode_phase && q->kv.dual && es->capture_w > 0 &&
             (it->path == DP_PATH_PREFILL || es->switched_early)) {
             int32_t w = es->capture_w < it->n ? es->capture_w : it->n;
             if (w > e->capture_cap - nc)
@@ -805,15 +677,16 @@ static void run_step(dp_engine *e)
         }
         e->b_store[i] = (uint8_t)it->path;
         int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
-        memcpy(row, q->table.blocks, (size_t)q->table.n_blocks * sizeof *row);
-        for (int32_t k = q->table.n_blocks; k < max_blocks; k++)
+        memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
+        for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
             row[k] = 0;
     }
     dp_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                   .slot = e->b_slot, .n_seqs = plan.n_items, .seq_store = e->b_store,
                   .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no,
                   .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture};
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {e->store, e->dstore};
+    dp_kv_store *stores[DP_KV_MAX_STORES];
+    kv_mgr_stores(&e->kv, stores);
     double tf = dp_now();
     /* With device sampling the step ends in the candidates (the ignore_eos
      * rows masked on the device); the rows stay there for whoever needs
@@ -848,7 +721,7 @@ static void run_step(dp_engine *e)
         if (!it->emits) {
             /* A prompt chunk ended: the detector may switch the sequence early. */
             eng_seq *es = it->seq->owner;
-            if (es->dualpath && e->popts.early_switch && it->path == DP_PATH_PREFILL &&
+            if (es->seq->kv.dual && e->popts.early_switch && it->path == DP_PATH_PREFILL &&
                 early_signal(e, es) == 0 &&
                 path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY)
                 early[n_early++] = es;
@@ -859,7 +732,7 @@ static void run_step(dp_engine *e)
         bool alive = emit_token(e, es, o++);
         /* The prompt is done: the sequence switches to the decode path (or,
          * having switched early, compacts its uncompressed tail). */
-        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->dualpath)
+        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->seq->kv.dual)
             migrate[n_migrate++] = es;
         if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early) {
             tail_done[n_tail++] = es;
@@ -867,10 +740,10 @@ static void run_step(dp_engine *e)
         }
     }
     if (n_early > 0) {
-        compact_seqs(e, early, n_early, COMPACT_MIGRATE, NULL, 0);
+        compact_seqs(e, early, n_early, DP_COMPACT_EARLY, NULL, 0);
         int32_t switched = 0;
         for (int32_t i = 0; i < n_early; i++) {
-            early[i]->switched_early = early[i]->seq->path == DP_PATH_DECODE;
+            early[i]->switched_early = early[i]->seq->kv.path == DP_PATH_DECODE;
             switched += early[i]->switched_early;
         }
         pthread_mutex_lock(&e->stats_mu);
@@ -881,9 +754,9 @@ static void run_step(dp_engine *e)
     const float *captured = llama_captured_queries(e->model);
     const int64_t q_stride = (int64_t)nc * hp->n_heads * hp->head_dim;
     if (n_tail > 0)
-        compact_seqs(e, tail_done, n_tail, COMPACT_PROMPT_END, captured, q_stride);
+        compact_seqs(e, tail_done, n_tail, DP_COMPACT_PROMPT_END, captured, q_stride);
     if (n_migrate > 0)
-        compact_seqs(e, migrate, n_migrate, COMPACT_MIGRATE, captured, q_stride);
+        compact_seqs(e, migrate, n_migrate, DP_COMPACT_MIGRATION, captured, q_stride);
     pthread_mutex_lock(&e->stats_mu);
     e->stats.steps++;
     e->stats.prompt_tokens += prompt_toks;
@@ -908,27 +781,27 @@ static void update_gauges(dp_engine *e)
     pthread_mutex_lock(&e->stats_mu);
     e->stats.running = e->sched.n_running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
-    e->stats.blocks_total = e->pool.n_blocks;
-    e->stats.blocks_used = kv_pool_n_used(&e->pool);
-    e->stats.decode_blocks_total = e->dual ? e->dpool.n_blocks : 0;
-    e->stats.decode_blocks_used = e->dual ? kv_pool_n_used(&e->dpool) : 0;
-    e->stats.block_tokens = e->pool.block_tokens;
-    e->stats.decode_block_tokens = e->dual ? e->dpool.block_tokens : 0;
+    const dp_kv_mgr *m = &e->kv;
+    e->stats.blocks_total = m->pool.n_blocks;
+    e->stats.blocks_used = kv_pool_n_used(&m->pool);
+    e->stats.decode_blocks_total = m->dual ? m->dpool.n_blocks : 0;
+    e->stats.decode_blocks_used = m->dual ? kv_pool_n_used(&m->dpool) : 0;
+    e->stats.block_tokens = m->pool.block_tokens;
+    e->stats.decode_block_tokens = m->dual ? m->dpool.block_tokens : 0;
     int32_t on_decode = 0;
     for (eng_seq *es = e->live; es; es = es->next)
-        on_decode += es->seq->path == DP_PATH_DECODE && !es->seq->swapped.buf;
+        on_decode += es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf;
     e->stats.seqs_on_decode_path = on_decode;
-    e->stats.rebuilds = e->sched.rebuilds;
-    e->stats.rebuild_prefix_tokens =
-        e->sched.reused_tokens - e->sched.restored_blocks * e->pool.block_tokens;
-    e->stats.rebuild_host_tokens = e->sched.restored_blocks * e->pool.block_tokens;
-    e->stats.host_spilled_blocks = e->has_pc ? e->pc.spilled_blocks : 0;
-    e->stats.host_tier_blocks = e->has_host ? e->host.cap : 0;
+    e->stats.rebuilds = m->rebuilds;
+    e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
+    e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
+    e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
+    e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
-    e->stats.swap_outs = e->has_swap ? e->swap.outs : 0;
-    e->stats.swap_ins = e->has_swap ? e->swap.ins : 0;
-    e->stats.swap_bytes = e->has_swap ? (int64_t)e->swap.used_bytes : 0;
-    e->stats.decode_recomputes = e->sched.n_recomputed_decode;
+    e->stats.swap_outs = m->has_swap ? m->swap.outs : 0;
+    e->stats.swap_ins = m->has_swap ? m->swap.ins : 0;
+    e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes : 0;
+    e->stats.decode_recomputes = m->decode_recomputes;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }
@@ -1075,36 +948,32 @@ static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int
 /* The context a request may use is what the KV memory can hold for one
  * sequence (as llama.cpp's -c and vLLM's max_model_len are): otherwise a chat
  * request without max_tokens (max_tokens = the rest of the context) could
- * never be admitted and would be refused, however short. Dualpath off: the
- * whole sequence in the one pool. On: the prompt in the prefill pool, and its
- * compressed cache plus every generated token in the decode pool (the worst
- * case is a 1-token prompt generating the rest). */
+ * never be admitted and would be refused, however short. The test is the
+ * manager's need formula at both extremes: the longest prompt with one token
+ * to generate, and a one-token prompt generating the rest. */
 static void cap_context(dp_engine *e)
 {
-    int64_t fit = (int64_t)e->pool.n_blocks * e->pool.block_tokens - 1;
-    if (e->dual) {
-        int64_t d = (int64_t)e->dpool.n_blocks * e->dpool.block_tokens;
-        int64_t c = fit < e->ctx_len ? fit : e->ctx_len;
-        while (c > 1 && (int64_t)compress_n_keep(&e->opts.compress, (int32_t)c) + c + 1 > d)
-            c--;
-        fit = c;
-    }
-    if (fit < e->ctx_len) {
+    dp_kv_seq kv;
+    kv_seq_init(&kv, e->dual, &e->opts.compress);
+    int64_t c = e->ctx_len;
+    while (c > 1 && !(kv_mgr_fits(&e->kv, kv_mgr_need(&e->kv, &kv, c - 1, 1)) &&
+                      kv_mgr_fits(&e->kv, kv_mgr_need(&e->kv, &kv, 1, c - 1))))
+        c--;
+    kv_seq_destroy(&kv);
+    if (c < e->ctx_len) {
         dp_log(DP_LOG_WARN, "engine: context capped at %lld tokens (the model's is %d): that is what "
                "the KV memory holds for one sequence; give more kv_memory for longer ones",
-               (long long)fit, e->ctx_len);
-        e->ctx_len = (int32_t)(fit > 1 ? fit : 1);
+               (long long)c, e->ctx_len);
+        e->ctx_len = (int32_t)c;
     }
 }
 
-static void log_memory_plan(dp_engine *e, int32_t n_blocks, int32_t n_dblocks, int32_t dbt)
+static void log_memory_plan(dp_engine *e)
 {
     dp_backend *be = e->be;
-    const dp_llama *m = e->model;
-    dp_kv_layout l1 = kv_layout_of(m, &e->opts, e->opts.block_tokens, 1);
-    dp_kv_layout d1 = kv_layout_of(m, &e->opts, dbt, 1);
-    const double pm = MIB((double)n_blocks * (double)be->ops->kv_bytes_per_block(be, &l1));
-    const double dm = MIB((double)n_dblocks * (double)be->ops->kv_bytes_per_block(be, &d1));
+    const dp_kv_mgr *m = &e->kv;
+    const double pm = MIB((double)m->pool.n_blocks * (double)m->prefill_block_bytes);
+    const double dm = m->dual ? MIB((double)m->dpool.n_blocks * (double)m->decode_block_bytes) : 0;
     char model[96] = "";
     if (be->ops->mem_usage) {
         size_t wb = 0, ab = 0;
@@ -1113,20 +982,9 @@ static void log_memory_plan(dp_engine *e, int32_t n_blocks, int32_t n_dblocks, i
                  MIB(ab));
     }
     dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
-           ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, n_blocks,
-           e->opts.block_tokens, pm, n_dblocks, dbt, dm);
-}
-
-static void *engine_host_alloc(void *ud, size_t bytes)
-{
-    dp_backend *be = ud;
-    return be->ops->host_alloc(be, bytes);
-}
-
-static void engine_host_free(void *ud, void *p)
-{
-    dp_backend *be = ud;
-    be->ops->host_free(be, p);
+           ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, m->pool.n_blocks,
+           m->pool.block_tokens, pm, m->dual ? m->dpool.n_blocks : 0,
+           m->dual ? m->dpool.block_tokens : 0, dm);
 }
 
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
@@ -1165,94 +1023,34 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
         goto fail;
     }
-    /* Pool sizes: explicit block counts, else a split of kv_bytes. */
     int64_t kv_bytes = opts->kv_bytes;
-    if (kv_bytes <= 0 && (rc = plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err,
-                                             errsz)))
+    if (kv_bytes <= 0 && (opts->n_blocks <= 0 || (e->dual && opts->n_blocks_decode <= 0)) &&
+        (rc = plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err, errsz)))
         goto fail;
-    int32_t n_blocks = opts->n_blocks, n_dblocks = opts->n_blocks_decode;
     int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
-    if (n_blocks <= 0 || (e->dual && n_dblocks <= 0)) {
-        dp_kv_layout l1 = kv_layout_of(model, opts, opts->block_tokens, 1);
-        dp_kv_layout d1 = kv_layout_of(model, opts, dbt, 1);
-        int64_t per = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &l1);
-        int64_t dper = (int64_t)e->be->ops->kv_bytes_per_block(e->be, &d1);
-        double fp = e->dual ? opts->prefill_fraction : 1.0;
-        /* The prefill pool must hold one prompt of the full context, or long
-         * prompts could never be admitted: raise its share to that when the
-         * memory allows (the decode pool keeps the rest). */
-        if (e->dual && per > 0 && kv_bytes > 0) {
-            double floor_fp = (double)kv_pool_blocks_for(&(dp_kv_pool){.block_tokens = opts->block_tokens},
-                                                         e->ctx_len) * (double)per / (double)kv_bytes;
-            if (fp < floor_fp && floor_fp < 0.9)
-                fp = floor_fp;
-        }
-        if (n_blocks <= 0) {
-            int64_t nb = per ? (int64_t)((double)kv_bytes * fp) / per : 0;
-            n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
-        }
-        if (e->dual && n_dblocks <= 0) {
-            int64_t nb = dper ? (int64_t)((double)kv_bytes * (1.0 - fp)) / dper : 0;
-            n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
-        }
-    }
-    if (n_blocks < 1 || (e->dual && n_dblocks < 1)) {
-        rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
-                    opts->block_tokens);
+    dp_kv_mgr_opts ko = {
+        .prefill = kv_layout_of(model, opts, opts->block_tokens, opts->n_blocks),
+        .decode = kv_layout_of(model, opts, dbt, opts->n_blocks_decode),
+        .kv_bytes = kv_bytes,
+        .dual = e->dual,
+        .prefill_fraction = opts->prefill_fraction,
+        .ctx_len = e->ctx_len,
+        .decode_budget = opts->decode_budget,
+        .budget_floor = opts->compress.sinks + opts->compress.window,
+        .prefix_cache = opts->prefix_cache,
+        .host_tier_bytes = opts->host_tier_bytes,
+        .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
+        .head_dim = hp->head_dim,
+    };
+    if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
-    }
-    dp_kv_layout l = kv_layout_of(model, opts, opts->block_tokens, n_blocks);
-    if ((rc = kv_pool_init(&e->pool, n_blocks, opts->block_tokens)) ||
-        (rc = e->be->ops->kv_create(e->be, &l, &e->store))) {
-        rc = dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d tokens",
-                    n_blocks, opts->block_tokens);
-        goto fail;
-    }
     if (e->dual) {
-        dp_kv_layout dl = kv_layout_of(model, opts, dbt, n_dblocks);
-        if ((rc = kv_pool_init(&e->dpool, n_dblocks, dbt)) ||
-            (rc = e->be->ops->kv_create(e->be, &dl, &e->dstore))) {
-            rc = dp_err(err, errsz, rc,
-                        "engine: cannot allocate a decode pool of %d blocks of %d tokens", n_dblocks,
-                        dbt);
-            goto fail;
-        }
-        compressor_init(&e->comp, e->be, hp->n_layers, hp->n_kv_heads, hp->n_heads, hp->head_dim);
-        /* Preempted compact caches wait in host memory, up to four times
-         * what the decode pool holds (vLLM keeps a fixed swap space of a few
-         * GiB): each waiting sequence holds at most its own cache, and a
-         * refused swap-out falls back to a recompute that may change the
-         * sequence's continuation. */
-        size_t dbytes = (size_t)n_dblocks * e->be->ops->kv_bytes_per_block(e->be, &dl);
-        e->has_swap = kv_swap_init(&e->swap, e->be, e->dstore, &e->dpool, 4 * dbytes) == 0;
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
     }
-    log_memory_plan(e, n_blocks, e->dual ? n_dblocks : 0, dbt);
+    log_memory_plan(e);
     cap_context(e);
-    if (opts->prefix_cache) {
-        if (opts->host_tier_bytes > 0) {
-            size_t bb = e->be->ops->kv_bytes_per_block(e->be, &l);
-            /* Pinned where the backend has it: spills and restores then run
-             * asynchronously on its stream (kvcache/host.h). */
-            dp_host_alloc ha = {engine_host_alloc, engine_host_free, e->be};
-            if ((rc = host_tier_init(&e->host, (size_t)opts->host_tier_bytes, bb,
-                                     (size_t)opts->block_tokens * sizeof(int32_t),
-                                     e->be->ops->host_alloc && e->be->ops->host_free ? &ha
-                                                                                     : NULL))) {
-                rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
-                            (long long)opts->host_tier_bytes);
-                goto fail;
-            }
-            e->has_host = true;
-        }
-        if ((rc = prefix_init(&e->pc, &e->pool, e->be, e->store, e->has_host ? &e->host : NULL))) {
-            rc = dp_err(err, errsz, rc, "out of memory");
-            goto fail;
-        }
-        e->has_pc = true;
-    }
-    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, decode_slots, e};
+    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs};
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
     e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
     e->raw_row = malloc((size_t)e->vocab * sizeof(float));
@@ -1280,11 +1078,12 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
     for (int i = 0; i < 3; i++)
         e->lists[i] = malloc(S * sizeof(eng_seq *));
+    e->mig = malloc(S * sizeof *e->mig);
     e->in_cap = 64;
     e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
-    if (sched_init(&e->sched, &so, &e->pool, e->dual ? &e->dpool : NULL,
-                   e->has_pc ? &e->pc : NULL) ||
+    if (sched_init(&e->sched, &so, &e->kv) ||
         sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture || !e->lists[0] ||
+        !e->mig ||
         !e->lists[1] || !e->lists[2] ||
         !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
         !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
@@ -1292,8 +1091,6 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
-    if (e->has_swap)
-        sched_set_swap(&e->sched, &e->swap);
     atomic_init(&e->queued, 0);
     update_gauges(e);
     *out = e;
@@ -1343,26 +1140,12 @@ void engine_destroy(dp_engine *e)
     for (int32_t i = 0; i < e->in_n; i++)
         request_unref(e->in_q[i]);
     event_free_list(e->out_head);
-    if (e->store)
-        e->be->ops->kv_destroy(e->be, e->store);
-    if (e->dstore)
-        e->be->ops->kv_destroy(e->be, e->dstore);
-    if (e->has_swap)
-        kv_swap_destroy(&e->swap);
-    if (e->has_pc)
-        prefix_destroy(&e->pc);
-    if (e->has_host)
-        host_tier_destroy(&e->host);
-    kv_pool_destroy(&e->pool);
-    if (e->dual)
-        kv_pool_destroy(&e->dpool);
-    if (e->comp.be)
-        compressor_destroy(&e->comp);
-    free(e->keep);
     free(e->b_capture);
+    free(e->mig);
     for (int i = 0; i < 3; i++)
         free(e->lists[i]);
     sched_destroy(&e->sched);
+    kv_mgr_destroy(&e->kv);
     sampler_destroy(&e->sampler);
     free(e->logits);
     free(e->raw_row);
@@ -1409,28 +1192,22 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
                       (long long)req->n_prompt + p->max_tokens);
     if (p->dualpath_mode == DP_DUALPATH_ON && !e->dual)
         return dp_err(err, errsz, DP_EINVAL, "dualpath is disabled on this server");
-    bool dual = e->dual && p->dualpath_mode != DP_DUALPATH_OFF;
-    /* Without compaction the whole sequence lives in the prefill pool; with
-     * it, only the prompt does, and the decode pool takes the rest. */
-    int64_t in_prefill = dual ? req->n_prompt : (int64_t)req->n_prompt + p->max_tokens;
-    int32_t need = kv_pool_blocks_for(&e->pool, in_prefill);
-    if (need > e->pool.n_blocks)
+    /* Can it ever fit, alone in the pools? The manager's one formula. */
+    dp_compress_opts co = e->opts.compress;
+    if (p->keep_ratio > 0.0f)
+        co.keep_ratio = p->keep_ratio;
+    dp_kv_seq kv;
+    kv_seq_init(&kv, e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
+    dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
+    kv_seq_destroy(&kv);
+    if (need.prefill > e->kv.pool.n_blocks)
         return dp_err(err, errsz, DP_EINVAL,
-                      "the request needs %d KV blocks (%lld tokens) but the prefill pool holds %d",
-                      need, (long long)in_prefill, e->pool.n_blocks);
-    if (dual) {
-        dp_compress_opts co = e->opts.compress;
-        if (p->keep_ratio > 0.0f)
-            co.keep_ratio = p->keep_ratio;
-        int64_t d = (int64_t)compress_n_keep(&co, req->n_prompt + p->max_tokens) + p->max_tokens + 1;
-        if (e->opts.decode_budget > 0 && d > (int64_t)e->opts.decode_budget + budget_keep(e) + 1)
-            d = (int64_t)e->opts.decode_budget + budget_keep(e) + 1;
-        int32_t dneed = kv_pool_blocks_for(&e->dpool, d);
-        if (dneed > e->dpool.n_blocks)
-            return dp_err(err, errsz, DP_EINVAL,
-                          "the request needs %d decode-pool blocks but the pool holds %d", dneed,
-                          e->dpool.n_blocks);
-    }
+                      "the request needs %d KV blocks but the prefill pool holds %d", need.prefill,
+                      e->kv.pool.n_blocks);
+    if (e->kv.dual && need.decode > e->kv.dpool.n_blocks)
+        return dp_err(err, errsz, DP_EINVAL,
+                      "the request needs %d decode-pool blocks but the pool holds %d", need.decode,
+                      e->kv.dpool.n_blocks);
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);

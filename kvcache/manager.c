@@ -1,0 +1,439 @@
+/* manager.c: the KV manager's accounting (pool sizes, needs, reservations,
+ * growth, the prefix cache's naming) and its moves (migration, swap). No
+ * policy lives here: who is admitted or preempted is the scheduler's call,
+ * which sequences migrate and with which queries is the engine's. */
+#include "manager.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
+{
+    memset(kv, 0, sizeof *kv);
+    kv->dual = dual;
+    if (co)
+        kv->copts = *co;
+    kv->path = DP_PATH_PREFILL;
+    kv_table_init(&kv->table);
+}
+
+void kv_seq_destroy(dp_kv_seq *kv)
+{
+    free(kv->table.blocks);
+    kv_table_init(&kv->table);
+}
+
+/* ---- start-up: pool sizes and the objects that hang off them ------------- */
+
+static void *mgr_host_alloc(void *ud, size_t bytes)
+{
+    dp_backend *be = ud;
+    return be->ops->host_alloc(be, bytes);
+}
+
+static void mgr_host_free(void *ud, void *p)
+{
+    dp_backend *be = ud;
+    be->ops->host_free(be, p);
+}
+
+/* Block counts: explicit, else a split of kv_bytes. The prefill pool must
+ * hold one prompt of the full context or long prompts could never be
+ * admitted: its share is raised to that when the memory allows (the decode
+ * pool keeps the rest). */
+static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_blocks,
+                        int32_t *n_dblocks)
+{
+    *n_blocks = o->prefill.n_blocks;
+    *n_dblocks = o->dual ? o->decode.n_blocks : 0;
+    if (!m->be || (*n_blocks > 0 && (!o->dual || *n_dblocks > 0)))
+        return;
+    const int64_t per = (int64_t)m->prefill_block_bytes, dper = (int64_t)m->decode_block_bytes;
+    double fp = o->dual ? o->prefill_fraction : 1.0;
+    if (o->dual && per > 0 && o->kv_bytes > 0) {
+        int64_t ctx_blocks = ((int64_t)o->ctx_len + o->prefill.block_tokens - 1) /
+                             o->prefill.block_tokens;
+        double floor_fp = (double)ctx_blocks * (double)per / (double)o->kv_bytes;
+        if (fp < floor_fp && floor_fp < 0.9)
+            fp = floor_fp;
+    }
+    if (*n_blocks <= 0) {
+        int64_t nb = per ? (int64_t)((double)o->kv_bytes * fp) / per : 0;
+        *n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+    }
+    if (o->dual && *n_dblocks <= 0) {
+        int64_t nb = dper ? (int64_t)((double)o->kv_bytes * (1.0 - fp)) / dper : 0;
+        *n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
+    }
+}
+
+int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    m->dual = o->dual;
+    m->decode_budget = o->decode_budget;
+    if (o->decode_budget > 0) {
+        /* A quarter of the budget is freed each time, so recompression runs
+         * every budget/4 tokens rather than every token (which would compound
+         * the loss geometrically). */
+        int32_t k = o->decode_budget - o->decode_budget / 4;
+        m->budget_keep = k > o->budget_floor ? k : o->budget_floor;
+    }
+    dp_kv_layout l = o->prefill, dl = o->decode;
+    l.n_blocks = dl.n_blocks = 1;
+    if (be) {
+        m->prefill_block_bytes = be->ops->kv_bytes_per_block(be, &l);
+        m->decode_block_bytes = o->dual ? be->ops->kv_bytes_per_block(be, &dl) : 0;
+    }
+    int32_t n_blocks, n_dblocks;
+    plan_blocks(m, o, &n_blocks, &n_dblocks);
+    int rc;
+    if (n_blocks < 1 || (o->dual && n_dblocks < 1)) {
+        rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
+                    o->prefill.block_tokens);
+        goto fail;
+    }
+    l.n_blocks = n_blocks;
+    if ((rc = kv_pool_init(&m->pool, n_blocks, o->prefill.block_tokens)) ||
+        (be && (rc = be->ops->kv_create(be, &l, &m->store)))) {
+        rc = dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d tokens",
+                    n_blocks, o->prefill.block_tokens);
+        goto fail;
+    }
+    if (o->dual) {
+        dl.n_blocks = n_dblocks;
+        if ((rc = kv_pool_init(&m->dpool, n_dblocks, o->decode.block_tokens)) ||
+            (be && (rc = be->ops->kv_create(be, &dl, &m->dstore)))) {
+            rc = dp_err(err, errsz, rc,
+                        "engine: cannot allocate a decode pool of %d blocks of %d tokens", n_dblocks,
+                        o->decode.block_tokens);
+            goto fail;
+        }
+        if (be) {
+            if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads,
+                                       o->head_dim))) {
+                rc = dp_err(err, errsz, rc, "out of memory");
+                goto fail;
+            }
+            /* Preempted compact caches wait in host memory, up to four times
+             * what the decode pool holds (vLLM keeps a fixed swap space of a
+             * few GiB): each waiting sequence holds at most its own cache,
+             * and a refused swap-out falls back to a recompute that may
+             * change the sequence's continuation. */
+            size_t dbytes = (size_t)n_dblocks * m->decode_block_bytes;
+            m->has_swap = kv_swap_init(&m->swap, be, m->dstore, &m->dpool, 4 * dbytes) == 0;
+        }
+    }
+    if (o->prefix_cache) {
+        if (o->host_tier_bytes > 0 && be) {
+            /* Pinned where the backend has it: spills and restores then run
+             * asynchronously on its stream (kvcache/host.h). */
+            dp_host_alloc ha = {mgr_host_alloc, mgr_host_free, be};
+            if ((rc = host_tier_init(&m->host, (size_t)o->host_tier_bytes, m->prefill_block_bytes,
+                                     (size_t)o->prefill.block_tokens * sizeof(int32_t),
+                                     be->ops->host_alloc && be->ops->host_free ? &ha : NULL))) {
+                rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
+                            (long long)o->host_tier_bytes);
+                goto fail;
+            }
+            m->has_host = true;
+        }
+        if ((rc = prefix_init(&m->pc, &m->pool, be, m->store, m->has_host ? &m->host : NULL))) {
+            rc = dp_err(err, errsz, rc, "out of memory");
+            goto fail;
+        }
+        m->has_pc = true;
+    }
+    return 0;
+fail:
+    kv_mgr_destroy(m);
+    return rc;
+}
+
+void kv_mgr_destroy(dp_kv_mgr *m)
+{
+    if (m->store)
+        m->be->ops->kv_destroy(m->be, m->store);
+    if (m->dstore)
+        m->be->ops->kv_destroy(m->be, m->dstore);
+    if (m->has_swap)
+        kv_swap_destroy(&m->swap);
+    if (m->has_pc)
+        prefix_destroy(&m->pc);
+    if (m->has_host)
+        host_tier_destroy(&m->host);
+    kv_pool_destroy(&m->pool);
+    if (m->dual)
+        kv_pool_destroy(&m->dpool);
+    if (m->mig.be)
+        kv_migrator_destroy(&m->mig);
+    memset(m, 0, sizeof *m);
+}
+
+/* ---- needs and reservations ---------------------------------------------- */
+
+dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
+{
+    dp_kv_need n = {0, 0};
+    if (!m->dual || !kv->dual) {
+        n.prefill = kv_pool_blocks_for(&m->pool, n_cached + n_more);
+        return n;
+    }
+    n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
+    int32_t c = n_cached > INT32_MAX ? INT32_MAX : (int32_t)n_cached;
+    int64_t d = (int64_t)compress_n_keep(&kv->copts, c) + n_more;
+    if (m->decode_budget > 0) {
+        /* Recompression holds it below the budget, whatever it generates. */
+        int64_t cap = (int64_t)m->decode_budget + m->budget_keep + 1;
+        if (d > cap)
+            d = cap;
+    }
+    n.decode = kv_pool_blocks_for(&m->dpool, d);
+    return n;
+}
+
+int32_t kv_mgr_watermark(const dp_kv_mgr *m)
+{
+    /* About 1 % of the decode pool stays free at admission (vLLM's default
+     * watermark), so that sequences just admitted can grow for a while
+     * before the pool runs out and someone must be preempted. */
+    if (!m->dual)
+        return 0;
+    int32_t w = m->dpool.n_blocks / 100;
+    return w > 0 ? w : 1;
+}
+
+/* Takes decode-pool blocks so that t covers n_slots, drawing on kv's promise
+ * first; blocks promised to others are off limits. All or nothing. */
+static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots)
+{
+    int32_t need = kv_pool_blocks_for(&m->dpool, n_slots) - t->n_blocks;
+    if (need <= 0)
+        return 0;
+    int32_t from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
+    if (kv_pool_n_free(&m->dpool) - (m->decode_reserved - from_promise) < need)
+        return DP_ENOSPC;
+    int rc = kv_table_reserve(t, &m->dpool, n_slots);
+    if (rc)
+        return rc;
+    kv->decode_reserve -= from_promise;
+    m->decode_reserved -= from_promise;
+    return 0;
+}
+
+static void drop_promise(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    m->decode_reserved -= kv->decode_reserve;
+    kv->decode_reserve = 0;
+}
+
+static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
+    drop_promise(m, kv);
+    kv->path = DP_PATH_PREFILL;
+    kv->n_slots = 0;
+    kv->hashed_blocks = 0;
+    kv->chain = 0;
+}
+
+int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
+                 int32_t tail, bool busy, int32_t *reused)
+{
+    /* A prompt that extends an earlier one (the next turn of a conversation,
+     * or a recompute after preemption) takes the cached prefix back: from the
+     * pool where its blocks are intact, from the host tier where they were
+     * spilled; only the rest is computed. */
+    int32_t got = 0, from_host = 0;
+    if (m->has_pc && kv->table.n_blocks == 0) {
+        uint64_t last = 0;
+        int32_t limit = n_tokens - (tail > 1 ? tail : 1);
+        got = limit > 0 ? prefix_match(&m->pc, tokens, limit, &kv->table, &from_host, &last) : 0;
+        kv->hashed_blocks = kv->table.n_blocks;
+        kv->chain = last;
+    }
+    /* The prompt (or, after a recompute, prompt + output so far) goes to the
+     * prefill pool whole, so a running prefill never waits for blocks; with
+     * dualpath the decode pool promises its compressed size and a block. */
+    const bool dual = m->dual && kv->dual;
+    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dpool.block_tokens : 1);
+    int64_t slots = dual ? n_tokens : (int64_t)n_tokens + 1;
+    bool ok = need.prefill - kv->table.n_blocks <= kv_pool_n_free(&m->pool);
+    if (ok && dual) {
+        /* The watermark only applies while others run: an idle server admits
+         * anything that fits at all. */
+        int32_t wm = busy && need.decode > 0 ? kv_mgr_watermark(m) : 0;
+        ok = need.decode + wm <= kv_pool_n_free(&m->dpool) - m->decode_reserved;
+    }
+    if (!ok || kv_table_reserve(&kv->table, &m->pool, slots) != 0) {
+        /* Not now: the matched blocks go back, still named, for the retry. */
+        kv_table_release(&kv->table, &m->pool);
+        kv->hashed_blocks = 0;
+        kv->chain = 0;
+        return DP_ENOSPC;
+    }
+    kv->path = DP_PATH_PREFILL;
+    kv->n_slots = got;
+    if (got > 0) {
+        m->rebuilds++;
+        m->reused_tokens += got;
+        m->restored_blocks += from_host;
+    }
+    kv->decode_reserve = dual ? need.decode : 0;
+    m->decode_reserved += kv->decode_reserve;
+    *reused = got;
+    return 0;
+}
+
+int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
+{
+    if (kv->path == DP_PATH_DECODE)
+        return decode_reserve(m, kv, &kv->table, (int64_t)kv->n_slots + n);
+    return kv_table_reserve(&kv->table, &m->pool, (int64_t)kv->n_slots + n);
+}
+
+void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n)
+{
+    kv->n_slots += n;
+    if (!m->has_pc || kv->path != DP_PATH_PREFILL)
+        return;
+    /* Name the prefill blocks filled so far (slot == position there). */
+    const int32_t bt = m->pool.block_tokens;
+    while ((kv->hashed_blocks + 1) * bt <= kv->n_slots && kv->hashed_blocks < kv->table.n_blocks) {
+        const int32_t *blk = tokens + (size_t)kv->hashed_blocks * bt;
+        kv->chain = prefix_chain(&m->pc, kv->chain, blk, bt);
+        prefix_register(&m->pc, kv->table.blocks[kv->hashed_blocks], kv->chain, blk);
+        kv->hashed_blocks++;
+    }
+}
+
+/* ---- moves ---------------------------------------------------------------- */
+
+#define MIGRATE_BATCH 64
+
+/* Up to MIGRATE_BATCH sequences, all on path src. */
+static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src)
+{
+    dp_kv_move mv[MIGRATE_BATCH];
+    dp_block_table tables[MIGRATE_BATCH];
+    dp_kv_migration *ok[MIGRATE_BATCH];
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        dp_kv_migration *g = mg[i];
+        dp_kv_seq *kv = g->kv;
+        if (g->n_keep > kv->n_slots)
+            g->n_keep = kv->n_slots;
+        kv_table_init(&tables[k]);
+        if (g->n_keep < 1 || (g->rc = decode_reserve(m, kv, &tables[k], g->n_keep)) != 0) {
+            if (!g->rc)
+                g->rc = DP_EINVAL;
+            kv_table_destroy(&tables[k], &m->dpool);
+            continue;
+        }
+        mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
+                             tables[k].blocks, tables[k].n_blocks, g->n_keep, g->q, g->q_stride,
+                             g->n_q, DP_SCORER_KNORM};
+        ok[k++] = g;
+    }
+    if (k == 0)
+        return 0;
+    int rc = kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : m->dstore, m->dstore, mv, k);
+    if (rc)
+        dp_log(DP_LOG_ERROR, "kvcache: migration of %d sequences failed (%s); they keep their "
+               "caches", k, dp_strerror(rc));
+    for (int32_t i = 0; i < k; i++) {
+        dp_kv_migration *g = ok[i];
+        dp_kv_seq *kv = g->kv;
+        if (rc) {
+            g->rc = rc;
+            kv_table_destroy(&tables[i], &m->dpool);
+            continue;
+        }
+        g->scorer = mv[i].scorer;
+        /* What it held goes back to its pool (named prefill blocks stay
+         * cached for the next turn); a recompression's freed blocks are
+         * taken again a token at a time, like any other. */
+        kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
+        free(kv->table.blocks);
+        kv->table = tables[i];
+        kv->path = DP_PATH_DECODE;
+        kv->n_slots = g->n_keep;
+    }
+    return rc ? 0 : k;
+}
+
+int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
+{
+    if (!m->dual || !m->be)
+        return 0;
+    /* Each sequence's source is where it is now: a migrated one is not
+     * taken again by the pass over the decode path. */
+    for (int32_t i = 0; i < n; i++) {
+        mg[i].rc = 1; /* not yet run */
+        mg[i].scorer = mg[i].kv->copts.scorer;
+    }
+    int32_t moved = 0;
+    dp_kv_migration *batch[MIGRATE_BATCH];
+    for (int src = DP_PATH_PREFILL; src <= DP_PATH_DECODE; src++) {
+        int32_t k = 0;
+        for (int32_t i = 0; i < n; i++) {
+            if (mg[i].rc != 1 || mg[i].kv->path != (dp_path)src)
+                continue;
+            mg[i].rc = 0;
+            batch[k++] = &mg[i];
+            if (k == MIGRATE_BATCH) {
+                moved += migrate_batch(m, batch, k, (dp_path)src);
+                k = 0;
+            }
+        }
+        if (k > 0)
+            moved += migrate_batch(m, batch, k, (dp_path)src);
+    }
+    /* A prompt that could not move stays whole on the prefill path for good
+     * (it no longer needs the decode pool's promise). */
+    for (int32_t i = 0; i < n; i++)
+        if (mg[i].rc && mg[i].kv->path == DP_PATH_PREFILL) {
+            mg[i].kv->dual = false;
+            drop_promise(m, mg[i].kv);
+        }
+    return moved;
+}
+
+int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    if (kv->path == DP_PATH_DECODE && m->has_swap &&
+        kv_swap_out(&m->swap, &kv->table, &kv->swapped) == 0) {
+        /* Path and slots stay: the cache comes back whole. */
+        drop_promise(m, kv);
+        return 0;
+    }
+    if (kv->path == DP_PATH_DECODE) {
+        m->decode_recomputes++;
+        dp_log(DP_LOG_DEBUG, "kvcache: no swap space: a compact cache will be recomputed");
+    }
+    release_all(m, kv);
+    return DP_ENOSPC;
+}
+
+int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
+{
+    if (!kv->swapped.buf)
+        return DP_EINVAL;
+    int64_t slots = (int64_t)kv->n_slots + 1;
+    int32_t need = kv_pool_blocks_for(&m->dpool, slots);
+    int32_t wm = busy ? kv_mgr_watermark(m) : 0;
+    if (need + wm > kv_pool_n_free(&m->dpool) - m->decode_reserved)
+        return DP_ENOSPC;
+    return kv_swap_in(&m->swap, &kv->swapped, &kv->table, slots);
+}
+
+void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    if (m->has_swap)
+        kv_swap_drop(&m->swap, &kv->swapped);
+    release_all(m, kv);
+}

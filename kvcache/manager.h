@@ -1,0 +1,165 @@
+/* manager.h: the KV manager, the one owner of the two-path KV cache: both
+ * pools and their stores, the prefix cache and host tier of the prefill pool,
+ * the decode pool's swap space, every reservation, growth, migration and
+ * swap. The scheduler decides who runs and asks the manager; the engine runs
+ * the forward pass over the tables the manager hands out. The manager knows
+ * neither: it works on a dp_kv_seq (a sequence's KV state, embedded in the
+ * scheduler's sequence), token arrays and counts.
+ *
+ * Dualpath off: one pool holds every sequence whole. On: a prompt is
+ * prefilled whole in the prefill pool, migrated (compressed) into the decode
+ * pool when it ends, and decodes there; decode blocks are taken as tokens
+ * are produced, never promised for a whole max_tokens. */
+#ifndef DP_KVCACHE_MANAGER_H
+#define DP_KVCACHE_MANAGER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compress.h"
+#include "host.h"
+#include "kernels/backend.h"
+#include "migrate.h"
+#include "pool.h"
+#include "prefix.h"
+#include "swap.h"
+
+/* Which KV path (and pool) a sequence's cache is on. */
+typedef enum dp_path { DP_PATH_PREFILL = 0, DP_PATH_DECODE = 1 } dp_path;
+
+/* A sequence's KV state. Only the manager writes it. */
+typedef struct dp_kv_seq {
+    bool dual;                /* migrates to the decode path when its prompt ends */
+    dp_compress_opts copts;   /* its scorer, keep ratio, sinks and window */
+    dp_path path;             /* which pool the table lives in */
+    dp_block_table table;
+    int32_t n_slots;          /* filled entries (== tokens computed on the prefill path,
+                               * fewer once compacted on the decode path) */
+    int32_t decode_reserve;   /* decode blocks promised at admission, not yet taken */
+    int32_t hashed_blocks;    /* prefill blocks named in the prefix cache so far */
+    uint64_t chain;           /* name of the last of them */
+    dp_swapped swapped;       /* preempted on the decode path: its compact cache */
+} dp_kv_seq;
+
+void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co);
+/* The sequence must have been freed by kv_mgr_free. */
+void kv_seq_destroy(dp_kv_seq *kv);
+
+typedef struct dp_kv_mgr_opts {
+    dp_kv_layout prefill;        /* the prefill (or only) pool's layout; n_blocks 0: from kv_bytes */
+    dp_kv_layout decode;         /* the decode pool's (dual only); n_blocks 0: from kv_bytes */
+    int64_t kv_bytes;            /* both pools, where a block count is 0 */
+    bool dual;
+    double prefill_fraction;     /* the prefill pool's share of kv_bytes ... */
+    int32_t ctx_len;             /* ... raised so that it holds one prompt of this many tokens */
+    int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
+    int32_t budget_floor;        /* slots a recompression never goes below (sinks + window) */
+    bool prefix_cache;
+    int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
+    int32_t n_layers, n_kv_heads, n_heads, head_dim; /* the model, for scoring */
+} dp_kv_mgr_opts;
+
+typedef struct dp_kv_mgr {
+    dp_backend *be;              /* NULL: bookkeeping only (scheduler tests) */
+    bool dual;
+    dp_kv_pool pool;             /* prefill pool (the only one without dualpath) */
+    dp_kv_store *store;
+    dp_kv_pool dpool;            /* decode pool */
+    dp_kv_store *dstore;
+    bool has_pc, has_host, has_swap;
+    dp_prefix_cache pc;
+    dp_host_tier host;
+    dp_kv_swap swap;
+    dp_kv_migrator mig;
+    int32_t decode_budget, budget_keep;
+    int32_t decode_reserved;     /* decode blocks promised to sequences, not yet taken */
+    size_t prefill_block_bytes, decode_block_bytes;
+    /* Counters. */
+    int64_t rebuilds;            /* admissions that took back a cached prefix */
+    int64_t reused_tokens;       /* tokens so taken */
+    int64_t restored_blocks;     /* of which blocks restored from the host tier */
+    int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
+} dp_kv_mgr;
+
+/* be NULL: pools only (no stores, no swap, no migration). */
+int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz);
+void kv_mgr_destroy(dp_kv_mgr *m);
+
+/* What a sequence needs, in blocks of each pool. */
+typedef struct dp_kv_need {
+    int32_t prefill;
+    int32_t decode;
+} dp_kv_need;
+
+/* The one formula for a sequence's need, used by submit ("can this ever
+ * fit": n_cached = the prompt, n_more = max_tokens), admission (n_cached =
+ * its tokens, n_more = the headroom kv_mgr_admit adds) and the context cap:
+ * its cache holds n_cached tokens whole on the prefill path, or compressed
+ * on the decode path, and n_more tokens will be appended where it decodes. */
+dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more);
+/* Whether a need fits the pools at all (when nothing else runs). */
+static inline bool kv_mgr_fits(const dp_kv_mgr *m, dp_kv_need n)
+{
+    return n.prefill <= m->pool.n_blocks && (!m->dual || n.decode <= m->dpool.n_blocks);
+}
+
+/* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
+ * back as it left (kv_mgr_swap_in); otherwise the longest cached prefix of
+ * tokens[0..n_tokens - tail) is taken back (tail >= 1 leaves the last tokens
+ * to compute) and the prefill pool reserves the rest, and the decode pool
+ * its compressed size plus a block. While others run (busy) a watermark of
+ * decode blocks stays free. Returns 0 and sets *reused (the tokens already
+ * in the cache), or DP_ENOSPC: nothing changed. */
+int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
+                 int32_t tail, bool busy, int32_t *reused);
+/* Grows the sequence's table by n slots in its pool (on the decode path its
+ * admission promise first). DP_ENOSPC when the pool is short. */
+int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n);
+/* n more slots of the sequence were filled by a step: full prefill blocks
+ * are named in the prefix cache (tokens: the sequence's, from the start). */
+void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n);
+
+/* One sequence of kv_mgr_migrate. */
+typedef struct dp_kv_migration {
+    dp_kv_seq *kv;            /* on the prefill path (a migration) or the decode path (a recompression) */
+    int32_t n_keep;           /* slots kept */
+    const float *q;           /* SnapKV: captured queries of its last n_q slots (dp_kv_move) */
+    int64_t q_stride;
+    int32_t n_q;
+    int rc;                   /* out: 0 when kv now holds n_keep slots on the decode path */
+    dp_scorer scorer;         /* out: the scorer that ran */
+} dp_kv_migration;
+
+/* Moves each sequence's kept slots into new decode-pool tables (one backend
+ * call per source pool) and frees what they held. A sequence the decode pool
+ * has no room for keeps its cache as it was (rc DP_ENOSPC); correctness never
+ * depends on a migration. Returns how many moved. */
+int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n);
+
+/* Preemption of a running sequence: a decode-path cache goes to the swap
+ * space (returns 0; it comes back as it was at the next admission); any
+ * other (or one the swap space cannot take) is freed, DP_ENOSPC, and the
+ * sequence must be recomputed from its tokens. */
+int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv);
+/* Restores a swapped-out cache with room for its next token. */
+int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy);
+/* Frees everything the sequence holds or was promised (finished, cancelled). */
+void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv);
+
+/* Decode-pool blocks kept free at admission while sequences run. */
+int32_t kv_mgr_watermark(const dp_kv_mgr *m);
+static inline dp_kv_pool *kv_mgr_pool_of(dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return kv->path == DP_PATH_DECODE ? &m->dpool : &m->pool;
+}
+/* The stores as a batch indexes them (dp_path). */
+static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
+{
+    stores[DP_PATH_PREFILL] = m->store;
+    stores[DP_PATH_DECODE] = m->dstore;
+}
+/* Slots a recompression keeps (the decode budget less a quarter). */
+static inline int32_t kv_mgr_budget_keep(const dp_kv_mgr *m) { return m->budget_keep; }
+
+#endif

@@ -1,0 +1,80 @@
+/* migrate.c: scoring, selection and the path-aware copy of a migration
+ * batch. Selection runs per sequence on the host; the copy is one backend
+ * call for the whole batch. */
+#include "migrate.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+#define MIGRATE_MAX_Q 64 /* DP_MAX_CAPTURE: queries a sequence is scored with */
+
+int kv_migrator_init(dp_kv_migrator *m, dp_backend *be, int32_t n_layers, int32_t n_kv_heads,
+                     int32_t n_heads, int32_t head_dim)
+{
+    memset(m, 0, sizeof *m);
+    m->be = be;
+    return compressor_init(&m->comp, be, n_layers, n_kv_heads, n_heads, head_dim);
+}
+
+void kv_migrator_destroy(dp_kv_migrator *m)
+{
+    if (m->comp.be)
+        compressor_destroy(&m->comp);
+    free(m->keep);
+    memset(m, 0, sizeof *m);
+}
+
+static int ensure_keep(dp_kv_migrator *m, size_t n)
+{
+    if (n <= m->keep_cap)
+        return 0;
+    int32_t *k = realloc(m->keep, n * sizeof *k);
+    if (!k)
+        return DP_ENOMEM;
+    m->keep = k;
+    m->keep_cap = n;
+    return 0;
+}
+
+int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
+               int32_t n)
+{
+    if (n <= 0)
+        return 0;
+    const size_t per_keep = (size_t)m->comp.n_layers * (size_t)m->comp.n_kv_heads;
+    size_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        if (mv[i].n_keep < 1 || mv[i].n_keep > mv[i].n_slots)
+            return DP_EINVAL;
+        total += per_keep * (size_t)mv[i].n_keep;
+    }
+    dp_compact_seq *cs = malloc((size_t)n * sizeof *cs);
+    int rc = cs ? ensure_keep(m, total) : DP_ENOMEM;
+    size_t at = 0;
+    for (int32_t i = 0; rc == 0 && i < n; i++) {
+        dp_kv_move *v = &mv[i];
+        int32_t nq = v->q ? v->n_q : 0, qslot[MIGRATE_MAX_Q];
+        if (nq > MIGRATE_MAX_Q)
+            nq = MIGRATE_MAX_Q; /* the last ones: the capture keeps the prompt's end */
+        if (nq > v->n_slots)
+            nq = v->n_slots;
+        const float *q = nq ? v->q + (size_t)(v->n_q - nq) * (size_t)m->comp.n_heads *
+                                         (size_t)m->comp.head_dim
+                            : NULL;
+        for (int32_t j = 0; j < nq; j++)
+            qslot[j] = v->n_slots - nq + j;
+        /* compressor_select scores SnapKV by key norm without queries. */
+        v->scorer = v->co->scorer == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : v->co->scorer;
+        int32_t *keep = m->keep + at;
+        rc = compressor_select(&m->comp, v->co, src, v->src, v->n_slots, q, v->q_stride, qslot, nq,
+                               v->n_keep, keep);
+        cs[i] = (dp_compact_seq){v->src, v->n_src_blocks, v->dst, v->n_dst_blocks, v->n_keep, keep};
+        at += per_keep * (size_t)v->n_keep;
+    }
+    if (rc == 0)
+        rc = m->be->ops->kv_compact(m->be, src, dst, cs, n);
+    free(cs);
+    return rc;
+}

@@ -1,0 +1,50 @@
+/* migrate.h: the migration itself (prefill -> decode, or a decode-path
+ * recompression): score each sequence's cache, choose its kept slots, and
+ * gather them into its destination table in one backend call. The KV manager
+ * runs it for the daemon and tools/dp-eval runs the same function, so the
+ * quality the evaluator measures is that of the code that serves. */
+#ifndef DP_KVCACHE_MIGRATE_H
+#define DP_KVCACHE_MIGRATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "compress.h"
+#include "kernels/backend.h"
+
+/* One sequence of a migration. */
+typedef struct dp_kv_move {
+    const dp_compress_opts *co;  /* its scorer, keep ratio, sinks, window */
+    const int32_t *src;          /* source table (block ids in the source store) */
+    int32_t n_src_blocks;
+    int32_t n_slots;             /* filled slots of the source */
+    const int32_t *dst;          /* destination table, covering n_keep slots */
+    int32_t n_dst_blocks;
+    int32_t n_keep;              /* slots kept (<= n_slots) */
+    /* SnapKV: the post-RoPE queries of the last n_q slots (backend memory,
+     * layer l's at q + l * q_stride, as llama_captured_queries lays them out).
+     * Without them SnapKV scores by key norm (and says so in scorer). */
+    const float *q;
+    int64_t q_stride;
+    int32_t n_q;
+    dp_scorer scorer;            /* out: the scorer that ran */
+} dp_kv_move;
+
+/* Scratch kept between calls (the keep lists). */
+typedef struct dp_kv_migrator {
+    dp_compressor comp;
+    dp_backend *be;
+    int32_t *keep;
+    size_t keep_cap;
+} dp_kv_migrator;
+
+int kv_migrator_init(dp_kv_migrator *m, dp_backend *be, int32_t n_layers, int32_t n_kv_heads,
+                     int32_t n_heads, int32_t head_dim);
+void kv_migrator_destroy(dp_kv_migrator *m);
+
+/* Moves n sequences from src to dst in one kv_compact call. All or nothing:
+ * on an error no destination table was written to. */
+int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
+               int32_t n);
+
+#endif

@@ -139,10 +139,15 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     tb_printf(b, "dualpath_kv_blocks_used{pool=\"prefill\"} %d\n", st->blocks_used);
     if (dual)
         tb_printf(b, "dualpath_kv_blocks_used{pool=\"decode\"} %d\n", st->decode_blocks_used);
-    family(b, "dualpath_kv_blocks_capacity", "gauge", "KV cache blocks in the pool, per pool.");
+    family(b, "dualpath_kv_blocks_capacity", "gauge",
+           "KV cache blocks in the pool, per pool (with one arena for both paths, each reports "
+           "the arena's size; see dualpath_kv_arena_shared).");
     tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"prefill\"} %d\n", st->blocks_total);
     if (dual)
         tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"decode\"} %d\n", st->decode_blocks_total);
+    family(b, "dualpath_kv_arena_shared", "gauge",
+           "1 when the prefill and decode paths draw on one arena of blocks.");
+    tb_printf(b, "dualpath_kv_arena_shared %d\n", st->kv_shared ? 1 : 0);
     family(b, "dualpath_kv_block_tokens", "gauge", "Tokens per KV cache block, per pool.");
     tb_printf(b, "dualpath_kv_block_tokens{pool=\"prefill\"} %d\n", st->block_tokens);
     if (dual)

@@ -109,7 +109,9 @@ static const opt_desc options[] = {
      0, GROUP_KV, NULL, "share of GPU memory the daemon may use at most [kernels, kvcache]"},
     {"prefill_pool_fraction", DP_CONF_FLOAT, F(prefill_pool_fraction), "0.25", 0.01, 1, NULL,
      NULL, 0, GROUP_KV, NULL,
-     "kv_memory share of the prefill pool (at least one context); the rest decodes [kvcache]"},
+     "with decode_block_tokens != block_tokens only (split pools): kv_memory share of the "
+     "prefill pool (at least one context), the rest decodes; otherwise both paths share one "
+     "arena [kvcache]"},
     {"block_tokens", DP_CONF_INT, F(block_tokens), "16", 1, 256, NULL, NULL, OPT_POW2, GROUP_KV,
      NULL, "tokens per prefill-pool block, a power of two [kvcache]"},
     {"decode_block_tokens", DP_CONF_INT, F(decode_block_tokens), "16", 1, 256, NULL, NULL,

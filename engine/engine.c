@@ -782,16 +782,22 @@ static void update_gauges(dp_engine *e)
     e->stats.running = e->sched.n_running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     const dp_kv_mgr *m = &e->kv;
-    e->stats.blocks_total = m->pool.n_blocks;
-    e->stats.blocks_used = kv_pool_n_used(&m->pool);
-    e->stats.decode_blocks_total = m->dual ? m->dpool.n_blocks : 0;
-    e->stats.decode_blocks_used = m->dual ? kv_pool_n_used(&m->dpool) : 0;
-    e->stats.block_tokens = m->pool.block_tokens;
-    e->stats.decode_block_tokens = m->dual ? m->dpool.block_tokens : 0;
-    int32_t on_decode = 0;
+    int32_t on_decode = 0, decode_held = 0;
     for (eng_seq *es = e->live; es; es = es->next)
-        on_decode += es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf;
+        if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
+            on_decode++;
+            decode_held += es->seq->kv.table.n_blocks;
+        }
     e->stats.seqs_on_decode_path = on_decode;
+    /* One shared arena: each path reports the blocks its tables hold, and
+     * both the arena's size. */
+    e->stats.blocks_total = m->pool.n_blocks;
+    e->stats.blocks_used = kv_pool_n_used(&m->pool) - (m->shared ? decode_held : 0);
+    e->stats.decode_blocks_total = m->dual ? m->dpool->n_blocks : 0;
+    e->stats.decode_blocks_used = !m->dual ? 0 : m->shared ? decode_held : kv_pool_n_used(m->dpool);
+    e->stats.kv_shared = m->shared;
+    e->stats.block_tokens = m->pool.block_tokens;
+    e->stats.decode_block_tokens = m->dual ? m->dpool->block_tokens : 0;
     e->stats.rebuilds = m->rebuilds;
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
@@ -973,7 +979,13 @@ static void log_memory_plan(dp_engine *e)
     dp_backend *be = e->be;
     const dp_kv_mgr *m = &e->kv;
     const double pm = MIB((double)m->pool.n_blocks * (double)m->prefill_block_bytes);
-    const double dm = m->dual ? MIB((double)m->dpool.n_blocks * (double)m->decode_block_bytes) : 0;
+    const double dm = m->dual ? MIB((double)m->dpool->n_blocks * (double)m->decode_block_bytes) : 0;
+    if (m->shared) {
+        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks x %d tokens "
+               "(%.0f MiB) for both paths", be->ops->name, m->pool.n_blocks, m->pool.block_tokens,
+               pm);
+        return;
+    }
     char model[96] = "";
     if (be->ops->mem_usage) {
         size_t wb = 0, ab = 0;
@@ -983,8 +995,8 @@ static void log_memory_plan(dp_engine *e)
     }
     dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
            ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, m->pool.n_blocks,
-           m->pool.block_tokens, pm, m->dual ? m->dpool.n_blocks : 0,
-           m->dual ? m->dpool.block_tokens : 0, dm);
+           m->pool.block_tokens, pm, m->dual ? m->dpool->n_blocks : 0,
+           m->dual ? m->dpool->block_tokens : 0, dm);
 }
 
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
@@ -1044,6 +1056,10 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     };
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
+    if (e->kv.shared && opts->prefill_fraction != 0.25)
+        dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
+               "KV arena (it splits the memory only when decode_block_tokens differs from "
+               "block_tokens)", opts->prefill_fraction);
     if (e->dual) {
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
@@ -1200,14 +1216,11 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
     kv_seq_init(&kv, e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);
-    if (need.prefill > e->kv.pool.n_blocks)
+    if (!kv_mgr_fits(&e->kv, need))
         return dp_err(err, errsz, DP_EINVAL,
-                      "the request needs %d KV blocks but the prefill pool holds %d", need.prefill,
-                      e->kv.pool.n_blocks);
-    if (e->kv.dual && need.decode > e->kv.dpool.n_blocks)
-        return dp_err(err, errsz, DP_EINVAL,
-                      "the request needs %d decode-pool blocks but the pool holds %d", need.decode,
-                      e->kv.dpool.n_blocks);
+                      "the request needs %d KV blocks for its prompt and %d for decoding; the KV "
+                      "cache holds %d%s", need.prefill, need.decode, e->kv.pool.n_blocks,
+                      e->kv.shared || !e->kv.dual ? "" : " (prefill pool)");
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);

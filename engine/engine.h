@@ -76,6 +76,7 @@ typedef struct dp_engine_stats {
     int32_t decode_blocks_total; /* decode pool (0 without dualpath) */
     int32_t decode_blocks_used;
     int32_t block_tokens, decode_block_tokens;
+    bool kv_shared;           /* both paths in one arena (both totals are its size) */
     int32_t seqs_on_decode_path;
     int64_t migrations;       /* sequences moved prefill -> decode */
     int64_t migrations_by_scorer[DP_N_SCORERS]; /* by the scorer actually used */

@@ -40,20 +40,21 @@ static void mgr_host_free(void *ud, void *p)
     be->ops->host_free(be, p);
 }
 
-/* Block counts: explicit, else a split of kv_bytes. The prefill pool must
- * hold one prompt of the full context or long prompts could never be
- * admitted: its share is raised to that when the memory allows (the decode
- * pool keeps the rest). */
+/* Block counts: explicit, else kv_bytes (one arena), else a split of it. A
+ * split prefill pool must hold one prompt of the full context or long
+ * prompts could never be admitted: its share is raised to that when the
+ * memory allows (the decode pool keeps the rest). */
 static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_blocks,
                         int32_t *n_dblocks)
 {
     *n_blocks = o->prefill.n_blocks;
-    *n_dblocks = o->dual ? o->decode.n_blocks : 0;
-    if (!m->be || (*n_blocks > 0 && (!o->dual || *n_dblocks > 0)))
+    *n_dblocks = o->dual && !m->shared ? o->decode.n_blocks : 0;
+    const bool split = o->dual && !m->shared;
+    if (!m->be || (*n_blocks > 0 && (!split || *n_dblocks > 0)))
         return;
     const int64_t per = (int64_t)m->prefill_block_bytes, dper = (int64_t)m->decode_block_bytes;
-    double fp = o->dual ? o->prefill_fraction : 1.0;
-    if (o->dual && per > 0 && o->kv_bytes > 0) {
+    double fp = split ? o->prefill_fraction : 1.0;
+    if (split && per > 0 && o->kv_bytes > 0) {
         int64_t ctx_blocks = ((int64_t)o->ctx_len + o->prefill.block_tokens - 1) /
                              o->prefill.block_tokens;
         double floor_fp = (double)ctx_blocks * (double)per / (double)o->kv_bytes;
@@ -64,7 +65,7 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
         int64_t nb = per ? (int64_t)((double)o->kv_bytes * fp) / per : 0;
         *n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     }
-    if (o->dual && *n_dblocks <= 0) {
+    if (split && *n_dblocks <= 0) {
         int64_t nb = dper ? (int64_t)((double)o->kv_bytes * (1.0 - fp)) / dper : 0;
         *n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     }
@@ -89,10 +90,15 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         m->prefill_block_bytes = be->ops->kv_bytes_per_block(be, &l);
         m->decode_block_bytes = o->dual ? be->ops->kv_bytes_per_block(be, &dl) : 0;
     }
+    /* One arena unless the decode path's blocks differ or its pool's size
+     * is given. */
+    m->shared = o->dual && o->decode.n_blocks <= 0 &&
+                o->decode.block_tokens == o->prefill.block_tokens && o->decode.type == o->prefill.type;
+    m->dpool = m->shared ? &m->pool : &m->dpool_own;
     int32_t n_blocks, n_dblocks;
     plan_blocks(m, o, &n_blocks, &n_dblocks);
     int rc;
-    if (n_blocks < 1 || (o->dual && n_dblocks < 1)) {
+    if (n_blocks < 1 || (o->dual && !m->shared && n_dblocks < 1)) {
         rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
                     o->prefill.block_tokens);
         goto fail;
@@ -104,15 +110,21 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                     n_blocks, o->prefill.block_tokens);
         goto fail;
     }
-    if (o->dual) {
+    if (o->dual && m->shared) {
+        m->dstore = m->store;
+        n_dblocks = n_blocks;
+        m->decode_block_bytes = m->prefill_block_bytes;
+    } else if (o->dual) {
         dl.n_blocks = n_dblocks;
-        if ((rc = kv_pool_init(&m->dpool, n_dblocks, o->decode.block_tokens)) ||
+        if ((rc = kv_pool_init(m->dpool, n_dblocks, o->decode.block_tokens)) ||
             (be && (rc = be->ops->kv_create(be, &dl, &m->dstore)))) {
             rc = dp_err(err, errsz, rc,
                         "engine: cannot allocate a decode pool of %d blocks of %d tokens", n_dblocks,
                         o->decode.block_tokens);
             goto fail;
         }
+    }
+    if (o->dual) {
         if (be) {
             if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads,
                                        o->head_dim))) {
@@ -120,12 +132,12 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 goto fail;
             }
             /* Preempted compact caches wait in host memory, up to four times
-             * what the decode pool holds (vLLM keeps a fixed swap space of a
+             * what the decode path can hold (vLLM keeps a fixed swap space of a
              * few GiB): each waiting sequence holds at most its own cache,
              * and a refused swap-out falls back to a recompute that may
              * change the sequence's continuation. */
             size_t dbytes = (size_t)n_dblocks * m->decode_block_bytes;
-            m->has_swap = kv_swap_init(&m->swap, be, m->dstore, &m->dpool, 4 * dbytes) == 0;
+            m->has_swap = kv_swap_init(&m->swap, be, m->dstore, m->dpool, 4 * dbytes) == 0;
         }
     }
     if (o->prefix_cache) {
@@ -158,7 +170,7 @@ void kv_mgr_destroy(dp_kv_mgr *m)
 {
     if (m->store)
         m->be->ops->kv_destroy(m->be, m->store);
-    if (m->dstore)
+    if (m->dstore && m->dstore != m->store)
         m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->has_swap)
         kv_swap_destroy(&m->swap);
@@ -167,8 +179,8 @@ void kv_mgr_destroy(dp_kv_mgr *m)
     if (m->has_host)
         host_tier_destroy(&m->host);
     kv_pool_destroy(&m->pool);
-    if (m->dual)
-        kv_pool_destroy(&m->dpool);
+    if (m->dpool == &m->dpool_own)
+        kv_pool_destroy(&m->dpool_own);
     if (m->mig.be)
         kv_migrator_destroy(&m->mig);
     memset(m, 0, sizeof *m);
@@ -192,7 +204,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         if (d > cap)
             d = cap;
     }
-    n.decode = kv_pool_blocks_for(&m->dpool, d);
+    n.decode = kv_pool_blocks_for(m->dpool, d);
     return n;
 }
 
@@ -203,7 +215,7 @@ int32_t kv_mgr_watermark(const dp_kv_mgr *m)
      * before the pool runs out and someone must be preempted. */
     if (!m->dual)
         return 0;
-    int32_t w = m->dpool.n_blocks / 100;
+    int32_t w = m->dpool->n_blocks / 100;
     return w > 0 ? w : 1;
 }
 
@@ -211,13 +223,13 @@ int32_t kv_mgr_watermark(const dp_kv_mgr *m)
  * first; blocks promised to others are off limits. All or nothing. */
 static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots)
 {
-    int32_t need = kv_pool_blocks_for(&m->dpool, n_slots) - t->n_blocks;
+    int32_t need = kv_pool_blocks_for(m->dpool, n_slots) - t->n_blocks;
     if (need <= 0)
         return 0;
     int32_t from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
-    if (kv_pool_n_free(&m->dpool) - (m->decode_reserved - from_promise) < need)
+    if (kv_pool_n_free(m->dpool) - (m->decode_reserved - from_promise) < need)
         return DP_ENOSPC;
-    int rc = kv_table_reserve(t, &m->dpool, n_slots);
+    int rc = kv_table_reserve(t, m->dpool, n_slots);
     if (rc)
         return rc;
     kv->decode_reserve -= from_promise;
@@ -260,15 +272,18 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
     const bool dual = m->dual && kv->dual;
-    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dpool.block_tokens : 1);
+    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dpool->block_tokens : 1);
     int64_t slots = dual ? n_tokens : (int64_t)n_tokens + 1;
-    bool ok = need.prefill - kv->table.n_blocks <= kv_pool_n_free(&m->pool);
-    if (ok && dual) {
-        /* The watermark only applies while others run: an idle server admits
-         * anything that fits at all. */
-        int32_t wm = busy && need.decode > 0 ? kv_mgr_watermark(m) : 0;
-        ok = need.decode + wm <= kv_pool_n_free(&m->dpool) - m->decode_reserved;
-    }
+    /* The watermark only applies while others run: an idle server admits
+     * anything that fits at all. */
+    int32_t wm = dual && busy && need.decode > 0 ? kv_mgr_watermark(m) : 0;
+    int32_t need_p = need.prefill - kv->table.n_blocks;
+    bool ok;
+    if (m->shared) /* one arena: the prompt, its promise and the others' promises */
+        ok = need_p + (dual ? need.decode + wm : 0) <= kv_pool_n_free(&m->pool) - m->decode_reserved;
+    else
+        ok = need_p <= kv_pool_n_free(&m->pool) &&
+             (!dual || need.decode + wm <= kv_pool_n_free(m->dpool) - m->decode_reserved);
     if (!ok || kv_table_reserve(&kv->table, &m->pool, slots) != 0) {
         /* Not now: the matched blocks go back, still named, for the retry. */
         kv_table_release(&kv->table, &m->pool);
@@ -291,9 +306,15 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
 
 int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
+    const int64_t slots = (int64_t)kv->n_slots + n;
     if (kv->path == DP_PATH_DECODE)
-        return decode_reserve(m, kv, &kv->table, (int64_t)kv->n_slots + n);
-    return kv_table_reserve(&kv->table, &m->pool, (int64_t)kv->n_slots + n);
+        return decode_reserve(m, kv, &kv->table, slots);
+    /* In a shared arena the blocks promised to decode paths are not free. */
+    if (m->shared &&
+        kv_pool_blocks_for(&m->pool, slots) - kv->table.n_blocks >
+            kv_pool_n_free(&m->pool) - m->decode_reserved)
+        return DP_ENOSPC;
+    return kv_table_reserve(&kv->table, &m->pool, slots);
 }
 
 void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n)
@@ -331,7 +352,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         if (g->n_keep < 1 || (g->rc = decode_reserve(m, kv, &tables[k], g->n_keep)) != 0) {
             if (!g->rc)
                 g->rc = DP_EINVAL;
-            kv_table_destroy(&tables[k], &m->dpool);
+            kv_table_destroy(&tables[k], m->dpool);
             continue;
         }
         mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
@@ -350,7 +371,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
-            kv_table_destroy(&tables[i], &m->dpool);
+            kv_table_destroy(&tables[i], m->dpool);
             continue;
         }
         g->scorer = mv[i].scorer;
@@ -424,9 +445,9 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     if (!kv->swapped.buf)
         return DP_EINVAL;
     int64_t slots = (int64_t)kv->n_slots + 1;
-    int32_t need = kv_pool_blocks_for(&m->dpool, slots);
+    int32_t need = kv_pool_blocks_for(m->dpool, slots);
     int32_t wm = busy ? kv_mgr_watermark(m) : 0;
-    if (need + wm > kv_pool_n_free(&m->dpool) - m->decode_reserved)
+    if (need + wm > kv_pool_n_free(m->dpool) - m->decode_reserved)
         return DP_ENOSPC;
     return kv_swap_in(&m->swap, &kv->swapped, &kv->table, slots);
 }

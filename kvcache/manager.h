@@ -51,7 +51,7 @@ typedef struct dp_kv_mgr_opts {
     dp_kv_layout decode;         /* the decode pool's (dual only); n_blocks 0: from kv_bytes */
     int64_t kv_bytes;            /* both pools, where a block count is 0 */
     bool dual;
-    double prefill_fraction;     /* the prefill pool's share of kv_bytes ... */
+    double prefill_fraction;     /* split pools only: the prefill pool's share of kv_bytes ... */
     int32_t ctx_len;             /* ... raised so that it holds one prompt of this many tokens */
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
     int32_t budget_floor;        /* slots a recompression never goes below (sinks + window) */
@@ -63,10 +63,12 @@ typedef struct dp_kv_mgr_opts {
 typedef struct dp_kv_mgr {
     dp_backend *be;              /* NULL: bookkeeping only (scheduler tests) */
     bool dual;
-    dp_kv_pool pool;             /* prefill pool (the only one without dualpath) */
+    dp_kv_pool pool;             /* the prefill path's pool (the only one without dualpath) */
     dp_kv_store *store;
-    dp_kv_pool dpool;            /* decode pool */
-    dp_kv_store *dstore;
+    dp_kv_pool *dpool;           /* the decode path's: &pool when shared, else &dpool_own */
+    dp_kv_store *dstore;         /* store when shared */
+    bool shared;                 /* both paths draw on one arena */
+    dp_kv_pool dpool_own;
     bool has_pc, has_host, has_swap;
     dp_prefix_cache pc;
     dp_host_tier host;
@@ -82,7 +84,9 @@ typedef struct dp_kv_mgr {
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
 } dp_kv_mgr;
 
-/* be NULL: pools only (no stores, no swap, no migration). */
+/* be NULL: pools only (no stores, no swap, no migration). The arena is
+ * shared unless the layouts differ or the decode pool's size is given
+ * (decode.n_blocks > 0). */
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz);
 void kv_mgr_destroy(dp_kv_mgr *m);
 
@@ -101,7 +105,9 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
 /* Whether a need fits the pools at all (when nothing else runs). */
 static inline bool kv_mgr_fits(const dp_kv_mgr *m, dp_kv_need n)
 {
-    return n.prefill <= m->pool.n_blocks && (!m->dual || n.decode <= m->dpool.n_blocks);
+    if (m->shared) /* at the migration it holds both for a moment */
+        return (int64_t)n.prefill + n.decode <= m->pool.n_blocks;
+    return n.prefill <= m->pool.n_blocks && (!m->dual || n.decode <= m->dpool->n_blocks);
 }
 
 /* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
@@ -151,7 +157,7 @@ void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv);
 int32_t kv_mgr_watermark(const dp_kv_mgr *m);
 static inline dp_kv_pool *kv_mgr_pool_of(dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    return kv->path == DP_PATH_DECODE ? &m->dpool : &m->pool;
+    return kv->path == DP_PATH_DECODE ? m->dpool : &m->pool;
 }
 /* The stores as a batch indexes them (dp_path). */
 static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)

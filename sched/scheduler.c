@@ -154,12 +154,12 @@ void sched_preempt(dp_sched *s, dp_seq *q)
     s->n_preemptions++;
 }
 
-/* Newest running sequence on the given path not already in this step's plan
- * (its blocks are the ones that help). */
+/* Newest running sequence not already in this step's plan whose blocks help:
+ * on the given path, or on either when both share one arena. */
 static dp_seq *pick_victim(dp_sched *s, dp_path path)
 {
     for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled && q->kv.path == path)
+        if (!q->scheduled && (q->kv.path == path || s->kv->shared))
             return q;
     return NULL;
 }

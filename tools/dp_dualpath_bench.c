@@ -1,7 +1,7 @@
 /* dp_dualpath_bench.c: the memory and concurrency benchmark of the dual path.
- * With the same fixed KV memory, runs the engine with dualpath off (one pool,
- * full caches) and on (a prefill pool sized for a few prompts, the rest a
- * decode pool of compacted caches), and reports per prompt length: KV bytes
+ * With the same fixed KV memory, runs the engine with dualpath off (full
+ * caches) and on (the daemon's defaults: one arena for prompts and compacted
+ * caches), and reports per prompt length: KV bytes
  * per sequence, the largest number of sequences held at once without a
  * preemption, output tokens/s at that load, and the migration overhead as a
  * share of step time. Not a test: timings vary run to run. */
@@ -80,7 +80,7 @@ int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *device = "cpu";
     double kv_mb = 512, keep = 0.5;
-    int olen = 64, n_req = 0, prompt_slots = 2, threads = 0;
+    int olen = 64, n_req = 0, threads = 0;
     int plens[4] = {512, 2048}, n_plens = 2;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
@@ -89,13 +89,12 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--keep-ratio")) keep = atof(argv[i + 1]);
         else if (!strcmp(argv[i], "--output")) olen = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--requests")) n_req = atoi(argv[i + 1]);
-        else if (!strcmp(argv[i], "--prompt-slots")) prompt_slots = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prompts"))
             n_plens = bench_parse_list(argv[i + 1], plens, 4);
         else {
             fprintf(stderr, "usage: dp-dualpath-bench [--model F] [--kv-mb MB] [--keep-ratio R] "
-                            "[--prompts 512,2048] [--output N] [--requests N] [--prompt-slots N]\n");
+                            "[--prompts 512,2048] [--output N] [--requests N]\n");
             return 2;
         }
     }
@@ -134,14 +133,6 @@ int main(int argc, char **argv)
         off.kv_bytes_per_seq = bytes_per_token * (plen + olen);
         o.dualpath = true;
         o.compress.keep_ratio = (float)keep;
-        /* The prefill pool holds prompt_slots prompts at once; the rest of
-         * the same memory is the decode pool. */
-        o.prefill_fraction = (double)prompt_slots * (plen + 16) * bytes_per_token / (double)kv_bytes;
-        if (o.prefill_fraction >= 0.9) {
-            fprintf(stderr, "dp-dualpath-bench: %.0f MiB cannot hold %d prompts of %d tokens\n",
-                    kv_mb, prompt_slots, plen);
-            return 1;
-        }
         if (run(m, tok, &o, reqs, plen, olen, &on))
             return 1;
         dp_compress_opts co = o.compress;

@@ -31,7 +31,7 @@ def test_outputs_equal_alone_under_preemption():
         alone = [complete(p, base=big.url)["choices"][0]["text"] for p in PROMPTS]
     finally:
         assert big.stop() == 0
-    d = Daemon(extra=["--kv-memory", "80MiB", "--kv-cache-type", "f32"], log_name="dualpathd-preempt")
+    d = Daemon(extra=["--kv-memory", "48MiB", "--kv-cache-type", "f32"], log_name="dualpathd-preempt")
     try:
         out = parallel(lambda i: complete(PROMPTS[i], base=d.url), len(PROMPTS))
         for i, o in enumerate(out):

@@ -555,7 +555,7 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
  * kept set again, over its own output). usage's kept/evicted counts are the
  * same too. */
 static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t small_pool,
-                                     const char *what)
+                                     bool shared, const char *what)
 {
     static result alone[MAXN], together[MAXN];
     dp_engine_opts o;
@@ -563,15 +563,17 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     o.compress.keep_ratio = 0.5f;
     o.compress.sinks = 2;
     o.compress.window = 4; /* short prompts are compressed too */
-    o.n_blocks_decode = 1024;
+    /* Split: a prefill pool of 1024 blocks and a small decode pool. Shared:
+     * one small arena for both paths (prompts are preempted too). */
+    o.n_blocks_decode = shared ? 0 : 1024;
     dp_engine_stats st_alone, st;
     next_opts = o;
     next_opts_set = true;
     dp_engine *e = start(w, 1024, 32);
     run_requests(e, specs, n, alone, true, DP_DUALPATH_DEFAULT, &st_alone);
     engine_destroy(e);
-    next_opts.n_blocks_decode = small_pool;
-    e = start(w, 1024, 32);
+    next_opts.n_blocks_decode = shared ? 0 : small_pool;
+    e = start(w, shared ? small_pool : 1024, 32);
     next_opts_set = false;
     run_requests(e, specs, n, together, false, DP_DUALPATH_DEFAULT, &st);
     engine_destroy(e);
@@ -584,13 +586,17 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     CHECK_EQ_INT(st.tokens_kept, st_alone.tokens_kept);
     CHECK_EQ_INT(st.tokens_evicted, st_alone.tokens_evicted);
     CHECK_MSG(st.preemptions >= 5, "%s: only %lld preemptions", what, (long long)st.preemptions);
-    CHECK_EQ_INT(st.swap_outs, st.preemptions);
+    CHECK_EQ_INT(st.kv_shared, shared);
+    if (!shared) /* a shared arena also preempts prompts, which are recomputed */
+        CHECK_EQ_INT(st.swap_outs, st.preemptions);
+    CHECK(st.swap_outs > 0);
     CHECK_EQ_INT(st.swap_ins, st.swap_outs);
     CHECK_EQ_INT(st.decode_recomputes, 0);
     CHECK_EQ_INT(st.swap_bytes, 0);
-    printf("%s: %d requests in a %d-block decode pool identical to alone (%lld preemptions, all "
-           "swapped out and back)\n",
-           what, n, small_pool, (long long)st.preemptions);
+    printf("%s: %d requests in a %d-block %s identical to alone (%lld preemptions, %lld compact "
+           "caches swapped out and back)\n",
+           what, n, small_pool, shared ? "arena for both paths" : "decode pool",
+           (long long)st.preemptions, (long long)st.swap_outs);
 }
 
 /* n = 4 (four requests with one prompt, submitted together) prefills the
@@ -651,25 +657,30 @@ static void test_admission(world *w)
     const int32_t total = N * ctx / 16; /* blocks of 16 tokens: every sequence whole */
     dp_engine_opts o;
     engine_opts_default(&o);
-    dp_engine_stats st[2];
+    dp_engine_stats st[3];
     exact_kv = false; /* counts only: the default f16 cache */
-    for (int on = 0; on < 2; on++) {
-        o.dualpath = on;
-        o.n_blocks = on ? total / 4 : total;
-        o.n_blocks_decode = on ? total - total / 4 : 0;
-        run_with(w, &o, specs, N, res, &st[on], DP_DUALPATH_DEFAULT);
+    /* Off; on with the default one arena; on with a quarter split off for prompts. */
+    for (int c = 0; c < 3; c++) {
+        o.dualpath = c > 0;
+        o.n_blocks = c == 2 ? total / 4 : total;
+        o.n_blocks_decode = c == 2 ? total - total / 4 : 0;
+        run_with(w, &o, specs, N, res, &st[c], DP_DUALPATH_DEFAULT);
         for (int i = 0; i < N; i++)
             CHECK_EQ_INT(res[i].n, ctx - PROMPT);
+        CHECK_EQ_INT(st[c].kv_shared, c == 1);
     }
     exact_kv = true;
     CHECK_EQ_INT(st[0].running_peak, N);
-    CHECK_MSG(st[1].running_peak >= st[0].running_peak,
-              "dualpath on ran %d at once, off %d, in the same memory", st[1].running_peak,
-              st[0].running_peak);
-    CHECK(st[1].migrations >= N);
+    for (int c = 1; c < 3; c++) {
+        CHECK_MSG(st[c].running_peak >= st[0].running_peak,
+                  "dualpath on ran %d at once, off %d, in the same memory", st[c].running_peak,
+                  st[0].running_peak);
+        CHECK(st[c].migrations >= N);
+    }
     printf("admission: %d requests of max_tokens = rest of context: %d at once with dualpath off, "
-           "%d on (%lld preemptions on)\n",
-           N, st[0].running_peak, st[1].running_peak, (long long)st[1].preemptions);
+           "%d on (one arena, %lld preemptions), %d on (split pools, %lld preemptions)\n",
+           N, st[0].running_peak, st[1].running_peak, (long long)st[1].preemptions,
+           st[2].running_peak, (long long)st[2].preemptions);
 }
 
 /* SnapKV as configured, every time: 16 prompts of 30 tokens, submitted before
@@ -924,7 +935,10 @@ int main(void)
             for (int k = 0; k < pre[i].n_prompt; k++)
                 pre[i].prompt[k] = urand(w.vocab);
         }
-        test_dualpath_preemption(&w, pre, 16, 12, "tiny dualpath preemption");
+        test_dualpath_preemption(&w, pre, 16, 12, false, "tiny dualpath preemption");
+        for (int i = 0; i < 16; i++)
+            pre[i].max_tokens = 120; /* more growth after the prompts: more pressure */
+        test_dualpath_preemption(&w, pre, 16, 32, true, "tiny dualpath preemption (shared)");
     }
     test_snapkv_every_time(&w);
     test_shared_prompt(&w);

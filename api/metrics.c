@@ -192,6 +192,9 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_rebuilds_total", "counter",
            "Admissions that took back the KV cache of a cached prefix (an earlier turn).");
     tb_printf(b, "dualpath_rebuilds_total %lld\n", (long long)st->rebuilds);
+    family(b, "dualpath_reply_blocks_kept_total", "counter",
+           "Blocks of finished decode-path replies written back for the next turn.");
+    tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->reply_blocks_kept);
     family(b, "dualpath_rebuild_tokens_total", "counter",
            "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
            "recomputed tokens count in dualpath_engine_prefill_tokens_total.");

@@ -109,9 +109,8 @@ static const opt_desc options[] = {
      0, GROUP_KV, NULL, "share of GPU memory the daemon may use at most [kernels, kvcache]"},
     {"prefill_pool_fraction", DP_CONF_FLOAT, F(prefill_pool_fraction), "0.25", 0.01, 1, NULL,
      NULL, 0, GROUP_KV, NULL,
-     "with decode_block_tokens != block_tokens only (split pools): kv_memory share of the "
-     "prefill pool (at least one context), the rest decodes; otherwise both paths share one "
-     "arena [kvcache]"},
+     "prefill pool's share of kv_memory when decode_block_tokens differs (else one arena) "
+     "[kvcache]"},
     {"block_tokens", DP_CONF_INT, F(block_tokens), "16", 1, 256, NULL, NULL, OPT_POW2, GROUP_KV,
      NULL, "tokens per prefill-pool block, a power of two [kvcache]"},
     {"decode_block_tokens", DP_CONF_INT, F(decode_block_tokens), "16", 1, 256, NULL, NULL,
@@ -137,6 +136,9 @@ static const opt_desc options[] = {
      GROUP_DUALPATH, NULL, "kept tokens at most per sequence, over keep_ratio; 0 = off [kvcache]"},
     {"early_switch", DP_CONF_BOOL, F(early_switch), "false", 0, 0, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "switch before the prompt ends once the ranking is stable [sched]"},
+    {"reuse_replies", DP_CONF_BOOL, F(reuse_replies), "true", 0, 0, NULL, NULL, 0,
+     GROUP_DUALPATH, NULL,
+     "a reply's K/V (as computed on the decode path) serve the next turn [kvcache]"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

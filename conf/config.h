@@ -71,6 +71,7 @@ typedef struct dp_config {
     int window_tokens;
     int decode_budget;      /* 0 = off */
     bool early_switch;
+    bool reuse_replies;
 } dp_config;
 
 /* Value types, shared by the config table and by caller-defined flags. */

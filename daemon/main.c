@@ -30,6 +30,7 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->compress.window = c->window_tokens;
     e->decode_budget = c->decode_budget;
     e->early_switch = c->early_switch;
+    e->reuse_replies = c->reuse_replies;
     e->prefix_cache = c->prefix_cache;
     e->kv_type = c->kv_cache_type;
     e->host_tier_bytes = (int64_t)c->host_tier_bytes;

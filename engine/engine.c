@@ -127,6 +127,7 @@ void engine_opts_default(dp_engine_opts *o)
     /* The defaults docs/dualpath.md's quality tables justify. */
     o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
     o->prefix_cache = true;
+    o->reuse_replies = true;
     o->device_sampling = true;
     /* As llama.cpp keeps it: half the bytes of f32 per token. */
     o->kv_type = DP_KV_F16;
@@ -801,6 +802,7 @@ static void update_gauges(dp_engine *e)
     e->stats.rebuilds = m->rebuilds;
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
+    e->stats.reply_blocks_kept = m->reply_blocks;
     e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
@@ -956,14 +958,15 @@ static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int
  * request without max_tokens (max_tokens = the rest of the context) could
  * never be admitted and would be refused, however short. The test is the
  * manager's need formula at both extremes: the longest prompt with one token
- * to generate, and a one-token prompt generating the rest. */
+ * to generate, and a one-token prompt generating the rest (a sequence too
+ * long to migrate runs whole, so dualpath never caps the context lower than
+ * off in one arena). */
 static void cap_context(dp_engine *e)
 {
     dp_kv_seq kv;
     kv_seq_init(&kv, e->dual, &e->opts.compress);
     int64_t c = e->ctx_len;
-    while (c > 1 && !(kv_mgr_fits(&e->kv, kv_mgr_need(&e->kv, &kv, c - 1, 1)) &&
-                      kv_mgr_fits(&e->kv, kv_mgr_need(&e->kv, &kv, 1, c - 1))))
+    while (c > 1 && !(kv_mgr_can_fit(&e->kv, &kv, c - 1, 1) && kv_mgr_can_fit(&e->kv, &kv, 1, c - 1)))
         c--;
     kv_seq_destroy(&kv);
     if (c < e->ctx_len) {
@@ -1051,6 +1054,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .budget_floor = opts->compress.sinks + opts->compress.window,
         .prefix_cache = opts->prefix_cache,
         .host_tier_bytes = opts->host_tier_bytes,
+        .reuse_replies = opts->reuse_replies,
         .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
         .head_dim = hp->head_dim,
     };
@@ -1215,8 +1219,9 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
     dp_kv_seq kv;
     kv_seq_init(&kv, e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
+    bool fits = kv_mgr_can_fit(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);
-    if (!kv_mgr_fits(&e->kv, need))
+    if (!fits)
         return dp_err(err, errsz, DP_EINVAL,
                       "the request needs %d KV blocks for its prompt and %d for decoding; the KV "
                       "cache holds %d%s", need.prefill, need.decode, e->kv.pool.n_blocks,

@@ -37,6 +37,8 @@ typedef struct dp_engine_opts {
     dp_compress_opts compress;   /* default scorer, keep ratio, sinks, window */
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
     bool early_switch;           /* the path detector may switch before the prompt ends */
+    bool reuse_replies;          /* a finished decode-path reply's K/V go to the prefix cache
+                                  * for the next turn (kvcache/manager.h); default on */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
@@ -90,6 +92,7 @@ typedef struct dp_engine_stats {
     int64_t rebuilds;         /* admissions that took back a cached prefix */
     int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
     int64_t rebuild_host_tokens;   /* tokens restored from the host tier */
+    int64_t reply_blocks_kept;     /* decode-path blocks written back for the next turn */
     int64_t host_spilled_blocks;
     int64_t host_tier_blocks; /* capacity in blocks (0: no host tier) */
     double migration_seconds; /* sum over migration batches */

@@ -22,6 +22,10 @@ void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
 
 void kv_seq_destroy(dp_kv_seq *kv)
 {
+    free(kv->warm);
+    free(kv->warm_gen);
+    kv->warm = NULL;
+    kv->warm_gen = NULL;
     free(kv->table.blocks);
     kv_table_init(&kv->table);
 }
@@ -77,6 +81,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     m->be = be;
     m->dual = o->dual;
     m->decode_budget = o->decode_budget;
+    m->reuse_replies = o->reuse_replies && o->prefix_cache && o->dual;
     if (o->decode_budget > 0) {
         /* A quarter of the budget is freed each time, so recompression runs
          * every budget/4 tokens rather than every token (which would compound
@@ -183,6 +188,7 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         kv_pool_destroy(&m->dpool_own);
     if (m->mig.be)
         kv_migrator_destroy(&m->mig);
+    free(m->reply_keep);
     memset(m, 0, sizeof *m);
 }
 
@@ -206,6 +212,15 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     }
     n.decode = kv_pool_blocks_for(m->dpool, d);
     return n;
+}
+
+bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
+{
+    if (kv_mgr_fits(m, kv_mgr_need(m, kv, n_cached, n_more)))
+        return true;
+    dp_kv_seq whole = *kv;
+    whole.dual = false;
+    return kv->dual && kv_mgr_fits(m, kv_mgr_need(m, &whole, n_cached, n_more));
 }
 
 int32_t kv_mgr_watermark(const dp_kv_mgr *m)
@@ -243,8 +258,42 @@ static void drop_promise(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->decode_reserve = 0;
 }
 
+/* Protects the named prompt blocks of a migrating sequence (best effort:
+ * without memory for the list they are simply not protected). */
+static void protect_prompt(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    int32_t n = kv->hashed_blocks < kv->table.n_blocks ? kv->hashed_blocks : kv->table.n_blocks;
+    if (n <= 0 || kv->n_warm > 0)
+        return;
+    int32_t *b = realloc(kv->warm, (size_t)n * sizeof *b);
+    if (b)
+        kv->warm = b;
+    uint32_t *g = b ? realloc(kv->warm_gen, (size_t)n * sizeof *g) : NULL;
+    if (!g)
+        return;
+    kv->warm_gen = g;
+    for (int32_t i = 0; i < n; i++) {
+        kv->warm[i] = kv->table.blocks[i];
+        kv->warm_gen[i] = kv_pool_gen(&m->pool, kv->warm[i]);
+        kv_pool_protect(&m->pool, kv->warm[i]);
+    }
+    kv->n_warm = n;
+}
+
+static void unprotect_prompt(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    /* Oldest last: the most recently freed is the prompt's first block, the
+     * last to be reused among them. */
+    for (int32_t i = kv->n_warm - 1; i >= 0; i--)
+        kv_pool_unprotect(&m->pool, kv->warm[i], kv->warm_gen[i]);
+    kv->n_warm = 0;
+}
+
 static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
 {
+    unprotect_prompt(m, kv);
+    kv->mig_pos = kv->mig_keep = 0;
+    kv->recompressed = false;
     kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
     drop_promise(m, kv);
     kv->path = DP_PATH_PREFILL;
@@ -271,6 +320,14 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
+    if (m->dual && kv->dual &&
+        !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, m->dpool->block_tokens))) {
+        /* Its prompt and its compressed copy never fit at once: it runs
+         * whole, as with dualpath off (kv_mgr_can_fit). */
+        kv->dual = false;
+        dp_log(DP_LOG_DEBUG, "kvcache: a %d-token sequence runs whole: too long to migrate in "
+               "this memory", n_tokens);
+    }
     const bool dual = m->dual && kv->dual;
     dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dpool->block_tokens : 1);
     int64_t slots = dual ? n_tokens : (int64_t)n_tokens + 1;
@@ -375,6 +432,14 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             continue;
         }
         g->scorer = mv[i].scorer;
+        if (src == DP_PATH_PREFILL) {
+            if (m->has_pc)
+                protect_prompt(m, kv);
+            kv->mig_pos = kv->n_slots;
+            kv->mig_keep = g->n_keep;
+        } else {
+            kv->recompressed = true;
+        }
         /* What it held goes back to its pool (named prefill blocks stay
          * cached for the next turn); a recompression's freed blocks are
          * taken again a token at a time, like any other. */
@@ -450,6 +515,57 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     if (need + wm > kv_pool_n_free(m->dpool) - m->decode_reserved)
         return DP_ENOSPC;
     return kv_swap_in(&m->swap, &kv->swapped, &kv->table, slots);
+}
+
+void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed)
+{
+    if (!m->reuse_replies || !m->be || kv->path != DP_PATH_DECODE || kv->swapped.buf ||
+        kv->recompressed || kv->mig_pos <= 0)
+        return;
+    /* From the window on, the compact cache holds every position whole, in
+     * order: position p is at slot p + off in every head (the window's kept
+     * slots are the last of the compaction, the reply's follow them). */
+    const int32_t bt = m->pool.block_tokens;
+    const int32_t off = kv->mig_keep - kv->mig_pos;
+    const int32_t first = kv->hashed_blocks, whole_from = kv->mig_pos - kv->copts.window;
+    if (off != 0 && first * bt < whole_from)
+        return;
+    int32_t nb = n_computed / bt - first;
+    int32_t avail = kv_pool_n_free(&m->pool) - (m->shared ? m->decode_reserved : 0);
+    if (nb > avail)
+        nb = avail;
+    if (nb <= 0)
+        return;
+    const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
+    const size_t n = (size_t)nb * (size_t)bt;
+    if (rows * n > m->reply_keep_cap) {
+        int32_t *k = realloc(m->reply_keep, rows * n * sizeof *k);
+        if (!k)
+            return;
+        m->reply_keep = k;
+        m->reply_keep_cap = rows * n;
+    }
+    for (size_t r = 0; r < rows; r++)
+        for (size_t j = 0; j < n; j++)
+            m->reply_keep[r * n + j] = (int32_t)((size_t)first * (size_t)bt + j) + off;
+    dp_block_table t;
+    kv_table_init(&t);
+    if (kv_table_reserve(&t, &m->pool, (int64_t)n) != 0) {
+        kv_table_destroy(&t, &m->pool);
+        return;
+    }
+    dp_compact_seq cs = {kv->table.blocks, kv->table.n_blocks, t.blocks, t.n_blocks, (int32_t)n,
+                         m->reply_keep};
+    if (m->be->ops->kv_compact(m->be, m->dstore, m->store, &cs, 1) == 0) {
+        for (int32_t i = 0; i < nb; i++) {
+            const int32_t *blk = tokens + (size_t)(first + i) * bt;
+            kv->chain = prefix_chain(&m->pc, kv->chain, blk, bt);
+            prefix_register(&m->pc, t.blocks[i], kv->chain, blk);
+            kv->hashed_blocks++;
+        }
+        m->reply_blocks += nb;
+    }
+    kv_table_destroy(&t, &m->pool); /* free and named: cached for the next turn */
 }
 
 void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv)

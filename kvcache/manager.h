@@ -40,6 +40,15 @@ typedef struct dp_kv_seq {
     int32_t hashed_blocks;    /* prefill blocks named in the prefix cache so far */
     uint64_t chain;           /* name of the last of them */
     dp_swapped swapped;       /* preempted on the decode path: its compact cache */
+    int32_t mig_pos;          /* positions migrated to the decode path (0: none) */
+    int32_t mig_keep;         /* slots they were compacted to */
+    bool recompressed;        /* compacted again on the decode path since */
+    /* The named prompt blocks it left at its migration, protected from
+     * eviction until it ends: the next turn of its conversation asks for
+     * them (block ids and generations, kvcache/pool.h). */
+    int32_t *warm;
+    uint32_t *warm_gen;
+    int32_t n_warm;
 } dp_kv_seq;
 
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co);
@@ -57,6 +66,7 @@ typedef struct dp_kv_mgr_opts {
     int32_t budget_floor;        /* slots a recompression never goes below (sinks + window) */
     bool prefix_cache;
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
+    bool reuse_replies;          /* kv_mgr_keep_reply writes replies back (needs the prefix cache) */
     int32_t n_layers, n_kv_heads, n_heads, head_dim; /* the model, for scoring */
 } dp_kv_mgr_opts;
 
@@ -82,6 +92,10 @@ typedef struct dp_kv_mgr {
     int64_t reused_tokens;       /* tokens so taken */
     int64_t restored_blocks;     /* of which blocks restored from the host tier */
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
+    int64_t reply_blocks;        /* blocks kv_mgr_keep_reply wrote back */
+    bool reuse_replies;
+    int32_t *reply_keep;         /* its keep-list scratch */
+    size_t reply_keep_cap;
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
@@ -109,6 +123,12 @@ static inline bool kv_mgr_fits(const dp_kv_mgr *m, dp_kv_need n)
         return (int64_t)n.prefill + n.decode <= m->pool.n_blocks;
     return n.prefill <= m->pool.n_blocks && (!m->dual || n.decode <= m->dpool->n_blocks);
 }
+
+/* Whether a sequence can ever run alone: compressed, or else whole (a
+ * sequence whose prompt and compressed copy cannot both fit runs whole on
+ * the prefill path, as with dualpath off: correctness never depends on a
+ * migration). */
+bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more);
 
 /* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
  * back as it left (kv_mgr_swap_in); otherwise the longest cached prefix of
@@ -150,6 +170,16 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n);
 int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv);
 /* Restores a swapped-out cache with room for its next token. */
 int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy);
+/* A decode-path sequence ends: the K/V of its last tokens (its prompt's
+ * tail, which the window keeps whole, and its reply) are copied into new
+ * prefill blocks named in the prefix cache, so that the next turn of the
+ * conversation (prompt + reply + new text) takes them back instead of
+ * recomputing the reply. They are the K/V the sequence computed over its
+ * compressed cache, the ones its reply was written with, not those a full
+ * recompute would give (reuse_replies = false keeps every turn exact).
+ * tokens[0..n_computed): the sequence's tokens. Best effort: without free
+ * blocks, or after a recompression, nothing is kept. Call before kv_mgr_free. */
+void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed);
 /* Frees everything the sequence holds or was promised (finished, cancelled). */
 void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv);
 

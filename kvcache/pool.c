@@ -15,7 +15,10 @@ int kv_pool_init(dp_kv_pool *p, int32_t n_blocks, int32_t block_tokens)
     p->refcnt = calloc((size_t)n_blocks, sizeof *p->refcnt);
     p->prev = malloc((size_t)n_blocks * sizeof *p->prev);
     p->next = malloc((size_t)n_blocks * sizeof *p->next);
-    if (!p->refcnt || !p->prev || !p->next) {
+    p->protect = calloc((size_t)n_blocks, sizeof *p->protect);
+    p->in_warm = calloc((size_t)n_blocks, sizeof *p->in_warm);
+    p->gen = calloc((size_t)n_blocks, sizeof *p->gen);
+    if (!p->refcnt || !p->prev || !p->next || !p->protect || !p->in_warm || !p->gen) {
         kv_pool_destroy(p);
         return DP_ENOMEM;
     }
@@ -27,6 +30,7 @@ int kv_pool_init(dp_kv_pool *p, int32_t n_blocks, int32_t block_tokens)
     }
     p->head = 0;
     p->tail = n_blocks - 1;
+    p->whead = p->wtail = -1;
     p->n_free = n_blocks;
     return 0;
 }
@@ -36,30 +40,55 @@ void kv_pool_destroy(dp_kv_pool *p)
     free(p->refcnt);
     free(p->prev);
     free(p->next);
+    free(p->protect);
+    free(p->in_warm);
+    free(p->gen);
     memset(p, 0, sizeof *p);
 }
 
 static void unlink_free(dp_kv_pool *p, int32_t b)
 {
+    int32_t *head = p->in_warm[b] ? &p->whead : &p->head;
+    int32_t *tail = p->in_warm[b] ? &p->wtail : &p->tail;
     int32_t pr = p->prev[b], nx = p->next[b];
     if (pr >= 0)
         p->next[pr] = nx;
     else
-        p->head = nx;
+        *head = nx;
     if (nx >= 0)
         p->prev[nx] = pr;
     else
-        p->tail = pr;
+        *tail = pr;
     p->prev[b] = p->next[b] = -1;
+    p->in_warm[b] = 0;
     p->n_free--;
+}
+
+/* Appends free block b to the tail of its list (protected or not). */
+static void link_free(dp_kv_pool *p, int32_t b)
+{
+    bool warm = p->protect[b] > 0;
+    int32_t *head = warm ? &p->whead : &p->head;
+    int32_t *tail = warm ? &p->wtail : &p->tail;
+    p->prev[b] = *tail;
+    p->next[b] = -1;
+    if (*tail >= 0)
+        p->next[*tail] = b;
+    else
+        *head = b;
+    *tail = b;
+    p->in_warm[b] = warm;
+    p->n_free++;
 }
 
 int kv_pool_alloc(dp_kv_pool *p, int32_t *block)
 {
-    if (p->head < 0)
+    int32_t b = p->head >= 0 ? p->head : p->whead;
+    if (b < 0)
         return DP_ENOSPC;
-    int32_t b = p->head;
     unlink_free(p, b);
+    p->protect[b] = 0; /* new contents: the old protection is void */
+    p->gen[b]++;
     p->refcnt[b] = 1;
     if (p->on_reuse)
         p->on_reuse(p->reuse_ud, b);
@@ -78,14 +107,28 @@ void kv_pool_unref(dp_kv_pool *p, int32_t block)
 {
     if (p->refcnt[block] == 0 || --p->refcnt[block] > 0)
         return;
-    p->prev[block] = p->tail;
-    p->next[block] = -1;
-    if (p->tail >= 0)
-        p->next[p->tail] = block;
-    else
-        p->head = block;
-    p->tail = block;
-    p->n_free++;
+    link_free(p, block);
+}
+
+void kv_pool_protect(dp_kv_pool *p, int32_t block)
+{
+    if (p->protect[block] == UINT16_MAX)
+        return;
+    p->protect[block]++;
+    if (p->refcnt[block] == 0 && !p->in_warm[block]) {
+        unlink_free(p, block);
+        link_free(p, block);
+    }
+}
+
+void kv_pool_unprotect(dp_kv_pool *p, int32_t block, uint32_t gen)
+{
+    if (p->gen[block] != gen || p->protect[block] == 0)
+        return;
+    if (--p->protect[block] == 0 && p->refcnt[block] == 0) {
+        unlink_free(p, block);
+        link_free(p, block);
+    }
 }
 
 void kv_table_init(dp_block_table *t) { memset(t, 0, sizeof *t); }

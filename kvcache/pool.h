@@ -1,7 +1,10 @@
 /* pool.h: a KV block pool's bookkeeping (the memory itself is a backend KV
  * store): free blocks in LRU order, reference counts, and per-sequence block
  * tables. Freed blocks go to the tail so that recently used ones stay intact
- * longest (a later prefix cache can revive them). */
+ * longest (a later prefix cache can revive them). A free block that someone
+ * expects to take back soon (the prompt of a conversation still decoding its
+ * reply) can be protected: it waits in a second list that is reused only when
+ * the first is empty. */
 #ifndef DP_KVCACHE_POOL_H
 #define DP_KVCACHE_POOL_H
 
@@ -17,6 +20,11 @@ typedef struct dp_kv_pool {
     int32_t *next;
     int32_t head;       /* least recently freed (allocated first) */
     int32_t tail;
+    int32_t whead;      /* the protected free list: used when the other is empty */
+    int32_t wtail;
+    uint16_t *protect;  /* [n_blocks] protections held */
+    uint8_t *in_warm;   /* [n_blocks] free and in the protected list */
+    uint32_t *gen;      /* [n_blocks] bumped at every allocation */
     /* Called when a free block is taken for new contents (the prefix cache
      * forgets, or spills, what the block held). */
     void (*on_reuse)(void *ud, int32_t block);
@@ -32,6 +40,15 @@ void kv_pool_ref(dp_kv_pool *p, int32_t block);
 /* Drops one reference; at zero the block returns to the free list's tail. */
 void kv_pool_unref(dp_kv_pool *p, int32_t block);
 static inline int32_t kv_pool_n_free(const dp_kv_pool *p) { return p->n_free; }
+/* Protection of a block holding contents that will likely be asked for
+ * again; it lasts until the block is allocated for something else (its
+ * generation changes) or kv_pool_unprotect. Free blocks only move lists;
+ * protection never makes a block less free. */
+void kv_pool_protect(dp_kv_pool *p, int32_t block);
+/* Drops a protection taken at generation gen (no-op if the block was reused
+ * since); the block, if free, becomes the most recently freed. */
+void kv_pool_unprotect(dp_kv_pool *p, int32_t block, uint32_t gen);
+static inline uint32_t kv_pool_gen(const dp_kv_pool *p, int32_t block) { return p->gen[block]; }
 static inline int32_t kv_pool_n_used(const dp_kv_pool *p) { return p->n_blocks - p->n_free; }
 /* Blocks needed to hold n tokens. */
 static inline int32_t kv_pool_blocks_for(const dp_kv_pool *p, int64_t n_tokens)

@@ -10,7 +10,9 @@
 # sessions of TURNS turns, each resending the conversation, 64-token replies.
 #
 # Reported per server and workload: peak concurrent sequences (the server's
-# running gauge, polled every 0.2 s), output tok/s, TTFT p50/p99, preemptions.
+# running gauge, polled every 0.2 s), output tok/s streamed (every token
+# received in the time limit, requests still running included) and of
+# completed requests only, TTFT p50/p99, preemptions.
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
@@ -90,9 +92,9 @@ run_cell() { # label workload-args...
     "$PY" - "$work/$label.json" "$label" "$(cat "$work/peak")" "$pre" >> "$work/rows" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("| %s | %s | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], sys.argv[3],
-      r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"],
-      sys.argv[4], r["completed"], r["total_output_tokens"]))
+print("| %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], sys.argv[3],
+      r["streamed_output_throughput"], r["output_throughput"], r["median_ttft_ms"],
+      r["p99_ttft_ms"], sys.argv[4], r["completed"], r["total_output_tokens"]))
 PY
 }
 serve_and_run() { # name command...
@@ -116,8 +118,8 @@ serve_and_run "llama-server" "$LLAMA_BIN/llama-server" -m "$MODEL" --host 127.0.
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, 64-token replies. Time limit ${CELL_S} s per run."
     echo
-    echo "| server / workload | peak concurrent seqs | output tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens |"
-    echo "|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) |"
+    echo "|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

@@ -74,12 +74,15 @@ int lg_report_compute(const lg_run_result *rr, const lg_slo *slo, lg_report *rep
             rep->good++;
     }
     rep->incomplete = rr->incomplete;
+    rep->incomplete_chunks = rr->incomplete_chunks;
     rep->duration = rr->duration;
     rep->max_concurrency = rr->concurrency_seen;
     if (rep->duration > 0) {
         rep->request_throughput = (double)rep->completed / rep->duration;
         rep->input_throughput = (double)rep->total_input_tokens / rep->duration;
         rep->output_throughput = (double)rep->total_output_tokens / rep->duration;
+        rep->streamed_output_throughput =
+            (double)(rep->total_output_tokens + (int64_t)rep->incomplete_chunks) / rep->duration;
         rep->total_token_throughput = rep->input_throughput + rep->output_throughput;
         rep->goodput = (double)rep->good / rep->duration;
     }
@@ -178,6 +181,8 @@ void lg_report_print(FILE *f, const lg_report *rep, const lg_report_meta *m,
         line_f(f, "Request goodput (req/s):", rep->goodput);
     line_f(f, "Input token throughput (tok/s):", rep->input_throughput);
     line_f(f, "Output token throughput (tok/s):", rep->output_throughput);
+    if (rep->incomplete)
+        line_f(f, "Streamed output incl. incomplete (tok/s):", rep->streamed_output_throughput);
     line_f(f, "Total token throughput (tok/s):", rep->total_token_throughput);
     print_summary(f, "TTFT", "ms", &rep->ttft);
     print_summary(f, "TPOT", "ms", &rep->tpot);
@@ -319,6 +324,8 @@ int lg_report_write_json(const char *path, const lg_report *rep, const lg_report
     ok &= !!cJSON_AddNumberToObject(root, "good_requests", (double)rep->good);
     ok &= !!cJSON_AddNumberToObject(root, "input_throughput", rep->input_throughput);
     ok &= !!cJSON_AddNumberToObject(root, "output_throughput", rep->output_throughput);
+    ok &= !!cJSON_AddNumberToObject(root, "streamed_output_throughput",
+                                    rep->streamed_output_throughput);
     ok &= !!cJSON_AddNumberToObject(root, "total_token_throughput", rep->total_token_throughput);
     ok &= add_summary(root, "ttft", &rep->ttft);
     ok &= add_summary(root, "tpot", &rep->tpot);

@@ -20,6 +20,11 @@ typedef struct lg_report {
     size_t completed, failed, incomplete, warmup_requests;
     double duration;
     double request_throughput, input_throughput, output_throughput, total_token_throughput;
+    /* Output tokens received per second, those of requests stopped at the time
+     * limit included (streamed chunks, about one token each): what the server
+     * produced, where output_throughput counts completed requests only. */
+    double streamed_output_throughput;
+    size_t incomplete_chunks;
     long long total_input_tokens, total_output_tokens;
     size_t with_usage, without_usage;  /* successful measured requests */
     /* Every request incl. warm-up and failed ones, as the server saw them. */

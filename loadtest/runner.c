@@ -867,8 +867,10 @@ static void finish_run(struct runner *r)
         print_progress(r, true); /* before the abort, so it shows what was in flight */
     while (r->active) {
         struct req *q = r->active;
-        if (!q->warmup)
+        if (!q->warmup) {
             r->out->incomplete++;
+            r->out->incomplete_chunks += (size_t)q->chunks;
+        }
         if (q->conn)
             conn_release(q->conn, false);
         active_remove(r, q);

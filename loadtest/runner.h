@@ -55,6 +55,7 @@ typedef struct lg_run_result {
     double duration;         /* measured phase, seconds */
     double wall_start;       /* epoch seconds when the run began */
     size_t incomplete;       /* measured requests still in flight at the time limit */
+    size_t incomplete_chunks; /* streamed text chunks (about one token each) they had received */
     bool time_limited, interrupted;
     int concurrency_seen;    /* max in flight */
     size_t retries;          /* requests resent after a kept-alive connection closed unused */

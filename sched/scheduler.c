@@ -135,6 +135,8 @@ void sched_remove(dp_sched *s, dp_seq *seq)
         unlink_seq(&s->run_head, &s->run_tail, seq);
         s->n_running--;
     }
+    if (seq->state == DP_SEQ_RUNNING) /* the next turn takes its reply back */
+        kv_mgr_keep_reply(s->kv, &seq->kv, seq->tokens, seq->n_computed);
     kv_mgr_free(s->kv, &seq->kv);
     seq->state = DP_SEQ_FINISHED;
 }
@@ -155,11 +157,20 @@ void sched_preempt(dp_sched *s, dp_seq *q)
 }
 
 /* Newest running sequence not already in this step's plan whose blocks help:
- * on the given path, or on either when both share one arena. */
+ * on the given path; when both paths share one arena, the newest decode-path
+ * one first (its compact cache is swapped out and comes back as it was,
+ * while a prompt's blocks would be recomputed), else the newest prompt. */
 static dp_seq *pick_victim(dp_sched *s, dp_path path)
 {
+    if (s->kv->shared)
+        path = DP_PATH_DECODE;
     for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled && (q->kv.path == path || s->kv->shared))
+        if (!q->scheduled && q->kv.path == path)
+            return q;
+    if (!s->kv->shared)
+        return NULL;
+    for (dp_seq *q = s->run_tail; q; q = q->prev)
+        if (!q->scheduled)
             return q;
     return NULL;
 }

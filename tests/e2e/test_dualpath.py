@@ -323,7 +323,9 @@ def _rebuild_tokens(m):
 def test_multi_turn_chat_rebuilds(server):
     messages, answers = [], []
     prev_prompt = 0
-    rebuilds0 = metrics(server)["dualpath_rebuilds_total"]
+    m_start = metrics(server)
+    rebuilds0 = m_start["dualpath_rebuilds_total"]
+    kept0 = m_start["dualpath_reply_blocks_kept_total"]
     for turn, q in enumerate(QUESTIONS, 1):
         messages.append({"role": "user", "content": q})
         m0 = metrics(server)
@@ -342,18 +344,24 @@ def test_multi_turn_chat_rebuilds(server):
                           - m0["dualpath_engine_prefill_tokens_total"])
             assert recomputed < usage["prompt_tokens"], (turn, recomputed, usage)
         prev_prompt = usage["prompt_tokens"]
-    assert metrics(server)["dualpath_rebuilds_total"] - rebuilds0 >= 4
+    end = metrics(server)
+    assert end["dualpath_rebuilds_total"] - rebuilds0 >= 4
+    # Each reply's K/V went back to the prefix cache for the next turn.
+    assert end["dualpath_reply_blocks_kept_total"] - kept0 >= len(QUESTIONS) - 1
 
-    # The same conversation on a fresh daemon without the prefix cache: every
-    # turn is prefilled whole, and the greedy answers are the same.
-    d = Daemon(["--no-prefix-cache"], log_name="dualpathd-noprefix")
-    try:
-        fresh = []
-        for turn in range(len(QUESTIONS)):
-            msgs = messages[:2 * turn + 1]
-            text, _ = _chat(d.url, msgs)
-            fresh.append(text)
-        assert metrics(d.url)["dualpath_rebuilds_total"] == 0
-    finally:
-        assert d.stop() == 0
-    assert fresh == answers
+    # Exact rebuilds: with reuse_replies off every reply is recomputed over
+    # the whole prefix, and the greedy answers are those of a daemon without
+    # the prefix cache, which prefills every turn whole.
+    def converse(extra, name):
+        d = Daemon(extra, log_name=name)
+        try:
+            out = [_chat(d.url, messages[:2 * turn + 1])[0] for turn in range(len(QUESTIONS))]
+            return out, metrics(d.url)
+        finally:
+            assert d.stop() == 0
+    exact, m_exact = converse(["--no-reuse-replies"], "dualpathd-noreuse")
+    fresh, m_fresh = converse(["--no-prefix-cache"], "dualpathd-noprefix")
+    assert m_fresh["dualpath_rebuilds_total"] == 0
+    assert m_exact["dualpath_rebuilds_total"] >= 4
+    assert m_exact["dualpath_reply_blocks_kept_total"] == 0
+    assert exact == fresh

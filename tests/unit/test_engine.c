@@ -840,6 +840,7 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         o.compress.sinks = 2;
         o.compress.window = 8;
         o.prefix_cache = mode == 0;
+        o.reuse_replies = false; /* exact: every reply recomputed over the whole prefix */
         o.host_tier_bytes = mode == 0 ? (int64_t)64 << 20 : 0;
         /* The prefill pool holds the longest turn, barely, so that the
          * distractor below must take the conversation's blocks. */
@@ -900,6 +901,61 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
            (long long)st[1].prompt_tokens);
 }
 
+/* A reply's K/V serve the next turn: a conversation of 5 turns computes
+ * fewer prompt tokens with reuse_replies than without, and at keep_ratio 1.0
+ * (the compact cache is the whole cache) the turns are identical either way,
+ * so the reused blocks hold exactly the reply's K/V at the right positions. */
+static void test_reply_reuse(world *w)
+{
+    static result res[2][5];
+    dp_engine_stats st[2];
+    for (int mode = 0; mode < 2; mode++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.compress.keep_ratio = 1.0f;
+        o.compress.sinks = 2;
+        o.compress.window = 16;
+        o.reuse_replies = mode == 0;
+        next_opts = o;
+        next_opts_set = true;
+        dp_engine *e = start(w, 256, 8);
+        next_opts_set = false;
+        static int32_t conv[2048];
+        int32_t n_conv = 0;
+        uint64_t x = 7;
+        char err[DP_ERRLEN];
+        for (int turn = 0; turn < 5; turn++) {
+            for (int32_t i = 0; i < (turn == 0 ? 40 : 16); i++) {
+                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+                conv[n_conv++] = (int32_t)((x >> 33) % (uint64_t)w->vocab);
+            }
+            req_spec sp = {.n_prompt = n_conv, .max_tokens = 24, .ignore_eos = true};
+            memcpy(sp.prompt, conv, (size_t)n_conv * sizeof(int32_t));
+            memset(&res[mode][turn], 0, sizeof res[mode][turn]);
+            dp_request *r = make_req(&sp, &res[mode][turn]);
+            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+            request_unref(r);
+            collect(e, 1);
+            for (int32_t i = 0; i < res[mode][turn].n; i++)
+                conv[n_conv++] = res[mode][turn].toks[i];
+        }
+        check_idle(e);
+        engine_get_stats(e, &st[mode]);
+        engine_destroy(e);
+    }
+    for (int turn = 0; turn < 5; turn++)
+        CHECK_MSG(res[0][turn].n == res[1][turn].n &&
+                      memcmp(res[0][turn].toks, res[1][turn].toks, (size_t)res[1][turn].n * 4) == 0,
+                  "turn %d differs with the reply reused", turn);
+    CHECK(st[0].reply_blocks_kept >= 4);
+    CHECK_EQ_INT(st[1].reply_blocks_kept, 0);
+    CHECK(st[0].prompt_tokens + 4 * 16 <= st[1].prompt_tokens);
+    printf("reply reuse: 5 turns identical at keep 1.0; %lld reply blocks kept; prompt tokens "
+           "computed %lld vs %lld without\n",
+           (long long)st[0].reply_blocks_kept, (long long)st[0].prompt_tokens,
+           (long long)st[1].prompt_tokens);
+}
+
 int main(void)
 {
     world w;
@@ -943,6 +999,7 @@ int main(void)
     test_snapkv_every_time(&w);
     test_shared_prompt(&w);
     test_multiturn_rebuild(&w, 64);
+    test_reply_reuse(&w);
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -80,5 +80,41 @@ int main(void)
         kv_table_destroy(&ts[s], &p);
     CHECK_EQ_INT(kv_pool_n_free(&p), 8);
     kv_pool_destroy(&p);
+
+    {
+        /* Protection: a protected free block is reused only when no other is
+         * free; a reuse voids it; unprotecting makes it the most recently freed. */
+        CHECK(kv_pool_init(&p, 4, 16) == 0);
+        int32_t w[4], y;
+        for (int i = 0; i < 4; i++)
+            CHECK(kv_pool_alloc(&p, &w[i]) == 0);
+        uint32_t g0 = kv_pool_gen(&p, w[0]);
+        kv_pool_protect(&p, w[0]);
+        for (int i = 0; i < 4; i++)
+            kv_pool_unref(&p, w[i]); /* b0 freed first: without protection, reused first */
+        CHECK_EQ_INT(kv_pool_n_free(&p), 4);
+        for (int i = 1; i < 4; i++) {
+            CHECK(kv_pool_alloc(&p, &y) == 0);
+            CHECK(y != w[0]);
+        }
+        CHECK(kv_pool_alloc(&p, &y) == 0); /* only the protected one is left */
+        CHECK_EQ_INT(y, w[0]);
+        CHECK(kv_pool_gen(&p, w[0]) != g0);
+        kv_pool_protect(&p, w[0]);   /* a new protection of the new contents */
+        kv_pool_unprotect(&p, w[0], g0); /* the old one is void: no effect */
+        CHECK_EQ_INT(p.protect[w[0]], 1);
+        kv_pool_unprotect(&p, w[0], kv_pool_gen(&p, w[0]));
+        CHECK_EQ_INT(p.protect[w[0]], 0);
+        for (int i = 0; i < 4; i++)
+            kv_pool_unref(&p, i);
+        CHECK_EQ_INT(kv_pool_n_free(&p), 4);
+        /* Unprotecting a free block moves it to the tail: reused last. */
+        kv_pool_protect(&p, p.head);
+        int32_t first = p.whead;
+        kv_pool_unprotect(&p, first, kv_pool_gen(&p, first));
+        CHECK_EQ_INT(p.tail, first);
+        CHECK_EQ_INT(p.whead, -1);
+        kv_pool_destroy(&p);
+    }
     T_DONE("pool");
 }

@@ -1,0 +1,141 @@
+/* test_manager.c: the KV manager's accounting without a backend: the one
+ * need formula, admission and growth in one arena shared by both paths
+ * (the decode promises of others are never taken), the fallback of a
+ * sequence too long to migrate to running whole, and split pools. */
+#include <string.h>
+
+#include "common/dp.h"
+#include "kvcache/manager.h"
+#include "t.h"
+
+enum { BT = 16 };
+
+static const dp_compress_opts CO = {DP_SCORER_SNAPKV, 0.5f, 4, 4, 0};
+
+static void mgr(dp_kv_mgr *m, bool dual, int32_t n_blocks, int32_t n_dblocks)
+{
+    dp_kv_mgr_opts o = {.prefill = {.block_tokens = BT, .n_blocks = n_blocks},
+                        .decode = {.block_tokens = BT, .n_blocks = n_dblocks},
+                        .dual = dual, .prefill_fraction = 0.25};
+    char err[128];
+    CHECK_MSG(kv_mgr_init(m, NULL, &o, err, sizeof err) == 0, "%s", err);
+}
+
+static void test_need(void)
+{
+    dp_kv_mgr m;
+    mgr(&m, true, 64, 0);
+    CHECK(m.shared);
+    dp_kv_seq whole, dual;
+    kv_seq_init(&whole, false, &CO);
+    kv_seq_init(&dual, true, &CO);
+    dp_kv_need n = kv_mgr_need(&m, &whole, 100, 30); /* 130 tokens whole */
+    CHECK_EQ_INT(n.prefill, 9);
+    CHECK_EQ_INT(n.decode, 0);
+    n = kv_mgr_need(&m, &dual, 100, 30); /* the prompt, then 50 kept + 30 */
+    CHECK_EQ_INT(n.prefill, 7);
+    CHECK_EQ_INT(n.decode, 5);
+    n = kv_mgr_need(&m, &dual, 6, 0); /* below the floor sinks + window: all kept */
+    CHECK_EQ_INT(n.decode, 1);
+    kv_seq_destroy(&whole);
+    kv_seq_destroy(&dual);
+    kv_mgr_destroy(&m);
+}
+
+static void test_shared_arena(void)
+{
+    dp_kv_mgr m;
+    mgr(&m, true, 20, 0);
+    int32_t toks[200];
+    for (int i = 0; i < 200; i++)
+        toks[i] = i;
+    dp_kv_seq a, b, c;
+    kv_seq_init(&a, true, &CO);
+    kv_seq_init(&b, false, &CO);
+    kv_seq_init(&c, true, &CO);
+    int32_t reused = -1;
+    /* a: 7 prompt blocks, and a promise of 5 (50 kept + one block). */
+    CHECK(kv_mgr_admit(&m, &a, toks, 100, 1, false, &reused) == 0);
+    CHECK_EQ_INT(reused, 0);
+    CHECK_EQ_INT(a.table.n_blocks, 7);
+    CHECK_EQ_INT(m.decode_reserved, 5);
+    /* b (whole): 101 slots in 7 blocks of the 8 not promised. */
+    CHECK(kv_mgr_admit(&m, &b, toks, 100, 1, true, &reused) == 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), 6);
+    /* c needs 7 + 5 (+ the watermark): refused, nothing taken. */
+    CHECK(kv_mgr_admit(&m, &c, toks, 100, 1, true, &reused) == DP_ENOSPC);
+    CHECK_EQ_INT(c.table.n_blocks, 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), 6);
+    /* b grows into the one block nobody was promised, then stops. */
+    kv_mgr_commit(&m, &b, toks, 100);
+    CHECK(kv_mgr_grow(&m, &b, 13) == 0); /* 113 slots: an 8th block */
+    kv_mgr_commit(&m, &b, toks, 13);
+    CHECK(kv_mgr_grow(&m, &b, 16) == DP_ENOSPC); /* a 9th would take a's promise */
+    /* Freed, everything comes back. */
+    kv_mgr_free(&m, &a);
+    kv_mgr_free(&m, &b);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), 20);
+    /* A preempted prefill-path sequence has nothing to swap: it is freed. */
+    CHECK(kv_mgr_admit(&m, &c, toks, 100, 1, false, &reused) == 0);
+    CHECK(kv_mgr_swap_out(&m, &c) == DP_ENOSPC);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), 20);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&b);
+    kv_seq_destroy(&c);
+    kv_mgr_destroy(&m);
+}
+
+/* A prompt whose whole cache and compressed copy cannot both fit runs whole:
+ * dualpath never caps the context below what dualpath off serves. */
+static void test_too_long_to_migrate(void)
+{
+    dp_kv_mgr m;
+    mgr(&m, true, 10, 0);
+    int32_t toks[160] = {0};
+    dp_kv_seq s;
+    kv_seq_init(&s, true, &CO);
+    CHECK(!kv_mgr_fits(&m, kv_mgr_need(&m, &s, 150, 1)));
+    CHECK(kv_mgr_can_fit(&m, &s, 150, 1));
+    CHECK(!kv_mgr_can_fit(&m, &s, 160, 1));
+    int32_t reused;
+    CHECK(kv_mgr_admit(&m, &s, toks, 150, 1, false, &reused) == 0);
+    CHECK(!s.dual);
+    CHECK_EQ_INT(s.table.n_blocks, 10);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    kv_mgr_free(&m, &s);
+    kv_seq_destroy(&s);
+    kv_mgr_destroy(&m);
+}
+
+/* Split pools (the decode pool's size given): each path counts its own. */
+static void test_split(void)
+{
+    dp_kv_mgr m;
+    mgr(&m, true, 8, 6);
+    CHECK(!m.shared);
+    CHECK(m.dpool != &m.pool);
+    dp_kv_seq s;
+    kv_seq_init(&s, true, &CO);
+    CHECK(kv_mgr_fits(&m, kv_mgr_need(&m, &s, 100, 30)));  /* 7 + 5 */
+    CHECK(!kv_mgr_fits(&m, kv_mgr_need(&m, &s, 100, 60))); /* 7 + 7 > 6 */
+    int32_t toks[100] = {0}, reused;
+    CHECK(kv_mgr_admit(&m, &s, toks, 100, 1, false, &reused) == 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), 1);
+    CHECK_EQ_INT(kv_pool_n_free(m.dpool), 6); /* promised, not taken */
+    CHECK_EQ_INT(m.decode_reserved, 5);
+    kv_mgr_free(&m, &s);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    kv_seq_destroy(&s);
+    kv_mgr_destroy(&m);
+}
+
+int main(void)
+{
+    test_need();
+    test_shared_arena();
+    test_too_long_to_migrate();
+    test_split();
+    T_DONE("manager");
+}

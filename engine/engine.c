@@ -216,6 +216,8 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
     }
     if (!es->started)
         atomic_fetch_sub(&e->queued, 1);
+    if (why == DP_FINISH_ERROR) /* a failed step may have left slots unwritten */
+        kv_seq_forget_reply(&es->seq->kv);
     sched_remove(&e->sched, es->seq);
     /* Unlink from the live list. */
     for (eng_seq **pp = &e->live; *pp; pp = &(*pp)->next)
@@ -733,7 +735,9 @@ static void run_step(dp_engine *e)
         bool alive = emit_token(e, es, o++);
         /* The prompt is done: the sequence switches to the decode path (or,
          * having switched early, compacts its uncompressed tail). */
-        if (alive && !it->decode_phase && it->path == DP_PATH_PREFILL && es->seq->kv.dual)
+        /* (A recompute whose prompt came back from the prefix cache whole
+         * has only a generated token left: it migrates at that step.) */
+        if (alive && it->path == DP_PATH_PREFILL && es->seq->kv.dual)
             migrate[n_migrate++] = es;
         if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early) {
             tail_done[n_tail++] = es;

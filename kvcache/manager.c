@@ -218,9 +218,12 @@ bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, i
 {
     if (kv_mgr_fits(m, kv_mgr_need(m, kv, n_cached, n_more)))
         return true;
+    /* Whole only in one arena: there a compressed sequence never needs more
+     * than it would whole. With split pools a request admitted compressed
+     * might outgrow the decode pool, so it must fit compressed. */
     dp_kv_seq whole = *kv;
     whole.dual = false;
-    return kv->dual && kv_mgr_fits(m, kv_mgr_need(m, &whole, n_cached, n_more));
+    return m->shared && kv->dual && kv_mgr_fits(m, kv_mgr_need(m, &whole, n_cached, n_more));
 }
 
 int32_t kv_mgr_watermark(const dp_kv_mgr *m)
@@ -320,7 +323,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
-    if (m->dual && kv->dual &&
+    if (m->shared && kv->dual &&
         !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, m->dpool->block_tokens))) {
         /* Its prompt and its compressed copy never fit at once: it runs
          * whole, as with dualpath off (kv_mgr_can_fit). */
@@ -531,7 +534,11 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     if (off != 0 && first * bt < whole_from)
         return;
     int32_t nb = n_computed / bt - first;
-    int32_t avail = kv_pool_n_free(&m->pool) - (m->shared ? m->decode_reserved : 0);
+    /* Only blocks nobody protects or was promised: evicting a protected
+     * prompt (this one's included) for a best-effort copy loses more. */
+    int32_t avail = kv_pool_n_free(&m->pool) - m->pool.n_warm;
+    if (m->shared && kv_pool_n_free(&m->pool) - m->decode_reserved < avail)
+        avail = kv_pool_n_free(&m->pool) - m->decode_reserved;
     if (nb > avail)
         nb = avail;
     if (nb <= 0)

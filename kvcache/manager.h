@@ -180,6 +180,9 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy);
  * tokens[0..n_computed): the sequence's tokens. Best effort: without free
  * blocks, or after a recompression, nothing is kept. Call before kv_mgr_free. */
 void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed);
+/* The sequence's cache is not to be trusted (a failed step): nothing of it
+ * is kept for a next turn. */
+static inline void kv_seq_forget_reply(dp_kv_seq *kv) { kv->mig_pos = 0; }
 /* Frees everything the sequence holds or was promised (finished, cancelled). */
 void kv_mgr_free(dp_kv_mgr *m, dp_kv_seq *kv);
 

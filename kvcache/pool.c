@@ -60,6 +60,7 @@ static void unlink_free(dp_kv_pool *p, int32_t b)
     else
         *tail = pr;
     p->prev[b] = p->next[b] = -1;
+    p->n_warm -= p->in_warm[b];
     p->in_warm[b] = 0;
     p->n_free--;
 }
@@ -78,6 +79,7 @@ static void link_free(dp_kv_pool *p, int32_t b)
         *head = b;
     *tail = b;
     p->in_warm[b] = warm;
+    p->n_warm += warm;
     p->n_free++;
 }
 
@@ -113,7 +115,7 @@ void kv_pool_unref(dp_kv_pool *p, int32_t block)
 void kv_pool_protect(dp_kv_pool *p, int32_t block)
 {
     if (p->protect[block] == UINT16_MAX)
-        return;
+        return; /* saturated: stays protected until the block is reused */
     p->protect[block]++;
     if (p->refcnt[block] == 0 && !p->in_warm[block]) {
         unlink_free(p, block);
@@ -123,7 +125,7 @@ void kv_pool_protect(dp_kv_pool *p, int32_t block)
 
 void kv_pool_unprotect(dp_kv_pool *p, int32_t block, uint32_t gen)
 {
-    if (p->gen[block] != gen || p->protect[block] == 0)
+    if (p->gen[block] != gen || p->protect[block] == 0 || p->protect[block] == UINT16_MAX)
         return;
     if (--p->protect[block] == 0 && p->refcnt[block] == 0) {
         unlink_free(p, block);

@@ -25,6 +25,7 @@ typedef struct dp_kv_pool {
     uint16_t *protect;  /* [n_blocks] protections held */
     uint8_t *in_warm;   /* [n_blocks] free and in the protected list */
     uint32_t *gen;      /* [n_blocks] bumped at every allocation */
+    int32_t n_warm;     /* free blocks in the protected list (counted in n_free too) */
     /* Called when a free block is taken for new contents (the prefix cache
      * forgets, or spills, what the block held). */
     void (*on_reuse)(void *ud, int32_t block);

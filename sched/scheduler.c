@@ -156,23 +156,27 @@ void sched_preempt(dp_sched *s, dp_seq *q)
     s->n_preemptions++;
 }
 
-/* Newest running sequence not already in this step's plan whose blocks help:
- * on the given path; when both paths share one arena, the newest decode-path
- * one first (its compact cache is swapped out and comes back as it was,
- * while a prompt's blocks would be recomputed), else the newest prompt. */
-static dp_seq *pick_victim(dp_sched *s, dp_path path)
+/* The sequence that yields blocks to q: the newest running one not already
+ * in this step's plan, on q's path; when both paths share one arena, the
+ * newest decode-path one newer than q first (its compact cache is swapped
+ * out and comes back as it was, while a prompt's blocks would be
+ * recomputed), else the newest prompt newer than q. q itself when nothing
+ * newer can yield. */
+static dp_seq *pick_victim(dp_sched *s, dp_seq *q)
 {
-    if (s->kv->shared)
-        path = DP_PATH_DECODE;
-    for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled && q->kv.path == path)
-            return q;
-    if (!s->kv->shared)
+    if (!s->kv->shared) {
+        for (dp_seq *x = s->run_tail; x; x = x->prev)
+            if (!x->scheduled && x->kv.path == q->kv.path)
+                return x;
         return NULL;
-    for (dp_seq *q = s->run_tail; q; q = q->prev)
-        if (!q->scheduled)
-            return q;
-    return NULL;
+    }
+    for (dp_seq *x = s->run_tail; x && x != q; x = x->prev)
+        if (!x->scheduled && x->kv.path == DP_PATH_DECODE)
+            return x;
+    for (dp_seq *x = s->run_tail; x && x != q; x = x->prev)
+        if (!x->scheduled)
+            return x;
+    return q;
 }
 
 static void add_item(dp_sched *s, dp_sched_plan *p, dp_seq *q, int32_t n)
@@ -272,7 +276,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
             continue;
         bool self_preempted = false;
         while (kv_mgr_grow(s->kv, &q->kv, 1) == DP_ENOSPC) {
-            dp_seq *v = pick_victim(s, q->kv.path);
+            dp_seq *v = pick_victim(s, q);
             if (!v || v == q) {
                 /* Nothing newer to evict: this sequence yields its own blocks. */
                 next = q->next;

@@ -110,10 +110,12 @@ int main(void)
         CHECK_EQ_INT(kv_pool_n_free(&p), 4);
         /* Unprotecting a free block moves it to the tail: reused last. */
         kv_pool_protect(&p, p.head);
+        CHECK_EQ_INT(p.n_warm, 1);
         int32_t first = p.whead;
         kv_pool_unprotect(&p, first, kv_pool_gen(&p, first));
         CHECK_EQ_INT(p.tail, first);
         CHECK_EQ_INT(p.whead, -1);
+        CHECK_EQ_INT(p.n_warm, 0);
         kv_pool_destroy(&p);
     }
     T_DONE("pool");

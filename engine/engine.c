@@ -91,6 +91,7 @@ struct dp_engine {
     int32_t in_n, in_cap;
     bool wake;             /* a cancellation or a stop asks for attention */
     dp_event *out_head, *out_tail;
+    bool pushed;           /* engine thread: events pushed since the last notification */
     atomic_int queued;     /* submitted, not yet admitted or finished */
     atomic_bool stopping;
     atomic_bool debug_stall;   /* TEST HOOK: engine_debug_stall() */
@@ -157,6 +158,7 @@ static void push_event(dp_engine *e, dp_event *ev)
         e->out_head = ev;
     e->out_tail = ev;
     pthread_mutex_unlock(&e->mu);
+    e->pushed = true;
 }
 
 dp_event *engine_take_events(dp_engine *e)
@@ -895,8 +897,12 @@ static void *engine_main(void *arg)
         if (!sched_idle(&e->sched))
             run_step(e);
         update_gauges(e);
-        if (e->out_head && e->notify)
+        /* After every iteration that produced events, even when the consumer
+         * already took them (it may have, between a push and this point): the
+         * notification then tells it that the gauges include them. */
+        if (e->pushed && e->notify)
             e->notify(e->notify_ud);
+        e->pushed = false;
     }
     update_gauges(e);
     if (e->notify)

@@ -353,7 +353,10 @@ static void test_cancel(world *w)
         r = make_req(&sp, &res);
         CHECK(engine_submit(e, r, err, sizeof err) == 0);
         collect_tokens(e, &res, 5);
-        CHECK(!res.done);
+        if (res.done) { /* finished before it was caught: try again */
+            request_unref(r);
+            continue;
+        }
         /* Read after the cancellation is posted: at most the step already
          * under way when it arrived runs before it is handled. */
         engine_cancel(e, r);

@@ -23,9 +23,7 @@ void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
 void kv_seq_destroy(dp_kv_seq *kv)
 {
     free(kv->warm);
-    free(kv->warm_gen);
     kv->warm = NULL;
-    kv->warm_gen = NULL;
     free(kv->table.blocks);
     kv_table_init(&kv->table);
 }
@@ -188,7 +186,6 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         kv_pool_destroy(&m->dpool_own);
     if (m->mig.be)
         kv_migrator_destroy(&m->mig);
-    free(m->reply_keep);
     memset(m, 0, sizeof *m);
 }
 
@@ -268,17 +265,14 @@ static void protect_prompt(dp_kv_mgr *m, dp_kv_seq *kv)
     int32_t n = kv->hashed_blocks < kv->table.n_blocks ? kv->hashed_blocks : kv->table.n_blocks;
     if (n <= 0 || kv->n_warm > 0)
         return;
-    int32_t *b = realloc(kv->warm, (size_t)n * sizeof *b);
-    if (b)
-        kv->warm = b;
-    uint32_t *g = b ? realloc(kv->warm_gen, (size_t)n * sizeof *g) : NULL;
-    if (!g)
+    struct dp_kv_warm *w = realloc(kv->warm, (size_t)n * sizeof *w);
+    if (!w)
         return;
-    kv->warm_gen = g;
+    kv->warm = w;
     for (int32_t i = 0; i < n; i++) {
-        kv->warm[i] = kv->table.blocks[i];
-        kv->warm_gen[i] = kv_pool_gen(&m->pool, kv->warm[i]);
-        kv_pool_protect(&m->pool, kv->warm[i]);
+        const int32_t b = kv->table.blocks[i];
+        w[i] = (struct dp_kv_warm){b, kv_pool_gen(&m->pool, b)};
+        kv_pool_protect(&m->pool, b);
     }
     kv->n_warm = n;
 }
@@ -288,7 +282,7 @@ static void unprotect_prompt(dp_kv_mgr *m, dp_kv_seq *kv)
     /* Oldest last: the most recently freed is the prompt's first block, the
      * last to be reused among them. */
     for (int32_t i = kv->n_warm - 1; i >= 0; i--)
-        kv_pool_unprotect(&m->pool, kv->warm[i], kv->warm_gen[i]);
+        kv_pool_unprotect(&m->pool, kv->warm[i].block, kv->warm[i].gen);
     kv->n_warm = 0;
 }
 
@@ -377,6 +371,17 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
     return kv_table_reserve(&kv->table, &m->pool, slots);
 }
 
+/* Names block as the one holding the sequence's next unnamed block of
+ * tokens (tokens: the sequence's, from the start), chaining its name. */
+static void name_next_block(dp_kv_mgr *m, dp_kv_seq *kv, int32_t block, const int32_t *tokens)
+{
+    const int32_t bt = m->pool.block_tokens;
+    const int32_t *blk = tokens + (size_t)kv->hashed_blocks * bt;
+    kv->chain = prefix_chain(&m->pc, kv->chain, blk, bt);
+    prefix_register(&m->pc, block, kv->chain, blk);
+    kv->hashed_blocks++;
+}
+
 void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n)
 {
     kv->n_slots += n;
@@ -384,12 +389,8 @@ void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n
         return;
     /* Name the prefill blocks filled so far (slot == position there). */
     const int32_t bt = m->pool.block_tokens;
-    while ((kv->hashed_blocks + 1) * bt <= kv->n_slots && kv->hashed_blocks < kv->table.n_blocks) {
-        const int32_t *blk = tokens + (size_t)kv->hashed_blocks * bt;
-        kv->chain = prefix_chain(&m->pc, kv->chain, blk, bt);
-        prefix_register(&m->pc, kv->table.blocks[kv->hashed_blocks], kv->chain, blk);
-        kv->hashed_blocks++;
-    }
+    while ((kv->hashed_blocks + 1) * bt <= kv->n_slots && kv->hashed_blocks < kv->table.n_blocks)
+        name_next_block(m, kv, kv->table.blocks[kv->hashed_blocks], tokens);
 }
 
 /* ---- moves ---------------------------------------------------------------- */
@@ -545,16 +546,12 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         return;
     const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
     const size_t n = (size_t)nb * (size_t)bt;
-    if (rows * n > m->reply_keep_cap) {
-        int32_t *k = realloc(m->reply_keep, rows * n * sizeof *k);
-        if (!k)
-            return;
-        m->reply_keep = k;
-        m->reply_keep_cap = rows * n;
-    }
+    int32_t *keep = kv_migrator_keep(&m->mig, rows * n);
+    if (!keep)
+        return;
     for (size_t r = 0; r < rows; r++)
         for (size_t j = 0; j < n; j++)
-            m->reply_keep[r * n + j] = (int32_t)((size_t)first * (size_t)bt + j) + off;
+            keep[r * n + j] = (int32_t)((size_t)first * (size_t)bt + j) + off;
     dp_block_table t;
     kv_table_init(&t);
     if (kv_table_reserve(&t, &m->pool, (int64_t)n) != 0) {
@@ -562,14 +559,10 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         return;
     }
     dp_compact_seq cs = {kv->table.blocks, kv->table.n_blocks, t.blocks, t.n_blocks, (int32_t)n,
-                         m->reply_keep};
+                         keep};
     if (m->be->ops->kv_compact(m->be, m->dstore, m->store, &cs, 1) == 0) {
-        for (int32_t i = 0; i < nb; i++) {
-            const int32_t *blk = tokens + (size_t)(first + i) * bt;
-            kv->chain = prefix_chain(&m->pc, kv->chain, blk, bt);
-            prefix_register(&m->pc, t.blocks[i], kv->chain, blk);
-            kv->hashed_blocks++;
-        }
+        for (int32_t i = 0; i < nb; i++)
+            name_next_block(m, kv, t.blocks[i], tokens);
         m->reply_blocks += nb;
     }
     kv_table_destroy(&t, &m->pool); /* free and named: cached for the next turn */

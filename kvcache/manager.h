@@ -46,8 +46,10 @@ typedef struct dp_kv_seq {
     /* The named prompt blocks it left at its migration, protected from
      * eviction until it ends: the next turn of its conversation asks for
      * them (block ids and generations, kvcache/pool.h). */
-    int32_t *warm;
-    uint32_t *warm_gen;
+    struct dp_kv_warm {
+        int32_t block;
+        uint32_t gen;
+    } *warm;
     int32_t n_warm;
 } dp_kv_seq;
 
@@ -94,8 +96,6 @@ typedef struct dp_kv_mgr {
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
     int64_t reply_blocks;        /* blocks kv_mgr_keep_reply wrote back */
     bool reuse_replies;
-    int32_t *reply_keep;         /* its keep-list scratch */
-    size_t reply_keep_cap;
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is

@@ -26,16 +26,16 @@ void kv_migrator_destroy(dp_kv_migrator *m)
     memset(m, 0, sizeof *m);
 }
 
-static int ensure_keep(dp_kv_migrator *m, size_t n)
+int32_t *kv_migrator_keep(dp_kv_migrator *m, size_t n)
 {
-    if (n <= m->keep_cap)
-        return 0;
-    int32_t *k = realloc(m->keep, n * sizeof *k);
-    if (!k)
-        return DP_ENOMEM;
-    m->keep = k;
-    m->keep_cap = n;
-    return 0;
+    if (n > m->keep_cap) {
+        int32_t *k = realloc(m->keep, n * sizeof *k);
+        if (!k)
+            return NULL;
+        m->keep = k;
+        m->keep_cap = n;
+    }
+    return m->keep;
 }
 
 int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
@@ -51,7 +51,7 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
         total += per_keep * (size_t)mv[i].n_keep;
     }
     dp_compact_seq *cs = malloc((size_t)n * sizeof *cs);
-    int rc = cs ? ensure_keep(m, total) : DP_ENOMEM;
+    int rc = cs && kv_migrator_keep(m, total) ? 0 : DP_ENOMEM;
     size_t at = 0;
     for (int32_t i = 0; rc == 0 && i < n; i++) {
         dp_kv_move *v = &mv[i];

@@ -42,6 +42,10 @@ int kv_migrator_init(dp_kv_migrator *m, dp_backend *be, int32_t n_layers, int32_
                      int32_t n_heads, int32_t head_dim);
 void kv_migrator_destroy(dp_kv_migrator *m);
 
+/* The keep-list scratch, grown to n entries (NULL without memory). The
+ * manager's reply write-back builds its plan here too. */
+int32_t *kv_migrator_keep(dp_kv_migrator *m, size_t n);
+
 /* Moves n sequences from src to dst in one kv_compact call. All or nothing:
  * on an error no destination table was written to. */
 int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,

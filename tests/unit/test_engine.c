@@ -825,6 +825,39 @@ static void test_early_switch(world *w)
     printf("early switch: a repetitive 500-token prompt switched early, a random one at its end\n");
 }
 
+/* Conversations: new user text is n pseudo-random tokens (LCG state *x);
+ * a turn sends the whole conversation, waits for the reply and appends it. */
+static void conv_add_text(const world *w, int32_t *conv, int32_t *n_conv, int32_t n, uint64_t *x)
+{
+    for (int32_t i = 0; i < n; i++) {
+        *x = *x * 6364136223846793005ULL + 1442695040888963407ULL;
+        conv[(*n_conv)++] = (int32_t)((*x >> 33) % (uint64_t)w->vocab);
+    }
+}
+
+static void conv_turn(dp_engine *e, int32_t *conv, int32_t *n_conv, int32_t max_tokens,
+                      result *res)
+{
+    req_spec sp = {.n_prompt = *n_conv, .max_tokens = max_tokens, .ignore_eos = true};
+    memcpy(sp.prompt, conv, (size_t)*n_conv * sizeof(int32_t));
+    memset(res, 0, sizeof *res);
+    dp_request *r = make_req(&sp, res);
+    char err[DP_ERRLEN];
+    CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+    request_unref(r);
+    collect(e, 1);
+    for (int32_t i = 0; i < res->n; i++)
+        conv[(*n_conv)++] = res->toks[i];
+}
+
+static void check_same_turns(const result *a, const result *b, int n_turns, const char *what)
+{
+    for (int turn = 0; turn < n_turns; turn++)
+        CHECK_MSG(a[turn].n == b[turn].n &&
+                      memcmp(a[turn].toks, b[turn].toks, (size_t)b[turn].n * 4) == 0,
+                  "turn %d differs %s", turn, what);
+}
+
 /* A 5-turn conversation (each turn resends the whole conversation) with a
  * distractor request between turns that forces the prefill pool to reuse the
  * freed blocks: the earlier turns' blocks spill to the host tier and are
@@ -859,27 +892,15 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         n_conv[mode] = 0;
         for (int turn = 0; turn < 5; turn++) {
             /* New user text: plen0 tokens on the first turn, 24 after. */
-            int32_t add = turn == 0 ? plen0 : 24;
-            for (int32_t i = 0; i < add; i++) {
-                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-                conv[mode][n_conv[mode]++] = (int32_t)((x >> 33) % (uint64_t)w->vocab);
-            }
-            req_spec sp = {.n_prompt = n_conv[mode], .max_tokens = 12, .ignore_eos = true};
-            memcpy(sp.prompt, conv[mode], (size_t)n_conv[mode] * sizeof(int32_t));
-            memset(&res[mode][turn], 0, sizeof res[mode][turn]);
-            dp_request *r = make_req(&sp, &res[mode][turn]);
-            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-            request_unref(r);
-            collect(e, 1);
-            for (int32_t i = 0; i < res[mode][turn].n; i++)
-                conv[mode][n_conv[mode]++] = res[mode][turn].toks[i];
+            conv_add_text(w, conv[mode], &n_conv[mode], turn == 0 ? plen0 : 24, &x);
+            conv_turn(e, conv[mode], &n_conv[mode], 12, &res[mode][turn]);
             /* A distractor with a different prompt of the same size takes the
              * prefill pool's free blocks, evicting the conversation's. */
             req_spec d = {.n_prompt = (pool_blocks - 1) * 16, .max_tokens = 2, .ignore_eos = true};
             for (int32_t i = 0; i < d.n_prompt; i++)
                 d.prompt[i] = (int32_t)((i * 7919u + 13u * (unsigned)turn + 1u) % (unsigned)w->vocab);
             memset(&dres, 0, sizeof dres);
-            r = make_req(&d, &dres);
+            dp_request *r = make_req(&d, &dres);
             CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
             request_unref(r);
             collect(e, 1);
@@ -888,10 +909,7 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         engine_get_stats(e, &st[mode]);
         engine_destroy(e);
     }
-    for (int turn = 0; turn < 5; turn++)
-        CHECK_MSG(res[0][turn].n == res[1][turn].n &&
-                      memcmp(res[0][turn].toks, res[1][turn].toks, (size_t)res[1][turn].n * 4) == 0,
-                  "turn %d differs between rebuild and full recompute", turn);
+    check_same_turns(res[0], res[1], 5, "between rebuild and full recompute");
     CHECK(st[0].rebuilds >= 4);
     CHECK(st[0].rebuild_host_tokens > 0);
     CHECK(st[0].host_spilled_blocks > 0);
@@ -926,30 +944,15 @@ static void test_reply_reuse(world *w)
         static int32_t conv[2048];
         int32_t n_conv = 0;
         uint64_t x = 7;
-        char err[DP_ERRLEN];
         for (int turn = 0; turn < 5; turn++) {
-            for (int32_t i = 0; i < (turn == 0 ? 40 : 16); i++) {
-                x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-                conv[n_conv++] = (int32_t)((x >> 33) % (uint64_t)w->vocab);
-            }
-            req_spec sp = {.n_prompt = n_conv, .max_tokens = 24, .ignore_eos = true};
-            memcpy(sp.prompt, conv, (size_t)n_conv * sizeof(int32_t));
-            memset(&res[mode][turn], 0, sizeof res[mode][turn]);
-            dp_request *r = make_req(&sp, &res[mode][turn]);
-            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
-            request_unref(r);
-            collect(e, 1);
-            for (int32_t i = 0; i < res[mode][turn].n; i++)
-                conv[n_conv++] = res[mode][turn].toks[i];
+            conv_add_text(w, conv, &n_conv, turn == 0 ? 40 : 16, &x);
+            conv_turn(e, conv, &n_conv, 24, &res[mode][turn]);
         }
         check_idle(e);
         engine_get_stats(e, &st[mode]);
         engine_destroy(e);
     }
-    for (int turn = 0; turn < 5; turn++)
-        CHECK_MSG(res[0][turn].n == res[1][turn].n &&
-                      memcmp(res[0][turn].toks, res[1][turn].toks, (size_t)res[1][turn].n * 4) == 0,
-                  "turn %d differs with the reply reused", turn);
+    check_same_turns(res[0], res[1], 5, "with the reply reused");
     CHECK(st[0].reply_blocks_kept >= 4);
     CHECK_EQ_INT(st[1].reply_blocks_kept, 0);
     CHECK(st[0].prompt_tokens + 4 * 16 <= st[1].prompt_tokens);

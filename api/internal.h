@@ -65,6 +65,9 @@ struct dp_server {
     const dp_tokenizer *tok;
     const dp_chat_template *tmpl;
     dp_engine *engine;
+    char kernels[32];  /* the backend's kernels for build info: "avx512", "cuda" */
+    char matmul[16];   /* "int8" or "exact" (CPU), "f32" elsewhere */
+    char backend[16];  /* the backend the model runs on */
     dp_oai_ctx oai;
     dp_metrics metrics;
     struct MHD_Daemon *mhd;

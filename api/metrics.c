@@ -240,6 +240,10 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     label_value(&b, info->version);
     tb_printf(&b, "\",backend=\"");
     label_value(&b, info->backend);
+    tb_printf(&b, "\",kernels=\"");
+    label_value(&b, info->kernels ? info->kernels : "unknown");
+    tb_printf(&b, "\",matmul=\"");
+    label_value(&b, info->matmul ? info->matmul : "unknown");
     tb_printf(&b, "\",model=\"");
     label_value(&b, info->model);
     tb_printf(&b, "\"} 1\n");

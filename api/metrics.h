@@ -40,6 +40,8 @@ typedef struct dp_metrics_info {
     const char *version;
     const char *model;
     const char *backend;
+    const char *kernels; /* the CPU's instruction-set level, or the backend name */
+    const char *matmul;  /* int8 | exact (CPU); f32 elsewhere */
     int draining;
 } dp_metrics_info;
 

@@ -70,7 +70,10 @@ static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
     if (s->engine)
         engine_get_stats(s->engine, &st);
     dp_metrics_info info = {.version = DP_VERSION_STR, .model = s->model_name,
-                            .backend = s->opts.backend ? s->opts.backend : "unknown",
+                            .backend = s->backend[0] ? s->backend
+                                       : s->opts.backend ? s->opts.backend : "unknown",
+                            .kernels = s->kernels[0] ? s->kernels : "unknown",
+                            .matmul = s->matmul[0] ? s->matmul : "unknown",
                             .draining = s->draining};
     size_t len = 0;
     /* Count this response before rendering so the scrape includes itself. */

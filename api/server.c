@@ -602,6 +602,13 @@ void server_set_engine(dp_server *s, dp_engine *e)
         s->oai.context_length = engine_context_length(e);
 }
 
+void server_set_build_info(dp_server *s, const char *backend, const char *kernels, const char *matmul)
+{
+    snprintf(s->backend, sizeof s->backend, "%s", backend);
+    snprintf(s->kernels, sizeof s->kernels, "%s", kernels);
+    snprintf(s->matmul, sizeof s->matmul, "%s", matmul);
+}
+
 int server_listen(dp_server *s, char *err, size_t errsz)
 {
     int rc = http_open(s, err, errsz);

@@ -36,6 +36,9 @@ int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
 void server_engine_notify(void *ud);
 /* Attaches the engine (before server_listen). */
 void server_set_engine(dp_server *s, dp_engine *e);
+/* What the loaded model runs on, for dualpath_build_info: backend name, its
+ * kernels (the CPU's instruction-set level) and matmul precision. */
+void server_set_build_info(dp_server *s, const char *backend, const char *kernels, const char *matmul);
 /* Starts listening. */
 int server_listen(dp_server *s, char *err, size_t errsz);
 int server_port(const dp_server *s);

@@ -72,6 +72,8 @@ static const opt_desc options[] = {
      "auto|cpu|cuda|cuda:N", "compute device; auto = the first GPU, else the CPU [kernels]"},
     {"threads", DP_CONF_INT, F(threads), "0", 0, 1024, NULL, NULL, 0, GROUP_MODEL, NULL,
      "CPU backend threads; 0 = all cores [kernels]"},
+    {"exact_matmul", DP_CONF_BOOL, F(exact_matmul), "false", 0, 0, NULL, NULL, 0, GROUP_MODEL, NULL,
+     "CPU: f32 matmuls on the dequantized weights instead of int8 activations (slower) [kernels]"},
     {"cuda_graphs", DP_CONF_BOOL, F(cuda_graphs), "true", 0, 0, NULL, NULL, 0, GROUP_MODEL, NULL,
      "CUDA: record decode steps once per shape and replay them (fewer launches) [kernels]"},
     {"context_length", DP_CONF_INT, F(context_length), "0", 0, 1 << 20, NULL, NULL, 0,

@@ -36,6 +36,7 @@ typedef struct dp_config {
     char *device;           /* auto | cpu | cuda | cuda:N */
     int threads;            /* 0 = all cores */
     bool cuda_graphs;       /* record and replay decode steps (CUDA) */
+    bool exact_matmul;      /* CPU: no int8 activations in matmuls */
     int context_length;     /* 0 = the model's */
 
     /* Server (api/, daemon/) */

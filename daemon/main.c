@@ -57,6 +57,7 @@ static int serve_from_config(const dp_config *c, bool verbose)
     so.device = c->device;
     so.threads = c->threads;
     so.cuda_graphs = c->cuda_graphs;
+    so.exact_matmul = c->exact_matmul;
     so.verbose = verbose;
     so.log_level = verbose ? DP_LOG_DEBUG : c->log_level;
     so.host = host;
@@ -124,7 +125,7 @@ int main(int argc, char **argv)
             .model = cfg.model, .prompt = prompt, .device = cfg.device,
             .max_tokens = max_tokens, .temperature = (float)temperature, .top_k = top_k,
             .top_p = (float)top_p, .min_p = (float)min_p, .seed = seed, .chat = chat,
-            .threads = cfg.threads, .verbose = verbose,
+            .threads = cfg.threads, .exact_matmul = cfg.exact_matmul, .verbose = verbose,
         };
         status = oneshot_run(&o);
     } else {

@@ -57,6 +57,8 @@ int oneshot_run(const dp_oneshot_opts *o)
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
     }
+    if (be->ops->set_exact && o->exact_matmul)
+        be->ops->set_exact(be, true);
     const char *prompt = o->prompt;
     if (o->chat) {
         dp_chat_template ct;

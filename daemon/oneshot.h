@@ -18,6 +18,7 @@ typedef struct dp_oneshot_opts {
     uint64_t seed;
     bool chat;
     int threads;
+    bool exact_matmul;
     bool verbose;
 } dp_oneshot_opts;
 

@@ -255,6 +255,8 @@ static void load_main(void *arg)
     if (!c->load_rc) {
         if (c->be->ops->step_graphs)
             c->be->ops->step_graphs(c->be, o->cuda_graphs ? DP_GRAPHS_ON : DP_GRAPHS_OFF, NULL);
+        if (c->be->ops->set_exact && o->exact_matmul)
+            c->be->ops->set_exact(c->be, true);
         notify_sendf("STATUS=loading weights (%s backend)", c->be->ops->name);
         extend_start_timeout(o->model);
         char e2[DP_ERRLEN];
@@ -290,14 +292,20 @@ static void on_loaded(uv_async_t *a)
         return;
     }
     server_set_engine(c->srv, c->engine);
+    const dp_backend_ops *bo = c->be->ops;
+    const char *kern = bo->kernel_level ? bo->kernel_level(c->be) : bo->name;
+    const char *mm = bo->get_exact ? (bo->get_exact(c->be) ? "exact" : "int8") : "f32";
+    server_set_build_info(c->srv, bo->name, kern, mm);
     if (engine_start(c->engine)) {
         fprintf(stderr, "dualpathd: cannot start the engine thread\n");
         c->exit_status = 1;
         on_drained(c);
         return;
     }
-    dp_log(DP_LOG_INFO, "serve: model '%s' (%s backend, context %d) loaded in %.2f s; serving on http://%s",
-           c->name, c->be->ops->name, engine_context_length(c->engine), dp_now() - c->t0, c->where);
+    dp_log(DP_LOG_INFO,
+           "serve: model '%s' (%s backend, %s kernels, %s matmul, context %d) loaded in %.2f s; "
+           "serving on http://%s",
+           c->name, bo->name, kern, mm, engine_context_length(c->engine), dp_now() - c->t0, c->where);
     snprintf(c->status_line, sizeof c->status_line, "serving '%s' on %s", c->name, c->where);
     notify_sendf("READY=1\nSTATUS=%s", c->status_line);
     watchdog_start(c);

@@ -13,6 +13,7 @@ typedef struct dp_serve_opts {
     const char *device;
     int threads;
     bool cuda_graphs;        /* record and replay decode steps (default true) */
+    bool exact_matmul;       /* CPU: f32 matmuls (no int8 activations) */
     bool verbose;
     int log_level;           /* DP_LOG_* */
     const char *host;        /* default 127.0.0.1 */

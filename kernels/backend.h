@@ -252,6 +252,14 @@ typedef struct dp_backend_ops {
     /* Sets the recording policy (DP_GRAPHS_*; a negative value leaves it) and
      * reads the counters (st may be NULL). */
     void (*step_graphs)(dp_backend *be, int policy, dp_graph_stats *st);
+    /* The CPU backend's kernels: the instruction-set level they were chosen
+     * for ("avx512", "avx2", "baseline"), and whether matmuls quantize the
+     * activations to int8 per 32 values (the default, as llama.cpp does) or
+     * run in f32 on the exactly dequantized weights (exact = true: the
+     * reference path). */
+    const char *(*kernel_level)(dp_backend *be);
+    void (*set_exact)(dp_backend *be, bool exact);
+    bool (*get_exact)(dp_backend *be);
 } dp_backend_ops;
 
 struct dp_backend {

@@ -1,6 +1,10 @@
 /* dp_logits.c: prints the CPU (or any backend's) last-position logits of a
  * token list and the greedy continuation, as JSON, for the reference check
- * in tests/model/test_logits.py. */
+ * in tests/model/test_logits.py. --teacher FILE instead writes the logits at
+ * every position of the list (teacher forcing; raw f32, [n][vocab]) for the
+ * accuracy check of the default matmul path. --exact runs the CPU's exact
+ * f32 matmul instead of the int8-activation one. */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,12 +47,73 @@ static int parse_tokens(const char *s, int32_t **out, int32_t *n)
     return k > 0 ? 0 : -1;
 }
 
+/* The logits at every position of ids, 16 positions per step (the model's
+ * max_out), into a raw f32 file. */
+static int teacher_force(dp_llama *m, const int32_t *ids, int32_t n, const char *path, char *err,
+                         size_t errsz)
+{
+    dp_backend *be = llama_backend(m);
+    const int32_t vocab = llama_hparams(m)->vocab, bt = 16, nblk = (n + bt - 1) / bt;
+    dp_kv_layout l = llama_kv_layout(m, bt, nblk);
+    dp_kv_store *kv;
+    if (be->ops->kv_create(be, &l, &kv))
+        return dp_err(err, errsz, DP_ENOMEM, "no memory for %d tokens of KV", n);
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+    int32_t *table = malloc((size_t)nblk * sizeof *table);
+    float *logits = malloc((size_t)16 * (size_t)vocab * sizeof *logits);
+    FILE *f = fopen(path, "wb");
+    int rc = 0;
+    if (!table || !logits || !f) {
+        rc = dp_err(err, errsz, DP_EIO, "cannot write %s", path);
+        goto out;
+    }
+    for (int32_t i = 0; i < nblk; i++)
+        table[i] = i;
+    for (int32_t p0 = 0; p0 < n && !rc; p0 += 16) {
+        const int32_t c = n - p0 < 16 ? n - p0 : 16;
+        int32_t pos[16], seq[16] = {0}, outs[16];
+        uint8_t ss[1] = {0};
+        for (int32_t i = 0; i < c; i++) {
+            pos[i] = p0 + i;
+            outs[i] = i;
+        }
+        dp_batch b = {.n_tokens = c, .tokens = (int32_t *)ids + p0, .pos = pos, .seq = seq,
+                      .slot = pos, .n_seqs = 1, .seq_store = ss, .block_tables = table,
+                      .max_blocks = nblk, .n_out = c, .out_tokens = outs};
+        rc = llama_forward(m, &b, stores, logits);
+        if (rc)
+            dp_err(err, errsz, rc, "forward failed at position %d", p0);
+        else if (fwrite(logits, sizeof(float) * (size_t)vocab, (size_t)c, f) != (size_t)c)
+            rc = dp_err(err, errsz, DP_EIO, "cannot write %s", path);
+    }
+out:
+    if (f && fclose(f) && !rc)
+        rc = dp_err(err, errsz, DP_EIO, "cannot write %s", path);
+    free(table);
+    free(logits);
+    be->ops->kv_destroy(be, kv);
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     const char *model = NULL, *tokens = NULL, *device = "cpu";
+    const char *teacher = NULL;
     int steps = 32;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--model"))
+    bool exact = false;
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "--exact")) {
+            exact = true;
+            i--;
+            continue;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "dp-logits: %s needs a value\n", argv[i]);
+            return 2;
+        }
+        if (!strcmp(argv[i], "--teacher"))
+            teacher = argv[i + 1];
+        else if (!strcmp(argv[i], "--model"))
             model = argv[i + 1];
         else if (!strcmp(argv[i], "--tokens"))
             tokens = argv[i + 1];
@@ -62,7 +127,8 @@ int main(int argc, char **argv)
         }
     }
     if (!model || !tokens || steps < 0) {
-        fprintf(stderr, "usage: dp-logits --model FILE --tokens 1,2,3 [--steps N] [--device D]\n");
+        fprintf(stderr, "usage: dp-logits --model FILE --tokens 1,2,3 [--steps N] [--device D] [--exact]\n"
+                        "                 [--teacher OUT.f32]\n");
         return 2;
     }
     int32_t *ids, n;
@@ -80,6 +146,22 @@ int main(int argc, char **argv)
         gen_init(&gen, m, 16, (n + steps) / 16 + 2, err, sizeof err)) {
         fprintf(stderr, "dp-logits: %s\n", err);
         return 1;
+    }
+    if (be->ops->set_exact)
+        be->ops->set_exact(be, exact);
+    if (be->ops->kernel_level)
+        fprintf(stderr, "dp-logits: cpu kernels %s, %s matmul\n", be->ops->kernel_level(be),
+                exact ? "exact f32" : "int8-activation");
+    if (teacher) {
+        int rc = teacher_force(m, ids, n, teacher, err, sizeof err);
+        if (rc)
+            fprintf(stderr, "dp-logits: %s\n", err);
+        gen_destroy(&gen);
+        llama_destroy(m);
+        backend_destroy(be);
+        gguf_close(&g);
+        free(ids);
+        return rc ? 1 : 0;
     }
     const dp_hparams *hp = llama_hparams(m);
     float *logits = malloc((size_t)hp->vocab * sizeof *logits);

@@ -398,6 +398,7 @@ static void cpu_destroy(dp_backend *be)
     threadpool_destroy(c->tp);
     free(c->arrays);
     free(c->seq_store);
+    free(c->xq);
     free(c);
 }
 
@@ -448,6 +449,12 @@ static int cpu_logits_topk(dp_backend *be, float *logits, int32_t n, int32_t voc
     return 0;
 }
 
+static const char *cpu_kernel_level(dp_backend *be) { return cpu_of(be)->k->name; }
+
+static void cpu_set_exact(dp_backend *be, bool exact) { cpu_of(be)->exact = exact; }
+
+static bool cpu_get_exact(dp_backend *be) { return cpu_of(be)->exact; }
+
 static const dp_backend_ops cpu_ops = {
     .name = "cpu",
     .destroy = cpu_destroy,
@@ -478,6 +485,9 @@ static const dp_backend_ops cpu_ops = {
     .kv_block_read = cpu_kv_block_read,
     .kv_block_write = cpu_kv_block_write,
     .logits_topk = cpu_logits_topk,
+    .kernel_level = cpu_kernel_level,
+    .set_exact = cpu_set_exact,
+    .get_exact = cpu_get_exact,
 };
 
 int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz)
@@ -491,6 +501,8 @@ int backend_cpu_create(dp_backend **out, int n_threads, char *err, size_t errsz)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
     c->base.ops = &cpu_ops;
     c->base.n_threads = n_threads;
+    c->k = cpu_kern_get();
+    c->exact = cpu_exact_get();
     if (threadpool_init(&c->tp, n_threads)) {
         free(c);
         return dp_err(err, errsz, DP_ENOMEM, "cannot start %d CPU threads", n_threads);

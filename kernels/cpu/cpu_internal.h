@@ -16,13 +16,66 @@
  * that attention computes 16 scores per vector instruction without
  * horizontal sums; V keeps rows ([token][head_dim]) for the weighted sum.
  * Elements are f32 or f16 (kv->es bytes); kernels read them through kv_elt
- * and kv_load16, which widen f16 to f32. */
+ * (and cpu_kern.c's vector loads), which widen f16 to f32. */
 struct dp_kv_store {
     dp_kv_layout l;
     size_t es;  /* bytes per element: 4 (f32) or 2 (f16) */
     void *k;    /* [layer][block][kv_head][head_dim][token] */
     void *v;    /* [layer][block][kv_head][token][head_dim] */
 };
+
+/* One activation block quantized for the integer dot products: 32 values as
+ * d * q[i], and s = d * sum(q) (what a weight type with an offset needs). */
+typedef struct cpu_q8 {
+    float d, s;
+    int8_t q[32];
+} cpu_q8;
+
+/* The hot kernels of one instruction-set level (cpu_kern.c, compiled once per
+ * level; cpu_dispatch.c chooses). Each works on plain arrays and one task's
+ * share of the work: the callers own the threading. */
+typedef struct cpu_kern {
+    const char *name; /* "avx512", "avx2", "baseline" */
+    float (*dot)(const float *a, const float *b, int64_t n);
+    /* y[i * w->rows + r] = x_i . W_r for rows r in [r0, r0 + nt) and m
+     * activation rows x (exact: W decoded to f32). */
+    void (*mm_f32)(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y);
+    /* The same on activations quantized by quantize_q8 (k / 32 blocks per
+     * row): integer dot products. NULL at a level without them; returns
+     * false for a weight type it has no kernel for. */
+    bool (*mm_q8)(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y);
+    void (*quantize_q8)(const float *x, int64_t k, cpu_q8 *out);
+    /* Rows [r0, r0 + nt) of w as f32 into dst (for sgemm). */
+    void (*decode_rows)(const dp_weight *w, int64_t r0, int64_t nt, float *dst);
+    /* Attention of `group` query heads sharing KV head kvh over slots
+     * [0, n_slots) of a sequence's table (online softmax). sc: n_slots
+     * floats of scratch. */
+    void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                   int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
+                   float scale, float *sc);
+    /* Scaled scores of q against slots [0, n) of one head, into sc. */
+    void (*head_scores)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                        int32_t n, const float *q, float scale, float *sc);
+    /* sc[i] = exp(sc[i] - mx) for i < n; returns their sum. */
+    double (*exp_sum)(float *sc, int32_t n, float mx);
+    /* kernels/topk.h's host functions (dp_topk_row, _argmax, _weights). */
+    void (*topk_row)(const float *x, int32_t vocab, int32_t k, float inv_t, int32_t *ids,
+                     float *vals, float *max, float *sum);
+    int32_t (*topk_argmax)(const float *x, int32_t vocab);
+    int32_t (*topk_weights)(const float *x, int32_t vocab, float m, float inv_t, int32_t *ids,
+                            uint64_t *w, float *t);
+} cpu_kern;
+
+extern const cpu_kern cpu_kern_baseline;
+#ifdef DP_CPU_X86_LEVELS
+extern const cpu_kern cpu_kern_avx2, cpu_kern_avx512;
+#endif
+
+/* The level the process runs (chosen once, see cpu_dispatch.c). */
+const cpu_kern *cpu_kern_get(void);
+/* True when matmuls use the exact f32 path (DP_CPU_EXACT or
+ * backend_cpu_set_exact). */
+bool cpu_exact_get(void);
 
 typedef struct cpu_backend {
     dp_backend base;
@@ -38,6 +91,10 @@ typedef struct cpu_backend {
     size_t arrays_cap;
     uint8_t *seq_store;
     size_t seq_store_cap;
+    const cpu_kern *k;     /* the kernels of the chosen level */
+    bool exact;            /* no activation quantization */
+    cpu_q8 *xq;            /* a matmul's quantized activations */
+    size_t xq_cap;         /* blocks */
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
@@ -84,20 +141,6 @@ static inline void kv_set(const dp_kv_store *kv, void *base, size_t i, float x)
         ((float *)base)[i] = x;
 }
 
-#ifdef __AVX512F__
-/* n (<= 16) consecutive elements from i, widened to f32, zeros past n. */
-static inline __m512 kv_load16(const dp_kv_store *kv, const void *base, size_t i, int32_t n)
-{
-    if (kv->es == 4)
-        return _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), (const float *)base + i);
-    const uint16_t *p = (const uint16_t *)base + i;
-    if (n == 16)
-        return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
-    uint16_t tmp[16] = {0};
-    memcpy(tmp, p, (size_t)n * sizeof *p);
-    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)tmp));
-}
-#endif
 
 /* K of token `tok` gathered from (kv_kget) or scattered into (kv_kput) its
  * transposed block; V rows likewise. */
@@ -164,6 +207,5 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
 int cpu_kv_block_read(dp_backend *be, const dp_kv_store *kv, int32_t block, void *host);
 int cpu_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
 int cpu_scratch_reserve(cpu_backend *c, size_t wscratch_elems, size_t sscratch_elems);
-float cpu_dot(const float *a, const float *b, int64_t n);
 
 #endif

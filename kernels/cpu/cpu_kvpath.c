@@ -8,7 +8,6 @@
 
 #include "common/dp.h"
 #include "cpu_internal.h"
-#include "kernels/simd.h"
 
 typedef struct knorm_job {
     const dp_kv_store *kv;
@@ -60,37 +59,6 @@ typedef struct sattn_job {
     float *out;
 } sattn_job;
 
-/* Scores of query q against slots [0, n) of one head, into sc (scaled). With
- * AVX-512, 16 keys per vector over the transposed K block. */
-static void head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
-                        int32_t n, const float *q, float scale, float *sc)
-{
-    const dp_kv_layout *l = &kv->l;
-    const int32_t hd = l->head_dim, bt = l->block_tokens;
-    for (int32_t base = 0; base < n; base += bt) {
-        const size_t ko = kv_head_off(kv, layer, table[base / bt], kvh);
-        const int32_t nb = n - base < bt ? n - base : bt;
-#ifdef __AVX512F__
-        for (int32_t c0 = 0; c0 < nb; c0 += 16) {
-            const int32_t nl = nb - c0 < 16 ? nb - c0 : 16;
-            const __mmask16 mask = (__mmask16)((1u << nl) - 1u);
-            __m512 acc = _mm512_setzero_ps();
-            for (int32_t d = 0; d < hd; d++)
-                acc = _mm512_fmadd_ps(_mm512_set1_ps(q[d]),
-                                      kv_load16(kv, kv->k, ko + (size_t)d * bt + (size_t)c0, nl), acc);
-            _mm512_mask_storeu_ps(sc + base + c0, mask, _mm512_mul_ps(acc, _mm512_set1_ps(scale)));
-        }
-#else
-        for (int32_t t = 0; t < nb; t++) {
-            float dsum = 0.0f;
-            for (int32_t d = 0; d < hd; d++)
-                dsum += q[d] * kv_elt(kv, kv->k, ko + (size_t)d * bt + (size_t)t);
-            sc[base + t] = dsum * scale;
-        }
-#endif
-    }
-}
-
 /* One task per (layer, KV head): sums the softmax rows of every captured
  * query of every head in the group into that head's score row. */
 static void sattn_task(void *ctx, int64_t t, int thread)
@@ -107,23 +75,11 @@ static void sattn_task(void *ctx, int64_t t, int thread)
         for (int32_t g = 0; g < group; g++) {
             const float *qh = j->q + (size_t)layer * (size_t)j->q_layer_stride +
                               ((size_t)i * (size_t)j->n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
-            head_scores(j->kv, layer, kvh, j->table, n, qh, j->scale, sc);
+            j->c->k->head_scores(j->kv, layer, kvh, j->table, n, qh, j->scale, sc);
             float mx = -INFINITY;
             for (int32_t s2 = 0; s2 < n; s2++)
                 mx = sc[s2] > mx ? sc[s2] : mx;
-            int32_t s2 = 0;
-            double sum = 0;
-#ifdef __AVX512F__
-            __m512 vs = _mm512_setzero_ps();
-            for (; s2 + 16 <= n; s2 += 16) {
-                __m512 e = simd_exp_neg(_mm512_sub_ps(_mm512_loadu_ps(sc + s2), _mm512_set1_ps(mx)));
-                _mm512_storeu_ps(sc + s2, e);
-                vs = _mm512_add_ps(vs, e);
-            }
-            sum = _mm512_reduce_add_ps(vs);
-#endif
-            for (; s2 < n; s2++)
-                sum += (sc[s2] = expf(sc[s2] - mx));
+            double sum = j->c->k->exp_sum(sc, n, mx);
             float inv = (float)(1.0 / sum);
             for (int32_t s3 = 0; s3 < n; s3++)
                 o[s3] += sc[s3] * inv;

@@ -91,7 +91,8 @@ class LazyVocab:
 
 def run_c(binary, model, tokens, steps, timeout):
     """Run dp-logits; returns (result dict, None) or (None, error text)."""
-    cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)), "--steps", str(steps)]
+    cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)), "--steps", str(steps),
+           "--exact"]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -114,6 +115,74 @@ def run_c(binary, model, tokens, steps, timeout):
     if not isinstance(res, dict) or "logits_last" not in res or "greedy" not in res:
         return None, f"JSON lacks logits_last/greedy: keys {list(res)[:10] if isinstance(res, dict) else type(res)}"
     return res, None
+
+
+# A text for the teacher-forced check of the default (int8-activation) path:
+# plain prose, code and a list, so that the positions see different kinds of
+# continuation. Tokenized by ref_llama.Vocab.encode.
+TEACHER_TEXT = (
+    "The lighthouse keeper climbed the spiral stairs every evening at dusk. He counted the steps, "
+    "one hundred and twelve of them, and at the top he wiped the salt from the great lens before "
+    "lighting the lamp. Ships passing in the night never saw him, only the beam that swept across "
+    "the water every ten seconds. In winter the storms came from the north and the waves broke "
+    "over the rocks below, and he wrote in his logbook the time, the wind and the state of the "
+    "sea.\n\ndef mean(values):\n    total = 0\n    for v in values:\n        total += v\n"
+    "    return total / len(values)\n\nShopping list:\n1. bread\n2. two litres of milk\n"
+    "3. apples, pears and a lemon\n4. coffee beans\n\nQuestion: what is the capital of Italy? "
+    "Answer: Rome. Question: how many legs does a spider have? Answer: eight. Question: which "
+    "planet is closest to the sun? Answer: Mercury. The committee met on Tuesday to discuss the "
+    "budget for the coming year, and after a long debate it agreed to spend more on the library, "
+    "the swimming pool and the repair of the old bridge over the river. The vote was close: seven "
+    "members in favour, five against, and one who said she would need to read the report again "
+    "before she could decide anything at all. Outside, the rain had stopped and children were "
+    "already racing paper boats along the gutter."
+)
+
+
+def teacher_check(binary, model, ref_model, timeout, min_positions=256):
+    """Teacher-forced logits at every position of TEACHER_TEXT on both matmul
+    paths against the reference. Returns (table lines, failures).
+
+    Bounds, from measurement on SmolLM2-135M Q4_1 (the test prints the
+    figures each run): the exact path lands near 1e-6 relative L2 per
+    position (worst 3e-6) and agrees on every argmax. The default path
+    quantizes each matmul's activations to int8 per 32 values, as llama.cpp's
+    CPU backend does: over the 295 positions, mean relative L2 3.4e-2 on
+    both levels, worst 0.16 (AVX-512) and 0.13 (AVX2), top-1 agreement 95.6 %
+    and 97.3 %. The bounds leave about 2x room on the errors and a few points
+    on the agreement; the baseline level has no integer path and meets the
+    exact bounds."""
+    import tempfile
+    tokens = ref_llama.Vocab(model).encode(TEACHER_TEXT)
+    if len(tokens) < min_positions:
+        return [], [f"teacher text has only {len(tokens)} tokens (< {min_positions})"]
+    ref = ref_llama.forward(ref_model, tokens)
+    ref_top = np.argmax(ref, axis=1)
+    lines, fails = [], []
+    bounds = {"exact": (1e-4, 1e-3, 0.99), "int8": (7e-2, 3e-1, 0.92)}
+    for mode in ("exact", "int8"):
+        with tempfile.NamedTemporaryFile(suffix=".f32") as out:
+            cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)),
+                   "--teacher", out.name] + (["--exact"] if mode == "exact" else [])
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+            if p.returncode != 0:
+                fails.append(f"{mode}: dp-logits --teacher failed: {p.stderr.strip()[-500:]}")
+                continue
+            c = np.fromfile(out.name, dtype=np.float32).astype(np.float64)
+        if c.size != ref.size:
+            fails.append(f"{mode}: {c.size} logits, expected {ref.size}")
+            continue
+        c = c.reshape(ref.shape)
+        rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
+        agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
+        mean_b, max_b, agree_b = bounds[mode]
+        ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
+        lines.append(f"{mode:<6} {len(tokens):>9} {rel.mean():>13.3e} {rel.max():>12.3e} "
+                     f"{100 * agree:>8.1f} %  {'ok' if ok else 'FAIL'}")
+        if not ok:
+            fails.append(f"{mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max {rel.max():.3e} "
+                         f"(< {max_b:g}), top-1 agreement {100 * agree:.1f} % (>= {100 * agree_b:g} %)")
+    return lines, fails
 
 
 def compare(name, tokens, c, ref, vocab, tol, steps):
@@ -161,6 +230,8 @@ def main(argv=None):
     ap.add_argument("--tol", type=float, default=1e-3, help="max relative L2 error of logits_last")
     ap.add_argument("--timeout", type=float, default=300, help="seconds per dp-logits run")
     ap.add_argument("--only", help="comma-separated prompt names to run")
+    ap.add_argument("--teacher-only", action="store_true",
+                    help="only the teacher-forced check of both matmul paths (e.g. per CPU level)")
     a = ap.parse_args(argv)
 
     if not (os.path.isfile(a.bin) and os.access(a.bin, os.X_OK)):
@@ -171,7 +242,7 @@ def main(argv=None):
         print(f"test_logits: ERROR: model {a.model!r} not found", file=sys.stderr)
         return 2
 
-    prompts = PROMPTS
+    prompts = [] if a.teacher_only else PROMPTS
     if a.only:
         want = set(a.only.split(","))
         prompts = [p for p in PROMPTS if p[0] in want]
@@ -211,6 +282,16 @@ def main(argv=None):
     for name, n, rel, mx, g, margin, res in rows:
         print(f"{name:<12} {n:>6} {fmt(rel, '11.3e')} {fmt(mx, '11.3e')} {g:>7} "
               f"{fmt(margin, '10.4f')}  {res}")
+    if not a.only:
+        t = time.time()
+        lines, fails = teacher_check(a.bin, a.model, model, a.timeout)
+        print(f"\nteacher-forced logits at every position vs the reference ({time.time() - t:.1f}s):")
+        print(f"{'matmul':<6} {'positions':>9} {'mean rel L2':>13} {'max rel L2':>12} {'top-1':>10}")
+        for ln in lines:
+            print(ln)
+        rows.append(("teacher",))
+        if fails:
+            failures.append(("teacher", fails))
     print(f"\ntime: C tool {t_c:.1f}s, reference {t_ref:.1f}s, total {time.time() - t0:.1f}s")
     for name, fails in failures:
         for f in fails:

@@ -69,54 +69,113 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
                 w[o + 4 + i] = (uint8_t)(rs >> (i % 8 * 8));
             frand();
         }
+    } else if (type == DP_TYPE_Q4_0) { /* block: f16 d, 16 bytes of nibbles (q - 8) */
+        for (size_t o = 0; o < *nbytes; o += 18) {
+            uint16_t d = dp_f32_to_fp16(0.01f * fabsf(frand()));
+            memcpy(w + o, &d, 2);
+            for (int i = 0; i < 16; i++)
+                w[o + 2 + i] = (uint8_t)(rs >> (i % 8 * 8));
+            frand();
+        }
     } else {
         CHECK(!"unexpected type");
     }
     return w;
 }
 
+/* x as the integer matmul sees it: per 32 values, d = max|x| / 127 and
+ * x' = d * round(x / d) (the kernel's rule, written out again here). */
+static void q8_roundtrip(const float *x, float *out, int64_t n)
+{
+    for (int64_t b = 0; b + 32 <= n; b += 32) {
+        float amax = 0;
+        for (int i = 0; i < 32; i++)
+            amax = fabsf(x[b + i]) > amax ? fabsf(x[b + i]) : amax;
+        float d = amax / 127.0f, id = d > 0 ? 1.0f / d : 0.0f;
+        for (int i = 0; i < 32; i++)
+            out[b + i] = d * (float)(int)nearbyintf(x[b + i] * id);
+    }
+}
+
+/* Every weight type at batch sizes on both sides of the kernels' thresholds,
+ * on both matmul paths. exact: against the f64 product with the dequantized
+ * weights. int8 (the default, on a level with integer kernels): against the
+ * f64 product with the activations rounded as the kernel rounds them, so the
+ * kernel's own error is held to f32 rounding; its distance from the exact
+ * product (the price of int8 activations) is printed. */
 static void test_matmul(dp_backend *be)
 {
-    uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1};
+    uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
     int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}};
-    for (size_t ti = 0; ti < 4; ti++)
-        for (size_t si = 0; si < 3; si++) {
-            int64_t rows = shapes[si][0], cols = shapes[si][1];
-            size_t nb;
-            void *raw = make_weight(types[ti], rows, cols, &nb);
-            dp_weight w;
-            char err[DP_ERRLEN];
-            CHECK(be->ops->weight_load(be, &w, types[ti], rows, cols, raw, err, sizeof err) == 0);
-            float *wf = malloc((size_t)(rows * cols) * sizeof *wf);
-            CHECK(quant_dequant_row(types[ti], raw, wf, rows * cols) == 0);
-            for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
-                int32_t m = ms[mi];
-                float *x = be->ops->alloc(be, (size_t)(m * cols) * 4);
-                float *y = be->ops->alloc(be, (size_t)(m * rows) * 4);
-                double *ref = malloc((size_t)(m * rows) * sizeof *ref);
-                for (int64_t i = 0; i < m * cols; i++)
-                    x[i] = frand();
-                poison(y, (size_t)(m * rows));
-                be->ops->matmul(be, y, x, &w, m);
-                for (int32_t i = 0; i < m; i++)
-                    for (int64_t r = 0; r < rows; r++) {
-                        double s = 0;
-                        for (int64_t k = 0; k < cols; k++)
-                            s += (double)x[i * cols + k] * wf[r * cols + k];
-                        ref[i * rows + r] = s;
+    const bool was_exact = be->ops->get_exact(be);
+    for (int mode = 0; mode < 2; mode++) {
+        be->ops->set_exact(be, mode == 0);
+        double worst_q = 0;
+        for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
+            for (size_t si = 0; si < 3; si++) {
+                int64_t rows = shapes[si][0], cols = shapes[si][1];
+                const bool int8 = mode == 1 && strcmp(be->ops->kernel_level(be), "baseline") != 0 &&
+                                  (types[ti] == DP_TYPE_Q8_0 || types[ti] == DP_TYPE_Q4_1 ||
+                                   types[ti] == DP_TYPE_Q4_0);
+                size_t nb;
+                void *raw = make_weight(types[ti], rows, cols, &nb);
+                dp_weight w;
+                char err[DP_ERRLEN];
+                CHECK(be->ops->weight_load(be, &w, types[ti], rows, cols, raw, err, sizeof err) == 0);
+                float *wf = malloc((size_t)(rows * cols) * sizeof *wf);
+                CHECK(quant_dequant_row(types[ti], raw, wf, rows * cols) == 0);
+                for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
+                    int32_t m = ms[mi];
+                    float *x = be->ops->alloc(be, (size_t)(m * cols) * 4);
+                    float *xq = malloc((size_t)(m * cols) * 4);
+                    float *y = be->ops->alloc(be, (size_t)(m * rows) * 4);
+                    double *ref = malloc((size_t)(m * rows) * sizeof *ref);
+                    double *ref_x = malloc((size_t)(m * rows) * sizeof *ref_x);
+                    for (int64_t i = 0; i < m * cols; i++)
+                        x[i] = frand();
+                    if (int8)
+                        q8_roundtrip(x, xq, m * cols);
+                    else
+                        memcpy(xq, x, (size_t)(m * cols) * 4);
+                    poison(y, (size_t)(m * rows));
+                    be->ops->matmul(be, y, x, &w, m);
+                    for (int32_t i = 0; i < m; i++)
+                        for (int64_t r = 0; r < rows; r++) {
+                            double s = 0, sx = 0;
+                            for (int64_t k = 0; k < cols; k++) {
+                                s += (double)xq[i * cols + k] * wf[r * cols + k];
+                                sx += (double)x[i * cols + k] * wf[r * cols + k];
+                            }
+                            ref[i * rows + r] = s;
+                            ref_x[i * rows + r] = sx;
+                        }
+                    double e = rel_err(y, ref, (size_t)(m * rows));
+                    CHECK_MSG(e < 1e-5, "matmul (%s) %s %lldx%lld m=%d rel err %g",
+                              int8 ? "int8" : "exact", quant_type_name(types[ti]), (long long)rows,
+                              (long long)cols, m, e);
+                    if (int8) {
+                        double eq = rel_err(y, ref_x, (size_t)(m * rows));
+                        worst_q = eq > worst_q ? eq : worst_q;
                     }
-                double e = rel_err(y, ref, (size_t)(m * rows));
-                CHECK_MSG(e < 1e-5, "matmul %s %lldx%lld m=%d rel err %g", quant_type_name(types[ti]),
-                          (long long)rows, (long long)cols, m, e);
-                be->ops->free(be, x);
-                be->ops->free(be, y);
-                free(ref);
+                    be->ops->free(be, x);
+                    be->ops->free(be, y);
+                    free(xq);
+                    free(ref);
+                    free(ref_x);
+                }
+                be->ops->weight_free(be, &w);
+                free(wf);
+                free(raw);
             }
-            be->ops->weight_free(be, &w);
-            free(wf);
-            free(raw);
-        }
+        if (mode == 1 && !strcmp(be->ops->kernel_level(be), "baseline"))
+            printf("matmul on the baseline kernels (no integer path): exact path matches its reference\n");
+        else if (mode == 1)
+            printf("matmul on the %s kernels: exact and int8 paths match their references; "
+                   "int8 activations move the product by <= %.2g rel L2\n",
+                   be->ops->kernel_level(be), worst_q);
+    }
+    be->ops->set_exact(be, was_exact);
 }
 
 static void test_elementwise(dp_backend *be)

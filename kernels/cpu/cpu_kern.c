@@ -1,0 +1,581 @@
+/* cpu_kern.c: the CPU backend's hot kernels, written once against vec.h and
+ * compiled once per instruction-set level (kernels/meson.build passes the
+ * level's -m flags and CPU_KERN_NAME); cpu_dispatch.c picks the level the
+ * machine runs. Each build defines one table, cpu_kern_<level>.
+ *
+ *  - matmul, exact: weight blocks decoded to f32 in registers and reused for
+ *    up to four activation rows (the weight bytes are the cost at small m);
+ *  - matmul, integer (AVX2 and up): activations quantized per 32 values to
+ *    int8 (as llama.cpp's CPU backend does), weight blocks of Q4_0/Q4_1/Q8_0
+ *    multiplied as bytes (maddubs, or VNNI dpbusd where the level has it);
+ *  - attention with an online softmax over the transposed K blocks, VW keys
+ *    per vector instruction; the scorer's per-head scores and exp-sum;
+ *  - the sampler's top-k, max and weight sum over a row of logits
+ *    (kernels/topk_impl.h, bit-identical at every level). */
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/dp.h"
+#include "cpu_internal.h"
+#include "kernels/quant.h"
+#include "kernels/topk_impl.h"
+#include "vec.h"
+
+#ifndef CPU_KERN_NAME
+#error "cpu_kern.c is compiled by kernels/meson.build with -DCPU_KERN_NAME=<level>"
+#endif
+#define KERN_CAT2(a, b) a##b
+#define KERN_CAT(a, b) KERN_CAT2(a, b)
+#define KERN_TABLE KERN_CAT(cpu_kern_, CPU_KERN_NAME)
+#define KERN_STR2(a) #a
+#define KERN_STR(a) KERN_STR2(a)
+
+#define NBV (32 / VW) /* vectors per 32-element block */
+
+static float k_dot(const float *a, const float *b, int64_t n)
+{
+    int64_t i = 0;
+    vf acc0 = vf_zero(), acc1 = vf_zero();
+    for (; i + 2 * VW <= n; i += 2 * VW) {
+        acc0 = vf_fma(vf_load(a + i), vf_load(b + i), acc0);
+        acc1 = vf_fma(vf_load(a + i + VW), vf_load(b + i + VW), acc1);
+    }
+    for (; i + VW <= n; i += VW)
+        acc0 = vf_fma(vf_load(a + i), vf_load(b + i), acc0);
+    float s = vf_hsum(vf_add(acc0, acc1));
+    for (; i < n; i++)
+        s += a[i] * b[i];
+    return s;
+}
+
+/* ---- Weight blocks decoded to f32 (the exact path). ---- */
+
+static inline float h2f(const uint8_t *p)
+{
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return kv_h2f(h);
+}
+
+#if VEC_PORTABLE
+/* One block through the reference dequantization. */
+#define DEFINE_BLK(name, id)                                                         \
+    static inline void blk_##name(const uint8_t *b, vf *w)                          \
+    {                                                                               \
+        float t[32];                                                                \
+        quant_dequant_row(id, b, t, 32);                                            \
+        for (int j = 0; j < NBV; j++)                                               \
+            w[j] = vf_load(t + j * VW);                                             \
+    }
+DEFINE_BLK(q4_1, DP_TYPE_Q4_1)
+DEFINE_BLK(q4_0, DP_TYPE_Q4_0)
+DEFINE_BLK(q8_0, DP_TYPE_Q8_0)
+#else
+/* VW bytes widened to f32 lanes (unsigned or signed). */
+#if VEC_AVX512
+#define vf_u8(p128) _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(p128))
+#define vf_i8(p128) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(p128))
+#else
+#define vf_u8(p128) _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(p128))
+#define vf_i8(p128) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(p128))
+#endif
+/* The arithmetic is the reference dequantization's (d * q + m), so results
+ * match quant_dequant_row up to fma contraction. Lanes: weights 0..15 are the
+ * low nibbles of the 16 bytes, 16..31 the high ones. */
+static inline void nibbles_f32(const uint8_t *p, vf *w)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+#if VW == 16
+    w[0] = vf_u8(lo);
+    w[1] = vf_u8(hi);
+#else
+    w[0] = vf_u8(lo);
+    w[1] = vf_u8(_mm_srli_si128(lo, 8));
+    w[2] = vf_u8(hi);
+    w[3] = vf_u8(_mm_srli_si128(hi, 8));
+#endif
+}
+
+static inline __attribute__((always_inline)) void blk_q4_1(const uint8_t *b, vf *w)
+{
+    vf d = vf_set1(h2f(b)), m = vf_set1(h2f(b + 2));
+    nibbles_f32(b + 4, w);
+    for (int j = 0; j < NBV; j++)
+        w[j] = vf_fma(w[j], d, m);
+}
+
+static inline __attribute__((always_inline)) void blk_q4_0(const uint8_t *b, vf *w)
+{
+    vf d = vf_set1(h2f(b)), eight = vf_set1(8.0f);
+    nibbles_f32(b + 2, w);
+    for (int j = 0; j < NBV; j++)
+        w[j] = vf_mul(vf_sub(w[j], eight), d);
+}
+
+static inline __attribute__((always_inline)) void blk_q8_0(const uint8_t *b, vf *w)
+{
+    vf d = vf_set1(h2f(b));
+    for (int j = 0; j < NBV; j++)
+        w[j] = vf_mul(vf_i8(_mm_loadu_si128((const __m128i *)(b + 2 + j * VW))), d);
+}
+#endif
+
+typedef void (*blk_fn)(const uint8_t *b, vf *w);
+
+/* x_i . W_r for M activation rows with a compile-time M, so the accumulators
+ * stay in registers; two per row hide the fma latency at M = 1. */
+#define FUSED_FIXED(M)                                                                        \
+    static inline __attribute__((always_inline)) void fused_##M(                              \
+        blk_fn fn, size_t bbytes, const uint8_t *wrow, int64_t k, const float *x, float *out) \
+    {                                                                                         \
+        vf acc[M][2];                                                                         \
+        for (int i = 0; i < M; i++)                                                           \
+            acc[i][0] = acc[i][1] = vf_zero();                                                \
+        for (int64_t b = 0; b < k / 32; b++) {                                                \
+            vf w[NBV];                                                                        \
+            fn(wrow + (size_t)b * bbytes, w);                                                 \
+            for (int i = 0; i < M; i++) {                                                     \
+                const float *xi = x + (size_t)i * (size_t)k + b * 32;                         \
+                for (int j = 0; j < NBV; j++)                                                 \
+                    acc[i][j & 1] = vf_fma(w[j], vf_load(xi + j * VW), acc[i][j & 1]);        \
+            }                                                                                 \
+        }                                                                                     \
+        for (int i = 0; i < M; i++)                                                           \
+            out[i] = vf_hsum(vf_add(acc[i][0], acc[i][1]));                                   \
+    }
+FUSED_FIXED(1)
+FUSED_FIXED(2)
+FUSED_FIXED(3)
+FUSED_FIXED(4)
+
+static inline __attribute__((always_inline)) void fused_rows(blk_fn fn, size_t bbytes, const uint8_t *wrow,
+                                                             int64_t k, const float *x, int32_t m,
+                                                             float *out)
+{
+    switch (m) {
+    case 1: fused_1(fn, bbytes, wrow, k, x, out); return;
+    case 2: fused_2(fn, bbytes, wrow, k, x, out); return;
+    case 3: fused_3(fn, bbytes, wrow, k, x, out); return;
+    default: fused_4(fn, bbytes, wrow, k, x, out); return;
+    }
+}
+
+/* One instance per type, so the block decoder inlines into the loops. */
+#define FAST_TYPES(X) X(DP_TYPE_Q4_1, q4_1, 20) X(DP_TYPE_Q4_0, q4_0, 18) X(DP_TYPE_Q8_0, q8_0, 34)
+
+#define DEFINE_FUSED(id, name, bytes)                                                          \
+    static void mmf_##name(const dp_weight *w, int64_t r0, int64_t nt, const float *x,         \
+                           int32_t m, float *y)                                                \
+    {                                                                                          \
+        const int64_t k = w->cols, n = w->rows;                                                \
+        const size_t rb = w->nbytes / (size_t)w->rows;                                         \
+        float out[4];                                                                          \
+        for (int32_t i0 = 0; i0 < m; i0 += 4) {                                                \
+            const int32_t g = m - i0 < 4 ? m - i0 : 4;                                         \
+            for (int64_t r = r0; r < r0 + nt; r++) {                                           \
+                fused_rows(blk_##name, bytes, (const uint8_t *)w->data + (size_t)r * rb, k,    \
+                           x + (size_t)i0 * (size_t)k, g, out);                                \
+                for (int32_t i = 0; i < g; i++)                                                \
+                    y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];                      \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    static void dec_##name(const uint8_t *src, int64_t nrows, int64_t k, size_t rb, float *dst) \
+    {                                                                                          \
+        for (int64_t r = 0; r < nrows; r++)                                                    \
+            for (int64_t b = 0; b < k / 32; b++) {                                             \
+                vf wv[NBV];                                                                    \
+                blk_##name(src + (size_t)r * rb + (size_t)b * bytes, wv);                      \
+                for (int j = 0; j < NBV; j++)                                                  \
+                    vf_store(dst + (size_t)r * (size_t)k + b * 32 + j * VW, wv[j]);            \
+            }                                                                                  \
+    }
+FAST_TYPES(DEFINE_FUSED)
+
+/* Any other type: each row decoded by the reference into a row buffer. */
+static void mmf_generic(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
+{
+    const int64_t k = w->cols, n = w->rows;
+    const size_t rb = w->nbytes / (size_t)w->rows;
+    float row[8192];
+    for (int64_t r = r0; r < r0 + nt; r++) {
+        const float *wr;
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)r * rb;
+        if (w->type == DP_TYPE_F32) {
+            wr = (const float *)src;
+        } else if (k <= (int64_t)(sizeof row / sizeof row[0])) {
+            quant_dequant_row(w->type, src, row, k);
+            wr = row;
+        } else {
+            /* Rows wider than the buffer: element by element is too slow to
+             * matter here; decode in block-sized pieces instead. */
+            const uint32_t be = quant_block_elems(w->type), bb = quant_block_bytes(w->type);
+            for (int32_t i = 0; i < m; i++) {
+                float s = 0.0f;
+                for (int64_t c = 0; c < k; c += 8192) {
+                    int64_t len = k - c < 8192 ? k - c : 8192;
+                    quant_dequant_row(w->type, src + (size_t)(c / be) * bb, row, len);
+                    s += k_dot(row, x + (size_t)i * (size_t)k + c, len);
+                }
+                y[(size_t)i * (size_t)n + (size_t)r] = s;
+            }
+            continue;
+        }
+        for (int32_t i = 0; i < m; i++)
+            y[(size_t)i * (size_t)n + (size_t)r] = k_dot(wr, x + (size_t)i * (size_t)k, k);
+    }
+}
+
+static void k_mm_f32(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
+{
+    if (w->cols % 32 == 0)
+        switch (w->type) {
+#define CASE_F(id, name, bytes) \
+    case id: mmf_##name(w, r0, nt, x, m, y); return;
+            FAST_TYPES(CASE_F)
+#undef CASE_F
+        default: break;
+        }
+    mmf_generic(w, r0, nt, x, m, y);
+}
+
+static void k_decode_rows(const dp_weight *w, int64_t r0, int64_t nt, float *dst)
+{
+    const int64_t k = w->cols;
+    const size_t rb = w->nbytes / (size_t)w->rows;
+    const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * rb;
+    if (k % 32 == 0)
+        switch (w->type) {
+#define CASE_D(id, name, bytes) \
+    case id: dec_##name(src, nt, k, rb, dst); return;
+            FAST_TYPES(CASE_D)
+#undef CASE_D
+        default: break;
+        }
+    for (int64_t r = 0; r < nt; r++) {
+        if (w->type == DP_TYPE_F32)
+            memcpy(dst + (size_t)r * (size_t)k, src + (size_t)r * rb, (size_t)k * sizeof(float));
+        else
+            quant_dequant_row(w->type, src + (size_t)r * rb, dst + (size_t)r * (size_t)k, k);
+    }
+}
+
+/* ---- Activations quantized to int8 per 32 values; integer dot products. ---- */
+
+static void k_quantize_q8(const float *x, int64_t k, cpu_q8 *out)
+{
+    for (int64_t b = 0; b < k / 32; b++) {
+        const float *xb = x + b * 32;
+        float amax = 0.0f;
+        for (int i = 0; i < 32; i++) {
+            float a = fabsf(xb[i]);
+            amax = a > amax ? a : amax;
+        }
+        const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
+        int sum = 0;
+        for (int i = 0; i < 32; i++) {
+            int q = (int)nearbyintf(xb[i] * id);
+            out[b].q[i] = (int8_t)q;
+            sum += q;
+        }
+        out[b].d = d;
+        out[b].s = d * (float)sum;
+    }
+}
+
+#if VEC_PORTABLE
+#define K_MM_Q8 NULL
+#else
+/* Sum of u[i] * s[i] (u unsigned bytes, s signed) in eight i32 lanes. */
+static inline __m256i dot_u8s8(__m256i u, __m256i s)
+{
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
+#else
+    /* maddubs adds pairs into i16: 2 * 255 * 127 does not fit, but the
+     * weights here are at most 15 (Q4) or |q| <= 128 with s's sign folded
+     * in (Q8_0): 2 * 128 * 127 = 32512 does. */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+
+static inline __m256i q4_bytes(const uint8_t *p)
+{
+    __m128i q = _mm_loadu_si128((const __m128i *)p);
+    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+    return _mm256_set_m128i(hi, lo);
+}
+
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One weight row against G quantized activation rows (row stride nb blocks).
+ * Q4_1: w = d * u + m, so x . w = d * dx * (u . q) + m * s; Q4_0 is the same
+ * with m = -8 d. Q8_0: signed bytes, the sign moved onto the activations so
+ * that maddubs sees an unsigned operand. Even and odd blocks go to two
+ * accumulators (the fma latency, not the port, bounds one), in the same
+ * order for every G: a row's result does not depend on the batch it is in. */
+/* Block b of the weight row into accumulator H of each row. */
+#define Q8_STEP(G, b, H)                                                                        \
+    do {                                                                                        \
+        const uint8_t *p = wrow + (size_t)(b) * bb;                                             \
+        _mm_prefetch((const char *)p + 512, _MM_HINT_T0);                                       \
+        float dw = h2f(p), mw = 0.0f;                                                           \
+        __m256i u;                                                                              \
+        if (type == DP_TYPE_Q4_1) {                                                             \
+            mw = h2f(p + 2);                                                                    \
+            u = q4_bytes(p + 4);                                                                \
+        } else if (type == DP_TYPE_Q4_0) {                                                      \
+            mw = -8.0f * dw;                                                                    \
+            u = q4_bytes(p + 2);                                                                \
+        } else {                                                                                \
+            u = _mm256_loadu_si256((const __m256i *)(p + 2));                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++) {                                                           \
+            const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)(b);                       \
+            __m256i s = _mm256_loadu_si256((const __m256i *)xb->q);                             \
+            __m256i dp = type == DP_TYPE_Q8_0                                                   \
+                             ? dot_u8s8(_mm256_sign_epi8(u, u), _mm256_sign_epi8(s, u))         \
+                             : dot_u8s8(u, s);                                                  \
+            acc##H[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dp), _mm256_set1_ps(dw * xb->d),     \
+                                        acc##H[i]);                                             \
+            off##H[i] += mw * xb->s;                                                            \
+        }                                                                                       \
+    } while (0)
+
+#define Q8_FIXED(G)                                                                            \
+    static inline __attribute__((always_inline)) void q8row_##G(                              \
+        uint32_t type, const uint8_t *wrow, int64_t nb, const cpu_q8 *xq, float *out)         \
+    {                                                                                          \
+        __m256 acc0[G], acc1[G];                                                               \
+        float off0[G], off1[G];                                                                \
+        for (int i = 0; i < G; i++) {                                                          \
+            acc0[i] = acc1[i] = _mm256_setzero_ps();                                           \
+            off0[i] = off1[i] = 0.0f;                                                          \
+        }                                                                                      \
+        const size_t bb = type == DP_TYPE_Q4_1 ? 20 : type == DP_TYPE_Q4_0 ? 18 : 34;          \
+        int64_t b = 0;                                                                         \
+        for (; b + 2 <= nb; b += 2) {                                                          \
+            Q8_STEP(G, b, 0);                                                                  \
+            Q8_STEP(G, b + 1, 1);                                                              \
+        }                                                                                      \
+        if (b < nb)                                                                            \
+            Q8_STEP(G, b, 0);                                                                  \
+        for (int i = 0; i < G; i++)                                                            \
+            out[i] = hsum256(_mm256_add_ps(acc0[i], acc1[i])) + (off0[i] + off1[i]);           \
+    }
+Q8_FIXED(1)
+Q8_FIXED(2)
+Q8_FIXED(3)
+Q8_FIXED(4)
+
+/* Activation rows per pass over a weight row: as many as the registers hold
+ * two accumulators for (32 vector registers with AVX-512, 16 with AVX2). */
+#if VEC_AVX512
+#define Q8_GROUP 4
+#else
+#define Q8_GROUP 3
+#endif
+
+/* One instance per weight type, so the type test folds away. */
+#define DEFINE_Q8(id, name, bytes)                                                              \
+    static void mmq_##name(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,        \
+                           int32_t m, float *y)                                                 \
+    {                                                                                           \
+        const int64_t nb = w->cols / 32, n = w->rows;                                           \
+        const size_t rb = w->nbytes / (size_t)w->rows;                                          \
+        float out[4];                                                                           \
+        for (int32_t i0 = 0; i0 < m; i0 += Q8_GROUP) {                                          \
+            const int32_t g = m - i0 < Q8_GROUP ? m - i0 : Q8_GROUP;                            \
+            const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;                                    \
+            for (int64_t r = r0; r < r0 + nt; r++) {                                            \
+                const uint8_t *wr = (const uint8_t *)w->data + (size_t)r * rb;                  \
+                switch (g) {                                                                    \
+                case 1: q8row_1(id, wr, nb, xg, out); break;                                    \
+                case 2: q8row_2(id, wr, nb, xg, out); break;                                    \
+                case 3: q8row_3(id, wr, nb, xg, out); break;                                    \
+                default: q8row_4(id, wr, nb, xg, out); break;                                   \
+                }                                                                               \
+                for (int32_t i = 0; i < g; i++)                                                 \
+                    y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];                       \
+            }                                                                                   \
+        }                                                                                       \
+    }
+FAST_TYPES(DEFINE_Q8)
+
+static bool k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
+{
+    if (w->cols % 32)
+        return false;
+    switch (w->type) {
+#define CASE_Q(id, name, bytes) \
+    case id: mmq_##name(w, r0, nt, xq, m, y); return true;
+        FAST_TYPES(CASE_Q)
+#undef CASE_Q
+    default: return false;
+    }
+}
+#define K_MM_Q8 k_mm_q8
+#endif
+
+/* ---- Attention and the scorer over paged, transposed K blocks. ---- */
+
+/* n (<= VW) consecutive elements of K or V from element i, as f32, zeros
+ * past n. */
+static inline vf kv_loadv(const dp_kv_store *kv, const void *base, size_t i, int32_t n)
+{
+    if (kv->es == 4)
+        return n == VW ? vf_load((const float *)base + i) : vf_loadn((const float *)base + i, n);
+    const uint16_t *p = (const uint16_t *)base + i;
+    if (n == VW)
+        return vf_load_h(p);
+    uint16_t tmp[VW] = {0};
+    memcpy(tmp, p, (size_t)n * sizeof *p);
+    return vf_load_h(tmp);
+}
+
+/* VW scores (scaled) of q against keys [c0, c0 + nl) of one head's block. */
+static inline vf block_scores(const dp_kv_store *kv, size_t ho, int32_t bt, int32_t hd, int32_t c0,
+                              int32_t nl, const float *q, float scale)
+{
+    vf s0 = vf_zero(), s1 = vf_zero();
+    int32_t d = 0;
+    for (; d + 2 <= hd; d += 2) {
+        s0 = vf_fma(vf_set1(q[d]), kv_loadv(kv, kv->k, ho + (size_t)d * bt + (size_t)c0, nl), s0);
+        s1 = vf_fma(vf_set1(q[d + 1]), kv_loadv(kv, kv->k, ho + (size_t)(d + 1) * bt + (size_t)c0, nl), s1);
+    }
+    for (; d < hd; d++)
+        s0 = vf_fma(vf_set1(q[d]), kv_loadv(kv, kv->k, ho + (size_t)d * bt + (size_t)c0, nl), s0);
+    return vf_mul(vf_add(s0, s1), vf_set1(scale));
+}
+
+static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                     int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
+                     float scale, float *sc)
+{
+    const dp_kv_layout *lay = &kv->l;
+    const int32_t hd = lay->head_dim, bt = lay->block_tokens;
+    float mx[16], sum[16]; /* group <= MAX_GROUP (16) */
+    for (int32_t g = 0; g < group; g++) {
+        mx[g] = -INFINITY;
+        sum[g] = 0.0f;
+        memset(outs[g], 0, (size_t)hd * sizeof(float)); /* accumulated in place */
+    }
+    float p[VW];
+    for (int32_t base = 0; base < n_slots; base += bt) {
+        const int32_t blk = table[base / bt];
+        const size_t ho = kv_head_off(kv, layer, blk, kvh); /* K and V alike */
+        const int32_t nb = n_slots - base < bt ? n_slots - base : bt;
+        for (int32_t c0 = 0; c0 < nb; c0 += VW) {
+            const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
+            for (int32_t g = 0; g < group; g++) {
+                float *acc = outs[g];
+                vf s = block_scores(kv, ho, bt, hd, c0, nl, qs[g], scale);
+                if (nl < VW) {
+                    /* Lanes past the last key take no part in max or sum. */
+                    vf_store(p, s);
+                    for (int32_t t = nl; t < VW; t++)
+                        p[t] = -INFINITY;
+                    s = vf_load(p);
+                }
+                const float bm = vf_hmax(s);
+                if (bm > mx[g]) {
+                    /* A new maximum rescales what was accumulated so far. */
+                    const float r = mx[g] == -INFINITY ? 0.0f : expf(mx[g] - bm);
+                    sum[g] *= r;
+                    const vf vr = vf_set1(r);
+                    int32_t d = 0;
+                    for (; d + VW <= hd; d += VW)
+                        vf_store(acc + d, vf_mul(vf_load(acc + d), vr));
+                    for (; d < hd; d++)
+                        acc[d] *= r;
+                    mx[g] = bm;
+                }
+                const vf e = vf_exp_neg(vf_sub(s, vf_set1(mx[g])));
+                vf_store(p, e);
+                for (int32_t t = nl; t < VW; t++)
+                    p[t] = 0.0f;
+                float es = 0.0f;
+                for (int32_t t = 0; t < nl; t++)
+                    es += p[t];
+                sum[g] += es;
+                for (int32_t d = 0; d < hd; d += VW) {
+                    const int32_t nd = hd - d < VW ? hd - d : VW;
+                    vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
+                    for (int32_t t = 0; t < nl; t++)
+                        a = vf_fma(vf_set1(p[t]), kv_loadv(kv, kv->v, ho + (size_t)(c0 + t) * hd + (size_t)d, nd), a);
+                    if (nd == VW)
+                        vf_store(acc + d, a);
+                    else
+                        vf_storen(acc + d, a, nd);
+                }
+            }
+        }
+    }
+    for (int32_t g = 0; g < group; g++) {
+        const float inv = 1.0f / sum[g];
+        for (int32_t d = 0; d < hd; d++)
+            outs[g][d] *= inv;
+    }
+    (void)sc;
+}
+
+static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                          int32_t n, const float *q, float scale, float *sc)
+{
+    const dp_kv_layout *l = &kv->l;
+    const int32_t hd = l->head_dim, bt = l->block_tokens;
+    for (int32_t base = 0; base < n; base += bt) {
+        const size_t ko = kv_head_off(kv, layer, table[base / bt], kvh);
+        const int32_t nb = n - base < bt ? n - base : bt;
+        for (int32_t c0 = 0; c0 < nb; c0 += VW) {
+            const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
+            vf s = block_scores(kv, ko, bt, hd, c0, nl, q, scale);
+            if (nl == VW)
+                vf_store(sc + base + c0, s);
+            else
+                vf_storen(sc + base + c0, s, nl);
+        }
+    }
+}
+
+static double k_exp_sum(float *sc, int32_t n, float mx)
+{
+    int32_t i = 0;
+    vf vs = vf_zero();
+    const vf vm = vf_set1(mx);
+    for (; i + VW <= n; i += VW) {
+        vf e = vf_exp_neg(vf_sub(vf_load(sc + i), vm));
+        vf_store(sc + i, e);
+        vs = vf_add(vs, e);
+    }
+    double sum = vf_hsum(vs);
+    for (; i < n; i++)
+        sum += (sc[i] = expf(sc[i] - mx));
+    return sum;
+}
+
+const cpu_kern KERN_TABLE = {
+    .name = KERN_STR(CPU_KERN_NAME),
+    .dot = k_dot,
+    .mm_f32 = k_mm_f32,
+    .mm_q8 = K_MM_Q8,
+    .quantize_q8 = k_quantize_q8,
+    .decode_rows = k_decode_rows,
+    .attend = k_attend,
+    .head_scores = k_head_scores,
+    .exp_sum = k_exp_sum,
+    .topk_row = topk_row_impl,
+    .topk_argmax = topk_argmax_impl,
+    .topk_weights = topk_weights_impl,
+};

@@ -35,6 +35,10 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 for l in avx2 baseline; do
     echo "test: unit tests (CPU kernels forced to the $l level)"
     DP_CPU_LEVEL=$l meson test -C build --print-errorlogs --no-rebuild
+    echo "test: kernel unit tests under ASan + UBSan ($l level)"
+    DP_CPU_LEVEL=$l ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+        meson test -C build-asan --print-errorlogs --no-rebuild --timeout-multiplier 4 \
+        cpu_backend forward sampler
 done
 
 echo "test: model tests"

@@ -2,10 +2,13 @@
 # llama-cpp.sh: builds llama.cpp (the peer the benchmarks compare with) from
 # the PyPI sdist of llama-cpp-python, which vendors the whole llama.cpp tree,
 # into a cache outside the checkout, and prints the directory of its binaries
-# (llama-bench, llama-server, llama-perplexity).
+# (llama-bench, llama-batched-bench, llama-server, llama-perplexity).
 #   usage: tools/llama-cpp.sh [VERSION]     (default: the newest sdist)
 # Environment: DP_CACHE (default ~/.cache/dualpath), LLAMA_CPP_NATIVE=0 for a
-# portable build (GGML_NATIVE off: what a distribution package would ship).
+# portable build (GGML_NATIVE off: what a distribution package would ship),
+# LLAMA_CPP_LEVEL=avx2 for a build limited to AVX2+FMA+F16C (no AVX-512: what
+# most users' CPUs run), to compare with dualpath's AVX2 kernels on a machine
+# that has AVX-512.
 set -euo pipefail
 CACHE="${DP_CACHE:-$HOME/.cache/dualpath}"
 VER="${1:-}"
@@ -27,12 +30,23 @@ fi
 TREE="$SRC/$NAME/vendor/llama.cpp"
 [ -f "$TREE/CMakeLists.txt" ] || { echo "llama-cpp: $TREE has no CMakeLists.txt" >&2; exit 1; }
 NATIVE="${LLAMA_CPP_NATIVE:-1}"
-OUT="$CACHE/llama-cpp-build-$NAME-native$NATIVE"
-if [ ! -x "$OUT/bin/llama-server" ] || [ ! -x "$OUT/bin/llama-bench" ] || [ ! -x "$OUT/bin/llama-perplexity" ]; then
+LEVEL="${LLAMA_CPP_LEVEL:-}"
+ISA=()
+if [ "$LEVEL" = avx2 ]; then
+    NATIVE=0
+    ISA=(-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF)
+elif [ -n "$LEVEL" ]; then
+    echo "llama-cpp: LLAMA_CPP_LEVEL=$LEVEL: only avx2 is known" >&2; exit 2
+fi
+OUT="$CACHE/llama-cpp-build-$NAME-native$NATIVE${LEVEL:+-$LEVEL}"
+TARGETS=(llama-bench llama-batched-bench llama-server llama-perplexity)
+missing=0
+for t in "${TARGETS[@]}"; do [ -x "$OUT/bin/$t" ] || missing=1; done
+if [ "$missing" = 1 ]; then
     echo "llama-cpp: building $NAME into $OUT (several minutes on 2 cores)" >&2
     cmake -S "$TREE" -B "$OUT" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=$([ "$NATIVE" = 1 ] && echo ON || echo OFF) \
-        -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
+        "${ISA[@]}" -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=ON \
         -DLLAMA_BUILD_SERVER=ON -DBUILD_SHARED_LIBS=OFF >&2
-    cmake --build "$OUT" -j "$(nproc)" --target llama-bench llama-server llama-perplexity >&2
+    cmake --build "$OUT" -j "$(nproc)" --target "${TARGETS[@]}" >&2
 fi
 echo "$OUT/bin"

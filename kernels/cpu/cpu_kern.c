@@ -119,8 +119,15 @@ static inline __attribute__((always_inline)) void blk_q4_0(const uint8_t *b, vf 
 static inline __attribute__((always_inline)) void blk_q8_0(const uint8_t *b, vf *w)
 {
     vf d = vf_set1(h2f(b));
-    for (int j = 0; j < NBV; j++)
-        w[j] = vf_mul(vf_i8(_mm_loadu_si128((const __m128i *)(b + 2 + j * VW))), d);
+    for (int j = 0; j < NBV; j++) {
+        /* Exactly VW bytes: a wider load would read past the last block. */
+#if VW == 16
+        const __m128i q = _mm_loadu_si128((const __m128i *)(b + 2 + j * VW));
+#else
+        const __m128i q = _mm_loadl_epi64((const __m128i *)(b + 2 + j * VW));
+#endif
+        w[j] = vf_mul(vf_i8(q), d);
+    }
 }
 #endif
 

@@ -2,6 +2,7 @@
 server scrapes it."""
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -39,7 +40,15 @@ def test_metrics_content(server):
         assert k in m, k
     assert m["dualpath_generation_tokens_total"] >= 2
     assert m["dualpath_e2e_request_latency_seconds_count"] >= 1
-    assert any(k.startswith("dualpath_build_info{") for k in m)
+    # Build info names the backend the model runs on and the CPU kernels the
+    # start-up dispatch chose (DP_CPU_LEVEL can force a lower level).
+    info = [k for k in m if k.startswith("dualpath_build_info{")]
+    assert len(info) == 1 and 'backend="cpu"' in info[0]
+    want = os.environ.get("DP_CPU_LEVEL")
+    assert re.search(r'kernels="(avx512|avx2|baseline)"', info[0]), info[0]
+    if want in ("avx2", "baseline"):
+        assert f'kernels="{want}"' in info[0], info[0]
+    assert 'matmul="int8"' in info[0] or 'matmul="exact"' in info[0], info[0]
     assert not any('pool="kv"' in k for k in m)  # the single-pool label is gone
     # Every token of a finished request was sampled from one source (device
     # candidates on the CPU backend too; a request still running counts in

@@ -1780,9 +1780,13 @@ int main(int argc, char **argv)
     dp_backend *be[2];
     if (backend_cpu_create(&be[0], 0, err, sizeof err))
         die(EXIT_SETUP, "cpu backend: %s", err);
+    /* The reference is the CPU's exact f32 matmul: its default quantizes the
+     * activations to int8 (kernels/cpu/cpu_kern.c), which CUDA does not. */
+    be[0]->ops->set_exact(be[0], true);
     if (self_test) {
         if (backend_cpu_create(&be[1], 0, err, sizeof err))
             die(EXIT_SETUP, "cpu backend: %s", err);
+        be[1]->ops->set_exact(be[1], true);
     } else if (backend_cuda_create(&be[1], 0, err, sizeof err)) {
         printf("no usable CUDA device: %s\n", err);
         backend_destroy(be[0]);

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # bench.sh: the standard dp-loadgen matrix against a running OpenAI-compatible server,
-# then dualpathd started twice (dualpath off / on, same KV memory); writes docs/benchmarks.md.
+# then dualpathd started twice (dualpath off / on, same KV memory); writes docs/bench-matrix.md.
 #
 # Usage: loadtest/bench.sh [--quick] [--url URL] [--model NAME] [--out FILE]
 #                          [--no-server] [--no-daemon]
 #   --quick       shorter cells (time limit, requests, output length) for a smoke run
 #   --url URL     the running server to measure (default $BENCH_URL or http://127.0.0.1:8080)
 #   --model NAME  model field to send (default: whatever /v1/models lists first)
-#   --out FILE    the report (default docs/benchmarks.md; the plot goes next to it)
+#   --out FILE    the report (default docs/bench-matrix.md; the plot goes next to it)
 #   --no-server   skip the running-server matrix; --no-daemon skips the off/on comparison
 #
 # Environment (all optional):
@@ -38,7 +38,7 @@ root=$(cd "$here/.." && pwd)
 quick=0
 url=${BENCH_URL:-http://127.0.0.1:8080}
 model=""
-out="$root/docs/benchmarks.md"
+out="$root/docs/bench-matrix.md"
 do_server=1
 do_daemon=1
 while [ $# -gt 0 ]; do

@@ -3,6 +3,7 @@
 # the same GGUF and thread count, for every CPU level this machine has.
 #
 #   usage: tools/cpu-vs-llama.sh [--model F] [--build DIR] [--threads "1 2"] [--reps N]
+#                                [--levels "avx512 avx2"]
 #
 # llama.cpp is built from the PyPI sdist of llama-cpp-python (it vendors the
 # whole llama.cpp tree) into a cache outside the checkout (tools/llama-cpp.sh):
@@ -21,12 +22,14 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 BUILD=build
 THREADS="1 2"
 REPS=2
+LEVELS=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
         --build) BUILD="$2"; shift 2 ;;
         --threads) THREADS="$2"; shift 2 ;;
         --reps) REPS="$2"; shift 2 ;;
+        --levels) LEVELS="$2"; shift 2 ;;
         *) echo "usage: $0 [--model F] [--build DIR] [--threads \"1 2\"] [--reps N]" >&2; exit 2 ;;
     esac
 done
@@ -36,8 +39,13 @@ DPB="$BUILD/tools/dp-bench"
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 
 levels=()
-grep -qw avx512vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && levels+=(avx512)
-grep -qw avx2 /proc/cpuinfo && levels+=(avx2)
+if [ -n "$LEVELS" ]; then
+    read -r -a levels <<< "$LEVELS"
+else
+    # cpuinfo spells VNNI avx512_vnni; the AVX-512 level needs it (cpu_dispatch.c).
+    grep -qw avx512_vnni /proc/cpuinfo && grep -qw avx512bw /proc/cpuinfo && levels+=(avx512)
+    grep -qw avx2 /proc/cpuinfo && levels+=(avx2)
+fi
 [ ${#levels[@]} -gt 0 ] || { echo "cpu-vs-llama: no AVX2 on this CPU: nothing to compare" >&2; exit 2; }
 
 tmp=$(mktemp -d)

@@ -134,7 +134,11 @@ int main(int argc, char **argv)
     }
     double kv_per_token = 2.0 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(float);
 
-    printf("dp-bench: model %s (%s backend, %d threads)\n", model, be->ops->name, threads);
+    printf("dp-bench: model %s (%s backend, %d threads", model, be->ops->name, threads);
+    if (be->ops->kernel_level)
+        printf(", %s kernels, %s matmul", be->ops->kernel_level(be),
+               be->ops->get_exact(be) ? "exact f32" : "int8-activation");
+    printf(")\n");
     printf("machine: read bandwidth %.1f GB/s, sgemm %.1f GFLOP/s (%d threads)\n",
            bw / 1e9, gemm / 1e9, threads);
     printf("model: %.1f M params, %.1f MB of weights read per decode step\n\n", params / 1e6,

@@ -37,13 +37,7 @@ URL=http://127.0.0.1:$PORT
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
 work=$(mktemp -d /tmp/dp-cpu-served.XXXXXX)
 
-wait_health() {
-    for _ in $(seq 1 600); do
-        curl -sf "$URL/health" >/dev/null 2>&1 && return 0
-        sleep 0.2
-    done
-    return 1
-}
+. "$here/serve_lib.sh"
 cell() { # name conc command...
     local name=$1 c=$2; shift 2
     "$@" >"$work/$name-$c.log" 2>&1 & local pid=$!

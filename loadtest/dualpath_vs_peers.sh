@@ -71,13 +71,7 @@ poll_peak() { # url file: tracks the max of the gauge until killed
         sleep 0.2
     done
 }
-wait_health() {
-    for _ in $(seq 1 600); do
-        curl -sf "$URL/health" >/dev/null 2>&1 && return 0
-        sleep 0.2
-    done
-    return 1
-}
+. "$here/serve_lib.sh"
 run_cell() { # label workload-args...
     local label=$1; shift
     echo 0 > "$work/peak"

@@ -143,7 +143,7 @@ int main(int argc, char **argv)
     dp_gen gen;
     if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, 0, err, sizeof err) ||
         llama_init(&m, &g, be, 256, 16, err, sizeof err) ||
-        gen_init(&gen, m, 16, (n + steps) / 16 + 2, err, sizeof err)) {
+        (!teacher && gen_init(&gen, m, 16, (n + steps) / 16 + 2, err, sizeof err))) {
         fprintf(stderr, "dp-logits: %s\n", err);
         return 1;
     }
@@ -156,7 +156,6 @@ int main(int argc, char **argv)
         int rc = teacher_force(m, ids, n, teacher, err, sizeof err);
         if (rc)
             fprintf(stderr, "dp-logits: %s\n", err);
-        gen_destroy(&gen);
         llama_destroy(m);
         backend_destroy(be);
         gguf_close(&g);

@@ -46,12 +46,11 @@ def main():
                    "--teacher", out] + (["--exact"] if a.exact else [])
             subprocess.run(cmd, check=True, stderr=subprocess.DEVNULL)
             lg = np.fromfile(out, dtype=np.float32).reshape(len(chunk), -1).astype(np.float64)
-            for j in range(first, a.ctx - 1):
-                row = lg[j]
-                m = row.max()
-                lse = m + np.log(np.exp(row - m).sum())
-                nll += lse - row[chunk[j + 1]]
-                count += 1
+            rows = lg[first:a.ctx - 1]  # position j predicts token j + 1
+            m = rows.max(axis=1, keepdims=True)
+            lse = m[:, 0] + np.log(np.exp(rows - m).sum(axis=1))
+            nll += float(np.sum(lse - rows[np.arange(len(rows)), chunk[first + 1:a.ctx]]))
+            count += len(rows)
     print(f"PPL {np.exp(nll / count):.4f} over {n_chunks} chunks of {a.ctx} ({len(tokens)} tokens)")
 
 

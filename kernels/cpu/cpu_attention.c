@@ -43,8 +43,7 @@ static void attn_task(void *ctx, int64_t task, int thread)
             qs[g] = j->q + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
             outs[g] = j->out + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
         }
-        j->c->k->attend(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale,
-                        j->c->sscratch[thread]);
+        j->c->k->attend(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale);
     }
 }
 

@@ -41,18 +41,18 @@ typedef struct cpu_kern {
      * activation rows x (exact: W decoded to f32). */
     void (*mm_f32)(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y);
     /* The same on activations quantized by quantize_q8 (k / 32 blocks per
-     * row): integer dot products. NULL at a level without them; returns
-     * false for a weight type it has no kernel for. */
-    bool (*mm_q8)(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y);
+     * row): integer dot products, for weights q8_supports accepts. Both NULL
+     * at a level without them. */
+    bool (*q8_supports)(const dp_weight *w);
+    void (*mm_q8)(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y);
     void (*quantize_q8)(const float *x, int64_t k, cpu_q8 *out);
     /* Rows [r0, r0 + nt) of w as f32 into dst (for sgemm). */
     void (*decode_rows)(const dp_weight *w, int64_t r0, int64_t nt, float *dst);
     /* Attention of `group` query heads sharing KV head kvh over slots
-     * [0, n_slots) of a sequence's table (online softmax). sc: n_slots
-     * floats of scratch. */
+     * [0, n_slots) of a sequence's table (online softmax, one pass). */
     void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                    int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
-                   float scale, float *sc);
+                   float scale);
     /* Scaled scores of q against slots [0, n) of one head, into sc. */
     void (*head_scores)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                         int32_t n, const float *q, float scale, float *sc);

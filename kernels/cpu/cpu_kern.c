@@ -23,8 +23,10 @@
 #include "kernels/topk_impl.h"
 #include "vec.h"
 
+/* kernels/meson.build names the level; a file compiled on its own (a syntax
+ * check, an editor) gets the portable table's name. */
 #ifndef CPU_KERN_NAME
-#error "cpu_kern.c is compiled by kernels/meson.build with -DCPU_KERN_NAME=<level>"
+#define CPU_KERN_NAME baseline
 #endif
 #define KERN_CAT2(a, b) a##b
 #define KERN_CAT(a, b) KERN_CAT2(a, b)
@@ -84,11 +86,17 @@ DEFINE_BLK(q8_0, DP_TYPE_Q8_0)
 /* The arithmetic is the reference dequantization's (d * q + m), so results
  * match quant_dequant_row up to fma contraction. Lanes: weights 0..15 are the
  * low nibbles of the 16 bytes, 16..31 the high ones. */
-static inline void nibbles_f32(const uint8_t *p, vf *w)
+static inline void nibbles(const uint8_t *p, __m128i *lo, __m128i *hi)
 {
     __m128i q = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+    *lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
+    *hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+}
+
+static inline void nibbles_f32(const uint8_t *p, vf *w)
+{
+    __m128i lo, hi;
+    nibbles(p, &lo, &hi);
 #if VW == 16
     w[0] = vf_u8(lo);
     w[1] = vf_u8(hi);
@@ -296,6 +304,7 @@ static void k_quantize_q8(const float *x, int64_t k, cpu_q8 *out)
 
 #if VEC_PORTABLE
 #define K_MM_Q8 NULL
+#define K_Q8_SUPPORTS NULL
 #else
 /* Sum of u[i] * s[i] (u unsigned bytes, s signed) in eight i32 lanes. */
 static inline __m256i dot_u8s8(__m256i u, __m256i s)
@@ -312,18 +321,9 @@ static inline __m256i dot_u8s8(__m256i u, __m256i s)
 
 static inline __m256i q4_bytes(const uint8_t *p)
 {
-    __m128i q = _mm_loadu_si128((const __m128i *)p);
-    __m128i lo = _mm_and_si128(q, _mm_set1_epi8(0x0f));
-    __m128i hi = _mm_and_si128(_mm_srli_epi16(q, 4), _mm_set1_epi8(0x0f));
+    __m128i lo, hi;
+    nibbles(p, &lo, &hi);
     return _mm256_set_m128i(hi, lo);
-}
-
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
 }
 
 /* One weight row against G quantized activation rows (row stride nb blocks).
@@ -379,7 +379,7 @@ static inline float hsum256(__m256 v)
         if (b < nb)                                                                            \
             Q8_STEP(G, b, 0);                                                                  \
         for (int i = 0; i < G; i++)                                                            \
-            out[i] = hsum256(_mm256_add_ps(acc0[i], acc1[i])) + (off0[i] + off1[i]);           \
+            out[i] = hsum8(_mm256_add_ps(acc0[i], acc1[i])) + (off0[i] + off1[i]);             \
     }
 Q8_FIXED(1)
 Q8_FIXED(2)
@@ -420,19 +420,31 @@ Q8_FIXED(4)
     }
 FAST_TYPES(DEFINE_Q8)
 
-static bool k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
+static bool k_q8_supports(const dp_weight *w)
 {
     if (w->cols % 32)
         return false;
     switch (w->type) {
-#define CASE_Q(id, name, bytes) \
-    case id: mmq_##name(w, r0, nt, xq, m, y); return true;
-        FAST_TYPES(CASE_Q)
-#undef CASE_Q
+#define CASE_T(id, name, bytes) case id:
+        FAST_TYPES(CASE_T)
+#undef CASE_T
+        return true;
     default: return false;
     }
 }
+
+static void k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
+{
+    switch (w->type) {
+#define CASE_Q(id, name, bytes) \
+    case id: mmq_##name(w, r0, nt, xq, m, y); return;
+        FAST_TYPES(CASE_Q)
+#undef CASE_Q
+    default: return; /* not reached: the caller asked q8_supports */
+    }
+}
 #define K_MM_Q8 k_mm_q8
+#define K_Q8_SUPPORTS k_q8_supports
 #endif
 
 /* ---- Attention and the scorer over paged, transposed K blocks. ---- */
@@ -468,7 +480,7 @@ static inline vf block_scores(const dp_kv_store *kv, size_t ho, int32_t bt, int3
 
 static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                      int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
-                     float scale, float *sc)
+                     float scale)
 {
     const dp_kv_layout *lay = &kv->l;
     const int32_t hd = lay->head_dim, bt = lay->block_tokens;
@@ -534,7 +546,6 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
         for (int32_t d = 0; d < hd; d++)
             outs[g][d] *= inv;
     }
-    (void)sc;
 }
 
 static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
@@ -576,6 +587,7 @@ const cpu_kern KERN_TABLE = {
     .name = KERN_STR(CPU_KERN_NAME),
     .dot = k_dot,
     .mm_f32 = k_mm_f32,
+    .q8_supports = K_Q8_SUPPORTS,
     .mm_q8 = K_MM_Q8,
     .quantize_q8 = k_quantize_q8,
     .decode_rows = k_decode_rows,

@@ -86,8 +86,10 @@ static void mm_task(void *ctx, int64_t t, int thread)
     const int64_t n = w->rows;
     const int64_t r0 = t * j->tile;
     const int64_t nt = r0 + j->tile <= n ? j->tile : n - r0;
-    if (j->path == MM_Q8 && k->mm_q8(w, r0, nt, j->c->xq, j->m, j->y))
+    if (j->path == MM_Q8) {
+        k->mm_q8(w, r0, nt, j->c->xq, j->m, j->y);
         return;
+    }
     if (j->path != MM_SGEMM) {
         k->mm_f32(w, r0, nt, j->x, j->m, j->y);
         return;
@@ -114,8 +116,7 @@ static void quant_task(void *ctx, int64_t i, int thread)
 
 static bool q8_ready(cpu_backend *c, const dp_weight *w, int32_t m)
 {
-    if (c->exact || !c->k->mm_q8 || w->cols % 32 ||
-        (w->type != DP_TYPE_Q4_0 && w->type != DP_TYPE_Q4_1 && w->type != DP_TYPE_Q8_0))
+    if (c->exact || !c->k->q8_supports || !c->k->q8_supports(w))
         return false;
     size_t need = (size_t)m * (size_t)(w->cols / 32);
     if (need > c->xq_cap) {

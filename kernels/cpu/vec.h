@@ -19,6 +19,19 @@
 #include <stdint.h>
 #include <string.h>
 
+#if defined(__AVX2__) || defined(__AVX512F__)
+#include <immintrin.h>
+/* Sum of eight f32 lanes (the AVX2 vf_hsum; the integer kernels of both x86
+ * levels accumulate in 256-bit vectors). */
+static inline float hsum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512VL__) && defined(__AVX512BW__) && defined(__F16C__) && \
     defined(__FMA__)
 #include <immintrin.h>
@@ -60,13 +73,7 @@ typedef __m256 vf;
 #define vf_mul(a, b) _mm256_mul_ps((a), (b))
 #define vf_max(a, b) _mm256_max_ps((a), (b))
 #define vf_fma(a, b, c) _mm256_fmadd_ps((a), (b), (c))
-static inline float vf_hsum(vf v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
+#define vf_hsum(v) hsum8(v)
 static inline float vf_hmax(vf v)
 {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -53,6 +53,9 @@ DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 echo "test: end-to-end API tests (openai client, raw HTTP, Prometheus)"
 tests/e2e/run.sh build/daemon/dualpathd
+echo "test: end-to-end API tests against the ASan + UBSan daemon (leaks checked)"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    tests/e2e/run.sh build-asan/daemon/dualpathd
 echo "test: operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
 tests/ops/run.sh build
 echo "test: all tests passed"

@@ -4,11 +4,16 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "common/dp.h"
@@ -92,12 +97,29 @@ static enum MHD_Result send_ex(dp_hreq *h, unsigned status, const char *ctype, c
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (hname)
         MHD_add_response_header(r, hname, hval);
+    if (h->close) /* the framing is in doubt: never read another request from it */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    http_add_cors(h, r);
     enum MHD_Result ret = MHD_queue_response(h->conn, status, r);
     MHD_destroy_response(r);
     h->answered = true;
     h->status = status;
     count(h->srv, status);
     return ret;
+}
+
+void http_add_cors(dp_hreq *h, struct MHD_Response *r)
+{
+    dp_server *s = h->srv;
+    if (!guard_cors_on(&s->guard))
+        return;
+    const char *origin = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, "Origin");
+    const char *allow = guard_cors_origin(&s->guard, origin);
+    if (!allow)
+        return;
+    MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
+    if (strcmp(allow, "*"))
+        MHD_add_response_header(r, "Vary", "Origin");
 }
 
 enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len)
@@ -116,6 +138,9 @@ enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
     } else if (e->status == 405) {
         hn = MHD_HTTP_HEADER_ALLOW;
         hv = e->allow ? e->allow : "GET";
+    } else if (e->status == 401) {
+        hn = MHD_HTTP_HEADER_WWW_AUTHENTICATE;
+        hv = "Bearer";
     }
     if (e->status >= 500)
         dp_log(DP_LOG_WARN, "http: %s %s -> %d: %s", h->method, h->url, e->status, e->message);
@@ -127,19 +152,35 @@ enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
  * edge-triggered registration misses a FIN that arrived together with the
  * data it already read, and a suspended connection is out of its epoll set.
  * Either way the slot would be held until the idle timeout. A client that
- * stops sending is gone for HTTP/1.1 purposes (nginx treats it so too). */
+ * stops sending is gone for HTTP/1.1 purposes (nginx treats it so too).
+ *
+ * Each connection also has a deadline, so that a client sending a byte now
+ * and then cannot hold a slot for long (MHD's own timeout only measures
+ * inactivity): its request headers must be complete header_timeout after it
+ * connects, a body must not stall for body_timeout, and a kept-alive
+ * connection must have its next request's headers in within idle_timeout.
+ * While a request is being served (generation, a parked stream) no deadline
+ * runs: request_timeout governs that. */
+typedef enum conn_phase { PH_HEADERS, PH_BODY, PH_SERVING, PH_IDLE } conn_phase;
+
 typedef struct dp_conn {
     uv_poll_t poll;
+    uv_timer_t timer;
+    int open_handles;         /* freed when both handles are closed */
     dp_server *srv;
     dp_hreq *hreq;            /* the request being served, if any */
+    struct dp_conn *prev, *next; /* the server's open connections */
     int fd;
     bool watching;
-    bool gone;                /* the peer hung up */
+    bool gone;                /* the peer hung up, or a deadline closed it */
+    conn_phase phase;
 } dp_conn;
 
 static void conn_free(uv_handle_t *h)
 {
-    free(h->data);
+    dp_conn *c = h->data;
+    if (--c->open_handles == 0)
+        free(c);
 }
 
 static void conn_unwatch(dp_conn *c)
@@ -150,21 +191,85 @@ static void conn_unwatch(dp_conn *c)
     }
 }
 
-static void on_hangup(uv_poll_t *p, int status, int events)
+/* Ends the connection from our side: shutting the socket down wakes MHD's own
+ * registration (it then reads end-of-file and closes); a suspended request is
+ * cancelled, and the write that ends it fails. */
+static void conn_end(dp_conn *c)
 {
-    dp_conn *c = p->data;
     dp_server *s = c->srv;
     conn_unwatch(c);
+    uv_timer_stop(&c->timer);
     c->gone = true;
-    /* Shutting the socket down wakes MHD's own registration (it then reads
-     * end-of-file and closes); a suspended request is cancelled, and the
-     * write that ends it fails. */
     shutdown(c->fd, SHUT_RDWR);
     if (c->hreq) {
         c->hreq->client_gone = true; /* for a job not started yet */
         server_client_gone(s, c->hreq);
     }
+}
+
+static void on_hangup(uv_poll_t *p, int status, int events)
+{
+    dp_conn *c = p->data;
+    conn_end(c);
+    http_kick(c->srv);
+}
+
+static const char *const phase_what[] = {
+    [PH_HEADERS] = "sent no complete request headers",
+    [PH_BODY] = "sent no request body bytes",
+    [PH_IDLE] = "sent no next request",
+};
+
+static void on_deadline(uv_timer_t *t)
+{
+    dp_conn *c = t->data;
+    dp_server *s = c->srv;
+    double secs = c->phase == PH_HEADERS ? s->opts.header_timeout_s
+                  : c->phase == PH_BODY  ? s->opts.body_timeout_s
+                                         : s->opts.idle_timeout_s;
+    if (c->phase == PH_SERVING || c->gone)
+        return;
+    s->metrics.conn_timeouts[c->phase == PH_HEADERS ? DP_TIMEOUT_HEADER
+                             : c->phase == PH_BODY  ? DP_TIMEOUT_BODY
+                                                    : DP_TIMEOUT_IDLE]++;
+    dp_log(DP_LOG_DEBUG, "http: closing a connection that %s in %.0f s", phase_what[c->phase], secs);
+    conn_end(c);
     http_kick(s);
+}
+
+static void conn_phase_set(dp_conn *c, conn_phase ph)
+{
+    dp_server *s = c->srv;
+    double secs = ph == PH_HEADERS ? s->opts.header_timeout_s
+                  : ph == PH_BODY  ? s->opts.body_timeout_s
+                  : ph == PH_IDLE  ? s->opts.idle_timeout_s
+                                   : 0;
+    c->phase = ph;
+    if (c->gone)
+        return;
+    if (secs > 0)
+        uv_timer_start(&c->timer, on_deadline, (uint64_t)(secs * 1000.0 + 0.5), 0);
+    else
+        uv_timer_stop(&c->timer);
+}
+
+static void conn_link(dp_server *s, dp_conn *c)
+{
+    c->next = s->conns;
+    if (s->conns)
+        s->conns->prev = c;
+    s->conns = c;
+}
+
+static void conn_unlink(dp_server *s, dp_conn *c)
+{
+    if (c->prev)
+        c->prev->next = c->next;
+    else
+        s->conns = c->next;
+    if (c->next)
+        c->next->prev = c->prev;
+    c->prev = c->next = NULL;
 }
 
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
@@ -177,15 +282,19 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
             MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
         dp_conn *c = ci ? calloc(1, sizeof *c) : NULL;
         if (!c)
-            return; /* served, just not watched for hang-ups */
+            return; /* served, just not watched for hang-ups and deadlines */
         c->srv = s;
         c->fd = ci->connect_fd;
         if (uv_poll_init_socket(s->loop, &c->poll, c->fd) != 0) {
             free(c);
             return;
         }
-        c->poll.data = c;
+        uv_timer_init(s->loop, &c->timer);
+        c->poll.data = c->timer.data = c;
+        c->open_handles = 2;
         c->watching = uv_poll_start(&c->poll, UV_DISCONNECT, on_hangup) == 0;
+        conn_link(s, c);
+        conn_phase_set(c, PH_HEADERS);
         *socket_context = c;
     } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
         s->n_conns--;
@@ -194,10 +303,20 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         if (c) {
             /* Before MHD closes the fd: its number may be reused at once. */
             conn_unwatch(c);
+            uv_timer_stop(&c->timer);
+            conn_unlink(s, c);
             uv_close((uv_handle_t *)&c->poll, conn_free);
+            uv_close((uv_handle_t *)&c->timer, conn_free);
             *socket_context = NULL;
         }
     }
+}
+
+void http_end_uploads(dp_server *s)
+{
+    for (dp_conn *c = s->conns; c; c = c->next)
+        if (c->phase == PH_BODY && !c->gone)
+            conn_end(c);
 }
 
 static dp_conn *conn_of(struct MHD_Connection *conn)
@@ -205,6 +324,37 @@ static dp_conn *conn_of(struct MHD_Connection *conn)
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
     return ci ? ci->socket_context : NULL;
+}
+
+/* Request smuggling behind a proxy needs two readings of one message's
+ * length: refuse repeated Content-Length headers and Content-Length together
+ * with Transfer-Encoding (RFC 9112 6.3), before reading the body. */
+typedef struct hdr_count {
+    int content_length;
+    int transfer_encoding;
+} hdr_count;
+
+static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    hdr_count *n = cls;
+    if (key && !strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH))
+        n->content_length++;
+    else if (key && !strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+        n->transfer_encoding++;
+    return MHD_YES;
+}
+
+static bool content_length_ok(const char *cl, unsigned long long *v)
+{
+    /* Digits only: strtoull would take "+5", " 5" and "-1". */
+    if (!cl[0] || strlen(cl) > 19)
+        return false;
+    for (const char *p = cl; *p; p++)
+        if (*p < '0' || *p > '9')
+            return false;
+    *v = strtoull(cl, NULL, 10);
+    return true;
 }
 
 static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const char *url,
@@ -229,26 +379,45 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
             c->hreq = h;
             /* MHD may still parse a request whose FIN came with it. */
             h->client_gone = c->gone;
+            conn_phase_set(c, PH_BODY);
+        }
+        dp_api_err e;
+        hdr_count hc = {0, 0};
+        MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
+        if (hc.content_length > 1 || (hc.content_length && hc.transfer_encoding)) {
+            api_err_invalid(&e, NULL, "%s", hc.content_length > 1
+                            ? "the request has more than one Content-Length header"
+                            : "the request has both Content-Length and Transfer-Encoding");
+            h->close = true;
+            return http_send_error(h, &e);
         }
         /* Decide 413 from Content-Length before reading a byte of the body. */
         const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
                                                      MHD_HTTP_HEADER_CONTENT_LENGTH);
-        if (cl) {
-            char *end;
-            errno = 0;
-            unsigned long long v = strtoull(cl, &end, 10);
-            if (errno || end == cl || v > s->opts.max_body) {
-                dp_api_err e;
-                api_err_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
-                            "the request body exceeds %zu bytes", s->opts.max_body);
-                return http_send_error(h, &e);
-            }
+        unsigned long long v = 0;
+        if (cl && !content_length_ok(cl, &v)) {
+            api_err_invalid(&e, NULL, "the Content-Length header is not a decimal byte count");
+            h->close = true;
+            return http_send_error(h, &e);
+        }
+        /* Preflights and requests without a valid key are answered before
+         * their bodies are read. */
+        enum MHD_Result r = routes_early(s, h);
+        if (h->answered)
+            return r;
+        if (cl && v > s->opts.max_body) {
+            api_err_set(&e, 413, "invalid_request_error", "request_too_large", NULL,
+                        "the request body exceeds %zu bytes", s->opts.max_body);
+            return http_send_error(h, &e);
         }
         return MHD_YES;
     }
+    dp_conn *c = conn_of(conn);
     if (*upload_size) {
         size_t n = *upload_size;
         *upload_size = 0;
+        if (c)
+            conn_phase_set(c, PH_BODY); /* bytes came: the body deadline restarts */
         if (h->answered || h->too_large)
             return MHD_YES;
         if (h->len + n > s->opts.max_body) {
@@ -273,6 +442,8 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         h->len += n;
         return MHD_YES;
     }
+    if (c && c->phase == PH_BODY)
+        conn_phase_set(c, PH_SERVING); /* the whole request is in */
     if (h->answered)
         return MHD_YES;
     if (h->too_large) {
@@ -293,6 +464,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     dp_conn *c = conn_of(conn);
     if (c && c->hreq == h)
         c->hreq = NULL;
+    if (c)
+        conn_phase_set(c, PH_IDLE); /* kept alive: the next request must come */
     if (h)
         server_hreq_done(s, h, toe);
 }
@@ -307,46 +480,129 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     dp_log(DP_LOG_DEBUG, "mhd: %s", buf);
 }
 
+/* A host name is resolved once, at start-up, to its first address (numeric
+ * addresses need no lookup); "::" also takes IPv4 (dual stack), other IPv6
+ * addresses are v6-only. server_check_address is the same lookup for --check-config. */
+static int resolve(const char *host, int port, struct sockaddr_storage *ss, unsigned *flags,
+                   char *err, size_t errsz)
+{
+    if (port < 0 || port > 65535)
+        return dp_err(err, errsz, DP_EINVAL, "port %d is out of range", port);
+    struct addrinfo hints, *res = NULL;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    char ps[16];
+    snprintf(ps, sizeof ps, "%d", port);
+    if (!strcmp(host, "localhost"))
+        host = "127.0.0.1"; /* not whichever of ::1 and 127.0.0.1 the resolver lists first */
+    int rc = getaddrinfo(host, ps, &hints, &res);
+    if (rc || !res)
+        return dp_err(err, errsz, DP_EINVAL, "listen address '%s' cannot be resolved: %s", host,
+                      rc ? gai_strerror(rc) : "no address");
+    memset(ss, 0, sizeof *ss);
+    memcpy(ss, res->ai_addr, res->ai_addrlen);
+    freeaddrinfo(res);
+    if (ss->ss_family == AF_INET6) {
+        const struct sockaddr_in6 *a6 = (const struct sockaddr_in6 *)ss;
+        *flags |= IN6_IS_ADDR_UNSPECIFIED(&a6->sin6_addr) ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
+    }
+    return 0;
+}
+
+int server_check_address(const char *host, int port, char *err, size_t errsz)
+{
+    struct sockaddr_storage ss;
+    unsigned flags = 0;
+    return resolve(host, port, &ss, &flags, err, errsz);
+}
+
+/* listen = unix:/PATH. A stale socket file (nobody answers on it) is
+ * replaced; a live one is an error, as a TCP port in use is. Returns 0 and
+ * the listening socket in *out, or an error code. */
+static int unix_listen(const char *path, int *out, char *err, size_t errsz)
+{
+    struct sockaddr_un sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof sa.sun_path)
+        return dp_err(err, errsz, DP_EINVAL, "unix socket path '%s' is too long", path);
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return dp_err(err, errsz, DP_EINVAL, "unix socket path '%s' exists and is not a socket",
+                          path);
+        int probe = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        bool live = probe >= 0 && connect(probe, (struct sockaddr *)&sa, sizeof sa) == 0;
+        if (probe >= 0)
+            close(probe);
+        if (live)
+            return dp_err(err, errsz, DP_EIO, "unix socket '%s' is in use by another server", path);
+        unlink(path); /* left by a daemon that died */
+    }
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return dp_err(err, errsz, DP_EIO, "socket(AF_UNIX): %s", strerror(errno));
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
+        int e = errno;
+        close(fd);
+        return dp_err(err, errsz, DP_EIO, "cannot listen on unix:%s: %s", path, strerror(e));
+    }
+    *out = fd;
+    return 0;
+}
+
 int http_open(dp_server *s, char *err, size_t errsz)
 {
-    struct sockaddr_in a4;
-    struct sockaddr_in6 a6;
-    const struct sockaddr *sa;
+    struct sockaddr_storage ss;
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     const char *host = s->opts.host && *s->opts.host ? s->opts.host : "127.0.0.1";
-    if (!strcmp(host, "localhost"))
-        host = "127.0.0.1";
-    memset(&a4, 0, sizeof a4);
-    memset(&a6, 0, sizeof a6);
-    if (s->opts.port < 0 || s->opts.port > 65535)
-        return dp_err(err, errsz, DP_EINVAL, "port %d is out of range", s->opts.port);
-    if (inet_pton(AF_INET, host, &a4.sin_addr) == 1) {
-        a4.sin_family = AF_INET;
-        a4.sin_port = htons((uint16_t)s->opts.port);
-        sa = (const struct sockaddr *)&a4;
-    } else if (inet_pton(AF_INET6, host, &a6.sin6_addr) == 1) {
-        a6.sin6_family = AF_INET6;
-        a6.sin6_port = htons((uint16_t)s->opts.port);
-        sa = (const struct sockaddr *)&a6;
-        /* "::" (any address) takes IPv4 too; other IPv6 addresses are v6-only. */
-        flags |= IN6_IS_ADDR_UNSPECIFIED(&a6.sin6_addr) ? MHD_USE_DUAL_STACK : MHD_USE_IPv6;
+    bool on_unix = s->opts.unix_path && s->opts.unix_path[0];
+    int ufd = -1;
+    char where[300];
+    if (on_unix) {
+        int rc = unix_listen(s->opts.unix_path, &ufd, err, errsz);
+        if (rc)
+            return rc;
+        s->unix_bound = true;
+        snprintf(where, sizeof where, "unix:%s", s->opts.unix_path);
     } else {
-        return dp_err(err, errsz, DP_EINVAL, "listen address '%s' is not a numeric IPv4/IPv6 address",
-                      host);
+        int rc = resolve(host, s->opts.port, &ss, &flags, err, errsz);
+        if (rc)
+            return rc;
+        snprintf(where, sizeof where, "%s:%d", host, s->opts.port);
     }
+    /* MHD's inactivity timeout also bounds a client that stops reading a
+     * response; whole seconds, at least one. */
+    unsigned idle_s = s->opts.idle_timeout_s > 0 ? (unsigned)(s->opts.idle_timeout_s + 0.999) : 0;
+    /* The address option has a different type per kind: through an array. */
+    struct MHD_OptionItem addr_opt[2] = {
+        on_unix ? (struct MHD_OptionItem){MHD_OPTION_LISTEN_SOCKET, ufd, NULL}
+                : (struct MHD_OptionItem){MHD_OPTION_SOCK_ADDR, 0, &ss},
+        {MHD_OPTION_END, 0, NULL},
+    };
     s->mhd = MHD_start_daemon(flags, (uint16_t)s->opts.port, NULL, NULL, on_access, s,
                               MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                              MHD_OPTION_SOCK_ADDR, sa,
+                              MHD_OPTION_ARRAY, addr_opt,
                               MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->opts.conn_limit,
-                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->opts.conn_timeout_s,
+                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)idle_s,
+                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->opts.per_ip_limit,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
                               MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
                               MHD_OPTION_SIGPIPE_HANDLED_BY_APP, (int)1,
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
                               MHD_OPTION_END);
-    if (!s->mhd)
-        return dp_err(err, errsz, DP_EIO, "cannot listen on %s:%d (address in use or not available)",
-                      host, s->opts.port);
+    if (!s->mhd) {
+        if (ufd >= 0) {
+            close(ufd);
+            unlink(s->opts.unix_path);
+            s->unix_bound = false;
+        }
+        return dp_err(err, errsz, DP_EIO, "cannot listen on %s (address in use or not available)",
+                      where);
+    }
     const union MHD_DaemonInfo *pi = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_BIND_PORT);
     s->port = pi ? pi->port : s->opts.port;
     const union MHD_DaemonInfo *ei = MHD_get_daemon_info(s->mhd, MHD_DAEMON_INFO_EPOLL_FD);
@@ -398,6 +654,10 @@ void http_close(dp_server *s)
         MHD_stop_daemon(d);
         s->in_mhd = false;
         s->mhd = NULL;
+    }
+    if (s->unix_bound) {
+        unlink(s->opts.unix_path);
+        s->unix_bound = false;
     }
     uv_timer_stop(&s->timer);
 }

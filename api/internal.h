@@ -11,11 +11,14 @@
 #include <uv.h>
 
 #include "errors.h"
+#include "guard.h"
 #include "metrics.h"
 #include "openai.h"
 #include "server.h"
 
 typedef struct dp_job dp_job;
+
+#define DP_SERVER_UNKNOWN_NAMES 64
 
 /* One HTTP request (MHD's per-request context). */
 typedef struct dp_hreq {
@@ -31,6 +34,7 @@ typedef struct dp_hreq {
     double t_start;  /* access log: dp_now() at the headers */
     unsigned status; /* access log: the queued HTTP status (0: none yet) */
     bool client_gone; /* the peer hung up before the request was parsed */
+    bool close;       /* answer with Connection: close (the framing is in doubt) */
 } dp_hreq;
 
 /* One completion request: n_choices engine requests and their output. */
@@ -57,6 +61,10 @@ struct dp_job {
     bool stream_ended;        /* [DONE] queued: the reader ends after out drains */
     double last_write;
     double t_first;           /* access log: earliest first token of any choice */
+    double t_start;           /* the request's headers arrived (request_timeout) */
+    bool timed_out;           /* cancelled by request_timeout */
+    bool out_broken;          /* the stream could not grow: it ends with an error */
+    size_t tail_off;          /* of that error ending, sent so far */
 };
 
 struct dp_server {
@@ -70,7 +78,10 @@ struct dp_server {
     char backend[16];  /* the backend the model runs on */
     dp_oai_ctx oai;
     dp_metrics metrics;
+    dp_guard guard;           /* API keys and CORS origins */
     struct MHD_Daemon *mhd;
+    struct dp_conn *conns;    /* open connections (http.c) */
+    bool unix_bound;          /* the unix socket file is ours to unlink */
     uv_poll_t poll;
     uv_timer_t timer;
     uv_timer_t ping;
@@ -96,6 +107,10 @@ struct dp_server {
     long long created;        /* start time, for /v1/models */
     char *model_name;
     char *model_alias;
+    /* Unknown request field names already logged (each once). */
+    char unknown_logged[DP_SERVER_UNKNOWN_NAMES][48];
+    int n_unknown_logged;
+    bool unknown_overflow;
 };
 
 /* http.c */
@@ -107,8 +122,17 @@ void http_close(dp_server *s);
 enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len);
 enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e);
 void http_resume(dp_job *j);
+/* Adds the CORS headers the request's Origin earns to r. */
+void http_add_cors(dp_hreq *h, struct MHD_Response *r);
+/* Draining: closes the connections still sending a request body (each
+ * holds a request that would keep the drain waiting for its deadline; it
+ * would only get a 503). Kept-alive ones stay: their /health says 503. */
+void http_end_uploads(dp_server *s);
 
 /* routes.c */
+/* At the headers, before any body byte: CORS preflights and the API key
+ * check; sets h->answered when it queued a response. */
+enum MHD_Result routes_early(dp_server *s, dp_hreq *h);
 enum MHD_Result routes_handle(dp_server *s, dp_hreq *h);
 
 /* server.c */

@@ -250,6 +250,8 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
 
     family(&b, "dualpath_draining", "gauge", "1 while the daemon drains before shutdown.");
     tb_printf(&b, "dualpath_draining %d\n", info->draining ? 1 : 0);
+    family(&b, "dualpath_http_connections", "gauge", "Open HTTP connections (this scrape's included).");
+    tb_printf(&b, "dualpath_http_connections %u\n", info->connections);
 
     family(&b, "dualpath_requests_running", "gauge", "Sequences being prefilled or decoded.");
     tb_printf(&b, "dualpath_requests_running %d\n", st->running);
@@ -312,6 +314,18 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     for (int i = 0; i < m->n_codes; i++)
         tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} %llu\n", m->codes[i],
                   (unsigned long long)m->code_counts[i]);
+    family(&b, "dualpath_http_timeouts_total", "counter",
+           "Connections closed by a deadline (header, body, idle) and completions cancelled by "
+           "request_timeout (request).");
+    static const char *const tk[DP_TIMEOUT_KINDS] = {"header", "body", "idle"};
+    for (int i = 0; i < DP_TIMEOUT_KINDS; i++)
+        tb_printf(&b, "dualpath_http_timeouts_total{kind=\"%s\"} %llu\n", tk[i],
+                  (unsigned long long)m->conn_timeouts[i]);
+    tb_printf(&b, "dualpath_http_timeouts_total{kind=\"request\"} %llu\n",
+              (unsigned long long)m->request_timeouts);
+    family(&b, "dualpath_http_auth_failures_total", "counter",
+           "Requests refused for a missing or wrong API key (401).");
+    tb_printf(&b, "dualpath_http_auth_failures_total %llu\n", (unsigned long long)m->auth_failures);
     if (b.oom) {
         free(b.p);
         return NULL;

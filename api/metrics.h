@@ -12,6 +12,9 @@
 #define DP_HIST_MAX_BUCKETS 24
 #define DP_METRICS_MAX_CODES 32
 
+/* Connection deadlines (api/http.c). */
+enum { DP_TIMEOUT_HEADER, DP_TIMEOUT_BODY, DP_TIMEOUT_IDLE, DP_TIMEOUT_KINDS };
+
 typedef struct dp_hist {
     const double *bounds;  /* upper bounds, increasing; +Inf is implicit */
     int n_bounds;
@@ -30,6 +33,9 @@ typedef struct dp_metrics {
     int n_codes;
     int codes[DP_METRICS_MAX_CODES];
     uint64_t code_counts[DP_METRICS_MAX_CODES];
+    uint64_t conn_timeouts[DP_TIMEOUT_KINDS]; /* connections closed by a deadline */
+    uint64_t request_timeouts;                /* completions cancelled by request_timeout */
+    uint64_t auth_failures;                   /* 401s */
 } dp_metrics;
 
 void metrics_init(dp_metrics *m);
@@ -43,6 +49,7 @@ typedef struct dp_metrics_info {
     const char *kernels; /* the CPU's instruction-set level, or the backend name */
     const char *matmul;  /* int8 | exact (CPU); f32 elsewhere */
     int draining;
+    unsigned connections; /* open HTTP connections */
 } dp_metrics_info;
 
 /* malloc'd exposition text; NULL on allocation failure. */

@@ -307,12 +307,13 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
         return -1;
     if (present)
         p->sampling.top_k = (int32_t)(v < 0 ? 0 : v);
-    if (get_int(root, "seed", -9223372036854775808.0, 18446744073709551615.0, &v, &present, e))
+    /* JSON numbers arrive as doubles, exact only below 2^53 in magnitude: a
+     * larger seed may have become a neighbouring one (2^53 + 1 reads as
+     * 2^53), so 2^53 and beyond are refused. */
+    if (get_int(root, "seed", -9007199254740991.0, 9007199254740991.0, &v, &present, e))
         return -1;
     if (present) {
-        cJSON *sv = field(root, "seed");
-        p->sampling.seed = sv->valuedouble >= 9223372036854775807.0 ? (uint64_t)sv->valuedouble
-                                                                    : (uint64_t)v;
+        p->sampling.seed = (uint64_t)v; /* negative seeds wrap, as two's complement */
         r->has_seed = true;
     }
     r->n = 1;
@@ -562,6 +563,158 @@ out:
     return rc;
 }
 
+/* ---- fields the parser does not read ----
+ *
+ * Every top-level member is one of: read by the parser above (IMPL), accepted
+ * with no effect on the output (INERT: bookkeeping such as metadata), or a
+ * request to constrain or change the output that this server does not
+ * implement (REFUSE): that one is a 400 naming it unless its value asks for
+ * nothing (null, false, 0, "", [] or {}, or the field's own default), since
+ * silently ignoring it would hand back output the client did not ask for.
+ * Anything else is unknown: accepted and reported in dp_oai_req.unknown for
+ * the server to log. */
+enum { F_IMPL, F_INERT, F_REFUSE };
+enum { F_BOTH = 3, F_CMPL = 1, F_CHAT = 2 };
+
+typedef struct field_rule {
+    const char *name;
+    unsigned char kind, where;
+    const char *why;  /* F_REFUSE: what the client asked for */
+} field_rule;
+
+static const field_rule field_rules[] = {
+    {"model", F_IMPL, F_BOTH, NULL},
+    {"temperature", F_IMPL, F_BOTH, NULL},
+    {"top_p", F_IMPL, F_BOTH, NULL},
+    {"top_k", F_IMPL, F_BOTH, NULL},
+    {"min_p", F_IMPL, F_BOTH, NULL},
+    {"presence_penalty", F_IMPL, F_BOTH, NULL},
+    {"frequency_penalty", F_IMPL, F_BOTH, NULL},
+    {"repetition_penalty", F_IMPL, F_BOTH, NULL},
+    {"seed", F_IMPL, F_BOTH, NULL},
+    {"n", F_IMPL, F_BOTH, NULL},
+    {"stream", F_IMPL, F_BOTH, NULL},
+    {"stream_options", F_IMPL, F_BOTH, NULL},
+    {"ignore_eos", F_IMPL, F_BOTH, NULL},
+    {"include_stop_str_in_output", F_IMPL, F_BOTH, NULL},
+    {"user", F_IMPL, F_BOTH, NULL},
+    {"stop", F_IMPL, F_BOTH, NULL},
+    {"logit_bias", F_IMPL, F_BOTH, NULL},
+    {"dualpath", F_IMPL, F_BOTH, NULL},
+    {"tools", F_IMPL, F_BOTH, NULL},
+    {"response_format", F_IMPL, F_BOTH, NULL},
+    {"max_tokens", F_IMPL, F_BOTH, NULL},
+    {"logprobs", F_IMPL, F_BOTH, NULL},
+    {"echo", F_IMPL, F_BOTH, NULL},
+    {"messages", F_IMPL, F_CHAT, NULL},
+    {"max_completion_tokens", F_IMPL, F_CHAT, NULL},
+    {"top_logprobs", F_IMPL, F_CHAT, NULL},
+    {"prompt", F_IMPL, F_CMPL, NULL},
+    {"suffix", F_IMPL, F_CMPL, NULL},
+    {"best_of", F_IMPL, F_CMPL, NULL},
+    /* No effect on the tokens generated. */
+    {"metadata", F_INERT, F_BOTH, NULL},
+    {"store", F_INERT, F_BOTH, NULL},
+    {"service_tier", F_INERT, F_BOTH, NULL},
+    {"parallel_tool_calls", F_INERT, F_BOTH, NULL},
+    {"prediction", F_INERT, F_BOTH, NULL},
+    {"request_id", F_INERT, F_BOTH, NULL},
+    {"priority", F_INERT, F_BOTH, NULL},
+    /* Constrained decoding (OpenAI, vLLM, llama.cpp spellings). */
+    {"guided_json", F_REFUSE, F_BOTH, "JSON-schema constrained output"},
+    {"guided_regex", F_REFUSE, F_BOTH, "regex-constrained output"},
+    {"guided_choice", F_REFUSE, F_BOTH, "choice-constrained output"},
+    {"guided_grammar", F_REFUSE, F_BOTH, "grammar-constrained output"},
+    {"guided_decoding_backend", F_REFUSE, F_BOTH, "constrained output"},
+    {"guided_whitespace_pattern", F_REFUSE, F_BOTH, "constrained output"},
+    {"structured_outputs", F_REFUSE, F_BOTH, "constrained output"},
+    {"grammar", F_REFUSE, F_BOTH, "grammar-constrained output"},
+    {"json_schema", F_REFUSE, F_BOTH, "JSON-schema constrained output"},
+    {"tool_choice", F_REFUSE, F_BOTH, "a tool call"},
+    {"functions", F_REFUSE, F_BOTH, "function calling"},
+    {"function_call", F_REFUSE, F_BOTH, "a function call"},
+    /* Token-level constraints. */
+    {"min_tokens", F_REFUSE, F_BOTH, "a minimum output length"},
+    {"stop_token_ids", F_REFUSE, F_BOTH, "stopping at given token ids"},
+    {"bad_words", F_REFUSE, F_BOTH, "banned words"},
+    {"allowed_token_ids", F_REFUSE, F_BOTH, "a restricted vocabulary"},
+    {"logits_processors", F_REFUSE, F_BOTH, "custom logits processors"},
+    {"truncate_prompt_tokens", F_REFUSE, F_BOTH, "prompt truncation"},
+    {"prompt_logprobs", F_REFUSE, F_BOTH, "prompt logprobs"},
+    {"skip_special_tokens", F_REFUSE, F_BOTH, "special tokens in the text"},
+    /* Output modalities and the chat template. */
+    {"modalities", F_REFUSE, F_CHAT, "a non-text output modality"},
+    {"audio", F_REFUSE, F_CHAT, "audio output"},
+    {"web_search_options", F_REFUSE, F_CHAT, "web search"},
+    {"add_generation_prompt", F_REFUSE, F_CHAT, "a prompt without the assistant header"},
+    {"continue_final_message", F_REFUSE, F_CHAT, "continuing the last assistant message"},
+    {"chat_template", F_REFUSE, F_CHAT, "a custom chat template"},
+    {"chat_template_kwargs", F_REFUSE, F_CHAT, "chat template arguments"},
+};
+
+/* Values that ask for nothing, per field. */
+static bool field_inert(const char *name, const cJSON *v)
+{
+    if (!strcmp(name, "add_generation_prompt") || !strcmp(name, "skip_special_tokens"))
+        return cJSON_IsTrue(v);
+    if (!strcmp(name, "tool_choice")) /* tools themselves are refused unless empty */
+        return cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
+                                     !strcmp(v->valuestring, "auto"));
+    if (!strcmp(name, "modalities")) {
+        if (!cJSON_IsArray(v))
+            return false;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) if (!cJSON_IsString(it) || strcmp(it->valuestring, "text"))
+            return false;
+        return true;
+    }
+    if (cJSON_IsFalse(v))
+        return true;
+    if (cJSON_IsNumber(v))
+        return v->valuedouble == 0;
+    if (cJSON_IsString(v))
+        return !v->valuestring[0];
+    if (cJSON_IsArray(v) || cJSON_IsObject(v))
+        return v->child == NULL;
+    return false;
+}
+
+static int check_fields(dp_oai_kind kind, const cJSON *root, dp_oai_req *r, dp_api_err *e)
+{
+    unsigned where = kind == DP_OAI_CHAT ? F_CHAT : F_CMPL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, root) {
+        const char *name = it->string ? it->string : "";
+        const field_rule *rule = NULL;
+        for (size_t i = 0; i < sizeof field_rules / sizeof field_rules[0]; i++)
+            if ((field_rules[i].where & where) && !strcmp(field_rules[i].name, name)) {
+                rule = &field_rules[i];
+                break;
+            }
+        if (rule && rule->kind == F_REFUSE && !cJSON_IsNull(it) && !field_inert(name, it))
+            return api_err_invalid(e, name, "'%s' (%s) is not supported by this server", name,
+                                   rule->why);
+        if (!rule && r->n_unknown < DP_OAI_MAX_UNKNOWN)
+            snprintf(r->unknown[r->n_unknown++], sizeof r->unknown[0], "%s", quotable(name));
+    }
+    return 0;
+}
+
+/* cJSON ends every string at its first NUL, so "a\u0000b" would silently
+ * become "a": such a body is refused before parsing. Backslashes occur only
+ * inside strings, so a scan of escapes is exact. */
+bool oai_json_has_nul(const char *body, size_t len)
+{
+    for (size_t i = 0; i + 1 < len; i++) {
+        if (body[i] != '\\')
+            continue;
+        if (body[i + 1] == 'u' && i + 5 < len && !memcmp(body + i + 2, "0000", 4))
+            return true;
+        i++; /* the escaped character */
+    }
+    return false;
+}
+
 static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, dp_oai_req *r,
                       dp_api_err *e)
 {
@@ -572,7 +725,7 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
     const char *mt_name = "max_tokens";
     if (!cJSON_IsObject(root))
         return api_err_invalid(e, NULL, "the request body must be a JSON object");
-    if (parse_common(c, root, r, e))
+    if (check_fields(kind, root, r, e) || parse_common(c, root, r, e))
         return -1;
     if (get_int(root, "max_tokens", 1, 1 << 30, &max_tokens, &mt_present, e))
         return -1;
@@ -592,7 +745,8 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         if (present && !lp)
             return api_err_invalid(e, "top_logprobs", "'top_logprobs' requires 'logprobs' to be true");
         p->logprobs = lp ? (present ? (int32_t)v : 0) : -1;
-        if (field(root, "echo"))
+        cJSON *ev = field(root, "echo");
+        if (ev && !cJSON_IsFalse(ev))
             return api_err_invalid(e, "echo", "'echo' is not supported for chat completions");
         if (parse_messages(c, root, r, e))
             return -1;
@@ -654,6 +808,10 @@ int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t le
     out->params.logprobs = -1;
     if (!body || len == 0) {
         api_err_invalid(e, NULL, "the request body is empty; a JSON object is required");
+        return -1;
+    }
+    if (oai_json_has_nul(body, len)) {
+        api_err_invalid(e, NULL, "strings must not contain NUL characters (\\u0000)");
         return -1;
     }
     cJSON *root = cJSON_ParseWithLength(body, len);

@@ -19,6 +19,7 @@ typedef enum dp_oai_kind { DP_OAI_COMPLETION = 1, DP_OAI_CHAT = 2 } dp_oai_kind;
 
 #define DP_OAI_MAX_N 8          /* choices per prompt */
 #define DP_OAI_MAX_CHOICES 64   /* prompts x n */
+#define DP_OAI_MAX_UNKNOWN 8    /* unknown field names reported per request */
 
 typedef struct dp_oai_ctx {
     const dp_tokenizer *tok;
@@ -49,6 +50,10 @@ typedef struct dp_oai_req {
     bool echo;
     bool has_seed;
     dp_request_params params;   /* template for every choice (owned parts) */
+    /* Top-level members this server does not know (for the log; the first
+     * DP_OAI_MAX_UNKNOWN, printable names only). */
+    char unknown[DP_OAI_MAX_UNKNOWN][48];
+    int n_unknown;
 } dp_oai_req;
 
 /* Parses and validates a request body; on failure fills e (status 400 or 404)
@@ -103,5 +108,7 @@ char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const
 
 /* True when n bytes are valid UTF-8. */
 bool oai_utf8_valid(const char *s, size_t n);
+/* True when a JSON text has a \u0000 escape (which cJSON would cut at). */
+bool oai_json_has_nul(const char *body, size_t len);
 
 #endif

@@ -74,7 +74,7 @@ static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
                                        : s->opts.backend ? s->opts.backend : "unknown",
                             .kernels = s->kernels[0] ? s->kernels : "unknown",
                             .matmul = s->matmul[0] ? s->matmul : "unknown",
-                            .draining = s->draining};
+                            .draining = s->draining, .connections = s->n_conns};
     size_t len = 0;
     /* Count this response before rendering so the scrape includes itself. */
     metrics_count_response(&s->metrics, 200);
@@ -86,14 +86,20 @@ static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
+    http_add_cors(h, r);
     enum MHD_Result ret = MHD_queue_response(h->conn, 200, r);
     MHD_destroy_response(r);
     h->answered = true;
+    h->status = 200;
     return ret;
 }
 
 static cJSON *parse_obj(dp_hreq *h, dp_api_err *e)
 {
+    if (oai_json_has_nul(h->body, h->len)) {
+        api_err_invalid(e, NULL, "strings must not contain NUL characters (\\u0000)");
+        return NULL;
+    }
     cJSON *root = h->len ? cJSON_ParseWithLength(h->body, h->len) : NULL;
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
@@ -185,39 +191,112 @@ static enum MHD_Result on_detokenize(dp_server *s, dp_hreq *h)
     return send_json(h, 200, o);
 }
 
+typedef enum route_kind { R_NONE, R_GET, R_POST } route_kind;
+
+static route_kind route_of(const char *u)
+{
+    if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
+        !strncmp(u, "/v1/models/", 11))
+        return R_GET;
+    if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
+        !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize"))
+        return R_POST;
+    return R_NONE;
+}
+
+static const char *allow_of(route_kind k)
+{
+    return k == R_GET ? "GET, HEAD, OPTIONS" : "POST, OPTIONS";
+}
+
+/* OPTIONS: a CORS preflight gets the methods and headers it asks about when
+ * its origin is allowed; any OPTIONS gets 204 and Allow. No key is needed:
+ * browsers never send one with a preflight. */
+static enum MHD_Result on_options(dp_server *s, dp_hreq *h, route_kind k)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(0, NULL, MHD_RESPMEM_PERSISTENT);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, allow_of(k));
+    const char *origin = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, "Origin");
+    if (guard_cors_origin(&s->guard, origin)) {
+        const char *rh = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND,
+                                                     "Access-Control-Request-Headers");
+        MHD_add_response_header(r, "Access-Control-Allow-Methods", allow_of(k));
+        MHD_add_response_header(r, "Access-Control-Allow-Headers",
+                                rh && *rh ? rh : "Authorization, Content-Type");
+        MHD_add_response_header(r, "Access-Control-Max-Age", "600");
+    }
+    http_add_cors(h, r);
+    enum MHD_Result ret = MHD_queue_response(h->conn, 204, r);
+    MHD_destroy_response(r);
+    h->answered = true;
+    h->status = 204;
+    metrics_count_response(&s->metrics, 204);
+    return ret;
+}
+
+/* /health and /metrics may be public (orchestrators and scrapers often have
+ * no key); everything else needs one when keys are configured. */
+static bool needs_key(const dp_server *s, const char *u)
+{
+    if (!guard_auth_on(&s->guard))
+        return false;
+    if (!strcmp(u, "/health"))
+        return !s->opts.health_public;
+    if (!strcmp(u, "/metrics"))
+        return !s->opts.metrics_public;
+    return true;
+}
+
+enum MHD_Result routes_early(dp_server *s, dp_hreq *h)
+{
+    route_kind k = route_of(h->url);
+    if (!strcmp(h->method, "OPTIONS") && k != R_NONE)
+        return on_options(s, h, k);
+    if (!needs_key(s, h->url))
+        return MHD_YES;
+    const char *auth = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_AUTHORIZATION);
+    if (guard_check(&s->guard, auth))
+        return MHD_YES;
+    s->metrics.auth_failures++;
+    dp_api_err e;
+    if (!auth)
+        api_err_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'.");
+    else
+        api_err_set(&e, 401, "invalid_request_error", "invalid_api_key", NULL,
+                    "Incorrect API key provided.");
+    return http_send_error(h, &e);
+}
+
 enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
 {
     if (h->job)
         return server_continue_job(s, h);
     const char *u = h->url;
-    bool get = !strcmp(h->method, "GET");
+    /* HEAD is GET without the body (MHD leaves the body out). */
+    bool get = !strcmp(h->method, "GET") || !strcmp(h->method, "HEAD");
     bool post = !strcmp(h->method, "POST");
     dp_api_err e;
-    enum { R_NONE, R_GET, R_POST } kind = R_NONE;
-
-    if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
-        !strncmp(u, "/v1/models/", 11)) {
-        kind = R_GET;
-        if (get) {
-            if (!strcmp(u, "/health"))
-                return on_health(s, h);
-            if (!strcmp(u, "/metrics"))
-                return on_metrics(s, h);
-            if (!strcmp(u, "/v1/models"))
-                return on_models(s, h);
-            return on_model(s, h, u + 11);
-        }
-    } else if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
-               !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize")) {
-        kind = R_POST;
-        if (post) {
-            if (!strcmp(u, "/tokenize"))
-                return on_tokenize(s, h);
-            if (!strcmp(u, "/detokenize"))
-                return on_detokenize(s, h);
-            return server_start_job(s, h, !strcmp(u, "/v1/completions") ? DP_OAI_COMPLETION
-                                                                        : DP_OAI_CHAT);
-        }
+    route_kind kind = route_of(u);
+    if (kind == R_GET && get) {
+        if (!strcmp(u, "/health"))
+            return on_health(s, h);
+        if (!strcmp(u, "/metrics"))
+            return on_metrics(s, h);
+        if (!strcmp(u, "/v1/models"))
+            return on_models(s, h);
+        return on_model(s, h, u + 11);
+    }
+    if (kind == R_POST && post) {
+        if (!strcmp(u, "/tokenize"))
+            return on_tokenize(s, h);
+        if (!strcmp(u, "/detokenize"))
+            return on_detokenize(s, h);
+        return server_start_job(s, h, !strcmp(u, "/v1/completions") ? DP_OAI_COMPLETION
+                                                                    : DP_OAI_CHAT);
     }
     if (kind == R_NONE) {
         api_err_set(&e, 404, "invalid_request_error", "not_found", NULL,
@@ -227,6 +306,6 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
     api_err_set(&e, 405, "invalid_request_error", "method_not_allowed", NULL,
                 "Method %.16s is not allowed for %.200s (use %s)", h->method, u,
                 kind == R_GET ? "GET" : "POST");
-    e.allow = kind == R_GET ? "GET" : "POST";
+    e.allow = allow_of(kind);
     return http_send_error(h, &e);
 }

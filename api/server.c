@@ -23,8 +23,14 @@ void server_opts_default(dp_server_opts *o)
     o->backend = "cpu";
     o->max_body = 1u << 20;
     o->conn_limit = 1024;
-    o->conn_timeout_s = 120;
+    o->header_timeout_s = 10;
+    o->body_timeout_s = 10;
+    o->idle_timeout_s = 60;
+    o->request_timeout_s = 600;
     o->ping_interval_s = 1.0;
+    o->health_public = true;
+    o->metrics_public = true;
+    o->cors_origins = "";
 }
 
 /* ---- ids ---- */
@@ -76,9 +82,17 @@ static void job_unref(dp_job *j)
         job_free(j);
 }
 
+static void job_cancel(dp_job *j);
+
+/* A stream that cannot grow ends here rather than going on with a gap: what
+ * is queued still goes out, then this event, then [DONE] (sse_reader). */
+static const char broken_tail[] =
+    "data: {\"error\":{\"message\":\"the server ran out of memory for this stream; it ends "
+    "here\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n";
+
 static void out_append(dp_job *j, const char *p, size_t n)
 {
-    if (!p)
+    if (!p || j->out_broken)
         return;
     if (j->out_off == j->out_len)
         j->out_off = j->out_len = 0;
@@ -88,7 +102,10 @@ static void out_append(dp_job *j, const char *p, size_t n)
             nc *= 2;
         char *np = realloc(j->out, nc);
         if (!np) {
-            dp_log(DP_LOG_ERROR, "api: out of memory for a stream; dropping %zu bytes", n);
+            dp_log(DP_LOG_ERROR, "api: %s: out of memory for the stream; ending it", j->id);
+            j->out_broken = true;
+            j->stream_ended = true;
+            job_cancel(j);
             return;
         }
         j->out = np;
@@ -130,6 +147,17 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
         memcpy(buf, j->out + j->out_off, n);
         j->out_off += n;
         j->last_write = dp_now();
+        return (ssize_t)n;
+    }
+    if (j->out_broken) {
+        size_t total = sizeof broken_tail - 1;
+        if (j->tail_off >= total)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        size_t n = total - j->tail_off;
+        if (n > max)
+            n = max;
+        memcpy(buf, broken_tail + j->tail_off, n);
+        j->tail_off += n;
         return (ssize_t)n;
     }
     if (j->stream_ended)
@@ -174,6 +202,30 @@ static enum MHD_Result submit_fail(dp_server *s, dp_hreq *h, dp_job *j, int rc, 
     return http_send_error(h, &e);
 }
 
+/* A field the parser does not know is accepted (clients send many that do
+ * not matter), but said once per field name, with the request that sent it
+ * first, so that an operator can tell when a client expects something. */
+static void log_unknown_fields(dp_server *s, const dp_job *j)
+{
+    for (int i = 0; i < j->req.n_unknown; i++) {
+        const char *name = j->req.unknown[i];
+        bool seen = false;
+        for (int k = 0; k < s->n_unknown_logged && !seen; k++)
+            seen = !strcmp(s->unknown_logged[k], name);
+        if (seen)
+            continue;
+        if (s->n_unknown_logged == DP_SERVER_UNKNOWN_NAMES) {
+            if (!s->unknown_overflow)
+                dp_log(DP_LOG_WARN, "api: %s: more unknown request fields; no longer logged", j->id);
+            s->unknown_overflow = true;
+            return;
+        }
+        snprintf(s->unknown_logged[s->n_unknown_logged++], sizeof s->unknown_logged[0], "%s", name);
+        dp_log(DP_LOG_WARN, "api: %s: ignoring unknown request field '%s' (logged once per name)",
+               j->id, name);
+    }
+}
+
 enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
 {
     dp_api_err e;
@@ -190,6 +242,7 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     j->srv = s;
     j->refs = 1; /* the hreq */
     j->conn = h->conn;
+    j->t_start = h->t_start;
     j->next = s->jobs;
     if (s->jobs)
         s->jobs->prev = j;
@@ -197,17 +250,26 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     s->n_jobs++;
     h->job = j;
     bool hung_up = h->client_gone;
+    snprintf(j->id, sizeof j->id, "%s%016llx%08llx", kind_prefix(kind),
+             (unsigned long long)next_rand(s), (unsigned long long)(next_rand(s) & 0xffffffffu));
+    j->created = (long long)time(NULL);
     if (oai_parse(&s->oai, kind, h->body, h->len, &j->req, &e)) {
         j->finished = true;
         return http_send_error(h, &e);
     }
     dp_oai_req *r = &j->req;
+    log_unknown_fields(s, j);
     j->n_choices = r->n_prompts * r->n;
+    int max_queue = engine_max_queue(s->engine);
+    if (max_queue > 0 && j->n_choices > max_queue) {
+        /* It could never be queued whole: not a "retry later". */
+        j->finished = true;
+        api_err_invalid(&e, "n", "the request has %d choices (prompts x n) but the server queues "
+                        "at most %d requests", j->n_choices, max_queue);
+        return http_send_error(h, &e);
+    }
     j->reqs = calloc((size_t)j->n_choices, sizeof *j->reqs);
     j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
-    snprintf(j->id, sizeof j->id, "%s%016llx%08llx", kind_prefix(kind),
-             (unsigned long long)next_rand(s), (unsigned long long)(next_rand(s) & 0xffffffffu));
-    j->created = (long long)time(NULL);
     if (!j->reqs || !j->choices)
         goto oom;
     for (int p = 0, k = 0; p < r->n_prompts; p++) {
@@ -290,6 +352,7 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
     MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
     MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    http_add_cors(h, resp);
     enum MHD_Result ret = MHD_queue_response(h->conn, 200, resp);
     MHD_destroy_response(resp);
     h->answered = true;
@@ -320,6 +383,12 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
     }
     if (j->error) {
         api_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
+        return http_send_error(h, &e);
+    }
+    if (j->timed_out) {
+        api_err_set(&e, 504, "timeout_error", "request_timeout", NULL,
+                    "the request ran longer than request_timeout (%g s) and was cancelled",
+                    s->opts.request_timeout_s);
         return http_send_error(h, &e);
     }
     bool aborted = !j->finished;
@@ -429,6 +498,20 @@ static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
 
 static void stream_end(dp_server *s, dp_job *j)
 {
+    if (j->timed_out) {
+        dp_api_err e;
+        size_t n = 0;
+        api_err_set(&e, 504, "timeout_error", "request_timeout", NULL,
+                    "the request ran longer than request_timeout (%g s) and was cancelled",
+                    s->opts.request_timeout_s);
+        char *body = api_err_body(&e, &n);
+        if (body) {
+            out_append(j, "data: ", 6);
+            out_append(j, body, n);
+            out_append(j, "\n\n", 2);
+            free(body);
+        }
+    }
     if (j->req.include_usage) {
         long long pt = 0, ct = 0;
         dp_oai_dualpath_usage dp = {0, 0};
@@ -529,12 +612,33 @@ void server_engine_notify(void *ud)
 
 /* Streams with nothing to say for a while get an SSE comment: writing is the
  * only way to notice a client that went away while its connection is parked. */
+/* request_timeout: a completion still generating after it is cancelled; its
+ * FINISH events then end it with 504 (or an error event when streaming). */
+static void check_request_timeouts(dp_server *s, double now)
+{
+    double limit = s->opts.request_timeout_s;
+    if (limit <= 0)
+        return;
+    for (dp_job *j = s->jobs; j; j = j->next) {
+        if (j->finished || j->cancelled || j->client_gone || j->timed_out || !j->conn)
+            continue;
+        if (now - j->t_start < limit)
+            continue;
+        j->timed_out = true;
+        s->metrics.request_timeouts++;
+        dp_log(DP_LOG_INFO, "api: %s: running for %.1f s, over request_timeout: cancelling", j->id,
+               now - j->t_start);
+        job_cancel(j);
+    }
+}
+
 static void on_ping(uv_timer_t *t)
 {
     dp_server *s = t->data;
     double now = dp_now();
     bool any = false;
     static const char ping[] = ": ping\n\n";
+    check_request_timeouts(s, now);
     for (dp_job *j = s->jobs; j; j = j->next) {
         if (!j->req.stream || !j->conn || j->stream_ended || j->cancelled || j->finished)
             continue;
@@ -572,6 +676,16 @@ int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
         free(s);
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
     }
+    if (guard_init(&s->guard, o->api_key_file, o->cors_origins, err, errsz)) {
+        free(s->model_name);
+        free(s->model_alias);
+        free(s);
+        return DP_EINVAL;
+    }
+    if (guard_auth_on(&s->guard))
+        dp_log(DP_LOG_INFO, "api: %d API key(s) from %s; /health %s, /metrics %s", s->guard.n_keys,
+               o->api_key_file, o->health_public ? "public" : "needs a key",
+               o->metrics_public ? "public" : "needs a key");
     s->opts.model_name = s->model_name;
     s->opts.model_alias = s->model_alias;
     s->oai.tok = tok;
@@ -670,6 +784,7 @@ void server_drain(dp_server *s, double timeout_s, void (*done)(void *ud), void *
     s->drain_cb = done;
     s->drain_ud = ud;
     http_quiesce(s);
+    http_end_uploads(s);
     dp_log(DP_LOG_INFO, "api: draining: %d request(s) in flight, timeout %.1f s", s->n_jobs,
            timeout_s);
     uv_timer_start(&s->drain_timer, on_drain_timeout,
@@ -718,10 +833,23 @@ void server_close(dp_server *s)
     }
 }
 
+void server_reload(dp_server *s)
+{
+    char err[DP_ERRLEN];
+    if (!guard_auth_on(&s->guard))
+        return;
+    if (guard_reload(&s->guard, err, sizeof err))
+        dp_log(DP_LOG_ERROR, "api: SIGHUP: %s; the %d key(s) in use stay", err, s->guard.n_keys);
+    else
+        dp_log(DP_LOG_INFO, "api: SIGHUP: %d API key(s) reloaded from %s", s->guard.n_keys,
+               s->guard.key_path);
+}
+
 void server_destroy(dp_server *s)
 {
     if (!s)
         return;
+    guard_destroy(&s->guard);
     free(s->model_name);
     free(s->model_alias);
     free(s);

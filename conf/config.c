@@ -54,6 +54,7 @@ static const char *const scorers[] = {"knorm", "knorm_high", "snapkv", "recent",
 
 static int check_device(const char *s, char *err, size_t errsz);
 static int check_listen(const char *s, char *err, size_t errsz);
+static int check_origins(const char *s, char *err, size_t errsz);
 
 #define KIB 1024.0
 #define MIB (1024.0 * KIB)
@@ -85,12 +86,34 @@ static const opt_desc options[] = {
      GROUP_SERVER, NULL, "largest request body; larger ones get 413 [api]"},
     {"max_connections", DP_CONF_INT, F(max_connections), "256", 1, 65536, NULL, NULL, 0,
      GROUP_SERVER, NULL, "open HTTP connections at most [api]"},
+    {"max_connections_per_ip", DP_CONF_INT, F(max_connections_per_ip), "0", 0, 65536, NULL, NULL,
+     0, GROUP_SERVER, NULL,
+     "connections from one address at most; 0 = 7/8 of max_connections (proxy: raise it) [api]"},
+    {"header_timeout", DP_CONF_DURATION, F(header_timeout_ms), "10s", 0, 86400000.0, NULL, NULL,
+     0, GROUP_SERVER, NULL,
+     "a new connection's request headers must be in within this; 0 = no limit [api]"},
+    {"body_timeout", DP_CONF_DURATION, F(body_timeout_ms), "10s", 0, 86400000.0, NULL, NULL, 0,
+     GROUP_SERVER, NULL, "a request body that stalls this long is dropped; 0 = no limit [api]"},
+    {"idle_timeout", DP_CONF_DURATION, F(idle_timeout_ms), "1min", 0, 86400000.0, NULL, NULL, 0,
+     GROUP_SERVER, NULL,
+     "idle keep-alive or non-reading clients are closed after this; 0 = never [api]"},
     {"request_timeout", DP_CONF_DURATION, F(request_timeout_ms), "10min", 0, 86400000.0, NULL,
-     NULL, 0, GROUP_SERVER, NULL, "a request running longer is cancelled; 0 = never [api]"},
+     NULL, 0, GROUP_SERVER, NULL,
+     "a completion running longer is cancelled (504 or an error event); 0 = never [api]"},
+    {"api_key_file", DP_CONF_STRING, F(api_key_file), "\"\"", 0, 0, NULL, NULL, 0, GROUP_SERVER,
+     "PATH", "API keys, one per line (reloaded on SIGHUP) for Authorization: Bearer; \"\" = none "
+     "[api]"},
+    {"health_public", DP_CONF_BOOL, F(health_public), "true", 0, 0, NULL, NULL, 0, GROUP_SERVER,
+     NULL, "/health answers without an API key [api]"},
+    {"metrics_public", DP_CONF_BOOL, F(metrics_public), "true", 0, 0, NULL, NULL, 0,
+     GROUP_SERVER, NULL, "/metrics answers without an API key [api]"},
+    {"cors_origins", DP_CONF_STRING, F(cors_origins), "\"\"", 0, 0, NULL, check_origins, 0,
+     GROUP_SERVER, "ORIGINS",
+     "browser origins allowed (CORS): \"*\" or a comma-separated list; \"\" = none [api]"},
     {"drain_timeout", DP_CONF_DURATION, F(drain_timeout_ms), "30s", 0, 86400000.0, NULL, NULL, 0,
      GROUP_SERVER, NULL, "on SIGTERM, how long running requests may finish [daemon]"},
     {"max_queue", DP_CONF_INT, F(max_queue), "256", 0, 1 << 20, NULL, NULL, 0, GROUP_SERVER,
-     NULL, "requests waiting for admission before new ones get 429 [api, sched]"},
+     NULL, "requests waiting for admission before new ones get 429; 0 = no limit [api, sched]"},
     {"default_max_tokens", DP_CONF_INT, F(default_max_tokens), "0", 0, 1 << 20, NULL, NULL, 0,
      GROUP_SERVER, NULL,
      "max_tokens when a request sets none; 0 = rest of context (chat), 16 (completions) [api]"},
@@ -158,6 +181,35 @@ static int check_device(const char *s, char *err, size_t errsz)
             return 0;
     }
     return dp_err(err, errsz, DP_EINVAL, "'%s' is not auto, cpu, cuda or cuda:N", s);
+}
+
+/* The same rule as the server's (api/guard.c): scheme://host[:port] each. */
+static int check_origins(const char *s, char *err, size_t errsz)
+{
+    const char *p = s;
+    while (*p) {
+        const char *end = strchr(p, ',');
+        size_t n = end ? (size_t)(end - p) : strlen(p);
+        while (n && isspace((unsigned char)*p))
+            p++, n--;
+        while (n && isspace((unsigned char)p[n - 1]))
+            n--;
+        if (n && !(n == 1 && *p == '*')) {
+            char o[256];
+            if (n >= sizeof o)
+                return dp_err(err, errsz, DP_EINVAL, "an origin is longer than 255 bytes");
+            memcpy(o, p, n);
+            o[n] = 0;
+            const char *sep = strstr(o, "://");
+            if (!sep || sep == o || !sep[3] || strchr(sep + 3, '/'))
+                return dp_err(err, errsz, DP_EINVAL,
+                              "'%s' is not an origin like https://app.example:8443 (or *)", o);
+        }
+        if (!end)
+            break;
+        p = end + 1;
+    }
+    return 0;
 }
 
 static int check_listen(const char *s, char *err, size_t errsz)

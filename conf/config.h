@@ -43,7 +43,15 @@ typedef struct dp_config {
     char *listen;           /* host:port, [v6]:port or unix:/path: config_parse_listen() */
     uint64_t max_body_bytes;
     int max_connections;
+    int max_connections_per_ip; /* 0 = 7/8 of max_connections */
+    int64_t header_timeout_ms;
+    int64_t body_timeout_ms;
+    int64_t idle_timeout_ms;
     int64_t request_timeout_ms;
+    char *api_key_file;     /* "" = no authentication */
+    bool health_public;
+    bool metrics_public;
+    char *cors_origins;     /* "" none, "*" any, or comma-separated origins */
     int64_t drain_timeout_ms;
     int max_queue;
     int default_max_tokens;

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "api/guard.h"
+#include "api/server.h"
 #include "common/dp.h"
 #include "conf/config.h"
 #include "oneshot.h"
@@ -37,6 +39,31 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->gpu_memory_fraction = c->gpu_memory_fraction;
 }
 
+/* HTTP API options from the configuration; host, port and unix_path come
+ * from config_parse_listen() and must outlive the server. */
+static void api_from_config(const dp_config *c, const char *host, int port, const char *unix_path,
+                            dp_server_opts *a)
+{
+    server_opts_default(a);
+    a->host = host;
+    a->port = port;
+    a->unix_path = unix_path;
+    a->max_body = (size_t)c->max_body_bytes;
+    a->conn_limit = (unsigned)c->max_connections;
+    a->per_ip_limit = c->max_connections_per_ip > 0
+                          ? (unsigned)c->max_connections_per_ip
+                          : (unsigned)(c->max_connections - c->max_connections / 8);
+    a->header_timeout_s = (double)c->header_timeout_ms / 1000.0;
+    a->body_timeout_s = (double)c->body_timeout_ms / 1000.0;
+    a->idle_timeout_s = (double)c->idle_timeout_ms / 1000.0;
+    a->request_timeout_s = (double)c->request_timeout_ms / 1000.0;
+    a->default_max_tokens = c->default_max_tokens;
+    a->api_key_file = c->api_key_file;
+    a->health_public = c->health_public;
+    a->metrics_public = c->metrics_public;
+    a->cors_origins = c->cors_origins;
+}
+
 static int serve_from_config(const dp_config *c, bool verbose)
 {
     dp_serve_opts so;
@@ -48,11 +75,6 @@ static int serve_from_config(const dp_config *c, bool verbose)
         fprintf(stderr, "dualpathd: listen: %s\n", err);
         return 2;
     }
-    if (unix_path[0]) {
-        fprintf(stderr, "dualpathd: listen: unix sockets are not supported by this build; use "
-                        "host:port\n");
-        return 2;
-    }
     so.model = c->model;
     so.device = c->device;
     so.threads = c->threads;
@@ -60,17 +82,34 @@ static int serve_from_config(const dp_config *c, bool verbose)
     so.exact_matmul = c->exact_matmul;
     so.verbose = verbose;
     so.log_level = verbose ? DP_LOG_DEBUG : c->log_level;
-    so.host = host;
-    so.port = port;
     so.model_name = c->model_name[0] ? c->model_name : NULL;
     so.drain_timeout_s = (double)c->drain_timeout_ms / 1000.0;
-    so.max_body = (size_t)c->max_body_bytes;
-    so.conn_limit = (unsigned)c->max_connections;
-    so.conn_timeout_s = (unsigned)((c->request_timeout_ms + 999) / 1000);
-    so.default_max_tokens = c->default_max_tokens;
     so.watchdog = c->watchdog;
+    api_from_config(c, host, port, unix_path, &so.api);
     engine_from_config(c, &so.engine);
     return serve_run(&so);
+}
+
+/* --check-config: what serving would refuse at start-up, short of loading
+ * the model: the listen address as serving resolves it, and the API key file. */
+static int check_config(const dp_config *c)
+{
+    char host[256], unix_path[256], err[DP_ERRLEN];
+    int port;
+    if (config_parse_listen(c->listen, host, sizeof host, &port, unix_path, sizeof unix_path, err,
+                            sizeof err) ||
+        (!unix_path[0] && server_check_address(host, port, err, sizeof err))) {
+        fprintf(stderr, "dualpathd: listen: %s\n", err);
+        return 2;
+    }
+    dp_guard g;
+    if (guard_init(&g, c->api_key_file, c->cors_origins, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        return 2;
+    }
+    guard_destroy(&g);
+    fprintf(stderr, "dualpathd: configuration OK\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -118,7 +157,7 @@ int main(int argc, char **argv)
     } else if (cli.print_config) {
         config_print(&cfg, stdout);
     } else if (cli.check_config) {
-        fprintf(stderr, "dualpathd: configuration OK\n");
+        status = check_config(&cfg);
     } else if (prompt) {
         dp_log_set_level(verbose ? DP_LOG_DEBUG : cfg.log_level);
         dp_oneshot_opts o = {

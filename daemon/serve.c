@@ -26,8 +26,7 @@ void serve_opts_default(dp_serve_opts *o)
 {
     memset(o, 0, sizeof *o);
     o->device = "auto";
-    o->host = "127.0.0.1";
-    o->port = 8080;
+    server_opts_default(&o->api);
     o->drain_timeout_s = 30.0;
     o->log_level = DP_LOG_INFO;
     o->watchdog = true;
@@ -214,6 +213,7 @@ static void on_signal(uv_signal_t *h, int signum)
     if (signum == SIGHUP) {
         dp_log_set_level(c->log_level);
         dp_log(DP_LOG_INFO, "serve: SIGHUP: log level re-applied (%d)", c->log_level);
+        server_reload(c->srv);
         return;
     }
     if (c->loading) {
@@ -304,7 +304,7 @@ static void on_loaded(uv_async_t *a)
     }
     dp_log(DP_LOG_INFO,
            "serve: model '%s' (%s backend, %s kernels, %s matmul, context %d) loaded in %.2f s; "
-           "serving on http://%s",
+           "serving on %s",
            c->name, bo->name, kern, mm, engine_context_length(c->engine), dp_now() - c->t0, c->where);
     snprintf(c->status_line, sizeof c->status_line, "serving '%s' on %s", c->name, c->where);
     notify_sendf("READY=1\nSTATUS=%s", c->status_line);
@@ -371,20 +371,10 @@ int serve_run(const dp_serve_opts *o)
         goto done;
     }
     loop_ok = true;
-    dp_server_opts so;
-    server_opts_default(&so);
-    so.host = o->host;
-    so.port = o->port;
+    dp_server_opts so = o->api;
     so.model_name = name;
     so.model_alias = o->model;
     so.backend = o->device;
-    if (o->max_body)
-        so.max_body = o->max_body;
-    if (o->conn_limit)
-        so.conn_limit = o->conn_limit;
-    if (o->conn_timeout_s)
-        so.conn_timeout_s = o->conn_timeout_s;
-    so.default_max_tokens = o->default_max_tokens;
     if (server_init(&c.srv, &c.loop, &so, tok, &ct, err, sizeof err)) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
@@ -402,10 +392,14 @@ int serve_run(const dp_serve_opts *o)
     uv_signal_start(&c.sig_int, on_signal, SIGINT);
     uv_signal_start(&c.sig_hup, on_signal, SIGHUP);
     c.signals_open = true;
-    bool v6 = strchr(o->host, ':') != NULL;
-    snprintf(c.where, sizeof c.where, "%s%s%s:%d", v6 ? "[" : "", o->host, v6 ? "]" : "",
-             server_port(c.srv));
-    dp_log(DP_LOG_INFO, "serve: listening on http://%s; loading the model", c.where);
+    if (so.unix_path && so.unix_path[0]) {
+        snprintf(c.where, sizeof c.where, "unix:%s", so.unix_path);
+    } else {
+        bool v6 = strchr(so.host, ':') != NULL;
+        snprintf(c.where, sizeof c.where, "http://%s%s%s:%d", v6 ? "[" : "", so.host,
+                 v6 ? "]" : "", server_port(c.srv));
+    }
+    dp_log(DP_LOG_INFO, "serve: listening on %s; loading the model", c.where);
     c.g = &g;
     c.tok = tok;
     c.name = name;

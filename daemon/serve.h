@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/server.h"
 #include "engine/engine.h"
 
 typedef struct dp_serve_opts {
@@ -16,15 +17,12 @@ typedef struct dp_serve_opts {
     bool exact_matmul;       /* CPU: f32 matmuls (no int8 activations) */
     bool verbose;
     int log_level;           /* DP_LOG_* */
-    const char *host;        /* default 127.0.0.1 */
-    int port;                /* default 8080; 0: any free port */
     const char *model_name;  /* default: the file name without .gguf */
     double drain_timeout_s;  /* default 30 */
-    size_t max_body;         /* 0: the server's default */
-    unsigned conn_limit;     /* 0: the server's default */
-    unsigned conn_timeout_s; /* 0: the server's default */
-    int default_max_tokens;  /* 0: the rest of the context (chat), 16 (completions) */
     bool watchdog;           /* answer systemd's watchdog (default true) */
+    /* The HTTP API: address, limits, deadlines, keys, CORS (server_opts_default;
+     * serve_run sets the model name, alias and backend). */
+    dp_server_opts api;
     dp_engine_opts engine;
 } dp_serve_opts;
 

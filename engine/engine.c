@@ -135,6 +135,7 @@ void engine_opts_default(dp_engine_opts *o)
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
+int32_t engine_max_queue(const dp_engine *e) { return e->opts.max_queue; }
 
 /* ---- outbox --------------------------------------------------------------- */
 
@@ -197,7 +198,7 @@ static char *flush_text(eng_seq *es, size_t *len)
 /* Emits the FINISH event and frees the sequence. flush: release held text. */
 static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *error, bool flush)
 {
-    dp_event *ev = event_new(e, es->req, DP_EV_FINISH);
+    dp_event *ev = request_take_finish(es->req);
     if (ev) {
         size_t n = 0;
         ev->text = flush ? flush_text(es, &n) : NULL;
@@ -875,7 +876,7 @@ static void *engine_main(void *arg)
 
         for (int32_t i = 0; i < n; i++)
             if (admit_request(e, batch[i]) != 0) {
-                dp_event *ev = event_new(e, batch[i], DP_EV_FINISH);
+                dp_event *ev = request_take_finish(batch[i]);
                 if (ev) {
                     ev->finish = DP_FINISH_ERROR;
                     ev->error = strdup("out of memory");
@@ -1241,7 +1242,7 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
         pthread_mutex_unlock(&e->mu);
         return dp_err(err, errsz, DP_ENOSPC, "the engine is stopping");
     }
-    if (atomic_load(&e->queued) >= e->opts.max_queue) {
+    if (e->opts.max_queue > 0 && atomic_load(&e->queued) >= e->opts.max_queue) {
         pthread_mutex_unlock(&e->mu);
         return dp_err(err, errsz, DP_ENOSPC, "too many requests are waiting (%d)", e->opts.max_queue);
     }

@@ -28,7 +28,7 @@ typedef struct dp_engine_opts {
                                   * loaded (less a reserve for scratch that grows
                                   * at first use); without mem_info (CPU): 1 GiB */
     int32_t context_length;      /* cap per sequence (0: the model's) */
-    int32_t max_queue;           /* waiting requests before submit refuses */
+    int32_t max_queue;           /* waiting requests before submit refuses; 0: no limit */
     /* Dual path. */
     bool dualpath;               /* a decode pool, and compaction at the switch */
     double prefill_fraction;     /* share of kv_bytes for the prefill pool */
@@ -136,6 +136,7 @@ void engine_cancel(dp_engine *e, dp_request *req);
 dp_event *engine_take_events(dp_engine *e);
 void engine_get_stats(dp_engine *e, dp_engine_stats *s);
 int32_t engine_context_length(const dp_engine *e);
+int32_t engine_max_queue(const dp_engine *e); /* 0: no limit */
 /* TEST HOOK only (DUALPATHD_DEBUG_STALL_AFTER_S): the engine thread stops
  * making progress (its heartbeat freezes) until engine_stop, so that tests can
  * see the systemd watchdog beats stop. Thread-safe. */

@@ -23,6 +23,13 @@ dp_request *request_new(int32_t *prompt, int32_t n_prompt, const dp_request_para
     dp_request *r = calloc(1, sizeof *r);
     if (!r)
         return NULL;
+    /* The FINISH event exists before it can be needed: running out of memory
+     * later must not leave a client waiting for an end that never comes. */
+    r->finish_ev = calloc(1, sizeof *r->finish_ev);
+    if (!r->finish_ev) {
+        free(r);
+        return NULL;
+    }
     atomic_init(&r->refs, 1);
     atomic_init(&r->cancelled, false);
     r->id = atomic_fetch_add(&next_id, 1);
@@ -49,6 +56,7 @@ void request_unref(dp_request *r)
         return;
     request_params_free(&r->params);
     free(r->prompt);
+    free(r->finish_ev); /* never sent: it holds no reference */
     free(r);
 }
 
@@ -69,4 +77,17 @@ void event_free_list(dp_event *ev)
         event_free(ev);
         ev = n;
     }
+}
+
+dp_event *request_take_finish(dp_request *r)
+{
+    dp_event *ev = r->finish_ev;
+    if (!ev)
+        return NULL;
+    r->finish_ev = NULL;
+    memset(ev, 0, sizeof *ev);
+    ev->kind = DP_EV_FINISH;
+    ev->req = r;
+    request_ref(r);
+    return ev;
 }

@@ -59,7 +59,10 @@ typedef struct dp_request {
     dp_request_params params;
     void *user;             /* the HTTP layer's per-request context (loop thread only) */
     double t_arrival;       /* dp_now() at submission */
+    struct dp_event *finish_ev; /* allocated with the request, sent once */
 } dp_request;
+
+struct dp_event;
 
 /* Creates a request with refs = 1 taking ownership of prompt (malloc'd). */
 dp_request *request_new(int32_t *prompt, int32_t n_prompt, const dp_request_params *p);
@@ -104,6 +107,9 @@ typedef struct dp_event {
 } dp_event;
 
 void event_free(dp_event *ev);
+/* The request's FINISH event (allocated by request_new, holding a new
+ * reference to r), or NULL when it was taken already. */
+dp_event *request_take_finish(dp_request *r);
 void event_free_list(dp_event *ev);
 
 #endif

@@ -25,22 +25,40 @@ def free_port():
         return s.getsockname()[1]
 
 
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """http.client over a unix socket (listen = unix:/PATH)."""
+
+    def __init__(self, path, timeout=120):
+        super().__init__("localhost", timeout=timeout)
+        self.unix_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.unix_path)
+
+
 class Daemon:
-    def __init__(self, extra=(), log_name="dualpathd"):
+    """A dualpathd of its own; unix_path: listen there instead of TCP. The
+    health probe sends health_headers (an API key when /health needs one)."""
+
+    def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.unix_path = unix_path
         self.log_path = os.path.join(os.environ.get("DUALPATHD_LOGDIR", "/tmp"),
                                      f"{log_name}-{self.port}.log")
         self.log = open(self.log_path, "w")
+        listen = f"unix:{unix_path}" if unix_path else f"127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [BIN, "--config", "", "--model", MODEL, "--listen", f"127.0.0.1:{self.port}", *extra],
+            [BIN, "--config", "", "--model", MODEL, "--listen", listen, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + 120
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
             try:
-                st, _, _ = request("GET", "/health", base=self.url, timeout=2)
+                st, _, _ = self.request("GET", "/health", headers=health_headers, timeout=2)
                 if st == 200:
                     return
             except OSError:
@@ -48,6 +66,27 @@ class Daemon:
             time.sleep(0.1)
         self.proc.kill()
         raise RuntimeError("dualpathd did not become healthy")
+
+    def request(self, method, path, body=None, headers=None, timeout=120):
+        if not self.unix_path:
+            return request(method, path, body, headers, base=self.url, timeout=timeout)
+        c = UnixHTTPConnection(self.unix_path, timeout=timeout)
+        try:
+            if isinstance(body, (dict, list)):
+                body = json.dumps(body)
+            h = {"Content-Type": "application/json"} if body is not None else {}
+            h.update(headers or {})
+            c.request(method, path, body=body, headers=h)
+            r = c.getresponse()
+            return r.status, dict(r.getheaders()), r.read()
+        finally:
+            c.close()
+
+    def log_text(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
 
     def stop(self, sig=signal.SIGTERM, timeout=60):
         if self.proc.poll() is None:

@@ -13,7 +13,9 @@ LIMIT = 8
 
 
 def limited_daemon():
-    return Daemon(extra=["--max-connections", str(LIMIT)], log_name="dualpathd-connlimit")
+    # Every test client is 127.0.0.1: the per-address cap must not be the limit here.
+    return Daemon(extra=["--max-connections", str(LIMIT), "--max-connections-per-ip", str(LIMIT)],
+                  log_name="dualpathd-connlimit")
 
 
 def wait_for(cond):

@@ -161,9 +161,10 @@ def test_404(server):
 
 
 def test_405(server):
-    for m, p, allow in (("GET", "/v1/completions", "POST"), ("PUT", "/v1/chat/completions", "POST"),
-                        ("POST", "/health", "GET"), ("DELETE", "/v1/models", "GET"),
-                        ("POST", "/metrics", "GET")):
+    P, G = "POST, OPTIONS", "GET, HEAD, OPTIONS"
+    for m, p, allow in (("GET", "/v1/completions", P), ("PUT", "/v1/chat/completions", P),
+                        ("POST", "/health", G), ("DELETE", "/v1/models", G),
+                        ("POST", "/metrics", G)):
         st, h, b = request(m, p, body="{}" if m in ("POST", "PUT") else None)
         check_error(st, b, 405)
         assert h.get("Allow") == allow

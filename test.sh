@@ -46,6 +46,9 @@ for l in avx2 baseline; do
         meson test -C build-asan --print-errorlogs --no-rebuild --timeout-multiplier 4 $kt
 done
 
+echo "test: fuzz targets, 20 s each with libFuzzer from their corpus (tests/fuzz/run.sh)"
+tests/fuzz/run.sh 20
+
 echo "test: model tests"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits

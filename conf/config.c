@@ -738,7 +738,7 @@ static int split_line(char *line, char **key, char **value, char *err, size_t er
     return 1;
 }
 
-int config_load_file(dp_config *c, const char *path, bool must_exist, char *err, size_t errsz)
+static int load_file(dp_config *c, const char *path, bool must_exist, char *err, size_t errsz)
 {
     FILE *f = fopen(path, "r");
     if (!f) {
@@ -813,7 +813,7 @@ static int find_meta(const char *name, size_t len)
     return -1;
 }
 
-int config_parse_args(dp_config *c, int argc, char **argv, dp_config_cli *cli, char *err,
+static int parse_args(dp_config *c, int argc, char **argv, dp_config_cli *cli, char *err,
                       size_t errsz)
 {
     cli->config_path = NULL;
@@ -917,7 +917,7 @@ int config_parse_args(dp_config *c, int argc, char **argv, dp_config_cli *cli, c
 
 /* ------------------------------------------------------- validation, main */
 
-int config_validate(const dp_config *c, char *err, size_t errsz)
+static int validate(const dp_config *c, char *err, size_t errsz)
 {
     if (!c->model[0])
         return dp_err(err, errsz, DP_EINVAL, "model: no model file given");
@@ -926,6 +926,33 @@ int config_validate(const dp_config *c, char *err, size_t errsz)
                       "prefill_pool_fraction: 1 leaves no memory for the decode pool "
                       "(set dualpath = false to run without one)");
     return 0;
+}
+
+/* Messages quote what they refuse (a flag, a value, a key); whatever bytes
+ * those held, the message stays one printable line. */
+static int one_line(int rc, char *err, size_t errsz)
+{
+    if (rc && errsz)
+        for (char *p = err; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f)
+                *p = '?';
+    return rc;
+}
+
+int config_load_file(dp_config *c, const char *path, bool must_exist, char *err, size_t errsz)
+{
+    return one_line(load_file(c, path, must_exist, err, errsz), err, errsz);
+}
+
+int config_parse_args(dp_config *c, int argc, char **argv, dp_config_cli *cli, char *err,
+                      size_t errsz)
+{
+    return one_line(parse_args(c, argc, argv, cli, err, errsz), err, errsz);
+}
+
+int config_validate(const dp_config *c, char *err, size_t errsz)
+{
+    return one_line(validate(c, err, errsz), err, errsz);
 }
 
 int config_main_load(dp_config *c, int argc, char **argv, dp_config_cli *cli, char *err,

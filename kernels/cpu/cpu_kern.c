@@ -54,7 +54,7 @@ static float k_dot(const float *a, const float *b, int64_t n)
 
 /* ---- Weight blocks decoded to f32 (the exact path). ---- */
 
-static inline float h2f(const uint8_t *p)
+static inline __attribute__((unused)) float h2f(const uint8_t *p)
 {
     uint16_t h;
     memcpy(&h, p, 2);

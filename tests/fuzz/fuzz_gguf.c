@@ -1,13 +1,9 @@
 /* fuzz_gguf.c: libFuzzer entry point for the GGUF reader: any input must open
  * cleanly (every tensor and string in bounds) or fail with a one-line message.
  *
- * Not built by meson. Build and run from the project root:
- *   clang -std=gnu11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -I. \
- *       tests/fuzz/fuzz_gguf.c model/gguf.c kernels/quant.c common/dp.c -o /tmp/fuzz_gguf
- *   mkdir -p /tmp/gguf_corpus && build/tools/dp-synth --out /tmp/gguf_corpus/tiny.gguf --vocab 300 --dim 32 --ffn 64
- *   /tmp/fuzz_gguf -max_total_time=60 -max_len=65536 /tmp/gguf_corpus
- * A seed corpus of small valid files (dp-synth output, the writer's test
- * files) finds the deep paths much faster than starting from nothing. */
+ * Built by tests/fuzz/meson.build; tests/fuzz/run.sh fuzzes it, adding a
+ * dp-synth model to the seeds: a corpus of small valid files finds the deep
+ * paths much faster than starting from nothing. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>

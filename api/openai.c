@@ -700,11 +700,13 @@ static int check_fields(dp_oai_kind kind, const cJSON *root, dp_oai_req *r, dp_a
     return 0;
 }
 
-/* cJSON ends every string at its first NUL, so "a\u0000b" would silently
- * become "a": such a body is refused before parsing. Backslashes occur only
- * inside strings, so a scan of escapes is exact. */
+/* cJSON ends every string at its first NUL, so "a\u0000b" (or a raw NUL
+ * byte) would silently become "a": such a body is refused before parsing.
+ * Backslashes occur only inside strings, so a scan of escapes is exact. */
 bool oai_json_has_nul(const char *body, size_t len)
 {
+    if (memchr(body, 0, len)) /* never valid in JSON text; cJSON would stop at it */
+        return true;
     for (size_t i = 0; i + 1 < len; i++) {
         if (body[i] != '\\')
             continue;
@@ -799,6 +801,26 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
     return 0;
 }
 
+cJSON *oai_json_parse(const char *body, size_t len, size_t *err_at)
+{
+    const char *end = NULL;
+    cJSON *root = cJSON_ParseWithLengthOpts(body, len, &end, false);
+    if (!root) {
+        const char *ep = cJSON_GetErrorPtr();
+        *err_at = ep && ep >= body && ep <= body + len ? (size_t)(ep - body) : 0;
+        return NULL;
+    }
+    /* cJSON stops after the first value; anything but whitespace after it
+     * (a second object, garbage) makes the body invalid. */
+    for (const char *p = end; p && p < body + len; p++)
+        if (*p != ' ' && *p != '\t' && *p != '\n' && *p != '\r') {
+            *err_at = (size_t)(p - body);
+            cJSON_Delete(root);
+            return NULL;
+        }
+    return root;
+}
+
 int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t len,
               dp_oai_req *out, dp_api_err *e)
 {
@@ -814,12 +836,9 @@ int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t le
         api_err_invalid(e, NULL, "strings must not contain NUL characters (\\u0000)");
         return -1;
     }
-    cJSON *root = cJSON_ParseWithLength(body, len);
+    size_t at = 0;
+    cJSON *root = oai_json_parse(body, len, &at);
     if (!root) {
-        size_t at = 0;
-        const char *ep = cJSON_GetErrorPtr();
-        if (ep && ep >= body && ep <= body + len)
-            at = (size_t)(ep - body);
         api_err_invalid(e, NULL, "the request body is not valid JSON (error near byte %zu)", at);
         return -1;
     }

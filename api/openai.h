@@ -108,6 +108,9 @@ char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const
 
 /* True when n bytes are valid UTF-8. */
 bool oai_utf8_valid(const char *s, size_t n);
+/* One JSON value and nothing but whitespace after it; NULL with the byte
+ * offset of the error otherwise. */
+cJSON *oai_json_parse(const char *body, size_t len, size_t *err_at);
 /* True when a JSON text has a \u0000 escape (which cJSON would cut at). */
 bool oai_json_has_nul(const char *body, size_t len);
 

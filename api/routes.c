@@ -100,7 +100,8 @@ static cJSON *parse_obj(dp_hreq *h, dp_api_err *e)
         api_err_invalid(e, NULL, "strings must not contain NUL characters (\\u0000)");
         return NULL;
     }
-    cJSON *root = h->len ? cJSON_ParseWithLength(h->body, h->len) : NULL;
+    size_t at = 0;
+    cJSON *root = h->len ? oai_json_parse(h->body, h->len, &at) : NULL;
     if (!root || !cJSON_IsObject(root)) {
         cJSON_Delete(root);
         api_err_invalid(e, NULL, "the request body must be a JSON object");

@@ -391,6 +391,8 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
                     s->opts.request_timeout_s);
         return http_send_error(h, &e);
     }
+    if (j->client_gone)
+        return MHD_NO; /* nobody to answer: the access log says 499 */
     bool aborted = !j->finished;
     for (int i = 0; i < j->n_choices; i++)
         if (j->choices[i].finish == DP_FINISH_CANCELLED)

@@ -209,8 +209,9 @@ const char *guard_cors_origin(const dp_guard *g, const char *origin)
         return NULL;
     if (g->any_origin)
         return "*";
+    /* Scheme and host are case-insensitive; browsers send them lower-case. */
     for (int i = 0; i < g->n_origins; i++)
-        if (!strcmp(g->origins[i], origin))
-            return g->origins[i];
+        if (!strcasecmp(g->origins[i], origin))
+            return origin;
     return NULL;
 }

@@ -113,13 +113,14 @@ void http_add_cors(dp_hreq *h, struct MHD_Response *r)
     dp_server *s = h->srv;
     if (!guard_cors_on(&s->guard))
         return;
+    /* The answer depends on Origin unless every origin is allowed: caches
+     * must not serve one origin's response to another. */
+    if (!s->guard.any_origin)
+        MHD_add_response_header(r, "Vary", "Origin");
     const char *origin = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, "Origin");
     const char *allow = guard_cors_origin(&s->guard, origin);
-    if (!allow)
-        return;
-    MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
-    if (strcmp(allow, "*"))
-        MHD_add_response_header(r, "Vary", "Origin");
+    if (allow)
+        MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
 }
 
 enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len)
@@ -157,7 +158,8 @@ enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
  * Each connection also has a deadline, so that a client sending a byte now
  * and then cannot hold a slot for long (MHD's own timeout only measures
  * inactivity): its request headers must be complete header_timeout after it
- * connects, a body must not stall for body_timeout, and a kept-alive
+ * connects, a body must not stall for body_timeout (nor average under
+ * BODY_MIN_RATE after that long), and a kept-alive
  * connection must have its next request's headers in within idle_timeout.
  * While a request is being served (generation, a parked stream) no deadline
  * runs: request_timeout governs that. */
@@ -174,6 +176,8 @@ typedef struct dp_conn {
     bool watching;
     bool gone;                /* the peer hung up, or a deadline closed it */
     conn_phase phase;
+    double t_body0;           /* PH_BODY: when the headers were in */
+    size_t body_bytes;        /* PH_BODY: body bytes since */
 } dp_conn;
 
 static void conn_free(uv_handle_t *h)
@@ -245,12 +249,38 @@ static void conn_phase_set(dp_conn *c, conn_phase ph)
                   : ph == PH_IDLE  ? s->opts.idle_timeout_s
                                    : 0;
     c->phase = ph;
+    if (ph == PH_BODY) {
+        c->t_body0 = dp_now();
+        c->body_bytes = 0;
+    }
     if (c->gone)
         return;
     if (secs > 0)
         uv_timer_start(&c->timer, on_deadline, (uint64_t)(secs * 1000.0 + 0.5), 0);
     else
         uv_timer_stop(&c->timer);
+}
+
+/* Body bytes came: the stall deadline restarts, but never past what an
+ * average of BODY_MIN_RATE bytes/s since the headers allows (after a first
+ * body_timeout of grace), so a byte now and then cannot hold a slot. */
+#define BODY_MIN_RATE 1024.0
+
+static void conn_body_progress(dp_conn *c, size_t n)
+{
+    dp_server *s = c->srv;
+    double secs = s->opts.body_timeout_s;
+    c->body_bytes += n;
+    if (c->gone || secs <= 0)
+        return;
+    double now = dp_now();
+    double by_rate = c->t_body0 + secs + (double)c->body_bytes / BODY_MIN_RATE;
+    double until = now + secs < by_rate ? now + secs : by_rate;
+    if (until <= now) {
+        on_deadline(&c->timer);
+        return;
+    }
+    uv_timer_start(&c->timer, on_deadline, (uint64_t)((until - now) * 1000.0 + 0.5), 0);
 }
 
 static void conn_link(dp_server *s, dp_conn *c)
@@ -332,6 +362,7 @@ static dp_conn *conn_of(struct MHD_Connection *conn)
 typedef struct hdr_count {
     int content_length;
     int transfer_encoding;
+    bool te_not_chunked;  /* a Transfer-Encoding other than exactly "chunked" */
 } hdr_count;
 
 static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const char *key,
@@ -340,8 +371,11 @@ static enum MHD_Result count_header(void *cls, enum MHD_ValueKind kind, const ch
     hdr_count *n = cls;
     if (key && !strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH))
         n->content_length++;
-    else if (key && !strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING))
+    else if (key && !strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
         n->transfer_encoding++;
+        if (!value || strcasecmp(value, "chunked"))
+            n->te_not_chunked = true;
+    }
     return MHD_YES;
 }
 
@@ -382,12 +416,16 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
             conn_phase_set(c, PH_BODY);
         }
         dp_api_err e;
-        hdr_count hc = {0, 0};
+        hdr_count hc = {0, 0, false};
         MHD_get_connection_values(conn, MHD_HEADER_KIND, count_header, &hc);
-        if (hc.content_length > 1 || (hc.content_length && hc.transfer_encoding)) {
-            api_err_invalid(&e, NULL, "%s", hc.content_length > 1
-                            ? "the request has more than one Content-Length header"
-                            : "the request has both Content-Length and Transfer-Encoding");
+        const char *framing = hc.content_length > 1 ? "more than one Content-Length header"
+                              : hc.content_length && hc.transfer_encoding
+                                  ? "both Content-Length and Transfer-Encoding"
+                              : hc.transfer_encoding > 1 ? "more than one Transfer-Encoding header"
+                              : hc.te_not_chunked ? "a Transfer-Encoding other than chunked"
+                                                  : NULL;
+        if (framing) {
+            api_err_invalid(&e, NULL, "the request has %s", framing);
             h->close = true;
             return http_send_error(h, &e);
         }
@@ -417,7 +455,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         size_t n = *upload_size;
         *upload_size = 0;
         if (c)
-            conn_phase_set(c, PH_BODY); /* bytes came: the body deadline restarts */
+            conn_body_progress(c, n);
         if (h->answered || h->too_large)
             return MHD_YES;
         if (h->len + n > s->opts.max_body) {
@@ -521,7 +559,7 @@ int server_check_address(const char *host, int port, char *err, size_t errsz)
 /* listen = unix:/PATH. A stale socket file (nobody answers on it) is
  * replaced; a live one is an error, as a TCP port in use is. Returns 0 and
  * the listening socket in *out, or an error code. */
-static int unix_listen(const char *path, int *out, char *err, size_t errsz)
+static int unix_listen(const char *path, int *out, struct stat *ident, char *err, size_t errsz)
 {
     struct sockaddr_un sa;
     memset(&sa, 0, sizeof sa);
@@ -545,13 +583,26 @@ static int unix_listen(const char *path, int *out, char *err, size_t errsz)
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return dp_err(err, errsz, DP_EIO, "socket(AF_UNIX): %s", strerror(errno));
-    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0) {
+    if (bind(fd, (struct sockaddr *)&sa, sizeof sa) != 0 || listen(fd, 1024) != 0 ||
+        lstat(path, &st) != 0) {
         int e = errno;
         close(fd);
         return dp_err(err, errsz, DP_EIO, "cannot listen on unix:%s: %s", path, strerror(e));
     }
     *out = fd;
+    *ident = st;
     return 0;
+}
+
+/* Removes the socket file only while it is still the one we bound: a daemon
+ * started during our drain may have replaced it with its own. */
+static void unix_unlink(dp_server *s)
+{
+    struct stat st;
+    if (lstat(s->opts.unix_path, &st) == 0 && st.st_dev == s->unix_ident.st_dev &&
+        st.st_ino == s->unix_ident.st_ino)
+        unlink(s->opts.unix_path);
+    s->unix_bound = false;
 }
 
 int http_open(dp_server *s, char *err, size_t errsz)
@@ -563,7 +614,7 @@ int http_open(dp_server *s, char *err, size_t errsz)
     int ufd = -1;
     char where[300];
     if (on_unix) {
-        int rc = unix_listen(s->opts.unix_path, &ufd, err, errsz);
+        int rc = unix_listen(s->opts.unix_path, &ufd, &s->unix_ident, err, errsz);
         if (rc)
             return rc;
         s->unix_bound = true;
@@ -595,11 +646,10 @@ int http_open(dp_server *s, char *err, size_t errsz)
                               MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)1024,
                               MHD_OPTION_END);
     if (!s->mhd) {
-        if (ufd >= 0) {
-            close(ufd);
-            unlink(s->opts.unix_path);
-            s->unix_bound = false;
-        }
+        /* MHD closes a listen socket it was given on most of its failure
+         * paths: closing it here too could close a reused descriptor. */
+        if (ufd >= 0)
+            unix_unlink(s);
         return dp_err(err, errsz, DP_EIO, "cannot listen on %s (address in use or not available)",
                       where);
     }
@@ -655,9 +705,7 @@ void http_close(dp_server *s)
         s->in_mhd = false;
         s->mhd = NULL;
     }
-    if (s->unix_bound) {
-        unlink(s->opts.unix_path);
-        s->unix_bound = false;
-    }
+    if (s->unix_bound)
+        unix_unlink(s);
     uv_timer_stop(&s->timer);
 }

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/stat.h>
 
 #include <microhttpd.h>
 #include <uv.h>
@@ -82,6 +83,7 @@ struct dp_server {
     struct MHD_Daemon *mhd;
     struct dp_conn *conns;    /* open connections (http.c) */
     bool unix_bound;          /* the unix socket file is ours to unlink */
+    struct stat unix_ident;   /* ... while it is still this file */
     uv_poll_t poll;
     uv_timer_t timer;
     uv_timer_t ping;

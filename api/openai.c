@@ -657,9 +657,15 @@ static bool field_inert(const char *name, const cJSON *v)
 {
     if (!strcmp(name, "add_generation_prompt") || !strcmp(name, "skip_special_tokens"))
         return cJSON_IsTrue(v);
-    if (!strcmp(name, "tool_choice")) /* tools themselves are refused unless empty */
+    if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
+        /* tools and functions themselves are refused unless empty */
         return cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                      !strcmp(v->valuestring, "auto"));
+    /* An empty schema still asks for JSON; prompt_logprobs 0 asks for the
+     * prompt tokens' own logprobs: only false asks for nothing there. */
+    if (!strcmp(name, "guided_json") || !strcmp(name, "json_schema") ||
+        !strcmp(name, "prompt_logprobs"))
+        return cJSON_IsFalse(v);
     if (!strcmp(name, "modalities")) {
         if (!cJSON_IsArray(v))
             return false;
@@ -705,6 +711,8 @@ static int check_fields(dp_oai_kind kind, const cJSON *root, dp_oai_req *r, dp_a
  * Backslashes occur only inside strings, so a scan of escapes is exact. */
 bool oai_json_has_nul(const char *body, size_t len)
 {
+    if (!len)
+        return false;
     if (memchr(body, 0, len)) /* never valid in JSON text; cJSON would stop at it */
         return true;
     for (size_t i = 0; i + 1 < len; i++) {

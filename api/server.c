@@ -381,6 +381,8 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
         MHD_suspend_connection(h->conn);
         return MHD_YES;
     }
+    if (j->client_gone)
+        return MHD_NO; /* nobody to answer: the access log says 499 */
     if (j->error) {
         api_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s", j->error);
         return http_send_error(h, &e);
@@ -391,8 +393,6 @@ enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h)
                     s->opts.request_timeout_s);
         return http_send_error(h, &e);
     }
-    if (j->client_gone)
-        return MHD_NO; /* nobody to answer: the access log says 499 */
     bool aborted = !j->finished;
     for (int i = 0; i < j->n_choices; i++)
         if (j->choices[i].finish == DP_FINISH_CANCELLED)
@@ -476,6 +476,23 @@ static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
                           lp, NULL, &n), &n);
 }
 
+/* An error as one SSE event, appended whole (a failed append then leaves
+ * no half-written event before the stream's error ending). */
+static void stream_error(dp_job *j, const dp_api_err *e)
+{
+    size_t n = 0;
+    char *body = api_err_body(e, &n);
+    char *ev = body ? malloc(n + 9) : NULL;
+    if (ev) {
+        memcpy(ev, "data: ", 6);
+        memcpy(ev + 6, body, n);
+        memcpy(ev + 6 + n, "\n\n", 2);
+        out_append(j, ev, n + 8);
+    }
+    free(ev);
+    free(body);
+}
+
 static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
 {
     size_t n = 0;
@@ -483,13 +500,7 @@ static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
         dp_api_err e;
         api_err_set(&e, 500, "server_error", NULL, NULL, "generation failed: %s",
                     ev->error ? ev->error : "engine error");
-        char *body = api_err_body(&e, &n);
-        if (body) {
-            out_append(j, "data: ", 6);
-            out_append(j, body, n);
-            out_append(j, "\n\n", 2);
-            free(body);
-        }
+        stream_error(j, &e);
         return;
     }
     const char *text = ev->text ? ev->text : "";
@@ -502,17 +513,10 @@ static void stream_end(dp_server *s, dp_job *j)
 {
     if (j->timed_out) {
         dp_api_err e;
-        size_t n = 0;
         api_err_set(&e, 504, "timeout_error", "request_timeout", NULL,
                     "the request ran longer than request_timeout (%g s) and was cancelled",
                     s->opts.request_timeout_s);
-        char *body = api_err_body(&e, &n);
-        if (body) {
-            out_append(j, "data: ", 6);
-            out_append(j, body, n);
-            out_append(j, "\n\n", 2);
-            free(body);
-        }
+        stream_error(j, &e);
     }
     if (j->req.include_usage) {
         long long pt = 0, ct = 0;

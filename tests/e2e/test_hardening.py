@@ -103,6 +103,29 @@ def test_header_deadline_closes_slow_headers(strict):
     assert request("GET", "/health", base=strict.url)[0] == 200
 
 
+def test_body_trickle_is_closed(strict):
+    """A byte now and then restarts no deadline past the minimum rate."""
+    s = socket.create_connection(("127.0.0.1", strict.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n")
+    s.settimeout(60)
+    closed = False
+    for _ in range(600):  # bounds a hang: a byte per 0.2 s is far under 1 KiB/s
+        try:
+            s.sendall(b" ")
+            if s.recv(1, socket.MSG_DONTWAIT) == b"":
+                closed = True
+                break
+        except BlockingIOError:
+            pass
+        except OSError:
+            closed = True
+            break
+        time.sleep(0.2)
+    s.close()
+    assert closed
+    assert metrics(strict.url)['dualpath_http_timeouts_total{kind="body"}'] >= 1
+
+
 def test_body_deadline_closes_stalled_body(strict):
     s = socket.create_connection(("127.0.0.1", strict.port))
     s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
@@ -361,6 +384,8 @@ def test_head_health(server):
     b"Content-Length: 2\r\nContent-Length: 3\r\n",
     b"Content-Length: 2\r\nContent-Length: 2\r\n",
     b"Content-Length: 2\r\nTransfer-Encoding: chunked\r\n",
+    b"Transfer-Encoding: gzip\r\n",
+    b"Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n",
 ])
 def test_ambiguous_length_is_400(server, headers):
     port = int(server.rsplit(":", 1)[1])

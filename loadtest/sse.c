@@ -25,6 +25,7 @@ void lg_sse_reset(lg_sse_parser *p)
 {
     p->line_len = p->data_len = 0;
     p->has_data = p->last_cr = p->started = false;
+    p->bom_n = 0;
     p->event[0] = '\0';
     p->events = p->comments = 0;
 }
@@ -93,13 +94,24 @@ static int process_line(lg_sse_parser *p)
 
 int lg_sse_feed(lg_sse_parser *p, const char *buf, size_t len)
 {
+    static const unsigned char bom[3] = {0xEF, 0xBB, 0xBF};
     size_t i = 0;
-    if (!p->started && len > 0) {
-        /* A stream may start with a BOM; it can be split too, so only check whole. */
-        if (len >= 3 && (unsigned char)buf[0] == 0xEF && (unsigned char)buf[1] == 0xBB &&
-            (unsigned char)buf[2] == 0xBF)
-            i = 3;
+    /* A stream may start with a BOM, itself split across reads: match it a
+     * byte at a time; bytes that turn out not to be one are line text. */
+    while (!p->started && i < len) {
+        if ((unsigned char)buf[i] == bom[p->bom_n]) {
+            i++;
+            if (++p->bom_n == 3)
+                p->started = true;
+            continue;
+        }
         p->started = true;
+        if (p->bom_n) {
+            if (grow(&p->line, &p->line_cap, p->line_len + p->bom_n + 1))
+                return DP_ENOMEM;
+            memcpy(p->line + p->line_len, bom, p->bom_n);
+            p->line_len += p->bom_n;
+        }
     }
     while (i < len) {
         if (p->last_cr) {

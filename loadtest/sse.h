@@ -20,6 +20,7 @@ typedef struct lg_sse_parser {
     bool has_data;   /* a data field was seen (even empty) since the last dispatch */
     bool last_cr;    /* the previous byte ended a line with CR; a following LF is part of it */
     bool started;    /* the UTF-8 BOM check is done */
+    unsigned bom_n;  /* BOM bytes matched so far (it may arrive split) */
     char event[64];
     size_t max_line; /* lines longer than this fail with DP_ERANGE */
     lg_sse_event_cb on_event;

@@ -61,4 +61,6 @@ ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     tests/e2e/run.sh build-asan/daemon/dualpathd
 echo "test: operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
 tests/ops/run.sh build
+echo "test: the GPU check's offline build (system dev packages hidden; stops at the first CUDA call)"
+tests/gpu/offline_test.sh || [ $? -eq 77 ]
 echo "test: all tests passed"

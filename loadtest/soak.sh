@@ -4,7 +4,8 @@
 # mix them (four dp-loadgen processes side by side):
 #   12  multi-turn chat sessions, streamed, no max_tokens (the common case)
 #    8  non-streamed completions
-#    6  streamed completions whose client gives up after 2 s (cancelled midway)
+#    6  streamed completions whose client gives up after 2 s (cancelled midway),
+#       arriving at 0.3/s (a closed loop would mostly prefill prompts for nobody)
 #    6  streamed completions sharing a system prompt
 # Then checks what must hold after any load: the daemon alive, no 5xx,
 # nothing running or waiting, every KV block free (the prefix cache may hold
@@ -44,7 +45,7 @@ $LG "${common[@]}" --workload random --input-len 32:256 --output-len 16:96 --no-
     -c 8 --json "$OUT/nonstream.json" --timeout 300 &
 P2=$!
 $LG "${common[@]}" --workload random --input-len 64:256 --output-len 400 --ignore-eos \
-    -c 6 --json "$OUT/cancelled.json" --timeout 2 &
+    -c 6 --rate 0.3 --json "$OUT/cancelled.json" --timeout 2 &
 P3=$!
 $LG "${common[@]}" --workload prefix --prefix-len 200 --num-prefixes 2 --input-len 16:48 \
     --output-len 32:128 -c 6 --json "$OUT/prefix.json" --timeout 300 &

@@ -88,6 +88,15 @@ static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
            (size_t)l->head_dim * (l->type == DP_KV_F16 ? 2 : sizeof(float));
 }
 
+/* Makes every page of p resident. A volatile store per page: the compiler
+ * would turn malloc + memset(0) into calloc, whose pages stay unmapped. */
+static void prefault(void *p, size_t n)
+{
+    volatile char *q = p;
+    for (size_t i = 0; i < n; i += 4096)
+        q[i] = 0;
+}
+
 static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->head_dim > 1024 ||
@@ -100,7 +109,10 @@ static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
     kv->l = *l;
     kv->es = l->type == DP_KV_F16 ? 2 : sizeof(float);
     size_t half = kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
-    /* calloc: untouched pages cost nothing until a block is first written. */
+    /* Written once here, as llama.cpp clears its KV buffer: the memory plan
+     * logged at start-up is resident from the start (lazily touched pages
+     * would make resident memory creep up over hours of serving, which reads
+     * as a leak), and a machine without the memory fails now, not mid-run. */
     kv->k = calloc(1, half);
     kv->v = calloc(1, half);
     if (!kv->k || !kv->v) {
@@ -109,6 +121,8 @@ static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
         free(kv);
         return DP_ENOMEM;
     }
+    prefault(kv->k, half);
+    prefault(kv->v, half);
     *out = kv;
     return 0;
 }

@@ -53,13 +53,15 @@ static const char *const want_smollm2[4] = {
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n  What is 2+2?\n<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n b \t<|im_end|>\n",
-    "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n",
+    /* Two literals: the hex escape would otherwise take the '<' after it. */
+    ("<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n"),
 };
 static const char *const want_chatml[4] = {
     "<|im_start|>user\nHello!<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n<|im_start|>user\n  What is 2+2?\n<|im_end|>\n<|im_start|>assistant\n",
     "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\n b \t<|im_end|>\n",
-    "<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n",
+    /* Two literals: the hex escape would otherwise take the '<' after it. */
+    ("<|im_start|>system\n S <|im_end|>\n<|im_start|>user\n u1 <|im_end|>\n<|im_start|>assistant\na1<|im_end|>\n<|im_start|>user\nu2\xE3\x80\x80" "<|im_end|>\n"),
 };
 static const char *const want_llama3[4] = {
     "<|start_header_id|>user<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",

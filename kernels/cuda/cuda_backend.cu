@@ -1,6 +1,7 @@
 /* cuda_backend.cu: the CUDA implementation of backend.h: device and stream,
  * memory, fp16 weights, KV stores, the step's batch arrays and the cuBLAS matmul. */
 #include <math.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -658,6 +659,7 @@ extern "C" int backend_cuda_create(dp_backend **out, int device_index, char *err
     c->base.ops = &cuda_ops;
     c->base.n_threads = 1;
     c->device = device_index;
+    c->max_pitch = prop.memPitch ? prop.memPitch : (size_t)INT_MAX;
     c->sm_count = prop.multiProcessorCount;
     int rc = 0;
     cublasStatus_t bs;

@@ -93,6 +93,7 @@ typedef struct cuda_backend {
     dp_backend base;
     int device;
     int sm_count;
+    size_t max_pitch;   /* the largest pitch a 2-D copy takes (cudaDeviceProp.memPitch) */
     cudaStream_t stream;
     cublasHandle_t blas;
     /* First failure of a void op (launch errors), reported by download. */

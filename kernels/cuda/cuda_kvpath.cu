@@ -382,8 +382,21 @@ static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block
     const size_t off = per * (size_t)block;
     uint8_t *h = (uint8_t *)host;
     uint8_t *dk = (uint8_t *)kv->k + off, *dv = (uint8_t *)kv->v + off;
-    cudaError_t e;
-    if (to_host) {
+    cudaError_t e = cudaSuccess;
+    if (dev_pitch > c->max_pitch) {
+        /* A pool whose layer stride is over the runtime's largest pitch
+         * (2 GiB on current GPUs) cannot use a 2-D copy: one copy per layer. */
+        cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+        for (int32_t L = 0; L < l->n_layers && e == cudaSuccess; L++) {
+            uint8_t *hk = h + (size_t)L * host_pitch, *lk = dk + (size_t)L * dev_pitch;
+            uint8_t *lv = dv + (size_t)L * dev_pitch;
+            e = to_host ? cudaMemcpyAsync(hk, lk, per, kind, c->stream)
+                        : cudaMemcpyAsync(lk, hk, per, kind, c->stream);
+            if (e == cudaSuccess)
+                e = to_host ? cudaMemcpyAsync(hk + per, lv, per, kind, c->stream)
+                            : cudaMemcpyAsync(lv, hk + per, per, kind, c->stream);
+        }
+    } else if (to_host) {
         e = cudaMemcpy2DAsync(h, host_pitch, dk, dev_pitch, per, (size_t)l->n_layers,
                               cudaMemcpyDeviceToHost, c->stream);
         if (e == cudaSuccess)

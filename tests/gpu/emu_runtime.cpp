@@ -253,6 +253,15 @@ cudaError_t cudaGetDeviceCount(int *count)
     return cudaSuccess;
 }
 
+/* The largest pitch 2-D copies take: 2^31 - 1 as on current GPUs, or the
+ * emulator's knob DP_EMU_MAX_PITCH (not the product's), with which a test
+ * makes the backend's 2-D copies over it fail and its per-layer path run. */
+static size_t emu_max_pitch(void)
+{
+    const char *mp = getenv("DP_EMU_MAX_PITCH");
+    return mp && *mp ? (size_t)strtoull(mp, NULL, 10) : (size_t)2147483647;
+}
+
 cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 {
     if (device != 0)
@@ -263,6 +272,7 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
     prop->minor = 0;
     prop->multiProcessorCount = 132; /* an H200's, so launch plans match */
     prop->totalGlobalMem = (size_t)16 << 30;
+    prop->memPitch = emu_max_pitch();
     return cudaSuccess;
 }
 
@@ -396,6 +406,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 {
     (void)kind;
     (void)s;
+    if (dpitch > emu_max_pitch() || spitch > emu_max_pitch())
+        return cudaErrorInvalidPitchValue;
     if (width > dpitch || width > spitch)
         return cudaErrorInvalidPitchValue;
     emu_copy2d(dst, dpitch, src, spitch, width, height, true);

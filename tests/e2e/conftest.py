@@ -70,17 +70,8 @@ class Daemon:
     def request(self, method, path, body=None, headers=None, timeout=120):
         if not self.unix_path:
             return request(method, path, body, headers, base=self.url, timeout=timeout)
-        c = UnixHTTPConnection(self.unix_path, timeout=timeout)
-        try:
-            if isinstance(body, (dict, list)):
-                body = json.dumps(body)
-            h = {"Content-Type": "application/json"} if body is not None else {}
-            h.update(headers or {})
-            c.request(method, path, body=body, headers=h)
-            r = c.getresponse()
-            return r.status, dict(r.getheaders()), r.read()
-        finally:
-            c.close()
+        return exchange(UnixHTTPConnection(self.unix_path, timeout=timeout), method, path, body,
+                        headers)
 
     def log_text(self):
         if not self.log.closed:
@@ -103,7 +94,12 @@ class Daemon:
 def request(method, path, body=None, headers=None, base=None, timeout=120):
     """One HTTP request on a fresh connection; returns (status, headers, body bytes)."""
     u = urllib.parse.urlparse(base or os.environ["DUALPATHD_URL"])
-    c = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
+    return exchange(http.client.HTTPConnection(u.hostname, u.port, timeout=timeout), method, path,
+                    body, headers)
+
+
+def exchange(c, method, path, body=None, headers=None):
+    """One request on connection c (closed after); (status, headers, body bytes)."""
     try:
         if isinstance(body, (dict, list)):
             body = json.dumps(body)

@@ -74,6 +74,7 @@ typedef struct dp_config {
 
     /* Dual path: what survives the prefill -> decode switch (kvcache/, sched/) */
     bool dualpath;
+    int decode_kv_type;     /* 0 = same as kv_cache_type, else dp_kv_type + 1 */
     int scorer;             /* enum dp_conf_scorer */
     double keep_ratio;
     int sink_tokens;

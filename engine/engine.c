@@ -132,6 +132,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->device_sampling = true;
     /* As llama.cpp keeps it: half the bytes of f32 per token. */
     o->kv_type = DP_KV_F16;
+    o->decode_kv_type = -1;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -805,7 +806,7 @@ static void update_gauges(dp_engine *e)
     e->stats.decode_blocks_used = !m->dual ? 0 : m->shared ? decode_held : kv_pool_n_used(m->dpool);
     e->stats.kv_shared = m->shared;
     e->stats.block_tokens = m->pool.block_tokens;
-    e->stats.decode_block_tokens = m->dual ? m->dpool->block_tokens : 0;
+    e->stats.decode_block_tokens = m->dual ? m->dbt : 0;
     e->stats.rebuilds = m->rebuilds;
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
@@ -957,10 +958,10 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
 
 /* The layout of a pool's store: the model's geometry, the configured type. */
 static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int32_t block_tokens,
-                                 int32_t n_blocks)
+                                 int32_t n_blocks, bool decode)
 {
     dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
-    l.type = o->kv_type;
+    l.type = decode && o->decode_kv_type >= 0 ? o->decode_kv_type : o->kv_type;
     return l;
 }
 
@@ -994,6 +995,15 @@ static void log_memory_plan(dp_engine *e)
     const dp_kv_mgr *m = &e->kv;
     const double pm = MIB((double)m->pool.n_blocks * (double)m->prefill_block_bytes);
     const double dm = m->dual ? MIB((double)m->dpool->n_blocks * (double)m->decode_block_bytes) : 0;
+    if (m->shared && m->dstore != m->store) {
+        const dp_kv_layout *pl = be->ops->kv_layout(be, m->store);
+        const dp_kv_layout *dl = be->ops->kv_layout(be, m->dstore);
+        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks (%.0f MiB) for "
+               "both paths: a block holds %d tokens in %s on the prefill path, %d in %s on the "
+               "decode path", be->ops->name, m->pool.n_blocks, pm, pl->block_tokens,
+               dp_kv_type_name(pl->type), dl->block_tokens, dp_kv_type_name(dl->type));
+        return;
+    }
     if (m->shared) {
         dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks x %d tokens "
                "(%.0f MiB) for both paths", be->ops->name, m->pool.n_blocks, m->pool.block_tokens,
@@ -1010,7 +1020,7 @@ static void log_memory_plan(dp_engine *e)
     dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
            ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, m->pool.n_blocks,
            m->pool.block_tokens, pm, m->dual ? m->dpool->n_blocks : 0,
-           m->dual ? m->dpool->block_tokens : 0, dm);
+           m->dual ? m->dbt : 0, dm);
 }
 
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
@@ -1055,8 +1065,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         goto fail;
     int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
     dp_kv_mgr_opts ko = {
-        .prefill = kv_layout_of(model, opts, opts->block_tokens, opts->n_blocks),
-        .decode = kv_layout_of(model, opts, dbt, opts->n_blocks_decode),
+        .prefill = kv_layout_of(model, opts, opts->block_tokens, opts->n_blocks, false),
+        .decode = kv_layout_of(model, opts, dbt, opts->n_blocks_decode, true),
         .kv_bytes = kv_bytes,
         .dual = e->dual,
         .prefill_fraction = opts->prefill_fraction,

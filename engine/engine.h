@@ -41,6 +41,7 @@ typedef struct dp_engine_opts {
                                   * for the next turn (kvcache/manager.h); default on */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
+    int32_t decode_kv_type;      /* the decode path's, when >= 0 (default -1: kv_type) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
     bool device_sampling;        /* sample from the backend's logits_topk candidates, the
                                   * full row only for the requests and draws that need

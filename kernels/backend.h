@@ -26,8 +26,20 @@ typedef struct dp_weight {
  * [kv_head][token][head_dim] so that one head's rows of a block are
  * contiguous (the compaction copy moves rows per head). */
 /* Element type of a KV store. f16 is what llama.cpp keeps by default and the
- * CUDA backend always keeps; f32 is the CPU's exact reference. */
-typedef enum dp_kv_type { DP_KV_F32 = 0, DP_KV_F16 = 1 } dp_kv_type;
+ * CUDA backend always keeps; f32 is the CPU's exact reference. q8_0 and
+ * q4_0 (the GGML block formats, 32 values per f16 scale, as llama.cpp's
+ * quantized KV types) quantize each token's row of head_dim values on its
+ * own, so appending a token never changes another's bytes; stores of these
+ * types keep K and V both as [kv_head][token][row]. */
+typedef enum dp_kv_type { DP_KV_F32 = 0, DP_KV_F16 = 1, DP_KV_Q8_0 = 2, DP_KV_Q4_0 = 3 } dp_kv_type;
+#define DP_KV_TYPE_COUNT 4
+
+static inline const char *dp_kv_type_name(int t)
+{
+    static const char *const names[] = {"f32", "f16", "q8_0", "q4_0"};
+    return t >= 0 && t < DP_KV_TYPE_COUNT ? names[t] : "unknown";
+}
+static inline bool dp_kv_type_quantized(int t) { return t == DP_KV_Q8_0 || t == DP_KV_Q4_0; }
 
 typedef struct dp_kv_layout {
     int32_t n_layers;
@@ -134,6 +146,8 @@ typedef struct dp_backend_ops {
     /* KV stores. */
     int (*kv_create)(dp_backend *be, const dp_kv_layout *layout, dp_kv_store **out);
     void (*kv_destroy)(dp_backend *be, dp_kv_store *kv);
+    /* Bytes of one block of the layout: 0 when the backend cannot keep it
+     * (a type it lacks, or a head_dim the type's blocks do not divide). */
     size_t (*kv_bytes_per_block)(dp_backend *be, const dp_kv_layout *layout);
     const dp_kv_layout *(*kv_layout)(dp_backend *be, const dp_kv_store *kv);
 
@@ -196,6 +210,16 @@ typedef struct dp_backend_ops {
     int (*kv_block_write)(dp_backend *be, dp_kv_store *kv, int32_t block, const void *host);
 
     /* ---- Optional ops: NULL where a backend has no such thing. ---- */
+
+    /* A second store over base's memory, with its own layout: block b of
+     * the view is block b of base, read as layout->block_tokens tokens of
+     * layout->type (one arena whose blocks either path may hold: the decode
+     * path's quantized blocks fit more tokens in a prefill block's bytes).
+     * The layout must have base's geometry and block count, and a block
+     * must fit in base's bytes per block. kv_destroy of a view frees only
+     * the view; base must outlive it. */
+    int (*kv_view)(dp_backend *be, dp_kv_store *base, const dp_kv_layout *layout,
+                   dp_kv_store **out);
 
     /* Device memory: free and total bytes of the device (the start-up memory
      * plan sizes the KV pools from them when kv_memory is 0 = auto). NULL on

@@ -2,6 +2,7 @@
  * fp16/bf16 conversions and the reference dequantizers for the supported types. */
 #include "quant.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -435,6 +436,71 @@ static void deq_bf16(const uint8_t *restrict b, float *restrict y, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         y[i] = bf16_to_f32_inline((uint16_t)(b[2 * i] | (b[2 * i + 1] << 8)));
+}
+
+/* ---- Quantization (the KV cache's q8_0 / q4_0 rows) ---------------------- */
+
+static inline void wr_h(uint8_t *p, float x)
+{
+    uint16_t h = dp_f32_to_fp16(x);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* Nearest integer of x (ties away from zero), clamped to [lo, hi]. */
+static inline int q_round(float x, int lo, int hi)
+{
+    int q = (int)(x < 0.0f ? x - 0.5f : x + 0.5f);
+    return q < lo ? lo : q > hi ? hi : q;
+}
+
+/* Q8_0: d = max|x| / 127, q = x / d. The values are divided by the scale
+ * as stored (f16), so that dequantization multiplies back by exactly the
+ * divisor used. */
+static void quant_q8_0(const float *restrict x, uint8_t *restrict b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 34, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        wr_h(b, amax / 127.0f);
+        const float d = rd_h(b), id = d > 0.0f ? 1.0f / d : 0.0f;
+        int8_t *restrict qs = (int8_t *)(b + 2);
+        for (int j = 0; j < 32; j++)
+            qs[j] = (int8_t)q_round(x[j] * id, -127, 127);
+    }
+}
+
+/* Q4_0: 16 levels q - 8 for q in 0..15; the value of largest magnitude maps
+ * to -8 (d takes the opposite sign), so its side gets the extra level. */
+static void quant_q4_0(const float *restrict x, uint8_t *restrict b, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 18, x += 32) {
+        float amax = 0.0f, m = 0.0f;
+        for (int j = 0; j < 32; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                m = x[j];
+            }
+        wr_h(b, m / -8.0f);
+        const float d = rd_h(b), id = d != 0.0f ? 1.0f / d : 0.0f;
+        uint8_t *restrict qs = b + 2;
+        for (int j = 0; j < 16; j++) {
+            int lo = q_round(x[j] * id, -8, 7) + 8, hi = q_round(x[j + 16] * id, -8, 7) + 8;
+            qs[j] = (uint8_t)(lo | (hi << 4));
+        }
+    }
+}
+
+int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
+{
+    if (n < 0 || n % 32 != 0)
+        return DP_EINVAL;
+    switch (type) {
+    case DP_TYPE_Q8_0: quant_q8_0(src, dst, n / 32); return 0;
+    case DP_TYPE_Q4_0: quant_q4_0(src, dst, n / 32); return 0;
+    default: return DP_EUNSUPPORTED;
+    }
 }
 
 int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)

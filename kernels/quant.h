@@ -66,6 +66,11 @@ int quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);
  * Returns 0, or DP_EUNSUPPORTED / DP_EINVAL. */
 int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
 
+/* Quantizes n f32 values (a multiple of 32) into Q8_0 or Q4_0 blocks, the
+ * formats quant_dequant_row reads (the KV cache's quantized rows). Returns
+ * 0, or DP_EUNSUPPORTED for other types / DP_EINVAL. */
+int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+
 /* IEEE half and bfloat16 conversions (round to nearest even on the way in). */
 float dp_fp16_to_f32(uint16_t h);
 uint16_t dp_f32_to_fp16(float f);

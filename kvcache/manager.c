@@ -89,18 +89,38 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     }
     dp_kv_layout l = o->prefill, dl = o->decode;
     l.n_blocks = dl.n_blocks = 1;
+    int rc;
     if (be) {
         m->prefill_block_bytes = be->ops->kv_bytes_per_block(be, &l);
         m->decode_block_bytes = o->dual ? be->ops->kv_bytes_per_block(be, &dl) : 0;
+        if (!m->prefill_block_bytes || (o->dual && !m->decode_block_bytes)) {
+            const dp_kv_layout *bad = m->prefill_block_bytes ? &dl : &l;
+            rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend cannot keep a KV "
+                        "cache of type %s with head_dim %d", be->ops->name,
+                        dp_kv_type_name(bad->type), bad->head_dim);
+            goto fail;
+        }
     }
-    /* One arena unless the decode path's blocks differ or its pool's size
-     * is given. */
+    /* One arena unless the decode path's blocks differ in size or its
+     * pool's size is given. A decode type other than the prefill path's
+     * (a quantized decode pool) shares the arena through a view of it: a
+     * decode block is an arena block read as that type, holding as many
+     * tokens as fit in its bytes. */
+    const bool typed = o->decode.type != o->prefill.type;
     m->shared = o->dual && o->decode.n_blocks <= 0 &&
-                o->decode.block_tokens == o->prefill.block_tokens && o->decode.type == o->prefill.type;
+                (typed ? be && be->ops->kv_view
+                       : o->decode.block_tokens == o->prefill.block_tokens);
     m->dpool = m->shared ? &m->pool : &m->dpool_own;
+    m->dbt = o->decode.block_tokens;
+    if (m->shared && typed) {
+        dl.block_tokens = 1;
+        size_t per_token = be->ops->kv_bytes_per_block(be, &dl);
+        m->dbt = (int32_t)(m->prefill_block_bytes / per_token);
+        dl.block_tokens = m->dbt;
+        m->decode_block_bytes = be->ops->kv_bytes_per_block(be, &dl);
+    }
     int32_t n_blocks, n_dblocks;
     plan_blocks(m, o, &n_blocks, &n_dblocks);
-    int rc;
     if (n_blocks < 1 || (o->dual && !m->shared && n_dblocks < 1)) {
         rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
                     o->prefill.block_tokens);
@@ -113,7 +133,14 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                     n_blocks, o->prefill.block_tokens);
         goto fail;
     }
-    if (o->dual && m->shared) {
+    if (o->dual && m->shared && typed) {
+        dl.n_blocks = n_dblocks = n_blocks;
+        if (be && (rc = be->ops->kv_view(be, m->store, &dl, &m->dstore))) {
+            rc = dp_err(err, errsz, rc, "engine: cannot view the KV arena as %s blocks of %d "
+                        "tokens", dp_kv_type_name(dl.type), dl.block_tokens);
+            goto fail;
+        }
+    } else if (o->dual && m->shared) {
         m->dstore = m->store;
         n_dblocks = n_blocks;
         m->decode_block_bytes = m->prefill_block_bytes;
@@ -171,10 +198,10 @@ fail:
 
 void kv_mgr_destroy(dp_kv_mgr *m)
 {
+    if (m->dstore && m->dstore != m->store) /* a view before its base */
+        m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->store)
         m->be->ops->kv_destroy(m->be, m->store);
-    if (m->dstore && m->dstore != m->store)
-        m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->has_swap)
         kv_swap_destroy(&m->swap);
     if (m->has_pc)
@@ -190,6 +217,12 @@ void kv_mgr_destroy(dp_kv_mgr *m)
 }
 
 /* ---- needs and reservations ---------------------------------------------- */
+
+/* Decode-path blocks that hold n tokens. */
+static int32_t dblocks_for(const dp_kv_mgr *m, int64_t n)
+{
+    return (int32_t)((n + m->dbt - 1) / m->dbt);
+}
 
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
@@ -207,7 +240,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         if (d > cap)
             d = cap;
     }
-    n.decode = kv_pool_blocks_for(m->dpool, d);
+    n.decode = dblocks_for(m, d);
     return n;
 }
 
@@ -238,13 +271,13 @@ int32_t kv_mgr_watermark(const dp_kv_mgr *m)
  * first; blocks promised to others are off limits. All or nothing. */
 static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots)
 {
-    int32_t need = kv_pool_blocks_for(m->dpool, n_slots) - t->n_blocks;
+    int32_t need = dblocks_for(m, n_slots) - t->n_blocks;
     if (need <= 0)
         return 0;
     int32_t from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
     if (kv_pool_n_free(m->dpool) - (m->decode_reserved - from_promise) < need)
         return DP_ENOSPC;
-    int rc = kv_table_reserve(t, m->dpool, n_slots);
+    int rc = kv_table_reserve_bt(t, m->dpool, n_slots, m->dbt);
     if (rc)
         return rc;
     kv->decode_reserve -= from_promise;
@@ -318,7 +351,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
     if (m->shared && kv->dual &&
-        !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, m->dpool->block_tokens))) {
+        !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, m->dbt))) {
         /* Its prompt and its compressed copy never fit at once: it runs
          * whole, as with dualpath off (kv_mgr_can_fit). */
         kv->dual = false;
@@ -326,7 +359,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
                "this memory", n_tokens);
     }
     const bool dual = m->dual && kv->dual;
-    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dpool->block_tokens : 1);
+    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dbt : 1);
     int64_t slots = dual ? n_tokens : (int64_t)n_tokens + 1;
     /* The watermark only applies while others run: an idle server admits
      * anything that fits at all. */
@@ -514,7 +547,7 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     if (!kv->swapped.buf)
         return DP_EINVAL;
     int64_t slots = (int64_t)kv->n_slots + 1;
-    int32_t need = kv_pool_blocks_for(m->dpool, slots);
+    int32_t need = dblocks_for(m, slots);
     int32_t wm = busy ? kv_mgr_watermark(m) : 0;
     if (need + wm > kv_pool_n_free(m->dpool) - m->decode_reserved)
         return DP_ENOSPC;

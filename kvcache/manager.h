@@ -80,6 +80,8 @@ typedef struct dp_kv_mgr {
     dp_kv_pool *dpool;           /* the decode path's: &pool when shared, else &dpool_own */
     dp_kv_store *dstore;         /* store when shared */
     bool shared;                 /* both paths draw on one arena */
+    int32_t dbt;                 /* tokens per decode-path block (more than the prefill
+                                  * path's when a shared arena's decode type is smaller) */
     dp_kv_pool dpool_own;
     bool has_pc, has_host, has_swap;
     dp_prefix_cache pc;

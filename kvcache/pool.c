@@ -137,7 +137,12 @@ void kv_table_init(dp_block_table *t) { memset(t, 0, sizeof *t); }
 
 int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens)
 {
-    int32_t need = kv_pool_blocks_for(p, n_tokens);
+    return kv_table_reserve_bt(t, p, n_tokens, p->block_tokens);
+}
+
+int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int32_t block_tokens)
+{
+    int32_t need = (int32_t)((n_tokens + block_tokens - 1) / block_tokens);
     if (need <= t->n_blocks)
         return 0;
     if (need - t->n_blocks > p->n_free)

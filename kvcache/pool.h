@@ -68,6 +68,10 @@ void kv_table_init(dp_block_table *t);
 /* Grows the table so that it covers n_tokens slots, allocating from p.
  * On DP_ENOSPC nothing is allocated (all-or-nothing). */
 int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens);
+/* The same for a table whose blocks hold block_tokens tokens each (the
+ * decode path's blocks in an arena shared with the prefill path: one block's
+ * bytes hold more tokens of a quantized type). */
+int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int32_t block_tokens);
 /* Returns every block to p and empties the table. */
 void kv_table_release(dp_block_table *t, dp_kv_pool *p);
 void kv_table_destroy(dp_block_table *t, dp_kv_pool *p);

@@ -14,7 +14,9 @@ int kv_swap_init(dp_kv_swap *s, dp_backend *be, dp_kv_store *store, dp_kv_pool *
     s->be = be;
     s->store = store;
     s->pool = pool;
-    s->block_bytes = be->ops->kv_bytes_per_block(be, be->ops->kv_layout(be, store));
+    const dp_kv_layout *l = be->ops->kv_layout(be, store);
+    s->block_bytes = be->ops->kv_bytes_per_block(be, l);
+    s->block_tokens = l->block_tokens;
     s->cap_bytes = cap_bytes;
     return s->block_bytes ? 0 : DP_EINVAL;
 }
@@ -69,8 +71,8 @@ int kv_swap_out(dp_kv_swap *s, dp_block_table *t, dp_swapped *out)
 
 int kv_swap_in(dp_kv_swap *s, dp_swapped *sw, dp_block_table *t, int64_t n_slots)
 {
-    int64_t want = (int64_t)sw->n_blocks * s->pool->block_tokens;
-    int rc = kv_table_reserve(t, s->pool, n_slots > want ? n_slots : want);
+    int64_t want = (int64_t)sw->n_blocks * s->block_tokens;
+    int rc = kv_table_reserve_bt(t, s->pool, n_slots > want ? n_slots : want, s->block_tokens);
     if (rc)
         return rc;
     const uint8_t *buf = sw->buf;

@@ -17,6 +17,7 @@ typedef struct dp_kv_swap {
     dp_backend *be;
     dp_kv_store *store;    /* the decode store */
     dp_kv_pool *pool;      /* the decode pool */
+    int32_t block_tokens;  /* tokens per block of the decode store */
     size_t block_bytes;
     size_t cap_bytes;      /* host memory the swapped copies may take */
     size_t used_bytes;

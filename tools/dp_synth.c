@@ -11,7 +11,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dp-synth --out FILE [--shape tiny|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
+            "usage: dp-synth --out FILE [--shape tiny|tiny32|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
             "                [--type f32|f16|bf16|q8_0|q4_1] [--seed S]\n");
 }
@@ -39,7 +39,7 @@ int main(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--shape") == 0 && i + 1 < argc) {
             if (synth_shape_preset(argv[i + 1], &sh) != 0) {
-                fprintf(stderr, "dp-synth: unknown shape '%s' (tiny, 7b, smollm)\n", argv[i + 1]);
+                fprintf(stderr, "dp-synth: unknown shape '%s' (tiny, tiny32, 7b, smollm)\n", argv[i + 1]);
                 return 2;
             }
         }

@@ -84,8 +84,29 @@ static int weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows
 
 static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
+    /* Quantized rows are read through a tile of at most 256 values per row
+     * (cpu_kern.c); real models' heads are 64..256. */
+    if (dp_kv_type_quantized(l->type) && l->head_dim > 256)
+        return 0;
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
-           (size_t)l->head_dim * (l->type == DP_KV_F16 ? 2 : sizeof(float));
+           cpu_kv_row_bytes(l->type, l->head_dim);
+}
+
+/* The fields of a store that follow from its layout (blk_bytes: its own). */
+static void kv_init_fields(dp_kv_store *kv, const dp_kv_layout *l)
+{
+    kv->l = *l;
+    kv->qtype = l->type == DP_KV_Q8_0 ? DP_TYPE_Q8_0 : l->type == DP_KV_Q4_0 ? DP_TYPE_Q4_0 : 0;
+    kv->es = l->type == DP_KV_F16 ? 2 : l->type == DP_KV_F32 ? sizeof(float) : 0;
+    kv->row_bytes = cpu_kv_row_bytes(l->type, l->head_dim);
+    kv->blk_bytes = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+}
+
+static bool kv_layout_ok(dp_backend *be, const dp_kv_layout *l)
+{
+    return l->n_layers > 0 && l->n_kv_heads > 0 && l->head_dim > 0 && l->head_dim <= 1024 &&
+           l->block_tokens > 0 && l->n_blocks > 0 && l->type >= 0 && l->type < DP_KV_TYPE_COUNT &&
+           kv_block_bytes(be, l) > 0;
 }
 
 /* Makes every page of p resident. A volatile store per page: the compiler
@@ -99,15 +120,12 @@ static void prefault(void *p, size_t n)
 
 static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
-    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->head_dim > 1024 ||
-        l->block_tokens <= 0 ||
-        l->n_blocks <= 0 || (l->type != DP_KV_F32 && l->type != DP_KV_F16))
+    if (!kv_layout_ok(be, l))
         return DP_EINVAL;
     dp_kv_store *kv = calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
-    kv->l = *l;
-    kv->es = l->type == DP_KV_F16 ? 2 : sizeof(float);
+    kv_init_fields(kv, l);
     size_t half = kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
     /* Written once here, as llama.cpp clears its KV buffer: the memory plan
      * logged at start-up is resident from the start (lazily touched pages
@@ -127,12 +145,37 @@ static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
     return 0;
 }
 
+static int kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l, dp_kv_store **out)
+{
+    const dp_kv_layout *b = &base->l;
+    if (!kv_layout_ok(be, l) || l->n_layers != b->n_layers || l->n_kv_heads != b->n_kv_heads ||
+        l->head_dim != b->head_dim || l->n_blocks != b->n_blocks)
+        return DP_EINVAL;
+    dp_kv_store *kv = calloc(1, sizeof *kv);
+    if (!kv)
+        return DP_ENOMEM;
+    kv_init_fields(kv, l);
+    /* f32 / f16 index K and V by element: the base's stride must divide. */
+    if (kv->blk_bytes > base->blk_bytes || (kv->es && base->blk_bytes % kv->es)) {
+        free(kv);
+        return DP_EINVAL;
+    }
+    kv->blk_bytes = base->blk_bytes;
+    kv->view = true;
+    kv->k = base->k;
+    kv->v = base->v;
+    *out = kv;
+    return 0;
+}
+
 static void kv_destroy(dp_backend *be, dp_kv_store *kv)
 {
     if (!kv)
         return;
-    free(kv->k);
-    free(kv->v);
+    if (!kv->view) {
+        free(kv->k);
+        free(kv->v);
+    }
     free(kv);
 }
 
@@ -479,6 +522,7 @@ static const dp_backend_ops cpu_ops = {
     .weight_load = weight_load,
     .weight_free = cpu_weight_free,
     .kv_create = kv_create,
+    .kv_view = kv_view,
     .kv_destroy = kv_destroy,
     .kv_bytes_per_block = kv_block_bytes,
     .kv_layout = kv_get_layout,

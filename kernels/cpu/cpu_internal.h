@@ -19,10 +19,29 @@
  * (and cpu_kern.c's vector loads), which widen f16 to f32. */
 struct dp_kv_store {
     dp_kv_layout l;
-    size_t es;  /* bytes per element: 4 (f32) or 2 (f16) */
-    void *k;    /* [layer][block][kv_head][head_dim][token] */
-    void *v;    /* [layer][block][kv_head][token][head_dim] */
+    size_t es;        /* f32 / f16: bytes per element (4 or 2); 0 when quantized */
+    uint32_t qtype;   /* q8_0 / q4_0: the GGML type of each row's blocks (else 0) */
+    size_t row_bytes; /* quantized: bytes of one token's head_dim values */
+    size_t blk_bytes; /* bytes of one (layer, block) of K, and of V: the block stride
+                       * (a view's is its base's, which may exceed its own need) */
+    bool view;        /* k and v belong to another store */
+    void *k;          /* [layer][block][kv_head][head_dim][token]; quantized:
+                       * [layer][block][kv_head][token][row] */
+    void *v;          /* [layer][block][kv_head][token][head_dim] (or [row]) */
 };
+
+/* Bytes of one token's head_dim values of a KV type (0: head_dim does not
+ * divide into the type's 32-value blocks, or an unknown type). */
+static inline size_t cpu_kv_row_bytes(int32_t type, int32_t head_dim)
+{
+    switch (type) {
+    case DP_KV_F32: return (size_t)head_dim * 4;
+    case DP_KV_F16: return (size_t)head_dim * 2;
+    case DP_KV_Q8_0: return head_dim % 32 ? 0 : (size_t)head_dim / 32 * 34;
+    case DP_KV_Q4_0: return head_dim % 32 ? 0 : (size_t)head_dim / 32 * 18;
+    default: return 0;
+    }
+}
 
 /* One activation block quantized for the integer dot products: 32 values as
  * d * q[i], and s = d * sum(q) (what a weight type with an offset needs). */
@@ -117,14 +136,22 @@ static inline uint16_t kv_f2h(float f)
 #endif
 }
 
-/* Element index of one head's data in one block (K: [head_dim][token], V:
- * [token][head_dim]); the same for K and V. */
+/* f32 / f16: element index of one head's data in one block (K:
+ * [head_dim][token], V: [token][head_dim]); the same for K and V. */
 static inline size_t kv_head_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head)
 {
     const dp_kv_layout *l = &kv->l;
-    size_t idx = (((size_t)layer * (size_t)l->n_blocks + (size_t)block) * (size_t)l->n_kv_heads +
-                  (size_t)head);
-    return idx * (size_t)l->block_tokens * (size_t)l->head_dim;
+    size_t blk = ((size_t)layer * (size_t)l->n_blocks + (size_t)block) * (kv->blk_bytes / kv->es);
+    return blk + (size_t)head * (size_t)l->block_tokens * (size_t)l->head_dim;
+}
+
+/* Quantized: byte offset of token tok's row of one head (K and V alike). */
+static inline size_t kv_qrow_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
+                                 int32_t tok)
+{
+    const dp_kv_layout *l = &kv->l;
+    return ((size_t)layer * (size_t)l->n_blocks + (size_t)block) * kv->blk_bytes +
+           ((size_t)head * (size_t)l->block_tokens + (size_t)tok) * kv->row_bytes;
 }
 
 /* Element i of K or V (base = kv->k or kv->v), as f32. */
@@ -147,6 +174,11 @@ static inline void kv_set(const dp_kv_store *kv, void *base, size_t i, float x)
 static inline void kv_kget(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, float *row)
 {
+    if (kv->qtype) {
+        quant_dequant_row(kv->qtype, (const uint8_t *)kv->k + kv_qrow_off(kv, layer, block, head, tok),
+                          row, kv->l.head_dim);
+        return;
+    }
     size_t o = kv_head_off(kv, layer, block, head) + (size_t)tok;
     const size_t bt = (size_t)kv->l.block_tokens;
     for (int32_t d = 0; d < kv->l.head_dim; d++)
@@ -156,6 +188,11 @@ static inline void kv_kget(const dp_kv_store *kv, int32_t layer, int32_t block, 
 static inline void kv_kput(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, const float *row)
 {
+    if (kv->qtype) {
+        quant_quantize_row(kv->qtype, row, (uint8_t *)kv->k + kv_qrow_off(kv, layer, block, head, tok),
+                           kv->l.head_dim);
+        return;
+    }
     size_t o = kv_head_off(kv, layer, block, head) + (size_t)tok;
     const size_t bt = (size_t)kv->l.block_tokens;
     for (int32_t d = 0; d < kv->l.head_dim; d++)
@@ -172,6 +209,11 @@ static inline size_t kv_vrow_off(const dp_kv_store *kv, int32_t layer, int32_t b
 static inline void kv_vput(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, const float *row)
 {
+    if (kv->qtype) {
+        quant_quantize_row(kv->qtype, row, (uint8_t *)kv->v + kv_qrow_off(kv, layer, block, head, tok),
+                           kv->l.head_dim);
+        return;
+    }
     size_t o = kv_vrow_off(kv, layer, block, head, tok);
     if (kv->es == 4) {
         memcpy((float *)kv->v + o, row, (size_t)kv->l.head_dim * sizeof *row);
@@ -184,6 +226,11 @@ static inline void kv_vput(const dp_kv_store *kv, int32_t layer, int32_t block, 
 static inline void kv_vget(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head,
                            int32_t tok, float *row)
 {
+    if (kv->qtype) {
+        quant_dequant_row(kv->qtype, (const uint8_t *)kv->v + kv_qrow_off(kv, layer, block, head, tok),
+                          row, kv->l.head_dim);
+        return;
+    }
     size_t o = kv_vrow_off(kv, layer, block, head, tok);
     for (int32_t d = 0; d < kv->l.head_dim; d++)
         row[d] = kv_elt(kv, kv->v, o + (size_t)d);

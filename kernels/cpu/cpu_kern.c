@@ -449,11 +449,11 @@ static void k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq
 
 /* ---- Attention and the scorer over paged, transposed K blocks. ---- */
 
-/* n (<= VW) consecutive elements of K or V from element i, as f32, zeros
- * past n. */
-static inline vf kv_loadv(const dp_kv_store *kv, const void *base, size_t i, int32_t n)
+/* n (<= VW) consecutive elements of K or V from element i of base (es bytes
+ * each: 4 f32, 2 f16), as f32, zeros past n. */
+static inline vf kv_loadv(const void *base, size_t es, size_t i, int32_t n)
 {
-    if (kv->es == 4)
+    if (es == 4)
         return n == VW ? vf_load((const float *)base + i) : vf_loadn((const float *)base + i, n);
     const uint16_t *p = (const uint16_t *)base + i;
     if (n == VW)
@@ -463,18 +463,57 @@ static inline vf kv_loadv(const dp_kv_store *kv, const void *base, size_t i, int
     return vf_load_h(tmp);
 }
 
-/* VW scores (scaled) of q against keys [c0, c0 + nl) of one head's block. */
-static inline vf block_scores(const dp_kv_store *kv, size_t ho, int32_t bt, int32_t hd, int32_t c0,
-                              int32_t nl, const float *q, float scale)
+/* Where a chunk of at most VW keys of one head is read from: K transposed
+ * (element (d, t) at k + d * kd + t) and V rows (element (t, d) at
+ * v + t * hd + d), es bytes per element. An f32 / f16 store is read in
+ * place; a quantized one is first dequantized into the tile's buffers (its
+ * rows are quantized per token, so it cannot be read transposed). */
+typedef struct kv_chunk {
+    const void *k, *v;
+    size_t es, kd;
+    float kt[256 * VW], vt[VW * 256]; /* quantized stores: head_dim <= 256 */
+} kv_chunk;
+
+static inline void chunk_load(kv_chunk *ch, const dp_kv_store *kv, int32_t layer, int32_t blk,
+                              int32_t kvh, int32_t c0, int32_t nl)
+{
+    const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens;
+    if (!kv->qtype) {
+        const size_t ho = kv_head_off(kv, layer, blk, kvh);
+        ch->k = (const uint8_t *)kv->k + (ho + (size_t)c0) * kv->es;
+        ch->v = (const uint8_t *)kv->v + (ho + (size_t)c0 * (size_t)hd) * kv->es;
+        ch->es = kv->es;
+        ch->kd = (size_t)bt;
+        return;
+    }
+    float row[256];
+    for (int32_t t = 0; t < VW; t++) {
+        if (t < nl)
+            kv_kget(kv, layer, blk, kvh, c0 + t, row);
+        else
+            memset(row, 0, (size_t)hd * sizeof *row);
+        for (int32_t d = 0; d < hd; d++)
+            ch->kt[(size_t)d * VW + (size_t)t] = row[d];
+        if (t < nl)
+            kv_vget(kv, layer, blk, kvh, c0 + t, ch->vt + (size_t)t * (size_t)hd);
+    }
+    ch->k = ch->kt;
+    ch->v = ch->vt;
+    ch->es = 4;
+    ch->kd = VW;
+}
+
+/* VW scores (scaled) of q against the chunk's first nl keys. */
+static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const float *q, float scale)
 {
     vf s0 = vf_zero(), s1 = vf_zero();
     int32_t d = 0;
     for (; d + 2 <= hd; d += 2) {
-        s0 = vf_fma(vf_set1(q[d]), kv_loadv(kv, kv->k, ho + (size_t)d * bt + (size_t)c0, nl), s0);
-        s1 = vf_fma(vf_set1(q[d + 1]), kv_loadv(kv, kv->k, ho + (size_t)(d + 1) * bt + (size_t)c0, nl), s1);
+        s0 = vf_fma(vf_set1(q[d]), kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl), s0);
+        s1 = vf_fma(vf_set1(q[d + 1]), kv_loadv(ch->k, ch->es, (size_t)(d + 1) * ch->kd, nl), s1);
     }
     for (; d < hd; d++)
-        s0 = vf_fma(vf_set1(q[d]), kv_loadv(kv, kv->k, ho + (size_t)d * bt + (size_t)c0, nl), s0);
+        s0 = vf_fma(vf_set1(q[d]), kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl), s0);
     return vf_mul(vf_add(s0, s1), vf_set1(scale));
 }
 
@@ -491,15 +530,16 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
         memset(outs[g], 0, (size_t)hd * sizeof(float)); /* accumulated in place */
     }
     float p[VW];
+    kv_chunk ch;
     for (int32_t base = 0; base < n_slots; base += bt) {
         const int32_t blk = table[base / bt];
-        const size_t ho = kv_head_off(kv, layer, blk, kvh); /* K and V alike */
         const int32_t nb = n_slots - base < bt ? n_slots - base : bt;
         for (int32_t c0 = 0; c0 < nb; c0 += VW) {
             const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
+            chunk_load(&ch, kv, layer, blk, kvh, c0, nl); /* once for the whole group */
             for (int32_t g = 0; g < group; g++) {
                 float *acc = outs[g];
-                vf s = block_scores(kv, ho, bt, hd, c0, nl, qs[g], scale);
+                vf s = chunk_scores(&ch, hd, nl, qs[g], scale);
                 if (nl < VW) {
                     /* Lanes past the last key take no part in max or sum. */
                     vf_store(p, s);
@@ -532,7 +572,7 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
                     const int32_t nd = hd - d < VW ? hd - d : VW;
                     vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
                     for (int32_t t = 0; t < nl; t++)
-                        a = vf_fma(vf_set1(p[t]), kv_loadv(kv, kv->v, ho + (size_t)(c0 + t) * hd + (size_t)d, nd), a);
+                        a = vf_fma(vf_set1(p[t]), kv_loadv(ch.v, ch.es, (size_t)t * hd + (size_t)d, nd), a);
                     if (nd == VW)
                         vf_store(acc + d, a);
                     else
@@ -553,12 +593,14 @@ static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
 {
     const dp_kv_layout *l = &kv->l;
     const int32_t hd = l->head_dim, bt = l->block_tokens;
+    kv_chunk ch;
     for (int32_t base = 0; base < n; base += bt) {
-        const size_t ko = kv_head_off(kv, layer, table[base / bt], kvh);
+        const int32_t blk = table[base / bt];
         const int32_t nb = n - base < bt ? n - base : bt;
         for (int32_t c0 = 0; c0 < nb; c0 += VW) {
             const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
-            vf s = block_scores(kv, ko, bt, hd, c0, nl, q, scale);
+            chunk_load(&ch, kv, layer, blk, kvh, c0, nl);
+            vf s = chunk_scores(&ch, hd, nl, q, scale);
             if (nl == VW)
                 vf_store(sc + base + c0, s);
             else

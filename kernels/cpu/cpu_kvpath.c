@@ -23,6 +23,17 @@ static void knorm_task(void *ctx, int64_t t, int thread)
     const int32_t layer = (int32_t)(t / l->n_kv_heads), h = (int32_t)(t % l->n_kv_heads);
     const int32_t hd = l->head_dim, bt = l->block_tokens;
     float *o = j->out + (size_t)t * (size_t)j->n_slots;
+    if (j->kv->qtype) { /* quantized rows: each dequantized on its own */
+        float row[1024];
+        for (int32_t i = 0; i < j->n_slots; i++) {
+            kv_kget(j->kv, layer, j->table[i / bt], h, i % bt, row);
+            float ss = 0.0f;
+            for (int32_t d = 0; d < hd; d++)
+                ss += row[d] * row[d];
+            o[i] = sqrtf(ss);
+        }
+        return;
+    }
     /* Sum of squares over the transposed block: one pass over K, no gather. */
     for (int32_t base = 0; base < j->n_slots; base += bt) {
         const size_t ko = kv_head_off(j->kv, layer, j->table[base / bt], h);
@@ -118,12 +129,24 @@ static void compact_task(void *ctx, int64_t t, int thread)
     const dp_compact_seq *q = &j->seqs[t / ls->n_layers];
     const int32_t layer = (int32_t)(t % ls->n_layers);
     float k[1024], v[1024];
+    /* Quantized rows of one type move as bytes: a recompression on the
+     * decode path keeps each row's scale and values exactly. */
+    const bool bytes = j->src->qtype && j->src->qtype == j->dst->qtype;
+    const size_t rb = j->src->row_bytes;
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         for (int32_t s = 0; s < q->n_keep; s++) {
             int32_t from = keep[s];
             int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
-            /* Through f32 (exact when widening): the stores may differ in type. */
+            if (bytes) {
+                size_t so = kv_qrow_off(j->src, layer, sb, h, from % ls->block_tokens);
+                size_t dof = kv_qrow_off(j->dst, layer, db, h, s % ld->block_tokens);
+                memmove((uint8_t *)j->dst->k + dof, (const uint8_t *)j->src->k + so, rb);
+                memmove((uint8_t *)j->dst->v + dof, (const uint8_t *)j->src->v + so, rb);
+                continue;
+            }
+            /* Through f32 (exact when widening; quantized on the way into a
+             * q8_0 / q4_0 store): the stores may differ in type. */
             kv_kget(j->src, layer, sb, h, from % ls->block_tokens, k);
             kv_kput(j->dst, layer, db, h, s % ld->block_tokens, k);
             kv_vget(j->src, layer, sb, h, from % ls->block_tokens, v);
@@ -165,9 +188,10 @@ static int block_copy(const dp_kv_store *kv, int32_t block, void *host, const vo
     const dp_kv_layout *l = &kv->l;
     if (block < 0 || block >= l->n_blocks)
         return DP_EINVAL;
-    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim * kv->es;
+    /* The block's own bytes (a view's blocks may use less than their stride). */
+    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
     for (int32_t layer = 0; layer < l->n_layers; layer++) {
-        size_t o = kv_head_off(kv, layer, block, 0) * kv->es;
+        size_t o = ((size_t)layer * (size_t)l->n_blocks + (size_t)block) * kv->blk_bytes;
         uint8_t *k = (uint8_t *)kv->k + o, *v = (uint8_t *)kv->v + o;
         uint8_t *h = (uint8_t *)(from_host ? (void *)(uintptr_t)from_host : host) + (size_t)layer * 2 * per;
         if (from_host) {

@@ -305,6 +305,9 @@ static void cuda_host_free(dp_backend *be, void *p)
 
 static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
+    /* Every store is f16 here; the quantized types have no CUDA kernels yet. */
+    if (dp_kv_type_quantized(l->type))
+        return 0;
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
            (size_t)l->head_dim * sizeof(__half);
 }
@@ -316,6 +319,10 @@ static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **o
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
         l->n_blocks <= 0)
         return DP_EINVAL;
+    if (dp_kv_type_quantized(l->type)) {
+        dp_log(DP_LOG_ERROR, "cuda: KV type %s is not supported (f16 only)", dp_kv_type_name(l->type));
+        return DP_EUNSUPPORTED;
+    }
     /* The kernels move KV rows as 16-byte vectors and size shared memory
      * for head_dim <= 256 (every LLaMA-family model fits). */
     if (l->head_dim % CUDA_KV_VEC || l->head_dim > CUDA_MAX_HEAD_DIM) {

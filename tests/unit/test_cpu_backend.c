@@ -227,7 +227,8 @@ static void test_elementwise(dp_backend *be)
 /* A batch of three sequences: one mid-prompt chunk, one decoding, one whole
  * prompt, on shuffled blocks; checks embed, rope, kv_write, attention and
  * gather against a dense reference. With an f16 store the reference reads
- * K and V rounded to f16 (what kv_write stores), so the bound is the same. */
+ * K and V rounded to f16 (what kv_write stores), with a q8_0 / q4_0 store
+ * each head's rows quantized and dequantized, so the bound is the same. */
 static void test_attention(dp_backend *be, int32_t type)
 {
     enum { NH = 6, NKV = 2, HD = 32, BT = 4, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
@@ -264,6 +265,15 @@ static void test_attention(dp_backend *be, int32_t type)
                 for (int i = 0; i < NKV * HD; i++) {
                     K[s][t][i] = dp_fp16_to_f32(dp_f32_to_fp16(K[s][t][i]));
                     V[s][t][i] = dp_fp16_to_f32(dp_f32_to_fp16(V[s][t][i]));
+                }
+            if (dp_kv_type_quantized(type)) /* each head's row, as kv_write stores it */
+                for (int h = 0; h < NKV; h++) {
+                    uint32_t qt = type == DP_KV_Q8_0 ? DP_TYPE_Q8_0 : DP_TYPE_Q4_0;
+                    uint8_t qb[HD / 32 * 34];
+                    CHECK(quant_quantize_row(qt, K[s][t] + h * HD, qb, HD) == 0);
+                    CHECK(quant_dequant_row(qt, qb, K[s][t] + h * HD, HD) == 0);
+                    CHECK(quant_quantize_row(qt, V[s][t] + h * HD, qb, HD) == 0);
+                    CHECK(quant_dequant_row(qt, qb, V[s][t] + h * HD, HD) == 0);
                 }
             for (int i = 0; i < NH * HD; i++)
                 Q[s][t][i] = frand();
@@ -366,6 +376,123 @@ static void test_attention(dp_backend *be, int32_t type)
     be->ops->kv_destroy(be, kv);
 }
 
+/* A quantized view over an f16 arena, as the KV manager makes one: the
+ * view's block holds as many tokens as fit in the arena block's bytes, and
+ * no more; kv_compact from arena blocks into view blocks quantizes each
+ * kept row exactly as quant_quantize_row does (a scalar reference over the
+ * f16 values), a compaction within the view moves the bytes unchanged, the
+ * view's blocks do not overlap the arena's other blocks, and
+ * kv_block_read/write of a view block round-trips its bytes. */
+static void test_kv_views(dp_backend *be)
+{
+    enum { NL = 2, NKV = 2, HD = 64, BT = 16, NB = 8, N = 20 };
+    const int32_t qtypes[2] = {DP_KV_Q8_0, DP_KV_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const int32_t type = qtypes[ti];
+        const uint32_t qt = type == DP_KV_Q8_0 ? DP_TYPE_Q8_0 : DP_TYPE_Q4_0;
+        const size_t rb = (size_t)HD / 32 * quant_block_bytes(qt);
+        dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16};
+        dp_kv_store *arena, *view, *bad;
+        CHECK(be->ops->kv_create(be, &al, &arena) == 0);
+        const size_t ab = be->ops->kv_bytes_per_block(be, &al);
+        /* Tokens per view block: what fits in an arena block. */
+        const int32_t vbt = (int32_t)(ab / (2 * NL * NKV * rb));
+        CHECK(vbt > BT);
+        dp_kv_layout vl = {NL, NKV, HD, vbt + 1, NB, type};
+        CHECK(be->ops->kv_view(be, arena, &vl, &bad) == DP_EINVAL); /* one token too many */
+        vl.block_tokens = vbt;
+        CHECK(be->ops->kv_view(be, arena, &vl, &view) == 0);
+        CHECK(be->ops->kv_bytes_per_block(be, &vl) == 2 * NL * NKV * (size_t)vbt * rb);
+        /* N tokens into arena blocks 0 and 1 through kv_write, every layer. */
+        static float K[NL][N][NKV * HD], V[NL][N][NKV * HD];
+        int32_t tokens[N], pos[N], seq[N], slot[N], table[2] = {0, 1};
+        for (int i = 0; i < N; i++) {
+            tokens[i] = 0;
+            pos[i] = slot[i] = i;
+            seq[i] = 0;
+        }
+        uint8_t seq_store[1] = {0};
+        dp_batch b = {.n_tokens = N, .tokens = tokens, .pos = pos, .seq = seq, .slot = slot,
+                      .n_seqs = 1, .seq_store = seq_store, .block_tables = table, .max_blocks = 2};
+        CHECK(be->ops->batch_set(be, &b) == 0);
+        dp_kv_store *stores[DP_KV_MAX_STORES] = {arena, NULL};
+        for (int l = 0; l < NL; l++) {
+            for (int i = 0; i < N; i++)
+                for (int e = 0; e < NKV * HD; e++) {
+                    K[l][i][e] = frand() * 3;
+                    V[l][i][e] = frand();
+                }
+            be->ops->kv_write(be, stores, l, &K[l][0][0], &V[l][0][0]);
+        }
+        /* Keep 12 of them per (layer, head), a different order per head,
+         * into view blocks 3 and 5 (block 4 stays untouched). */
+        enum { KEEP = 12 };
+        int32_t keep[NL * NKV * KEEP], dst[2] = {3, 5};
+        for (int r = 0; r < NL * NKV; r++)
+            for (int j = 0; j < KEEP; j++)
+                keep[r * KEEP + j] = (j * 7 + r * 3) % N;
+        uint8_t *before = malloc(ab), *blk = malloc(ab);
+        CHECK(be->ops->kv_block_read(be, arena, 4, before) == 0);
+        dp_compact_seq cs = {table, 2, dst, vbt >= KEEP ? 1 : 2, KEEP, keep};
+        CHECK(be->ops->kv_compact(be, arena, view, &cs, 1) == 0);
+        CHECK(be->ops->kv_block_read(be, arena, 4, blk) == 0);
+        CHECK(memcmp(before, blk, ab) == 0);
+        /* The view block's bytes: per layer, K then V, [head][token][row]. */
+        const size_t vb = be->ops->kv_bytes_per_block(be, &vl);
+        CHECK(be->ops->kv_block_read(be, view, 3, blk) == 0);
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NKV; h++)
+                for (int j = 0; j < KEEP && j < vbt; j++) {
+                    int from = keep[(l * NKV + h) * KEEP + j];
+                    float row[HD];
+                    uint8_t want[HD / 32 * 34];
+                    for (int kv = 0; kv < 2; kv++) {
+                        const float *x = kv ? V[l][from] : K[l][from];
+                        for (int e = 0; e < HD; e++) /* the arena holds f16 */
+                            row[e] = dp_fp16_to_f32(dp_f32_to_fp16(x[h * HD + e]));
+                        CHECK(quant_quantize_row(qt, row, want, HD) == 0);
+                        const uint8_t *got = blk + (size_t)l * vb / NL + (size_t)kv * vb / NL / 2 +
+                                             ((size_t)h * vbt + j) * rb;
+                        CHECK_MSG(memcmp(got, want, rb) == 0, "%s layer %d head %d kept %d %s",
+                                  dp_kv_type_name(type), l, h, j, kv ? "V" : "K");
+                    }
+                }
+        /* Within the view (a recompression): bytes move as they are. */
+        int32_t keep2[NL * NKV * 4], dst2[1] = {6};
+        for (int r = 0; r < NL * NKV; r++)
+            for (int j = 0; j < 4; j++)
+                keep2[r * 4 + j] = 2 * j + 1;
+        dp_compact_seq cs2 = {dst, cs.n_dst_blocks, dst2, 1, 4, keep2};
+        CHECK(be->ops->kv_compact(be, view, view, &cs2, 1) == 0);
+        uint8_t *blk6 = malloc(vb);
+        CHECK(be->ops->kv_block_read(be, view, 6, blk6) == 0);
+        for (int l = 0; l < NL; l++)
+            for (int kv = 0; kv < 2; kv++)
+                for (int h = 0; h < NKV; h++)
+                    for (int j = 0; j < 4; j++) {
+                        size_t lo = (size_t)l * vb / NL + (size_t)kv * vb / NL / 2;
+                        CHECK(memcmp(blk6 + lo + ((size_t)h * vbt + j) * rb,
+                                     blk + lo + ((size_t)h * vbt + 2 * j + 1) * rb, rb) == 0);
+                    }
+        /* Host copies round-trip a view block. */
+        CHECK(be->ops->kv_block_write(be, view, 7, blk) == 0);
+        uint8_t *back = malloc(vb);
+        CHECK(be->ops->kv_block_read(be, view, 7, back) == 0);
+        CHECK(memcmp(back, blk, vb) == 0);
+        free(before);
+        free(blk);
+        free(blk6);
+        free(back);
+        be->ops->kv_destroy(be, view);
+        be->ops->kv_destroy(be, arena);
+    }
+    /* A head_dim the 32-value blocks do not divide has no quantized store. */
+    dp_kv_layout odd = {1, 1, 48, 16, 4, DP_KV_Q8_0};
+    dp_kv_store *kv;
+    CHECK(be->ops->kv_bytes_per_block(be, &odd) == 0);
+    CHECK(be->ops->kv_create(be, &odd, &kv) == DP_EINVAL);
+}
+
 /* logits_topk: per-row temperatures (<= 0 counts as 1) and masks, against a
  * plain sort of the masked rows and the weight sum of kernels/topk.h summed
  * one by one; the masked ids read -inf afterwards, other rows unchanged. */
@@ -433,6 +560,9 @@ int main(void)
         test_elementwise(be);
         test_attention(be, DP_KV_F32);
         test_attention(be, DP_KV_F16);
+        test_attention(be, DP_KV_Q8_0);
+        test_attention(be, DP_KV_Q4_0);
+        test_kv_views(be);
         test_logits_topk(be);
         backend_destroy(be);
     }

@@ -41,7 +41,8 @@ typedef struct world {
     int32_t vocab;
 } world;
 
-static void world_open(world *w, const char *path)
+/* path: a GGUF file; NULL: the synthetic preset `shape` (tests/unit: tiny). */
+static void world_open_shape(world *w, const char *path, const char *shape)
 {
     char err[DP_ERRLEN];
     memset(w, 0, sizeof *w);
@@ -49,7 +50,7 @@ static void world_open(world *w, const char *path)
         CHECK_MSG(gguf_open(&w->g, path, err, sizeof err) == 0, "%s", err);
     } else {
         dp_synth_shape sh;
-        CHECK(synth_shape_preset("tiny", &sh) == 0);
+        CHECK(synth_shape_preset(shape, &sh) == 0);
         gguf_writer gw;
         size_t size;
         CHECK(gguf_writer_init(&gw) == 0);
@@ -63,6 +64,8 @@ static void world_open(world *w, const char *path)
     CHECK_MSG(tokenizer_init_gguf(&w->tok, &w->g, err, sizeof err) == 0, "%s", err);
     w->vocab = llama_hparams(w->m)->vocab;
 }
+
+static void world_open(world *w, const char *path) { world_open_shape(w, path, "tiny"); }
 
 static void world_close(world *w)
 {
@@ -571,11 +574,12 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
  * kept set again, over its own output). usage's kept/evicted counts are the
  * same too. */
 static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t small_pool,
-                                     bool shared, const char *what)
+                                     bool shared, int32_t decode_type, const char *what)
 {
     static result alone[MAXN], together[MAXN];
     dp_engine_opts o;
     engine_opts_default(&o);
+    o.decode_kv_type = decode_type;
     o.compress.keep_ratio = 0.5f;
     o.compress.sinks = 2;
     o.compress.window = 4; /* short prompts are compressed too */
@@ -613,6 +617,76 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
            "caches swapped out and back)\n",
            what, n, small_pool, shared ? "arena for both paths" : "decode pool",
            (long long)st.preemptions, (long long)st.swap_outs);
+}
+
+/* A quantized decode path in one arena with the prefill path: a block's
+ * bytes hold 16 tokens in f16 on the prefill path, 30 in q8_0 and 56 in q4_0
+ * on the decode path. Eight sequences whose prompts (40 tokens, kept to 20)
+ * grow by 200 tokens each need 112 of the arena's 64 blocks in f16 at the
+ * end, 64 in q8_0 and 32 in q4_0: with everything submitted before the
+ * engine starts (the same schedule every run) f16 must preempt, q4_0 never
+ * does. The kept sets are chosen on the prefill path's f16 cache, before
+ * quantization, so each type keeps and evicts the same tokens. */
+static void test_quantized_decode(world *w)
+{
+    enum { N = 8, P = 40, GEN = 200 };
+    static req_spec sp[N];
+    static result res[3][N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = P, .max_tokens = GEN, .ignore_eos = true};
+        for (int k = 0; k < P; k++)
+            sp[i].prompt[k] = urand(w->vocab);
+    }
+    const int32_t types[3] = {-1, DP_KV_Q8_0, DP_KV_Q4_0};
+    dp_engine_stats st[3];
+    for (int t = 0; t < 3; t++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.max_batched_tokens = 128;
+        o.max_seqs = 32;
+        o.n_blocks = 64;
+        o.decode_kv_type = types[t];
+        o.compress.sinks = 2;
+        o.compress.window = 4;
+        char err[DP_ERRLEN];
+        dp_engine *e;
+        CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
+        for (int i = 0; i < N; i++) {
+            memset(&res[t][i], 0, sizeof res[t][i]);
+            dp_request *r = make_req(&sp[i], &res[t][i]);
+            CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+            request_unref(r);
+        }
+        CHECK(engine_start(e) == 0);
+        collect(e, N);
+        check_idle(e);
+        settled_stats(e, &st[t]);
+        engine_destroy(e);
+        for (int i = 0; i < N; i++)
+            CHECK_EQ_INT(res[t][i].n, GEN);
+        CHECK_EQ_INT(st[t].kv_shared, 1);
+        CHECK_EQ_INT(st[t].migrations, N);
+    }
+    CHECK_EQ_INT(st[0].decode_block_tokens, 16);
+    CHECK_EQ_INT(st[1].decode_block_tokens, 30);
+    CHECK_EQ_INT(st[2].decode_block_tokens, 56);
+    CHECK(st[0].preemptions > 0);
+    CHECK_EQ_INT(st[2].preemptions, 0);
+    CHECK(st[1].preemptions <= st[0].preemptions);
+    for (int t = 1; t < 3; t++) {
+        CHECK_EQ_INT(st[t].tokens_kept, st[0].tokens_kept);
+        CHECK_EQ_INT(st[t].tokens_evicted, st[0].tokens_evicted);
+    }
+    int same[3] = {N, 0, 0};
+    for (int t = 1; t < 3; t++)
+        for (int i = 0; i < N; i++)
+            same[t] += memcmp(res[t][i].toks, res[0][i].toks, (size_t)GEN * sizeof(int32_t)) == 0;
+    printf("quantized decode path: %d sequences of %d + %d tokens in a 64-block arena: f16 %lld "
+           "preemptions (peak %d running), q8_0 %lld (peak %d), q4_0 %lld (peak %d); greedy "
+           "outputs identical to f16's: q8_0 %d/%d, q4_0 %d/%d (random weights)\n",
+           N, P, GEN, (long long)st[0].preemptions, st[0].running_peak,
+           (long long)st[1].preemptions, st[1].running_peak, (long long)st[2].preemptions,
+           st[2].running_peak, same[1], N, same[2], N);
 }
 
 /* n = 4 (four requests with one prompt, submitted together) prefills the
@@ -1010,15 +1084,34 @@ int main(void)
             for (int k = 0; k < pre[i].n_prompt; k++)
                 pre[i].prompt[k] = urand(w.vocab);
         }
-        test_dualpath_preemption(&w, pre, 16, 12, false, "tiny dualpath preemption");
+        test_dualpath_preemption(&w, pre, 16, 12, false, -1, "tiny dualpath preemption");
         for (int i = 0; i < 16; i++)
             pre[i].max_tokens = 120; /* more growth after the prompts: more pressure */
-        test_dualpath_preemption(&w, pre, 16, 32, true, "tiny dualpath preemption (shared)");
+        test_dualpath_preemption(&w, pre, 16, 32, true, -1, "tiny dualpath preemption (shared)");
     }
     test_snapkv_every_time(&w);
     test_shared_prompt(&w);
     test_multiturn_rebuild(&w, 64);
     test_reply_reuse(&w);
+    world_close(&w);
+
+    /* Heads of 32 values: the quantized decode path. */
+    world_open_shape(&w, NULL, "tiny32");
+    {
+        static req_spec pre[16];
+        for (int i = 0; i < 16; i++) {
+            /* Short prompts, long replies: the pressure is on growth, where
+             * a decode block holds 60 (q8_0) or 113 (q4_0) tokens. */
+            pre[i] = (req_spec){.n_prompt = 8 + urand(12), .max_tokens = 200, .ignore_eos = true};
+            for (int k = 0; k < pre[i].n_prompt; k++)
+                pre[i].prompt[k] = urand(w.vocab);
+        }
+        test_dualpath_preemption(&w, pre, 16, 16, true, DP_KV_Q8_0,
+                                 "tiny32 q8_0 decode path preemption (shared)");
+        test_dualpath_preemption(&w, pre, 16, 24, false, DP_KV_Q4_0,
+                                 "tiny32 q4_0 decode pool preemption (split)");
+    }
+    test_quantized_decode(&w);
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

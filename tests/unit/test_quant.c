@@ -513,8 +513,79 @@ static void test_golden(void)
     free(buf);
 }
 
+/* The KV cache's quantizers: every value of a block is within half a step
+ * (d/2) of its dequantized value, except that Q4_0's side opposite the
+ * largest value has one level fewer (q - 8 stops at 7), so values there may
+ * be a whole step off; zeros come back as zeros, and requantizing a
+ * dequantized row gives its bytes back. The relative L2 error
+ * on Gaussian rows is printed: it is what a quantized decode pool costs per
+ * row before attention averages over tokens. */
+static uint64_t qs_state = 0x9e3779b97f4a7c15ull;
+static double gauss(void)
+{
+    double u = 0, v = 0;
+    while (u <= 0) {
+        qs_state = qs_state * 6364136223846793005ull + 1442695040888963407ull;
+        u = (double)(qs_state >> 11) / 9007199254740992.0;
+    }
+    qs_state = qs_state * 6364136223846793005ull + 1442695040888963407ull;
+    v = (double)(qs_state >> 11) / 9007199254740992.0;
+    return sqrt(-2 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static void test_kv_quantize(void)
+{
+    const uint32_t types[2] = {DP_TYPE_Q8_0, DP_TYPE_Q4_0};
+    for (int ti = 0; ti < 2; ti++) {
+        const uint32_t type = types[ti];
+        enum { N = 4096 };
+        static float x[N], y[N];
+        uint8_t q[N / 32 * 34];
+        double num = 0, den = 0;
+        for (int i = 0; i < N; i++)
+            x[i] = (float)gauss() * (i < 32 ? 1e-3f : 1.0f); /* one tiny block */
+        CHECK(quant_quantize_row(type, x, q, N) == 0);
+        CHECK(quant_dequant_row(type, q, y, N) == 0);
+        for (int b = 0; b < N / 32; b++) {
+            float amax = 0;
+            for (int j = 0; j < 32; j++)
+                amax = fabsf(x[b * 32 + j]) > amax ? fabsf(x[b * 32 + j]) : amax;
+            /* The step, with room for the scale's f16 rounding. */
+            const double step = (type == DP_TYPE_Q8_0 ? amax / 127.0 : amax / 8.0) * 1.001;
+            for (int j = 0; j < 32; j++) {
+                double e = fabs((double)y[b * 32 + j] - x[b * 32 + j]);
+                CHECK_MSG(e <= (type == DP_TYPE_Q8_0 ? step / 2 : step), "%s block %d elt %d: %g vs %g",
+                          quant_type_name(type), b, j, y[b * 32 + j], x[b * 32 + j]);
+            }
+        }
+        for (int i = 0; i < N; i++) {
+            num += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            den += (double)x[i] * x[i];
+        }
+        printf("  %s round trip on Gaussian rows: rel L2 %.4f\n", quant_type_name(type), sqrt(num / den));
+        CHECK(sqrt(num / den) < (type == DP_TYPE_Q8_0 ? 0.01 : 0.12));
+        /* Zeros stay zeros (a zero block has scale 0: no division by it). */
+        float z[64] = {0}, out[64];
+        uint8_t zq[2 * 34];
+        CHECK(quant_quantize_row(type, z, zq, 64) == 0);
+        CHECK(quant_dequant_row(type, zq, out, 64) == 0);
+        for (int i = 0; i < 64; i++)
+            CHECK(out[i] == 0.0f);
+        /* Quantizing what was dequantized gives the same bytes (a block can
+         * move between stores through f32 without drifting). */
+        uint8_t q2[N / 32 * 34];
+        CHECK(quant_quantize_row(type, y, q2, N) == 0);
+        CHECK(memcmp(q, q2, (size_t)N / 32 * quant_block_bytes(type)) == 0);
+    }
+    float x[40] = {0};
+    uint8_t q[64];
+    CHECK(quant_quantize_row(DP_TYPE_Q8_0, x, q, 40) == DP_EINVAL);
+    CHECK(quant_quantize_row(DP_TYPE_Q4_1, x, q, 32) == DP_EUNSUPPORTED);
+}
+
 int main(void)
 {
+    test_kv_quantize();
     test_table();
     test_fp16();
     test_bf16();

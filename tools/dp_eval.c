@@ -39,7 +39,15 @@ typedef struct opts {
     int chat;            /* chat prompts (0: skip the greedy check) */
     int32_t gen;         /* greedy tokens per chat prompt */
     int threads;
-    int kv_type;         /* dp_kv_type of both stores */
+    int kv_type;         /* dp_kv_type of the prefill store (and the decode store's default) */
+    int dkv_type;        /* dp_kv_type of the compacted (decode-path) store */
+    bool grid;           /* the decode-type x keep-ratio table instead (--grid) */
+    int dtypes[DP_KV_TYPE_COUNT];
+    int n_dtypes;
+    int32_t passkey[8];  /* --grid: passkey prompt lengths */
+    int n_passkey;
+    int depths;          /* passkey depths per length */
+    dp_scorer scorer;    /* --grid: the scorer (the daemon's default) */
 } opts;
 
 typedef struct acc {
@@ -254,6 +262,7 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     dp_kv_layout la = llama_kv_layout(e->m, BT, nb), lb;
     la.type = o->kv_type;
     lb = la;
+    lb.type = o->dkv_type;
     dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
@@ -368,6 +377,7 @@ static const char *const QUESTIONS[] = {
 
 typedef struct chat_set {
     int n;
+    int32_t gen;            /* greedy tokens per prompt */
     int32_t *len, *base_a, *base_b, *first; /* prompt length, first block in A / B, first token */
     int32_t max_blocks_a, max_blocks_b, n_cap;
     int32_t **prompt;
@@ -385,12 +395,50 @@ typedef struct chat_result {
     double seconds;
 } chat_result;
 
-static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, char *err, size_t errsz)
+/* The passage prompts of the greedy check: 300..700-token passages spread
+ * over the text, each with a question. *msgs: n user messages (free each). */
+static int chat_passages(ev *e, const int32_t *text, int32_t n_text, int n, char ***msgs, char *err,
+                         size_t errsz)
+{
+    char **m = calloc((size_t)n, sizeof *m);
+    if (!m)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) {
+        int32_t plen = 300 + (int32_t)((i * 211) % 401);
+        if (plen > n_text)
+            plen = n_text;
+        int32_t off = (int32_t)((int64_t)(n_text - plen) * i / (n > 1 ? n - 1 : 1));
+        char *passage = NULL;
+        size_t plen_bytes;
+        int rc = tokenizer_decode(e->tok, text + off, (size_t)plen, false, &passage, &plen_bytes);
+        const char *q = QUESTIONS[i % N_QUESTIONS];
+        size_t mlen = plen_bytes + strlen(q) + 64;
+        if (!rc && !(m[i] = malloc(mlen)))
+            rc = DP_ENOMEM;
+        if (rc) {
+            free(passage);
+            for (int k = 0; k < i; k++)
+                free(m[k]);
+            free(m);
+            return dp_err(err, errsz, rc, "cannot build the chat prompts");
+        }
+        snprintf(m[i], mlen, "Here is a passage from a software license:\n\n%s\n\n%s", passage, q);
+        free(passage);
+    }
+    *msgs = m;
+    return 0;
+}
+
+/* Prefills n user messages (in the model's chat template) into store A,
+ * keeping each prompt's captured queries and first greedy token; store B
+ * (type btype) holds each compressed prompt and gen more tokens. */
+static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btype, chat_set *cs,
+                      char *err, size_t errsz)
 {
     const opts *o = e->o;
-    int n = o->chat;
     memset(cs, 0, sizeof *cs);
     cs->n = n;
+    cs->gen = gen;
     cs->len = calloc((size_t)n, sizeof(int32_t));
     cs->base_a = calloc((size_t)n, sizeof(int32_t));
     cs->base_b = calloc((size_t)n, sizeof(int32_t));
@@ -406,39 +454,18 @@ static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, 
     int32_t blocks_a = 0, blocks_b = 0;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        /* Passages of 300..700 tokens spread over the text. */
-        int32_t plen = 300 + (int32_t)((i * 211) % 401);
-        if (plen > n_text)
-            plen = n_text;
-        int32_t off = (int32_t)((int64_t)(n_text - plen) * i / (n > 1 ? n - 1 : 1));
-        char *passage = NULL, *prompt_text = NULL, *msg = NULL;
-        size_t plen_bytes;
-        if ((rc = tokenizer_decode(e->tok, text + off, (size_t)plen, false, &passage, &plen_bytes))) {
-            rc = dp_err(err, errsz, rc, "cannot decode a passage");
-            break;
-        }
-        const char *q = QUESTIONS[i % N_QUESTIONS];
-        size_t mlen = plen_bytes + strlen(q) + 64;
-        msg = malloc(mlen);
-        if (!msg) {
-            free(passage);
-            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
-            break;
-        }
-        snprintf(msg, mlen, "Here is a passage from a software license:\n\n%s\n\n%s", passage, q);
-        dp_chat_msg m = {"user", msg};
+        char *prompt_text = NULL;
+        dp_chat_msg m = {"user", msgs[i]};
         rc = chat_template_apply(&ct, &m, 1, true, &prompt_text, err, errsz);
         size_t n_ids = 0;
         if (!rc)
             rc = tokenizer_encode(e->tok, prompt_text, strlen(prompt_text), tokenizer_add_bos(e->tok),
                                   true, &cs->prompt[i], &n_ids);
-        free(passage);
-        free(msg);
         free(prompt_text);
         if (rc)
             break;
         cs->len[i] = (int32_t)n_ids;
-        int32_t na = (cs->len[i] + BT - 1) / BT, nbb = (cs->len[i] + o->gen + BT - 1) / BT;
+        int32_t na = (cs->len[i] + BT - 1) / BT, nbb = (cs->len[i] + gen + BT - 1) / BT;
         cs->base_a[i] = blocks_a;
         cs->base_b[i] = blocks_b;
         blocks_a += na;
@@ -448,6 +475,7 @@ static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, 
         if (nbb > cs->max_blocks_b)
             cs->max_blocks_b = nbb;
     }
+    (void)o;
     chat_template_destroy(&ct);
     if (rc)
         return rc;
@@ -458,11 +486,12 @@ static int chat_build(ev *e, const int32_t *text, int32_t n_text, chat_set *cs, 
     for (int i = 0; i < n; i++) {
         for (int32_t b = 0; b < (cs->len[i] + BT - 1) / BT; b++)
             cs->table_a[(size_t)i * cs->max_blocks_a + b] = cs->base_a[i] + b;
-        for (int32_t b = 0; b < (cs->len[i] + o->gen + BT - 1) / BT; b++)
+        for (int32_t b = 0; b < (cs->len[i] + gen + BT - 1) / BT; b++)
             cs->table_b[(size_t)i * cs->max_blocks_b + b] = cs->base_b[i] + b;
     }
     dp_kv_layout la = llama_kv_layout(e->m, BT, blocks_a), lb = llama_kv_layout(e->m, BT, blocks_b);
-    la.type = lb.type = o->kv_type;
+    la.type = o->kv_type;
+    lb.type = btype;
     if ((rc = e->be->ops->kv_create(e->be, &la, &cs->stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1])))
         return dp_err(err, errsz, rc, "cannot allocate the chat KV stores");
@@ -516,7 +545,6 @@ static void chat_destroy(ev *e, chat_set *cs)
  * sequence stops and its output is padded with that token. */
 static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_t *out, double *kept)
 {
-    const opts *o = e->o;
     const int32_t L = e->hp->n_layers, n = cs->n;
     int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
     uint8_t *seq_store = malloc((size_t)n);
@@ -532,25 +560,25 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         memcpy(e->q_host, cs->q[i], (size_t)L * cs->n_cap * e->qd * sizeof(float));
         dp_kv_move mv = {co, cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
                          cs->len[i], cs->table_b + (size_t)i * cs->max_blocks_b,
-                         (cs->len[i] + o->gen + BT - 1) / BT, n_keep[i], e->q_dev,
+                         (cs->len[i] + cs->gen + BT - 1) / BT, n_keep[i], e->q_dev,
                          (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM};
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
         seq_store[i] = 1;
         live[i] = true;
-        out[(size_t)i * o->gen] = cs->first[i];
+        out[(size_t)i * cs->gen] = cs->first[i];
         if (tokenizer_is_eog(e->tok, cs->first[i]))
             live[i] = false;
     }
-    for (int32_t t = 1; t < o->gen; t++) {
+    for (int32_t t = 1; t < cs->gen; t++) {
         int32_t nt = 0;
         for (int i = 0; i < n; i++) {
             if (!live[i]) {
-                out[(size_t)i * o->gen + t] = out[(size_t)i * o->gen + t - 1];
+                out[(size_t)i * cs->gen + t] = out[(size_t)i * cs->gen + t - 1];
                 continue;
             }
-            e->bt_tokens[nt] = out[(size_t)i * o->gen + t - 1];
+            e->bt_tokens[nt] = out[(size_t)i * cs->gen + t - 1];
             e->bt_pos[nt] = cs->len[i] + t - 1;
             e->bt_slot[nt] = n_keep[i] + t - 1;
             e->bt_seq[nt] = i;
@@ -572,7 +600,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
             for (int32_t v = 1; v < e->vocab; v++)
                 if (row[v] > row[am])
                     am = v;
-            out[(size_t)i * o->gen + t] = am;
+            out[(size_t)i * cs->gen + t] = am;
             if (tokenizer_is_eog(e->tok, am))
                 live[i] = false;
         }
@@ -592,7 +620,15 @@ static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r,
     double t0 = dp_now();
     chat_set cs;
     memset(r, 0, sizeof *r);
-    int rc = chat_build(e, text, n_text, &cs, err, errsz);
+    memset(&cs, 0, sizeof cs);
+    char **msgs = NULL;
+    int rc = chat_passages(e, text, n_text, o->chat, &msgs, err, errsz);
+    if (!rc) {
+        rc = chat_build(e, msgs, o->chat, o->gen, o->dkv_type, &cs, err, errsz);
+        for (int i = 0; i < o->chat; i++)
+            free(msgs[i]);
+        free(msgs);
+    }
     size_t nout = (size_t)o->chat * o->gen;
     int32_t *ref = malloc(nout * sizeof *ref), *got = malloc(nout * sizeof *got);
     if (!rc && (!ref || !got))
@@ -649,6 +685,399 @@ out:
     chat_destroy(e, &cs);
     free(ref);
     free(got);
+    return rc;
+}
+
+/* ---- the decode-type grid (--grid) ----------------------------------------- */
+
+/* One row of the grid: a decode-path KV type at a keep ratio, the
+ * configured scorer. */
+typedef struct grid_cell {
+    acc tf[8];              /* teacher-forced, per --prefill length */
+    int32_t n_keep[8];
+    int chat_ident;
+    double chat_prefix;
+    int pk_hits[8];         /* passkey prompts answered, per length */
+} grid_cell;
+
+typedef struct grid_result {
+    grid_cell c[DP_KV_TYPE_COUNT][MAX_RATIOS];
+    acc full[8];
+    int pk_full[8];         /* the uncompressed cache's own passkey hits */
+    double bytes[DP_KV_TYPE_COUNT]; /* bytes per token relative to the f16 prefill path */
+    int32_t dbt[DP_KV_TYPE_COUNT];  /* tokens per arena block on the decode path */
+    double chat_len, seconds;
+    int chat_n;
+} grid_result;
+
+static dp_compress_opts grid_opts(const opts *o, int ri)
+{
+    return (dp_compress_opts){o->scorer, o->ratios[ri], o->sinks, o->window, 1};
+}
+
+/* Bytes per token of a decode type in the daemon's arena: an arena block
+ * holds BT tokens in the prefill path's type and as many of the decode
+ * type as fit in the same bytes (kvcache/manager.c). */
+static void grid_bytes(ev *e, grid_result *g)
+{
+    dp_kv_layout pl = llama_kv_layout(e->m, BT, 1), dl = pl;
+    pl.type = DP_KV_F16;
+    const size_t blk = e->be->ops->kv_bytes_per_block(e->be, &pl);
+    for (int t = 0; t < e->o->n_dtypes; t++) {
+        dl.type = e->o->dtypes[t];
+        dl.block_tokens = 1;
+        size_t per = e->be->ops->kv_bytes_per_block(e->be, &dl);
+        g->dbt[t] = per ? (int32_t)(blk / per) : 0;
+        g->bytes[t] = g->dbt[t] ? (double)BT / g->dbt[t] : 0;
+    }
+}
+
+static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_result *g)
+{
+    const opts *o = e->o;
+    const int32_t P = o->prefill[pi], C = o->cont;
+    if ((int64_t)P + C + 1 > n_text)
+        return DP_EINVAL;
+    int32_t nb = (P + C + BT - 1) / BT;
+    dp_kv_layout la = llama_kv_layout(e->m, BT, nb);
+    la.type = o->kv_type;
+    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL};
+    int32_t *table = malloc((size_t)nb * sizeof *table);
+    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
+    double *scratch = malloc((size_t)e->vocab * sizeof(double));
+    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)),
+                    malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * sizeof(int32_t)), C};
+    int rc = DP_ENOMEM;
+    if (!table || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+        goto out;
+    if ((rc = e->be->ops->kv_create(e->be, &la, &a)))
+        goto out;
+    for (int t = 0; t < o->n_dtypes; t++) {
+        dp_kv_layout lb = la;
+        lb.type = o->dtypes[t];
+        if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])))
+            goto out;
+    }
+    for (int32_t i = 0; i < nb; i++)
+        table[i] = i;
+    int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
+    if (n_cap > P)
+        n_cap = P;
+    int32_t span = n_text - (P + C + 1) - o->offset;
+    for (int w = 0; w < o->windows; w++) {
+        int32_t off = o->offset + (o->windows > 1 && span > 0 ? (int32_t)((int64_t)span * w / (o->windows - 1)) : 0);
+        const int32_t *ctx = text + off, *cont = text + off + P, *targets = text + off + P + 1;
+        dp_kv_store *sa[DP_KV_MAX_STORES] = {a, NULL};
+        if ((rc = prefill(e, sa, 0, table, nb, ctx, P, n_cap, NULL)) || (rc = queries_to_backend(e, n_cap)) ||
+            (rc = teacher_force(e, sa, 0, table, nb, P, P, cont, C)))
+            goto out;
+        memcpy(ref_logits, e->logits, (size_t)C * e->vocab * sizeof(float));
+        for (int32_t i = 0; i < C; i++)
+            ref.am[i] = log_softmax(ref_logits + (size_t)i * e->vocab, e->vocab, ref.lp + (size_t)i * e->vocab);
+        for (size_t i = 0; i < (size_t)C * e->vocab; i++)
+            ref.p[i] = exp(ref.lp[i]);
+        acc_add(&g->full[pi], &ref, ref_logits, e->vocab, targets, scratch);
+        for (int t = 0; t < o->n_dtypes; t++)
+            for (int ri = 0; ri < o->n_ratios; ri++) {
+                dp_compress_opts co = grid_opts(o, ri);
+                int32_t n_keep = compress_n_keep(&co, P);
+                g->c[t][ri].n_keep[pi] = n_keep;
+                dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t]};
+                dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep, e->q_dev,
+                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM};
+                if ((rc = kv_migrate(&e->mig, a, b[t], &mv, 1)) ||
+                    (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
+                    goto out;
+                acc_add(&g->c[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
+            }
+        fprintf(stderr, "dp-eval: grid: P=%d window %d/%d done\n", P, w + 1, o->windows);
+    }
+    rc = 0;
+out:
+    if (a)
+        e->be->ops->kv_destroy(e->be, a);
+    for (int t = 0; t < DP_KV_TYPE_COUNT; t++)
+        if (b[t])
+            e->be->ops->kv_destroy(e->be, b[t]);
+    free(table);
+    free(ref_logits);
+    free(scratch);
+    free(ref.lp);
+    free(ref.p);
+    free(ref.am);
+    return rc;
+}
+
+/* The compacted store of a chat set, again with another type. */
+static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
+{
+    dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->stores[1]);
+    if (lb.type == type)
+        return 0;
+    e->be->ops->kv_destroy(e->be, cs->stores[1]);
+    cs->stores[1] = NULL;
+    lb.type = type;
+    return e->be->ops->kv_create(e->be, &lb, &cs->stores[1]);
+}
+
+/* Greedy generation of every cell over one chat set; ref: the full cache's
+ * (every token kept, f16, through the same compaction: bit-identical to the
+ * uncompressed cache). score(i, got) reads the outputs. */
+typedef void (*grid_score_fn)(ev *e, const chat_set *cs, const int32_t *ref, const int32_t *got,
+                              grid_cell *c, void *ud);
+
+static int grid_generate(ev *e, chat_set *cs, grid_result *g, grid_score_fn score, int32_t *ref,
+                         void *ud)
+{
+    const opts *o = e->o;
+    size_t nout = (size_t)cs->n * cs->gen;
+    int32_t *got = malloc(nout * sizeof *got);
+    if (!got)
+        return DP_ENOMEM;
+    double kept;
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    int rc = chat_set_btype(e, cs, o->kv_type);
+    if (!rc)
+        rc = chat_generate(e, cs, &full, ref, &kept);
+    for (int t = 0; t < o->n_dtypes && !rc; t++) {
+        if ((rc = chat_set_btype(e, cs, o->dtypes[t])))
+            break;
+        for (int ri = 0; ri < o->n_ratios && !rc; ri++) {
+            dp_compress_opts co = grid_opts(o, ri);
+            if (!(rc = chat_generate(e, cs, &co, got, &kept)))
+                score(e, cs, ref, got, &g->c[t][ri], ud);
+        }
+    }
+    free(got);
+    return rc;
+}
+
+static void score_chat(ev *e, const chat_set *cs, const int32_t *ref, const int32_t *got, grid_cell *c,
+                       void *ud)
+{
+    for (int i = 0; i < cs->n; i++) {
+        int32_t k = 0;
+        while (k < cs->gen && got[(size_t)i * cs->gen + k] == ref[(size_t)i * cs->gen + k])
+            k++;
+        c->chat_ident += k == cs->gen;
+        c->chat_prefix += (double)k / cs->n;
+    }
+}
+
+/* Passkey retrieval (Mohtashami & Jaggi's task): a 5-7 digit key stated once
+ * at one of `depths` depths in filler text, the model asked to repeat it;
+ * an answer counts when its first tokens contain the key. */
+#define PK_GEN 16
+static const char PK_FILLER[] =
+    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
+
+typedef struct pk_ctx {
+    int li;             /* length index */
+    char keys[16][12];
+    int *full_hits;
+} pk_ctx;
+
+static bool pk_answered(ev *e, const int32_t *toks, const char *key)
+{
+    char *txt = NULL;
+    size_t n = 0;
+    int32_t len = 0;
+    while (len < PK_GEN && !tokenizer_is_eog(e->tok, toks[len]))
+        len++;
+    if (tokenizer_decode(e->tok, toks, (size_t)len, false, &txt, &n) != 0)
+        return false;
+    bool hit = strstr(txt, key) != NULL;
+    free(txt);
+    return hit;
+}
+
+static void score_pk(ev *e, const chat_set *cs, const int32_t *ref, const int32_t *got, grid_cell *c,
+                     void *ud)
+{
+    pk_ctx *p = ud;
+    for (int i = 0; i < cs->n; i++) {
+        bool hit = pk_answered(e, got + (size_t)i * cs->gen, p->keys[i]);
+        c->pk_hits[p->li] += hit;
+        if (getenv("DP_EVAL_VERBOSE")) {
+            char *txt = NULL;
+            size_t n = 0;
+            if (tokenizer_decode(e->tok, got + (size_t)i * cs->gen, PK_GEN, false, &txt, &n) == 0)
+                fprintf(stderr, "dp-eval: passkey %s %s: %.*s\n", p->keys[i], hit ? "hit" : "miss",
+                        (int)strcspn(txt, "\n"), txt);
+            free(txt);
+        }
+    }
+}
+
+static int grid_passkey(ev *e, int li, grid_result *g, char *err, size_t errsz)
+{
+    const opts *o = e->o;
+    const int32_t L = o->passkey[li];
+    const int n = o->depths;
+    int32_t *ft = NULL;
+    size_t nft = 0;
+    int rc = tokenizer_encode(e->tok, PK_FILLER, strlen(PK_FILLER), false, false, &ft, &nft);
+    free(ft);
+    if (rc || nft == 0)
+        return dp_err(err, errsz, rc ? rc : DP_EINVAL, "cannot tokenize the filler");
+    /* About 60 tokens go to the instructions, the key and the template. */
+    int reps = (int)((L - 60) / (int32_t)nft);
+    if (reps < 1)
+        reps = 1;
+    pk_ctx p = {.li = li};
+    char **msgs = calloc((size_t)n, sizeof *msgs);
+    if (!msgs)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    uint64_t x = 0x5eed0000u + (uint64_t)L;
+    for (int i = 0; i < n && !rc; i++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int digits = 5 + (int)((x >> 33) % 3);
+        uint64_t lo = 1, k;
+        for (int d = 1; d < digits; d++)
+            lo *= 10;
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        k = lo + (x >> 20) % (9 * lo);
+        snprintf(p.keys[i], sizeof p.keys[i], "%llu", (unsigned long long)k);
+        int at = n > 1 ? reps * i / (n - 1) : 0;
+        size_t cap = (size_t)reps * sizeof PK_FILLER + 512;
+        char *m = malloc(cap);
+        if (!m) {
+            rc = DP_ENOMEM;
+            break;
+        }
+        size_t w = (size_t)snprintf(m, cap, "There is an important pass key hidden inside a lot of "
+                                    "irrelevant text. Find it and memorize it. I will quiz you about "
+                                    "the pass key.\n\n");
+        for (int r = 0; r <= reps; r++) {
+            if (r == at)
+                w += (size_t)snprintf(m + w, cap - w, "The pass key is %s. Remember it. %s is the "
+                                      "pass key. ", p.keys[i], p.keys[i]);
+            if (r < reps)
+                w += (size_t)snprintf(m + w, cap - w, "%s", PK_FILLER);
+        }
+        snprintf(m + w, cap - w, "\n\nWhat is the pass key?");
+        msgs[i] = m;
+    }
+    chat_set cs;
+    memset(&cs, 0, sizeof cs);
+    int32_t *ref = NULL;
+    if (!rc)
+        rc = chat_build(e, msgs, n, PK_GEN, o->kv_type, &cs, err, errsz);
+    for (int i = 0; i < n; i++)
+        free(msgs[i]);
+    free(msgs);
+    if (!rc && !(ref = malloc((size_t)n * PK_GEN * sizeof *ref)))
+        rc = DP_ENOMEM;
+    if (!rc)
+        rc = grid_generate(e, &cs, g, score_pk, ref, &p);
+    if (!rc)
+        for (int i = 0; i < n; i++)
+            g->pk_full[li] += pk_answered(e, ref + (size_t)i * PK_GEN, p.keys[i]);
+    if (!rc) {
+        double mean = 0;
+        for (int i = 0; i < n; i++)
+            mean += (double)cs.len[i] / n;
+        fprintf(stderr, "dp-eval: grid: passkey %d (prompts of %.0f tokens): full cache %d/%d\n", L,
+                mean, g->pk_full[li], n);
+    }
+    free(ref);
+    chat_destroy(e, &cs);
+    return rc ? dp_err(err, errsz, rc, "passkey evaluation failed") : 0;
+}
+
+static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g, char *err, size_t errsz)
+{
+    const opts *o = e->o;
+    char **msgs = NULL;
+    chat_set cs;
+    memset(&cs, 0, sizeof cs);
+    int rc = chat_passages(e, text, n_text, o->chat, &msgs, err, errsz);
+    if (rc)
+        return rc;
+    rc = chat_build(e, msgs, o->chat, o->gen, o->kv_type, &cs, err, errsz);
+    for (int i = 0; i < o->chat; i++)
+        free(msgs[i]);
+    free(msgs);
+    int32_t *ref = rc ? NULL : malloc((size_t)o->chat * o->gen * sizeof *ref);
+    if (!rc && !ref)
+        rc = DP_ENOMEM;
+    if (!rc)
+        rc = grid_generate(e, &cs, g, score_chat, ref, NULL);
+    g->chat_n = o->chat;
+    for (int i = 0; i < cs.n; i++)
+        g->chat_len += (double)cs.len[i] / cs.n;
+    free(ref);
+    chat_destroy(e, &cs);
+    return rc ? dp_err(err, errsz, rc, "chat evaluation failed") : 0;
+}
+
+static void report_grid(sbuf *s, const opts *o, const grid_result *g)
+{
+    sb_printf(s, "### Decode-path KV type x keep ratio (%s)\n\n", scorer_name(o->scorer));
+    sb_printf(s, "Bytes: KV bytes per prompt token kept on the decode path, relative to the whole "
+                 "f16 cache (kept fraction at P = %d x the type's bytes per token in the arena: "
+                 "an arena block holds %d f16 tokens", o->prefill[0], BT);
+    for (int t = 0; t < o->n_dtypes; t++)
+        if (o->dtypes[t] != DP_KV_F16)
+            sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
+    sb_printf(s, "). KL (nats/token) and top-1 (%%) against the whole cache, teacher-forced "
+                 "(%d window(s) x %d tokens per P). Chat: of %d prompts (%.0f tokens on average), "
+                 "those whose %d greedy tokens equal the whole cache's / mean identical prefix. "
+                 "Passkey: keys repeated (a %d-%d digit key at %d depths), with the whole "
+                 "cache's own score in the header. %.0f s.\n\n",
+              o->windows, o->cont, g->chat_n, g->chat_len, o->gen, 5, 7, o->depths, g->seconds);
+    sb_printf(s, "| decode type | keep | bytes |");
+    for (int pi = 0; pi < o->n_prefill; pi++)
+        sb_printf(s, " KL P=%d | top-1 P=%d |", o->prefill[pi], o->prefill[pi]);
+    if (o->chat > 0)
+        sb_printf(s, " chat |");
+    for (int li = 0; li < o->n_passkey; li++)
+        sb_printf(s, " passkey %d (full %d/%d) |", o->passkey[li], g->pk_full[li], o->depths);
+    sb_printf(s, "\n|---|---|---|");
+    for (int pi = 0; pi < o->n_prefill; pi++)
+        sb_printf(s, "---|---|");
+    if (o->chat > 0)
+        sb_printf(s, "---|");
+    for (int li = 0; li < o->n_passkey; li++)
+        sb_printf(s, "---|");
+    sb_printf(s, "\n");
+    for (int t = 0; t < o->n_dtypes; t++)
+        for (int ri = 0; ri < o->n_ratios; ri++) {
+            const grid_cell *c = &g->c[t][ri];
+            double kept = (double)c->n_keep[0] / o->prefill[0];
+            sb_printf(s, "| %s | %.1f | %.3f |", dp_kv_type_name(o->dtypes[t]), o->ratios[ri],
+                      kept * g->bytes[t]);
+            for (int pi = 0; pi < o->n_prefill; pi++)
+                sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
+            if (o->chat > 0)
+                sb_printf(s, " %d/%d / %.1f |", c->chat_ident, g->chat_n, c->chat_prefix);
+            for (int li = 0; li < o->n_passkey; li++)
+                sb_printf(s, " %d/%d |", c->pk_hits[li], o->depths);
+            sb_printf(s, "\n");
+        }
+    sb_printf(s, "\n");
+}
+
+static int run_grid(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *err, size_t errsz)
+{
+    const opts *o = e->o;
+    grid_result *g = calloc(1, sizeof *g);
+    if (!g)
+        return DP_ENOMEM;
+    double t0 = dp_now();
+    grid_bytes(e, g);
+    int rc = 0;
+    for (int pi = 0; pi < o->n_prefill && !rc; pi++)
+        if ((rc = grid_tf(e, text, n_text, pi, g)))
+            rc = dp_err(err, errsz, rc, "teacher-forced evaluation at P = %d failed", o->prefill[pi]);
+    if (!rc && o->chat > 0)
+        rc = grid_chat(e, text, n_text, g, err, errsz);
+    for (int li = 0; li < o->n_passkey && !rc; li++)
+        rc = grid_passkey(e, li, g, err, errsz);
+    g->seconds = dp_now() - t0;
+    if (!rc)
+        report_grid(md, o, g);
+    free(g);
     return rc;
 }
 
@@ -861,6 +1290,31 @@ static int parse_list_f(const char *s, float *v, int max)
     return *s ? -1 : n;
 }
 
+static int parse_kv_type(const char *v)
+{
+    for (int t = 0; t < DP_KV_TYPE_COUNT; t++)
+        if (!strcmp(v, dp_kv_type_name(t)))
+            return t;
+    return -1;
+}
+
+static int parse_kv_types(const char *s, int *v)
+{
+    int n = 0;
+    char buf[64];
+    while (*s && n < DP_KV_TYPE_COUNT) {
+        size_t k = strcspn(s, ",");
+        if (k == 0 || k >= sizeof buf)
+            return -1;
+        memcpy(buf, s, k);
+        buf[k] = 0;
+        if ((v[n++] = parse_kv_type(buf)) < 0)
+            return -1;
+        s += k + (s[k] == ',');
+    }
+    return *s ? -1 : n;
+}
+
 static void usage(void)
 {
     fprintf(stderr,
@@ -868,6 +1322,9 @@ static void usage(void)
             "               [--offset TOKENS] [--windows N] [--ratios 1,0.7,0.5,0.3,0.2,0.1]\n"
             "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
+            "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
+            "               [--grid [--decode-kv-types f16,q8_0,q4_0] [--scorer snapkv]\n"
+            "                       [--passkey 512,1024,2048,4096] [--depths 10]]\n"
             "               [--markdown FILE [--tag NAME]]\n");
 }
 
@@ -888,12 +1345,24 @@ int main(int argc, char **argv)
               .window = 32,
               .chat = 20,
               .gen = 64,
-              .kv_type = DP_KV_F16};
+              .kv_type = DP_KV_F16,
+              .dkv_type = -1,
+              .dtypes = {DP_KV_F16, DP_KV_Q8_0, DP_KV_Q4_0},
+              .n_dtypes = 3,
+              .passkey = {512, 1024, 2048, 4096},
+              .n_passkey = 4,
+              .depths = 10,
+              .scorer = DP_SCORER_SNAPKV};
+    bool ratios_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage();
             return 0;
+        }
+        if (!strcmp(a, "--grid")) {
+            o.grid = true;
+            continue;
         }
         if (!v) {
             usage();
@@ -914,7 +1383,21 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--prefill"))
             bad = (o.n_prefill = parse_list_i(v, o.prefill, 8)) <= 0;
         else if (!strcmp(a, "--ratios"))
-            bad = (o.n_ratios = parse_list_f(v, o.ratios, MAX_RATIOS)) <= 0;
+            bad = (o.n_ratios = parse_list_f(v, o.ratios, MAX_RATIOS)) <= 0, ratios_set = true;
+        else if (!strcmp(a, "--decode-kv-type"))
+            bad = (o.dkv_type = parse_kv_type(v)) < 0;
+        else if (!strcmp(a, "--decode-kv-types"))
+            bad = (o.n_dtypes = parse_kv_types(v, o.dtypes)) <= 0;
+        else if (!strcmp(a, "--passkey"))
+            bad = !strcmp(v, "0") ? (o.n_passkey = 0, 0) : (o.n_passkey = parse_list_i(v, o.passkey, 8)) <= 0;
+        else if (!strcmp(a, "--depths"))
+            bad = (o.depths = atoi(v)) < 1 || o.depths > 16;
+        else if (!strcmp(a, "--scorer")) {
+            bad = 1;
+            for (int sc = 0; sc < N_SCORERS; sc++)
+                if (!strcmp(v, scorer_name((dp_scorer)sc)))
+                    o.scorer = (dp_scorer)sc, bad = 0;
+        }
         else if (!strcmp(a, "--cont"))
             bad = (o.cont = atoi(v)) < 1;
         else if (!strcmp(a, "--offset"))
@@ -947,6 +1430,13 @@ int main(int argc, char **argv)
         }
     }
 
+    if (o.dkv_type < 0)
+        o.dkv_type = o.kv_type;
+    if (o.grid && !ratios_set) {
+        static const float grid_ratios[] = {1.0f, 0.7f, 0.5f, 0.3f};
+        memcpy(o.ratios, grid_ratios, sizeof grid_ratios);
+        o.n_ratios = 4;
+    }
     char err[DP_ERRLEN] = "";
     ev e = {.o = &o};
     int rc;
@@ -1009,6 +1499,13 @@ int main(int argc, char **argv)
               o.text, n_text, o.model, o.sinks, o.window, o.seeds);
     machine_line(&md, &e);
 
+    if (o.grid) {
+        if ((rc = run_grid(&e, text, (int32_t)n_text, &md, err, sizeof err)))
+            return die("grid", rc, err);
+        fwrite(md.p, 1, md.n, stdout);
+        o.n_prefill = 0;
+        o.chat = 0;
+    }
     for (int pi = 0; pi < o.n_prefill; pi++) {
         tf_result *r = calloc(1, sizeof *r);
         if (!r)

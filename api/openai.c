@@ -1040,6 +1040,8 @@ static void add_usage(cJSON *o, long long pt, long long ct, const dp_oai_dualpat
     if (d) {
         cJSON_AddNumberToObject(d, "tokens_kept", (double)dp->tokens_kept);
         cJSON_AddNumberToObject(d, "tokens_evicted", (double)dp->tokens_evicted);
+        cJSON_AddNumberToObject(d, "kv_bytes", (double)dp->kv_bytes);
+        cJSON_AddNumberToObject(d, "kv_bytes_full", (double)dp->kv_bytes_full);
     }
 }
 
@@ -1068,12 +1070,14 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         return NULL;
     cJSON *arr = cJSON_AddArrayToObject(o, "choices");
     long long pt = 0, ct = 0;
-    dp_oai_dualpath_usage dp = {0, 0};
+    dp_oai_dualpath_usage dp = {0};
     for (int i = 0; i < r->n_prompts; i++)
         pt += r->prompts[i].n_ids;
     for (int i = 0; i < n_choices; i++) {
         dp.tokens_kept += choices[i].tokens_kept;
         dp.tokens_evicted += choices[i].tokens_evicted;
+        dp.kv_bytes += choices[i].kv_bytes;
+        dp.kv_bytes_full += choices[i].kv_bytes_full;
     }
     for (int i = 0; arr && i < n_choices; i++) {
         dp_oai_choice *ch = &choices[i];

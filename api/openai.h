@@ -74,6 +74,7 @@ typedef struct dp_oai_choice {
     int32_t completion_tokens;
     int32_t tokens_kept;     /* prompt tokens kept / evicted at the switch to decode */
     int32_t tokens_evicted;
+    int64_t kv_bytes, kv_bytes_full; /* the prompt's KV bytes kept / whole */
     bool done;
 } dp_oai_choice;
 
@@ -81,6 +82,8 @@ typedef struct dp_oai_choice {
 typedef struct dp_oai_dualpath_usage {
     long long tokens_kept;
     long long tokens_evicted;
+    long long kv_bytes;      /* the kept tokens' KV bytes on the decode path */
+    long long kv_bytes_full; /* the same tokens' bytes in the whole (prefill-path) cache */
 } dp_oai_dualpath_usage;
 
 int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n);

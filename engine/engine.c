@@ -33,6 +33,7 @@ typedef struct eng_seq {
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
     int32_t tokens_kept, tokens_evicted;
+    int64_t kv_bytes, kv_bytes_full; /* its prompt's KV after / before the migration */
     dp_path_detector path; /* the path detector's state */
     int32_t *prev_keep;    /* early switch: kept set after the previous chunk */
     int32_t prev_k;
@@ -212,6 +213,8 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
         ev->n_preemptions = es->seq->n_preemptions;
         ev->tokens_kept = es->tokens_kept;
         ev->tokens_evicted = es->tokens_evicted;
+        ev->kv_bytes = es->kv_bytes;
+        ev->kv_bytes_full = es->kv_bytes_full;
         ev->t_first_token = es->t_first;
         ev->t_finish = dp_now();
         if (error)
@@ -484,6 +487,20 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
 /* Compacts each sequence's cache into the decode pool through the KV
  * manager (one backend call per source pool), with the queries this step
  * captured where the kind scores with them, and records what happened. */
+
+/* usage.dualpath's bytes: the prompt's KV on the decode path (kept tokens
+ * in the decode type, at the arena's bytes per decode token) against the
+ * same tokens whole on the prefill path. */
+static void note_kv_bytes(dp_engine *e, eng_seq *es)
+{
+    const dp_kv_mgr *m = &e->kv;
+    /* In one arena a decode block takes an arena block, whatever it uses of it. */
+    const double dper = (double)(m->shared ? m->prefill_block_bytes : m->decode_block_bytes) / m->dbt;
+    const double pper = (double)m->prefill_block_bytes / m->pool.block_tokens;
+    es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + 0.5);
+    es->kv_bytes_full = (int64_t)((double)(es->tokens_kept + es->tokens_evicted) * pper + 0.5);
+}
+
 static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_kind kind,
                          const float *q, int64_t q_stride)
 {
@@ -518,12 +535,14 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
             by_scorer[g->scorer]++;
             es->tokens_evicted = es->seq->n_computed - g->n_keep;
             es->tokens_kept = g->n_keep;
+            note_kv_bytes(e, es);
             kept += es->tokens_kept;
             evicted += es->tokens_evicted;
             path_set(&es->path, DP_PS_DECODE);
         } else if (kind == DP_COMPACT_PROMPT_END) {
             es->tokens_evicted = es->seq->n_prompt - g->n_keep;
             es->tokens_kept = g->n_keep;
+            note_kv_bytes(e, es);
         }
     }
     if (moved > 0)

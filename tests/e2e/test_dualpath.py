@@ -55,7 +55,8 @@ def dp_usage(o):
     assert set(u) >= {"prompt_tokens", "completion_tokens", "total_tokens", "dualpath"}, u
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     d = u["dualpath"]
-    assert set(d) == {"tokens_kept", "tokens_evicted"}, d
+    assert set(d) == {"tokens_kept", "tokens_evicted", "kv_bytes", "kv_bytes_full"}, d
+    assert (d["kv_bytes"] == 0) == (d["tokens_kept"] == 0) and d["kv_bytes"] <= d["kv_bytes_full"]
     return d["tokens_kept"], d["tokens_evicted"]
 
 

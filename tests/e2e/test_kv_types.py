@@ -1,0 +1,91 @@
+"""A quantized decode path (decode_kv_type = q8_0 / q4_0) as the daemon serves
+it: the decode path reads the arena's blocks in the quantized type (30 q8_0
+tokens where a block holds 16 f16 tokens), usage.dualpath reports the bytes
+kept against the whole cache's, and eight long chat replies that need more
+than the arena in f16 fit it in q8_0."""
+import json
+
+import pytest
+
+from conftest import Daemon, parallel
+
+# SmolLM2-135M: 30 layers x 3 KV heads x 64, K and V.
+F16_TOKEN_BYTES = 30 * 3 * 64 * 2 * 2
+PROMPT = ("Mira walked along the harbour at dawn, counting the fishing boats that came in one by "
+          "one, and writing down the name painted on each hull in a small blue notebook. ") * 4
+
+
+def metric(d, name):
+    st, _, raw = d.request("GET", "/metrics")
+    assert st == 200
+    for line in raw.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def chat(d, content, **extra):
+    st, _, raw = d.request("POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": content}], "temperature": 0, **extra})
+    o = json.loads(raw)
+    assert st == 200, o
+    return o
+
+
+@pytest.fixture(scope="module", params=["q8_0", "q4_0"])
+def quantized(request):
+    d = Daemon(extra=["--decode-kv-type", request.param], log_name=f"dualpathd-{request.param}")
+    yield request.param, d
+    assert d.stop() == 0
+
+
+def test_decode_blocks_hold_more_tokens(quantized):
+    kind, d = quantized
+    per_block = {"q8_0": 30, "q4_0": 56}[kind]
+    assert metric(d, 'dualpath_kv_block_tokens{pool="decode"}') == per_block
+    assert metric(d, 'dualpath_kv_block_tokens{pool="prefill"}') == 16
+    assert metric(d, "dualpath_kv_arena_shared") == 1
+    assert f"{per_block} in {kind} on the decode path" in d.log_text()
+
+
+def test_usage_reports_bytes(quantized):
+    kind, d = quantized
+    per_block = {"q8_0": 30, "q4_0": 56}[kind]
+    o = chat(d, PROMPT + " What did Mira count?", max_tokens=12)
+    assert o["choices"][0]["message"]["content"]
+    u = o["usage"]["dualpath"]
+    kept, evicted = u["tokens_kept"], u["tokens_evicted"]
+    assert evicted > 0 and kept + evicted == o["usage"]["prompt_tokens"]
+    # Kept tokens at the arena's bytes per decode token, against every
+    # prompt token whole in f16.
+    assert u["kv_bytes"] == round(kept * F16_TOKEN_BYTES * 16 / per_block)
+    assert u["kv_bytes_full"] == (kept + evicted) * F16_TOKEN_BYTES
+    full = chat(d, PROMPT + " What did Mira count?", max_tokens=12, dualpath={"keep_ratio": 1.0})
+    uf = full["usage"]["dualpath"]
+    assert uf["tokens_evicted"] == 0
+    assert uf["kv_bytes"] < uf["kv_bytes_full"] * (0.55 if kind == "q8_0" else 0.3)
+
+
+def test_long_replies_fit_quantized():
+    """Eight replies of 200 tokens after short prompts in a 28 MiB arena
+    (79 blocks of 16 f16 tokens): at the end each holds 8 blocks in q8_0,
+    64 in all with its prompt blocks freed, so nothing is ever preempted
+    whatever the order requests arrive in; the f16 decode path needs 15
+    blocks each, half as much again as the arena, and is reported beside it."""
+    out = {}
+    for kind in ("f16", "q8_0"):
+        d = Daemon(extra=["--kv-memory", "28MiB", "--decode-kv-type", kind],
+                   log_name=f"dualpathd-fit-{kind}")
+        try:
+            def one(i):
+                return chat(d, f"Story {i}: tell me a long story about a lighthouse keeper.",
+                            max_tokens=200, ignore_eos=True)
+            res = parallel(one, 8)
+            assert all(r["usage"]["completion_tokens"] == 200 for r in res)
+            out[kind] = (metric(d, "dualpath_preemptions_total"),
+                         metric(d, "dualpath_requests_running_peak"))
+        finally:
+            assert d.stop() == 0
+    print(f"8 x 200-token replies in 28 MiB: f16 decode path {out['f16'][0]:.0f} preemptions "
+          f"(peak {out['f16'][1]:.0f} running), q8_0 {out['q8_0'][0]:.0f} (peak {out['q8_0'][1]:.0f})")
+    assert out["q8_0"][0] == 0

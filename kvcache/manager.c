@@ -116,6 +116,12 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         dl.block_tokens = 1;
         size_t per_token = be->ops->kv_bytes_per_block(be, &dl);
         m->dbt = (int32_t)(m->prefill_block_bytes / per_token);
+        if (m->dbt < 1) {
+            rc = dp_err(err, errsz, DP_EINVAL, "engine: a %s decode token does not fit in a KV "
+                        "block of %d tokens; raise block_tokens", dp_kv_type_name(dl.type),
+                        o->prefill.block_tokens);
+            goto fail;
+        }
         dl.block_tokens = m->dbt;
         m->decode_block_bytes = be->ops->kv_bytes_per_block(be, &dl);
     }

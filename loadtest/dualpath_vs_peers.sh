@@ -9,16 +9,25 @@
 # prompt of PREFIX words plus a user turn of 20-120 words; "multiturn":
 # sessions of TURNS turns, each resending the conversation, 64-token replies.
 #
-# Reported per server and workload: peak concurrent sequences (the server's
-# running gauge, polled every 0.2 s), output tok/s streamed (every token
-# received in the time limit, requests still running included) and of
-# completed requests only, TTFT p50/p99, preemptions.
+# Reported per server and workload: peak and mean concurrent sequences (the
+# server's running gauge, polled every 0.2 s while the load runs), output
+# tok/s streamed (every token received in the time limit, requests still
+# running included) and of completed requests only, TTFT p50/p99,
+# preemptions.
+#
+# Servers (SERVERS, default all, in this order): off (dualpathd
+# --no-dualpath), on (dualpathd's defaults), on-q8_0 and on-q4_0 (dualpath
+# with a quantized decode path), on-q8_0-full (the same at keep_ratio 1:
+# quantized, nothing evicted), llama (llama-server, f16 KV) and llama-q8_0
+# (-ctk q8_0 -ctv q8_0 with flash attention, its context raised to the same
+# bytes).
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
 #   TURNS (default 10), PREFIX (default 200), THREADS (default nproc),
-#   CELL_S (time limit per run, default 120), DP_MODEL_PATH, DP_DAEMON,
-#   LLAMA_BIN (directory of llama-server; default: tools/llama-cpp.sh's).
+#   CELL_S (time limit per run, default 120), SERVERS, DP_MODEL_PATH,
+#   DP_DAEMON, LLAMA_BIN (directory of llama-server; default:
+#   tools/llama-cpp.sh's).
 set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -59,22 +68,29 @@ print(2 * L * KH * (E // H) * 2)
 PYEOF
 )
 LLAMA_CTX=$(( KV_MIB * 1024 * 1024 / kv_tok_f16 ))
+# q8_0: 34 bytes per 32 values where f16 takes 64.
+LLAMA_CTX_Q8=$(( KV_MIB * 1024 * 1024 * 64 / (kv_tok_f16 * 34) ))
+SERVERS=${SERVERS:-off on on-q8_0 on-q4_0 llama llama-q8_0}
 
 running_gauge() { # url -> the running-sequences gauge of either server
     curl -s "$1/metrics" | awk '/^dualpath_requests_running /{print $2} /^llamacpp:requests_processing /{print $2}' | head -1
 }
-poll_peak() { # url file: tracks the max of the gauge until killed
-    local peak=0 v
+poll_peak() { # url file: "max mean" of the gauge so far, until killed
+    local peak=0 sum=0 n=0 v
     while :; do
         v=$(running_gauge "$1"); v=${v%.*}
-        [ -n "$v" ] && [ "$v" -gt "$peak" ] && { peak=$v; echo "$peak" > "$2"; }
+        if [ -n "$v" ]; then
+            [ "$v" -gt "$peak" ] && peak=$v
+            sum=$(( sum + v )); n=$(( n + 1 ))
+            echo "$peak $(( sum * 10 / n ))" > "$2"
+        fi
         sleep 0.2
     done
 }
 . "$here/serve_lib.sh"
 run_cell() { # label workload-args...
     local label=$1; shift
-    echo 0 > "$work/peak"
+    echo "0 0" > "$work/peak"
     poll_peak "$URL" "$work/peak" & local poller=$!
     local pre0; pre0=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
     "$LOADGEN" --base-url "$URL" --api chat --no-progress -q -t "$CELL_S" --seed 7 \
@@ -86,9 +102,11 @@ run_cell() { # label workload-args...
     "$PY" - "$work/$label.json" "$label" "$(cat "$work/peak")" "$pre" >> "$work/rows" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-print("| %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], sys.argv[3],
-      r["streamed_output_throughput"], r["output_throughput"], r["median_ttft_ms"],
-      r["p99_ttft_ms"], sys.argv[4], r["completed"], r["total_output_tokens"]))
+peak, mean10 = sys.argv[3].split()
+print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], peak,
+      int(mean10) / 10, r["streamed_output_throughput"], r["output_throughput"],
+      r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
+      r["total_output_tokens"]))
 PY
 }
 serve_and_run() { # name command...
@@ -103,17 +121,26 @@ serve_and_run() { # name command...
 }
 : > "$work/rows"
 DP="$DAEMON --config= --model $MODEL --listen 127.0.0.1:$PORT --kv-memory ${KV_MIB}MiB --threads $THREADS"
-serve_and_run "dualpathd-off" $DP --no-dualpath
-serve_and_run "dualpathd-on" $DP
-serve_and_run "llama-server" "$LLAMA_BIN/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
-    -t "$THREADS" -c "$LLAMA_CTX" -np "$CONC" --kv-unified --metrics
+LS="$LLAMA_BIN/llama-server -m $MODEL --host 127.0.0.1 --port $PORT -t $THREADS -np $CONC --kv-unified --metrics"
+for s in $SERVERS; do
+    case "$s" in
+        off) serve_and_run "dualpathd-off" $DP --no-dualpath ;;
+        on) serve_and_run "dualpathd-on" $DP ;;
+        on-q8_0) serve_and_run "dualpathd-on-q8_0" $DP --decode-kv-type q8_0 ;;
+        on-q4_0) serve_and_run "dualpathd-on-q4_0" $DP --decode-kv-type q4_0 ;;
+        on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
+        llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;
+        llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;
+        *) echo "unknown server $s" >&2; exit 2 ;;
+    esac
+done
 {
-    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens, -np $CONC --kv-unified);"
+    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, 64-token replies. Time limit ${CELL_S} s per run."
     echo
-    echo "| server / workload | peak concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) |"
-    echo "|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) |"
+    echo "|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

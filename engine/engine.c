@@ -484,9 +484,6 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
     return compress_n_keep(&kv->copts, kv->n_slots);
 }
 
-/* Compacts each sequence's cache into the decode pool through the KV
- * manager (one backend call per source pool), with the queries this step
- * captured where the kind scores with them, and records what happened. */
 
 /* usage.dualpath's bytes: the prompt's KV on the decode path (kept tokens
  * in the decode type, at the arena's bytes per decode token) against the
@@ -501,6 +498,9 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
     es->kv_bytes_full = (int64_t)((double)(es->tokens_kept + es->tokens_evicted) * pper + 0.5);
 }
 
+/* Compacts each sequence's cache into the decode pool through the KV
+ * manager (one backend call per source pool), with the queries this step
+ * captured where the kind scores with them, and records what happened. */
 static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_kind kind,
                          const float *q, int64_t q_stride)
 {
@@ -1103,7 +1103,12 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     if (e->kv.shared && opts->prefill_fraction != 0.25)
         dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
                "KV arena (it splits the memory only when decode_block_tokens differs from "
-               "block_tokens)", opts->prefill_fraction);
+               "block_tokens with one KV type for both paths)", opts->prefill_fraction);
+    if (e->kv.shared && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
+        opts->decode_block_tokens != e->kv.dbt)
+        dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
+               "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
+               dp_kv_type_name(ko.decode.type), e->kv.dbt);
     if (e->dual) {
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;

@@ -447,9 +447,16 @@ static inline void wr_h(uint8_t *p, float x)
     p[1] = (uint8_t)(h >> 8);
 }
 
-/* Nearest integer of x (ties away from zero), clamped to [lo, hi]. */
+/* Nearest integer of x (ties away from zero), clamped to [lo, hi]; the
+ * clamp comes before the cast, which is undefined out of int's range. */
 static inline int q_round(float x, int lo, int hi)
 {
+    if (x != x) /* NaN (a non-finite block's scale): 0, not an undefined cast */
+        return 0;
+    if (x <= (float)lo)
+        return lo;
+    if (x >= (float)hi)
+        return hi;
     int q = (int)(x < 0.0f ? x - 0.5f : x + 0.5f);
     return q < lo ? lo : q > hi ? hi : q;
 }

@@ -107,6 +107,12 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
      * decode block is an arena block read as that type, holding as many
      * tokens as fit in its bytes. */
     const bool typed = o->decode.type != o->prefill.type;
+    if (o->dual && typed && be && !be->ops->kv_view) {
+        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend keeps the decode path "
+                    "in the prefill path's KV type only (decode_kv_type %s, kv_cache_type %s)",
+                    be->ops->name, dp_kv_type_name(o->decode.type), dp_kv_type_name(o->prefill.type));
+        goto fail;
+    }
     m->shared = o->dual && o->decode.n_blocks <= 0 &&
                 (typed ? be && be->ops->kv_view
                        : o->decode.block_tokens == o->prefill.block_tokens);

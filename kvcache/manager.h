@@ -178,7 +178,8 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy);
  * conversation (prompt + reply + new text) takes them back instead of
  * recomputing the reply. They are the K/V the sequence computed over its
  * compressed cache, the ones its reply was written with, not those a full
- * recompute would give (reuse_replies = false keeps every turn exact).
+ * recompute would give, and with a quantized decode path they are its
+ * dequantized rows (reuse_replies = false keeps every turn exact).
  * tokens[0..n_computed): the sequence's tokens. Best effort: without free
  * blocks, or after a recompression, nothing is kept. Call before kv_mgr_free. */
 void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed);

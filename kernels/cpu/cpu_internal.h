@@ -136,8 +136,9 @@ static inline uint16_t kv_f2h(float f)
 #endif
 }
 
-/* f32 / f16: element index of one head's data in one block (K:
- * [head_dim][token], V: [token][head_dim]); the same for K and V. */
+/* f32 / f16 stores only (es > 0; quantized ones use kv_qrow_off): element
+ * index of one head's data in one block (K: [head_dim][token], V:
+ * [token][head_dim]); the same for K and V. */
 static inline size_t kv_head_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head)
 {
     const dp_kv_layout *l = &kv->l;

@@ -229,9 +229,9 @@ static void test_elementwise(dp_backend *be)
  * gather against a dense reference. With an f16 store the reference reads
  * K and V rounded to f16 (what kv_write stores), with a q8_0 / q4_0 store
  * each head's rows quantized and dequantized, so the bound is the same. */
-static void test_attention(dp_backend *be, int32_t type)
+static void test_attention(dp_backend *be, int32_t type, int32_t BT)
 {
-    enum { NH = 6, NKV = 2, HD = 32, BT = 4, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
+    enum { NH = 6, NKV = 2, HD = 32, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
     dp_kv_layout l = {NL, NKV, HD, BT, NB, type};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &l, &kv) == 0);
@@ -247,7 +247,7 @@ static void test_attention(dp_backend *be, int32_t type)
     }
     /* Sequence lengths after this step, and tokens already cached before it. */
     const int32_t total[3] = {13, 22, 9}, before[3] = {5, 21, 0};
-    const int32_t max_blocks = 6;
+    const int32_t max_blocks = (22 + BT - 1) / BT; /* the longest sequence */
     int32_t tables[3 * 6];
     for (int s = 0; s < 3; s++)
         for (int b = 0; b < max_blocks; b++)
@@ -424,22 +424,56 @@ static void test_kv_views(dp_backend *be)
                 }
             be->ops->kv_write(be, stores, l, &K[l][0][0], &V[l][0][0]);
         }
-        /* Keep 12 of them per (layer, head), a different order per head,
-         * into view blocks 3 and 5 (block 4 stays untouched). */
-        enum { KEEP = 12 };
-        int32_t keep[NL * NKV * KEEP], dst[2] = {3, 5};
+        /* Keep vbt + 4 slots per (layer, head) (N distinct tokens, then
+         * repeats), a different order per head, into view blocks 3 and 5:
+         * both are written, and arena blocks 2, 4 and 6 around them not. */
+        const int KEEP = vbt + 4;
+        int32_t *keep = malloc((size_t)NL * NKV * (size_t)KEEP * sizeof *keep), dst[2] = {3, 5};
         for (int r = 0; r < NL * NKV; r++)
             for (int j = 0; j < KEEP; j++)
                 keep[r * KEEP + j] = (j * 7 + r * 3) % N;
-        uint8_t *before = malloc(ab), *blk = malloc(ab);
-        CHECK(be->ops->kv_block_read(be, arena, 4, before) == 0);
-        dp_compact_seq cs = {table, 2, dst, vbt >= KEEP ? 1 : 2, KEEP, keep};
+        uint8_t *before = malloc(3 * ab), *blk = malloc(ab), *raw = malloc(ab);
+        const int32_t around[3] = {2, 4, 6};
+        for (int k = 0; k < 3; k++)
+            CHECK(be->ops->kv_block_read(be, arena, around[k], before + (size_t)k * ab) == 0);
+        dp_compact_seq cs = {table, 2, dst, 2, KEEP, keep};
         CHECK(be->ops->kv_compact(be, arena, view, &cs, 1) == 0);
-        CHECK(be->ops->kv_block_read(be, arena, 4, blk) == 0);
-        CHECK(memcmp(before, blk, ab) == 0);
+        for (int k = 0; k < 3; k++) {
+            CHECK(be->ops->kv_block_read(be, arena, around[k], blk) == 0);
+            CHECK_MSG(memcmp(before + (size_t)k * ab, blk, ab) == 0, "%s: arena block %d overwritten",
+                      dp_kv_type_name(type), around[k]);
+        }
         /* The view block's bytes: per layer, K then V, [head][token][row]. */
         const size_t vb = be->ops->kv_bytes_per_block(be, &vl);
+        /* View block 3 is arena block 3's memory: each layer's K and V
+         * start where the arena's do (the view strides by the arena's
+         * block, not its own). */
         CHECK(be->ops->kv_block_read(be, view, 3, blk) == 0);
+        CHECK(be->ops->kv_block_read(be, arena, 3, raw) == 0);
+        for (int l = 0; l < NL; l++)
+            for (int kv = 0; kv < 2; kv++)
+                CHECK(memcmp(raw + (size_t)l * ab / NL + (size_t)kv * ab / NL / 2,
+                             blk + (size_t)l * vb / NL + (size_t)kv * vb / NL / 2, vb / NL / 2) == 0);
+        /* Key norms read through the view: those of the dequantized rows. */
+        float *norms = malloc((size_t)NL * NKV * (size_t)KEEP * sizeof *norms);
+        be->ops->kv_score_knorm(be, view, dst, KEEP, norms);
+        for (int l = 0; l < NL; l++)
+            for (int h = 0; h < NKV; h++)
+                for (int j = 0; j < KEEP; j++) {
+                    float row[HD], back[HD];
+                    uint8_t qb[HD / 32 * 34];
+                    const float *x = K[l][keep[(l * NKV + h) * KEEP + j]];
+                    for (int e = 0; e < HD; e++)
+                        row[e] = dp_fp16_to_f32(dp_f32_to_fp16(x[h * HD + e]));
+                    CHECK(quant_quantize_row(qt, row, qb, HD) == 0);
+                    CHECK(quant_dequant_row(qt, qb, back, HD) == 0);
+                    double ss = 0;
+                    for (int e = 0; e < HD; e++)
+                        ss += (double)back[e] * back[e];
+                    CHECK_NEAR(norms[((size_t)l * NKV + h) * (size_t)KEEP + (size_t)j], sqrt(ss),
+                               1e-4 * sqrt(ss) + 1e-6);
+                }
+        free(norms);
         for (int l = 0; l < NL; l++)
             for (int h = 0; h < NKV; h++)
                 for (int j = 0; j < KEEP && j < vbt; j++) {
@@ -462,7 +496,7 @@ static void test_kv_views(dp_backend *be)
         for (int r = 0; r < NL * NKV; r++)
             for (int j = 0; j < 4; j++)
                 keep2[r * 4 + j] = 2 * j + 1;
-        dp_compact_seq cs2 = {dst, cs.n_dst_blocks, dst2, 1, 4, keep2};
+        dp_compact_seq cs2 = {dst, 2, dst2, 1, 4, keep2};
         CHECK(be->ops->kv_compact(be, view, view, &cs2, 1) == 0);
         uint8_t *blk6 = malloc(vb);
         CHECK(be->ops->kv_block_read(be, view, 6, blk6) == 0);
@@ -479,6 +513,8 @@ static void test_kv_views(dp_backend *be)
         uint8_t *back = malloc(vb);
         CHECK(be->ops->kv_block_read(be, view, 7, back) == 0);
         CHECK(memcmp(back, blk, vb) == 0);
+        free(keep);
+        free(raw);
         free(before);
         free(blk);
         free(blk6);
@@ -558,10 +594,14 @@ int main(void)
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
         test_elementwise(be);
-        test_attention(be, DP_KV_F32);
-        test_attention(be, DP_KV_F16);
-        test_attention(be, DP_KV_Q8_0);
-        test_attention(be, DP_KV_Q4_0);
+        /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
+         * and chunks that start inside a block). */
+        for (int32_t bt = 4; bt <= 32; bt *= 8) {
+            test_attention(be, DP_KV_F32, bt);
+            test_attention(be, DP_KV_F16, bt);
+            test_attention(be, DP_KV_Q8_0, bt);
+            test_attention(be, DP_KV_Q4_0, bt);
+        }
         test_kv_views(be);
         test_logits_topk(be);
         backend_destroy(be);

@@ -211,7 +211,8 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     memcpy(a + 3 * nt, b->slot, nt * sizeof *a);
     size_t nbt = (size_t)b->n_seqs * (size_t)b->max_blocks;
     memcpy(a + 4 * nt, b->block_tables, nbt * sizeof *a);
-    memcpy(a + 4 * nt + nbt, b->out_tokens, (size_t)b->n_out * sizeof *a);
+    if (b->n_out > 0) /* out_tokens may be NULL then (a step that wants no logits) */
+        memcpy(a + 4 * nt + nbt, b->out_tokens, (size_t)b->n_out * sizeof *a);
     if (b->n_capture > 0)
         memcpy(a + 4 * nt + nbt + b->n_out, b->capture_tokens, (size_t)b->n_capture * sizeof *a);
     memcpy(c->seq_store, b->seq_store, (size_t)b->n_seqs);

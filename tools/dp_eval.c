@@ -702,6 +702,8 @@ typedef struct grid_cell {
 
 typedef struct grid_result {
     grid_cell c[DP_KV_TYPE_COUNT][MAX_RATIOS];
+    int noise_ident;        /* the whole cache, each prompt alone vs all in one batch */
+    double noise_prefix;
     acc full[8];
     int pk_full[8];         /* the uncompressed cache's own passkey hits */
     double bytes[DP_KV_TYPE_COUNT]; /* bytes per token relative to the f16 prefill path */
@@ -985,6 +987,43 @@ static int grid_passkey(ev *e, int li, grid_result *g, char *err, size_t errsz)
     return rc ? dp_err(err, errsz, rc, "passkey evaluation failed") : 0;
 }
 
+/* The greedy check's noise floor: the whole cache (f16, every token kept)
+ * with each prompt generated alone instead of all in one batch. Answers
+ * that differ here differ for reasons other than compression (numerics that
+ * depend on the batch), so the chat column is read against this. */
+static int grid_noise_floor(ev *e, chat_set *cs, const int32_t *ref, grid_result *g)
+{
+    const opts *o = e->o;
+    int32_t *got = malloc((size_t)cs->gen * sizeof *got);
+    if (!got)
+        return DP_ENOMEM;
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    int rc = chat_set_btype(e, cs, o->kv_type);
+    for (int i = 0; i < cs->n && !rc; i++) {
+        /* A one-prompt set over the same stores and tables. */
+        chat_set one = *cs;
+        one.n = 1;
+        one.len = cs->len + i;
+        one.base_a = cs->base_a + i;
+        one.base_b = cs->base_b + i;
+        one.first = cs->first + i;
+        one.prompt = cs->prompt + i;
+        one.q = cs->q + i;
+        one.table_a = cs->table_a + (size_t)i * cs->max_blocks_a;
+        one.table_b = cs->table_b + (size_t)i * cs->max_blocks_b;
+        double kept;
+        if ((rc = chat_generate(e, &one, &full, got, &kept)))
+            break;
+        int32_t k = 0;
+        while (k < cs->gen && got[k] == ref[(size_t)i * cs->gen + k])
+            k++;
+        g->noise_ident += k == cs->gen;
+        g->noise_prefix += (double)k / cs->n;
+    }
+    free(got);
+    return rc;
+}
+
 static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g, char *err, size_t errsz)
 {
     const opts *o = e->o;
@@ -1003,6 +1042,8 @@ static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g,
         rc = DP_ENOMEM;
     if (!rc)
         rc = grid_generate(e, &cs, g, score_chat, ref, NULL);
+    if (!rc)
+        rc = grid_noise_floor(e, &cs, ref, g);
     g->chat_n = o->chat;
     for (int i = 0; i < cs.n; i++)
         g->chat_len += (double)cs.len[i] / cs.n;
@@ -1026,6 +1067,11 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                  "Passkey: keys repeated (a %d-%d digit key at %d depths), with the whole "
                  "cache's own score in the header. %.0f s.\n\n",
               o->windows, o->cont, g->chat_n, g->chat_len, o->gen, 5, 7, o->depths, g->seconds);
+    if (o->chat > 0)
+        sb_printf(s, "Chat noise floor: the whole cache with each prompt generated alone instead "
+                     "of all %d in one batch gives %d/%d identical answers (mean identical prefix "
+                     "%.1f of %d tokens).\n\n",
+                  g->chat_n, g->noise_ident, g->chat_n, g->noise_prefix, o->gen);
     sb_printf(s, "| decode type | keep | bytes |");
     for (int pi = 0; pi < o->n_prefill; pi++)
         sb_printf(s, " KL P=%d | top-1 P=%d |", o->prefill[pi], o->prefill[pi]);

@@ -1062,11 +1062,15 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
         if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
     sb_printf(s, "). KL (nats/token) and top-1 (%%) against the whole cache, teacher-forced "
-                 "(%d window(s) x %d tokens per P). Chat: of %d prompts (%.0f tokens on average), "
-                 "those whose %d greedy tokens equal the whole cache's / mean identical prefix. "
-                 "Passkey: keys repeated (a %d-%d digit key at %d depths), with the whole "
-                 "cache's own score in the header. %.0f s.\n\n",
-              o->windows, o->cont, g->chat_n, g->chat_len, o->gen, 5, 7, o->depths, g->seconds);
+                 "(%d window(s) x %d tokens per P).", o->windows, o->cont);
+    if (o->chat > 0)
+        sb_printf(s, " Chat: of %d prompts (%.0f tokens on average), those whose %d greedy tokens "
+                     "equal the whole cache's / mean identical prefix.", g->chat_n, g->chat_len,
+                  o->gen);
+    if (o->n_passkey > 0)
+        sb_printf(s, " Passkey: keys given back (a 5-7 digit key at %d depths), with the whole "
+                     "cache's own score in the header.", o->depths);
+    sb_printf(s, " %.0f s.\n\n", g->seconds);
     if (o->chat > 0)
         sb_printf(s, "Chat noise floor: the whole cache with each prompt generated alone instead "
                      "of all %d in one batch gives %d/%d identical answers (mean identical prefix "

@@ -233,6 +233,38 @@ static void sb_printf(sbuf *s, const char *fmt, ...)
 
 /* ---- teacher-forced evaluation at one prefill length ---------------------- */
 
+/* Window w of o->windows over the text: prefills its P context tokens into
+ * store A (stores[0], table) capturing the last n_cap queries (uploaded for
+ * SnapKV), teacher-forces its C continuation tokens in A itself (slots >= P
+ * are never read by a compaction, which copies slots < P only) and fills ref
+ * with the whole cache's predictions, added to *full. *cont and *targets:
+ * the continuation and the tokens it predicts. */
+static int window_reference(ev *e, dp_kv_store *const *stores, const int32_t *table, int32_t nb,
+                            const int32_t *text, int32_t n_text, int32_t P, int w, int32_t n_cap,
+                            float *ref_logits, ref_rows *ref, double *scratch, acc *full,
+                            const int32_t **cont, const int32_t **targets)
+{
+    const opts *o = e->o;
+    const int32_t C = o->cont;
+    const int32_t span = n_text - (P + C + 1) - o->offset;
+    const int32_t off = o->offset + (o->windows > 1 && span > 0
+                                         ? (int32_t)((int64_t)span * w / (o->windows - 1)) : 0);
+    *cont = text + off + P;
+    *targets = text + off + P + 1;
+    int rc;
+    if ((rc = prefill(e, stores, 0, table, nb, text + off, P, n_cap, NULL)) ||
+        (rc = queries_to_backend(e, n_cap)) ||
+        (rc = teacher_force(e, stores, 0, table, nb, P, P, *cont, C)))
+        return rc;
+    memcpy(ref_logits, e->logits, (size_t)C * e->vocab * sizeof(float));
+    for (int32_t i = 0; i < C; i++)
+        ref->am[i] = log_softmax(ref_logits + (size_t)i * e->vocab, e->vocab, ref->lp + (size_t)i * e->vocab);
+    for (size_t i = 0; i < (size_t)C * e->vocab; i++)
+        ref->p[i] = exp(ref->lp[i]);
+    acc_add(full, ref, ref_logits, e->vocab, *targets, scratch);
+    return 0;
+}
+
 typedef struct tf_result {
     /* [scorer][ratio][seed] */
     acc a[N_SCORERS][MAX_RATIOS][MAX_SEEDS];
@@ -285,22 +317,11 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     if (n_cap > P)
         n_cap = P;
 
-    int32_t span = n_text - (P + C + 1) - o->offset;
     for (int w = 0; w < o->windows; w++) {
-        int32_t off = o->offset + (o->windows > 1 && span > 0 ? (int32_t)((int64_t)span * w / (o->windows - 1)) : 0);
-        const int32_t *ctx = text + off, *cont = text + off + P, *targets = text + off + P + 1;
-        if ((rc = prefill(e, stores, 0, table, nb, ctx, P, n_cap, NULL)) || (rc = queries_to_backend(e, n_cap)))
+        const int32_t *cont, *targets;
+        if ((rc = window_reference(e, stores, table, nb, text, n_text, P, w, n_cap, ref_logits, &ref,
+                                   scratch, &r->full, &cont, &targets)))
             goto out2;
-        /* Full-cache reference: continue in A itself (slots >= P are never read
-         * by the compaction, which copies slots < P only). */
-        if ((rc = teacher_force(e, stores, 0, table, nb, P, P, cont, C)))
-            goto out2;
-        memcpy(ref_logits, e->logits, (size_t)C * e->vocab * sizeof(float));
-        for (int32_t i = 0; i < C; i++)
-            ref.am[i] = log_softmax(ref_logits + (size_t)i * e->vocab, e->vocab, ref.lp + (size_t)i * e->vocab);
-        for (size_t i = 0; i < (size_t)C * e->vocab; i++)
-            ref.p[i] = exp(ref.lp[i]);
-        acc_add(&r->full, &ref, ref_logits, e->vocab, targets, scratch);
 
         for (int ri = 0; ri < o->n_ratios; ri++) {
             int32_t n_keep = r->n_keep[ri];
@@ -323,7 +344,7 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                 }
             }
             fprintf(stderr, "dp-eval: P=%d window %d/%d (offset %d): keep %.2f done, %.0f s\n", P,
-                    w + 1, o->windows, off, o->ratios[ri], dp_now() - t0);
+                    w + 1, o->windows, (int)(cont - text) - P, o->ratios[ri], dp_now() - t0);
         }
     }
     /* Fill the keep-all cells of the other scorers with the one run. */
@@ -765,20 +786,12 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
     if (n_cap > P)
         n_cap = P;
-    int32_t span = n_text - (P + C + 1) - o->offset;
     for (int w = 0; w < o->windows; w++) {
-        int32_t off = o->offset + (o->windows > 1 && span > 0 ? (int32_t)((int64_t)span * w / (o->windows - 1)) : 0);
-        const int32_t *ctx = text + off, *cont = text + off + P, *targets = text + off + P + 1;
+        const int32_t *cont, *targets;
         dp_kv_store *sa[DP_KV_MAX_STORES] = {a, NULL};
-        if ((rc = prefill(e, sa, 0, table, nb, ctx, P, n_cap, NULL)) || (rc = queries_to_backend(e, n_cap)) ||
-            (rc = teacher_force(e, sa, 0, table, nb, P, P, cont, C)))
+        if ((rc = window_reference(e, sa, table, nb, text, n_text, P, w, n_cap, ref_logits, &ref,
+                                   scratch, &g->full[pi], &cont, &targets)))
             goto out;
-        memcpy(ref_logits, e->logits, (size_t)C * e->vocab * sizeof(float));
-        for (int32_t i = 0; i < C; i++)
-            ref.am[i] = log_softmax(ref_logits + (size_t)i * e->vocab, e->vocab, ref.lp + (size_t)i * e->vocab);
-        for (size_t i = 0; i < (size_t)C * e->vocab; i++)
-            ref.p[i] = exp(ref.lp[i]);
-        acc_add(&g->full[pi], &ref, ref_logits, e->vocab, targets, scratch);
         for (int t = 0; t < o->n_dtypes; t++)
             for (int ri = 0; ri < o->n_ratios; ri++) {
                 dp_compress_opts co = grid_opts(o, ri);

@@ -634,6 +634,15 @@ out:
     return rc;
 }
 
+/* Length of the common prefix of two greedy outputs of n tokens. */
+static int32_t same_prefix(const int32_t *a, const int32_t *b, int32_t n)
+{
+    int32_t k = 0;
+    while (k < n && a[k] == b[k])
+        k++;
+    return k;
+}
+
 static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r, int32_t **ref_out,
                      char *err, size_t errsz)
 {
@@ -686,9 +695,7 @@ static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r,
                 int ident = 0;
                 double pre = 0;
                 for (int i = 0; i < cs.n; i++) {
-                    int32_t k = 0;
-                    while (k < o->gen && got[(size_t)i * o->gen + k] == ref[(size_t)i * o->gen + k])
-                        k++;
+                    int32_t k = same_prefix(got + (size_t)i * o->gen, ref + (size_t)i * o->gen, o->gen);
                     ident += k == o->gen;
                     pre += (double)k / cs.n;
                 }
@@ -871,9 +878,7 @@ static void score_chat(ev *e, const chat_set *cs, const int32_t *ref, const int3
                        void *ud)
 {
     for (int i = 0; i < cs->n; i++) {
-        int32_t k = 0;
-        while (k < cs->gen && got[(size_t)i * cs->gen + k] == ref[(size_t)i * cs->gen + k])
-            k++;
+        int32_t k = same_prefix(got + (size_t)i * cs->gen, ref + (size_t)i * cs->gen, cs->gen);
         c->chat_ident += k == cs->gen;
         c->chat_prefix += (double)k / cs->n;
     }
@@ -1027,9 +1032,7 @@ static int grid_noise_floor(ev *e, chat_set *cs, const int32_t *ref, grid_result
         double kept;
         if ((rc = chat_generate(e, &one, &full, got, &kept)))
             break;
-        int32_t k = 0;
-        while (k < cs->gen && got[k] == ref[(size_t)i * cs->gen + k])
-            k++;
+        int32_t k = same_prefix(got, ref + (size_t)i * cs->gen, cs->gen);
         g->noise_ident += k == cs->gen;
         g->noise_prefix += (double)k / cs->n;
     }

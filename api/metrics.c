@@ -169,6 +169,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_tokens_kept_total", "counter",
            "Prompt tokens kept in the decode pool at migrations.");
     tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);
+    family(b, "dualpath_tokens_in_place_total", "counter",
+           "Of the kept tokens, those of a prefix kept whole whose prefill blocks the decode "
+           "path took as they were (not copied; shared with every request holding them).");
+    tb_printf(b, "dualpath_tokens_in_place_total %lld\n", (long long)st->tokens_in_place);
     family(b, "dualpath_tokens_evicted_total", "counter",
            "Prompt tokens dropped from the device at migrations.");
     tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);

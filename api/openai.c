@@ -229,24 +229,46 @@ static const char *quotable(const char *s)
     return s;
 }
 
-/* "dualpath": {"enabled", "keep_ratio", "scorer"}: the per-request override
- * of the server's dual-path defaults; every member is optional. */
-static int parse_dualpath(const cJSON *root, dp_request_params *p, dp_api_err *e)
+/* "dualpath": {"enabled", "keep_ratio", "scorer", "keep_system",
+ * "keep_prefix"}: the per-request override of the server's dual-path
+ * defaults; every member is optional. */
+#define DUALPATH_MEMBERS "'enabled', 'keep_ratio', 'scorer', 'keep_system' and 'keep_prefix'"
+static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
+    static const char *const members[] = {"enabled", "keep_ratio", "scorer", "keep_system",
+                                          "keep_prefix"};
+    dp_request_params *p = &r->params;
     cJSON *d = field(root, "dualpath");
     if (!d)
         return 0;
     if (!cJSON_IsObject(d))
         return api_err_invalid(e, "dualpath", "'dualpath' must be an object with optional members "
-                                              "'enabled', 'keep_ratio' and 'scorer'");
+                                              DUALPATH_MEMBERS);
     cJSON *it;
     cJSON_ArrayForEach(it, d) {
-        if (!it->string || (strcmp(it->string, "enabled") && strcmp(it->string, "keep_ratio") &&
-                            strcmp(it->string, "scorer")))
+        bool known = false;
+        for (size_t i = 0; it->string && i < sizeof members / sizeof *members; i++)
+            known = known || !strcmp(it->string, members[i]);
+        if (!known)
             return api_err_invalid(e, "dualpath",
-                                   "'dualpath' has an unknown member '%s' (allowed: 'enabled', "
-                                   "'keep_ratio', 'scorer')",
-                                   quotable(it->string));
+                                   "'dualpath' has an unknown member '%s' (allowed: "
+                                   DUALPATH_MEMBERS ")", quotable(it->string));
+    }
+    cJSON *ks = field(d, "keep_system");
+    if (ks) {
+        if (!cJSON_IsBool(ks))
+            return api_err_invalid(e, "dualpath.keep_system",
+                                   "'dualpath.keep_system' must be a boolean");
+        r->keep_system = cJSON_IsTrue(ks) ? 1 : 0;
+    }
+    cJSON *kp = field(d, "keep_prefix");
+    if (kp) {
+        if (!cJSON_IsNumber(kp) || !isfinite(kp->valuedouble) ||
+            floor(kp->valuedouble) != kp->valuedouble || kp->valuedouble < 0 ||
+            kp->valuedouble > (double)(1 << 30))
+            return api_err_invalid(e, "dualpath.keep_prefix",
+                                   "'dualpath.keep_prefix' must be a whole number of tokens >= 0");
+        r->keep_prefix = (int32_t)kp->valuedouble;
     }
     cJSON *en = field(d, "enabled");
     if (en) {
@@ -340,7 +362,7 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
     if (u && !cJSON_IsString(u))
         return api_err_invalid(e, "user", "'user' must be a string");
     if (parse_stop(root, p, e) || parse_logit_bias(root, tokenizer_n_vocab(c->tok), p, e) ||
-        parse_dualpath(root, p, e))
+        parse_dualpath(root, r, e))
         return -1;
     cJSON *tools = field(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
@@ -494,6 +516,36 @@ static int content_text(const cJSON *m, int idx, char **out, dp_api_err *e)
     return 0;
 }
 
+/* The prompt's first tokens that render its leading system messages: the
+ * longest common prefix of the prompt and those messages rendered alone (a
+ * template that folds the system prompt into the first user turn shares
+ * less, or nothing). */
+static int system_tokens(const dp_oai_ctx *c, const dp_chat_msg *msgs, int n,
+                         const dp_oai_prompt *pr, int32_t *out, dp_api_err *e)
+{
+    int n_sys = 0;
+    while (n_sys < n && !strcmp(msgs[n_sys].role, "system"))
+        n_sys++;
+    *out = 0;
+    if (n_sys == 0 || n_sys == n)
+        return 0;
+    char *text = NULL, err[DP_ERRLEN];
+    int32_t *ids = NULL;
+    size_t nid = 0;
+    if (chat_template_apply(c->tmpl, msgs, (size_t)n_sys, false, &text, err, sizeof err) ||
+        tokenizer_encode(c->tok, text, strlen(text), tokenizer_add_bos(c->tok), true, &ids, &nid)) {
+        free(text);
+        return api_err_set(e, 500, "server_error", NULL, NULL, "cannot render the system prompt");
+    }
+    int32_t k = 0;
+    while (k < (int32_t)nid && k < pr->n_ids && ids[k] == pr->ids[k])
+        k++;
+    *out = k;
+    free(ids);
+    free(text);
+    return 0;
+}
+
 static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
     cJSON *ms = field(root, "messages");
@@ -554,6 +606,10 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
     }
     r->n_prompts = 1;
     rc = prompt_from_text(c, &r->prompts[0], prompt, strlen(prompt), "messages", e);
+    /* Counted only where it is kept (an explicit keep_prefix wins). */
+    bool keep_sys = r->keep_system >= 0 ? r->keep_system : c->keep_system;
+    if (rc == 0 && keep_sys && r->keep_prefix < 0)
+        rc = system_tokens(c, msgs, n, &r->prompts[0], &r->system_tokens, e);
 out:
     for (int k = 0; texts && k < n; k++)
         free(texts[k]);
@@ -779,6 +835,9 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         if (parse_prompts(c, root, r, e))
             return -1;
     }
+    /* The prefix kept whole: as asked, else the system prompt where kept. */
+    bool keep_sys = r->keep_system >= 0 ? r->keep_system : c->keep_system;
+    p->keep_prefix = r->keep_prefix >= 0 ? r->keep_prefix : keep_sys ? r->system_tokens : 0;
     const char *pname = kind == DP_OAI_CHAT ? "messages" : "prompt";
     int32_t ctx = c->context_length;
     for (int i = 0; i < r->n_prompts; i++) {
@@ -836,6 +895,8 @@ int oai_parse(const dp_oai_ctx *c, dp_oai_kind kind, const char *body, size_t le
     out->kind = kind;
     sampling_default(&out->params.sampling);
     out->params.logprobs = -1;
+    out->keep_system = -1;
+    out->keep_prefix = -1;
     if (!body || len == 0) {
         api_err_invalid(e, NULL, "the request body is empty; a JSON object is required");
         return -1;

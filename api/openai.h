@@ -31,6 +31,9 @@ typedef struct dp_oai_ctx {
      * rest of the context for chat (as OpenAI and vLLM), 16 for completions
      * (OpenAI's legacy default). */
     int32_t default_max_tokens;
+    /* A chat's leading system messages are kept whole on the decode path
+     * (the keep_system_prompt setting; dualpath.keep_system per request). */
+    bool keep_system;
 } dp_oai_ctx;
 
 typedef struct dp_oai_prompt {
@@ -50,6 +53,9 @@ typedef struct dp_oai_req {
     bool echo;
     bool has_seed;
     dp_request_params params;   /* template for every choice (owned parts) */
+    int32_t system_tokens;      /* chat: the prompt's first tokens, its system messages */
+    int8_t keep_system;         /* dualpath.keep_system: -1 unset, 0, 1 */
+    int32_t keep_prefix;        /* dualpath.keep_prefix: -1 unset, else tokens */
     /* Top-level members this server does not know (for the log; the first
      * DP_OAI_MAX_UNKNOWN, printable names only). */
     char unknown[DP_OAI_MAX_UNKNOWN][48];

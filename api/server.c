@@ -704,6 +704,7 @@ int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
     s->oai.model_alias = s->model_alias;
     s->oai.context_length = 2048;
     s->oai.default_max_tokens = o->default_max_tokens;
+    s->oai.keep_system = o->keep_system;
     s->created = (long long)time(NULL);
     s->id_salt = mix64(uv_hrtime() ^ ((uint64_t)getpid() << 32));
     metrics_init(&s->metrics);

@@ -34,6 +34,7 @@ typedef struct dp_server_opts {
     double request_timeout_s; /* a generation running longer is cancelled; 0: never */
     double ping_interval_s;   /* SSE comment while a stream has nothing to send */
     int32_t default_max_tokens; /* a request without max_tokens; 0: the endpoint's default */
+    bool keep_system;           /* a chat's system prompt stays whole on the decode path */
     const char *api_key_file; /* NULL or "": no authentication */
     bool health_public;       /* /health needs no key (default true) */
     bool metrics_public;      /* /metrics needs no key (default true) */

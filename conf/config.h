@@ -79,6 +79,7 @@ typedef struct dp_config {
     double keep_ratio;
     int sink_tokens;
     int window_tokens;
+    bool keep_system_prompt;
     int decode_budget;      /* 0 = off */
     bool early_switch;
     bool reuse_replies;

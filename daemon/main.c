@@ -59,6 +59,7 @@ static void api_from_config(const dp_config *c, const char *host, int port, cons
     a->idle_timeout_s = (double)c->idle_timeout_ms / 1000.0;
     a->request_timeout_s = (double)c->request_timeout_ms / 1000.0;
     a->default_max_tokens = c->default_max_tokens;
+    a->keep_system = c->keep_system_prompt;
     a->api_key_file = c->api_key_file;
     a->health_public = c->health_public;
     a->metrics_public = c->metrics_public;

@@ -127,7 +127,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->prefill_fraction = 0.25;
     o->decode_block_tokens = 16;
     /* The defaults docs/dualpath.md's quality tables justify. */
-    o->compress = (dp_compress_opts){DP_SCORER_SNAPKV, 0.5f, 4, 32, 0};
+    o->compress = (dp_compress_opts){.scorer = DP_SCORER_SNAPKV, .keep_ratio = 0.5f, .sinks = 4, .window = 32};
     o->prefix_cache = true;
     o->reuse_replies = true;
     o->device_sampling = true;
@@ -244,12 +244,11 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
     free(es);
 }
 
-static int admit_request(dp_engine *e, dp_request *req)
+/* A request's compression: the server's options with its overrides. The
+ * prefix it keeps whole is cut to the prompt and to whole prefill blocks,
+ * the unit the prefix cache shares (the rest is compressed). */
+static dp_compress_opts request_copts(const dp_engine *e, const dp_request *req)
 {
-    eng_seq *es = calloc(1, sizeof *es);
-    if (!es)
-        return DP_ENOMEM;
-    es->req = req; /* the inbox's reference moves here */
     const dp_request_params *p = &req->params;
     dp_compress_opts co = e->opts.compress;
     if (p->scorer > 0)
@@ -257,6 +256,20 @@ static int admit_request(dp_engine *e, dp_request *req)
     if (p->keep_ratio > 0.0f)
         co.keep_ratio = p->keep_ratio;
     co.seed = p->sampling.seed ^ req->id;
+    const int32_t bt = e->kv.pool.block_tokens;
+    const int32_t pre = p->keep_prefix < req->n_prompt ? p->keep_prefix : req->n_prompt;
+    co.prefix = pre > 0 ? pre / bt * bt : 0;
+    return co;
+}
+
+static int admit_request(dp_engine *e, dp_request *req)
+{
+    eng_seq *es = calloc(1, sizeof *es);
+    if (!es)
+        return DP_ENOMEM;
+    es->req = req; /* the inbox's reference moves here */
+    const dp_request_params *p = &req->params;
+    const dp_compress_opts co = request_copts(e, req);
     es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority,
                       e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
     if (p->n_logit_bias > 0) {
@@ -450,7 +463,7 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
 /* ---- the dual path: migration and recompression --------------------------- */
 
 static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t kept, int64_t evicted,
-                             bool recompress, const int64_t *by_scorer, int64_t fallbacks,
+                             int64_t shared, bool recompress, const int64_t *by_scorer, int64_t fallbacks,
                              dp_compaction_kind kind)
 {
     pthread_mutex_lock(&e->stats_mu);
@@ -463,6 +476,7 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
         e->stats.migrations += n_seqs;
         e->stats.tokens_kept += kept;
         e->stats.tokens_evicted += evicted;
+        e->stats.tokens_in_place += shared;
     }
     e->stats.migration_seconds += dt;
     e->stats.migration_batches++;
@@ -478,7 +492,7 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
 {
     const dp_kv_seq *kv = &es->seq->kv;
     if (kind == DP_COMPACT_RECOMPRESS)
-        return kv_mgr_budget_keep(&e->kv);
+        return kv_mgr_budget_keep(&e->kv, kv);
     if (kind == DP_COMPACT_PROMPT_END)
         return compress_n_keep(&kv->copts, es->seq->n_prompt);
     return compress_n_keep(&kv->copts, kv->n_slots);
@@ -519,7 +533,7 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         }
     }
     int32_t moved = kv_mgr_migrate(&e->kv, e->mig, n);
-    int64_t by_scorer[DP_N_SCORERS] = {0}, fallbacks = 0, kept = 0, evicted = 0;
+    int64_t by_scorer[DP_N_SCORERS] = {0}, fallbacks = 0, kept = 0, evicted = 0, shared = 0;
     for (int32_t i = 0; i < n; i++) {
         eng_seq *es = list[i];
         const dp_kv_migration *g = &e->mig[i];
@@ -538,6 +552,7 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
             note_kv_bytes(e, es);
             kept += es->tokens_kept;
             evicted += es->tokens_evicted;
+            shared += g->n_ref;
             path_set(&es->path, DP_PS_DECODE);
         } else if (kind == DP_COMPACT_PROMPT_END) {
             es->tokens_evicted = es->seq->n_prompt - g->n_keep;
@@ -546,8 +561,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         }
     }
     if (moved > 0)
-        record_migration(e, dp_now() - t0, moved, kept, evicted, recompress, by_scorer, fallbacks,
-                         kind);
+        record_migration(e, dp_now() - t0, moved, kept, evicted, shared, recompress, by_scorer,
+                         fallbacks, kind);
 }
 
 /* Updates the detector's kept-set change for a prefill-path sequence from the
@@ -590,8 +605,8 @@ static void recompress_over_budget(dp_engine *e)
     int32_t n = 0;
     for (eng_seq *es = e->live; es && n < e->opts.max_seqs; es = es->next) {
         const dp_seq *q = es->seq;
-        if (q->state == DP_SEQ_RUNNING && q->kv.path == DP_PATH_DECODE &&
-            q->kv.n_slots >= e->opts.decode_budget && q->n_computed == q->n_tokens - 1)
+        if (q->state == DP_SEQ_RUNNING && kv_mgr_over_budget(&e->kv, &q->kv) &&
+            q->n_computed == q->n_tokens - 1)
             list[n++] = es;
     }
     if (n > 0)
@@ -1258,9 +1273,7 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
     if (p->dualpath_mode == DP_DUALPATH_ON && !e->dual)
         return dp_err(err, errsz, DP_EINVAL, "dualpath is disabled on this server");
     /* Can it ever fit, alone in the pools? The manager's one formula. */
-    dp_compress_opts co = e->opts.compress;
-    if (p->keep_ratio > 0.0f)
-        co.keep_ratio = p->keep_ratio;
+    const dp_compress_opts co = request_copts(e, req);
     dp_kv_seq kv;
     kv_seq_init(&kv, e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);

@@ -88,6 +88,8 @@ typedef struct dp_engine_stats {
     int64_t scorer_fallbacks[DP_N_COMPACTIONS];
     int64_t tokens_kept;
     int64_t tokens_evicted;
+    int64_t tokens_in_place;  /* of tokens_kept, kept in their prefill blocks (a prefix
+                               * kept whole, shared with whoever holds them) */
     int64_t recompressions;   /* decode-budget compressions */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
     int64_t rebuilds;         /* admissions that took back a cached prefix */

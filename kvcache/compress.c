@@ -36,15 +36,26 @@ int scorer_parse(const char *name, dp_scorer *out)
     return DP_EINVAL;
 }
 
-int32_t compress_n_keep(const dp_compress_opts *o, int32_t n)
+static int32_t n_keep_of(float ratio, int32_t sinks, int32_t window, int32_t n)
 {
     /* The ratio is a float: 0.1f * 170 is 17.0000003, which must keep 17, not
      * 18. Its relative error is below 1e-7, so discount 1e-6 of the product. */
-    double x = (double)o->keep_ratio * n;
+    double x = (double)ratio * n;
     int64_t k = (int64_t)ceil(x - x * 1e-6);
-    if (k < (int64_t)o->sinks + o->window)
-        k = (int64_t)o->sinks + o->window;
+    if (k < (int64_t)sinks + window)
+        k = (int64_t)sinks + window;
     return k > n ? n : (int32_t)k;
+}
+
+int32_t compress_n_keep(const dp_compress_opts *o, int32_t n)
+{
+    if (o->prefix <= o->sinks)
+        return n_keep_of(o->keep_ratio, o->sinks, o->window, n);
+    if (n <= o->prefix)
+        return n;
+    /* The prefix is kept as it is; the rest is compressed as a sequence of
+     * its own (its sinks are in the prefix). */
+    return o->prefix + n_keep_of(o->keep_ratio, 0, o->window, n - o->prefix);
 }
 
 int compressor_init(dp_compressor *c, dp_backend *be, int32_t n_layers, int32_t n_kv_heads,
@@ -163,8 +174,9 @@ int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_s
                                        (size_t)rows * (size_t)n_slots * sizeof(float))))
             return rc;
     }
-    /* Forced tokens: the first sinks and the last window (bounded by n_keep). */
-    int32_t sinks = o->sinks < n_keep ? o->sinks : n_keep;
+    /* Forced tokens: the first sinks (or the whole prefix) and the last
+     * window (bounded by n_keep). */
+    int32_t sinks = compress_front(o, n_keep);
     int32_t window = o->window < n_keep - sinks ? o->window : n_keep - sinks;
     int32_t mid_lo = sinks, mid_hi = n_slots - window; /* middle: [mid_lo, mid_hi) */
     int32_t take = n_keep - sinks - window;

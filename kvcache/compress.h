@@ -29,9 +29,20 @@ typedef struct dp_compress_opts {
     int32_t sinks;      /* first tokens always kept */
     int32_t window;     /* last tokens always kept (and SnapKV's query window) */
     uint64_t seed;      /* for the random scorer */
+    int32_t prefix;     /* first tokens kept whole (a chat's system prompt): the
+                         * ratio applies to the rest. Requests that share them
+                         * share their blocks on the decode path too (kvcache/manager.h) */
 } dp_compress_opts;
 
-/* n_keep = min(n, max(sinks + window, ceil(keep_ratio * n))). */
+/* Tokens kept whole at the start of n: the sinks, or the prefix where longer. */
+static inline int32_t compress_front(const dp_compress_opts *o, int32_t n)
+{
+    int32_t f = o->prefix > o->sinks ? o->prefix : o->sinks;
+    return f < n ? f : n;
+}
+
+/* n_keep = min(n, max(sinks + window, ceil(keep_ratio * n))); with a prefix
+ * longer than the sinks, the prefix plus that of the rest (without sinks). */
 int32_t compress_n_keep(const dp_compress_opts *o, int32_t n_slots);
 
 /* Scratch for scoring, sized for the model; grows with n_slots. */

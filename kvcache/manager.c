@@ -117,6 +117,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 (typed ? be && be->ops->kv_view
                        : o->decode.block_tokens == o->prefill.block_tokens);
     m->dpool = m->shared ? &m->pool : &m->dpool_own;
+    m->by_ref = m->shared && !typed;
     m->dbt = o->decode.block_tokens;
     if (m->shared && typed) {
         dl.block_tokens = 1;
@@ -236,6 +237,20 @@ static int32_t dblocks_for(const dp_kv_mgr *m, int64_t n)
     return (int32_t)((n + m->dbt - 1) / m->dbt);
 }
 
+/* Leading slots of a compaction to n_keep of n_slots that the new table
+ * holds by reference: the whole blocks of its forced front (the prefix kept
+ * whole), fewer than n_keep so that the copy is never empty. */
+static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slots, int32_t n_keep)
+{
+    if (!m->by_ref || n_keep < 1 || n_keep > n_slots)
+        return 0;
+    const int32_t bt = m->pool.block_tokens;
+    int32_t f = compress_front(&kv->copts, n_keep);
+    if (f > n_keep - 1)
+        f = n_keep - 1;
+    return f / bt * bt;
+}
+
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
     dp_kv_need n = {0, 0};
@@ -245,14 +260,16 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     }
     n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
     int32_t c = n_cached > INT32_MAX ? INT32_MAX : (int32_t)n_cached;
-    int64_t d = (int64_t)compress_n_keep(&kv->copts, c) + n_more;
+    const int32_t keep = compress_n_keep(&kv->copts, c);
+    int64_t d = (int64_t)keep + n_more;
     if (m->decode_budget > 0) {
         /* Recompression holds it below the budget, whatever it generates. */
-        int64_t cap = (int64_t)m->decode_budget + m->budget_keep + 1;
+        int64_t cap = (int64_t)kv_seq_prefix(kv) + m->decode_budget + m->budget_keep + 1;
         if (d > cap)
             d = cap;
     }
-    n.decode = dblocks_for(m, d);
+    /* Blocks it keeps by reference are counted on the prefill path. */
+    n.decode = dblocks_for(m, d) - ref_slots(m, kv, c, keep) / m->dbt;
     return n;
 }
 
@@ -455,15 +472,23 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         if (g->n_keep > kv->n_slots)
             g->n_keep = kv->n_slots;
         kv_table_init(&tables[k]);
-        if (g->n_keep < 1 || (g->rc = decode_reserve(m, kv, &tables[k], g->n_keep)) != 0) {
-            if (!g->rc)
-                g->rc = DP_EINVAL;
+        /* The new table starts with the blocks it keeps by reference (one
+         * more reference each), then takes decode blocks for the rest. */
+        const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / m->dbt;
+        int rc = g->n_keep < 1 ? DP_EINVAL : 0;
+        for (int32_t b = 0; rc == 0 && b < nb; b++)
+            rc = kv_table_push(&tables[k], m->dpool, kv->table.blocks[b]);
+        if (rc == 0)
+            rc = decode_reserve(m, kv, &tables[k], g->n_keep);
+        if (rc) {
+            g->rc = rc;
             kv_table_destroy(&tables[k], m->dpool);
             continue;
         }
         mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
-                             tables[k].blocks, tables[k].n_blocks, g->n_keep, g->q, g->q_stride,
-                             g->n_q, DP_SCORER_KNORM};
+                             tables[k].blocks + nb, tables[k].n_blocks - nb, g->n_keep, g->q,
+                             g->q_stride, g->n_q, DP_SCORER_KNORM, nref};
+        g->n_ref = nref;
         ok[k++] = g;
     }
     if (k == 0)
@@ -509,6 +534,7 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
      * taken again by the pass over the decode path. */
     for (int32_t i = 0; i < n; i++) {
         mg[i].rc = 1; /* not yet run */
+        mg[i].n_ref = 0;
         mg[i].scorer = mg[i].kv->copts.scorer;
     }
     int32_t moved = 0;

@@ -80,6 +80,8 @@ typedef struct dp_kv_mgr {
     dp_kv_pool *dpool;           /* the decode path's: &pool when shared, else &dpool_own */
     dp_kv_store *dstore;         /* store when shared */
     bool shared;                 /* both paths draw on one arena */
+    bool by_ref;                 /* ... in one type: a decode table can hold prefill blocks,
+                                  * so a prefix kept whole stays shared (kv_mgr_migrate) */
     int32_t dbt;                 /* tokens per decode-path block (more than the prefill
                                   * path's when a shared arena's decode type is smaller) */
     dp_kv_pool dpool_own;
@@ -157,10 +159,16 @@ typedef struct dp_kv_migration {
     int32_t n_q;
     int rc;                   /* out: 0 when kv now holds n_keep slots on the decode path */
     dp_scorer scorer;         /* out: the scorer that ran */
+    int32_t n_ref;            /* out: of n_keep, slots kept by reference (not copied) */
 } dp_kv_migration;
 
 /* Moves each sequence's kept slots into new decode-pool tables (one backend
- * call per source pool) and frees what they held. A sequence the decode pool
+ * call per source pool) and frees what they held. In one arena of one type
+ * (by_ref) the whole blocks of a prefix kept whole (dp_compress_opts.prefix)
+ * are not copied: the new table starts with the same blocks, so sequences
+ * whose prompts share a system prompt through the prefix cache keep sharing
+ * it on the decode path, as they would with dualpath off. Elsewhere the
+ * prefix is copied whole (the same kept tokens, the same output). A sequence the decode pool
  * has no room for keeps its cache as it was (rc DP_ENOSPC); correctness never
  * depends on a migration. Returns how many moved. */
 int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n);
@@ -201,7 +209,22 @@ static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
     stores[DP_PATH_PREFILL] = m->store;
     stores[DP_PATH_DECODE] = m->dstore;
 }
-/* Slots a recompression keeps (the decode budget less a quarter). */
-static inline int32_t kv_mgr_budget_keep(const dp_kv_mgr *m) { return m->budget_keep; }
+/* The decode budget counts the slots after a sequence's prefix (a prefix
+ * kept whole is never recompressed). */
+static inline int32_t kv_seq_prefix(const dp_kv_seq *kv)
+{
+    return kv->copts.prefix > kv->copts.sinks ? kv->copts.prefix : 0;
+}
+/* Whether a decode-path sequence is over the budget ... */
+static inline bool kv_mgr_over_budget(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE &&
+           kv->n_slots - kv_seq_prefix(kv) >= m->decode_budget;
+}
+/* ... and the slots its recompression keeps (the budget less a quarter). */
+static inline int32_t kv_mgr_budget_keep(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return kv_seq_prefix(kv) + m->budget_keep;
+}
 
 #endif

@@ -18,7 +18,7 @@ typedef struct dp_kv_move {
     const int32_t *src;          /* source table (block ids in the source store) */
     int32_t n_src_blocks;
     int32_t n_slots;             /* filled slots of the source */
-    const int32_t *dst;          /* destination table, covering n_keep slots */
+    const int32_t *dst;          /* destination table, covering n_keep - n_ref slots */
     int32_t n_dst_blocks;
     int32_t n_keep;              /* slots kept (<= n_slots) */
     /* SnapKV: the post-RoPE queries of the last n_q slots (backend memory,
@@ -28,6 +28,10 @@ typedef struct dp_kv_move {
     int64_t q_stride;
     int32_t n_q;
     dp_scorer scorer;            /* out: the scorer that ran */
+    /* Leading slots the destination holds already, by reference to the
+     * source's first blocks (a prefix kept whole, compress_front): they are
+     * selected as usual and not copied. */
+    int32_t n_ref;
 } dp_kv_move;
 
 /* Scratch kept between calls (the keep lists). */

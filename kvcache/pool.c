@@ -166,6 +166,21 @@ int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int3
     return 0;
 }
 
+int kv_table_push(dp_block_table *t, dp_kv_pool *p, int32_t block)
+{
+    if (t->n_blocks == t->cap) {
+        int32_t cap = t->cap ? 2 * t->cap : 8;
+        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
+        if (!nb)
+            return DP_ENOMEM;
+        t->blocks = nb;
+        t->cap = cap;
+    }
+    kv_pool_ref(p, block);
+    t->blocks[t->n_blocks++] = block;
+    return 0;
+}
+
 void kv_table_release(dp_block_table *t, dp_kv_pool *p)
 {
     /* Release newest first so the oldest (prefix) blocks are reused last. */

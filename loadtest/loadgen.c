@@ -105,6 +105,7 @@ static void usage(FILE *f)
         "                        file: one prompt per line of --prompt-file, in order\n"
         "                        corpus: windows of --input-len words from --prompt-file\n"
         "                        prefix: one of --num-prefixes shared prefixes + random suffix\n"
+        "                        (--api chat: the prefix is the system message)\n"
         "                        chat: multi-turn sessions; each turn resends the conversation\n"
         "                        (default random)\n"
         "  --input-len SPEC      prompt (or suffix / user turn) length: N, A:B (uniform) or\n"

@@ -608,6 +608,31 @@ static int session_turn(lg_workload *w, lg_session *s, lg_work_item *out)
     return 0;
 }
 
+/* The shared-prefix workload on the chat API: the prefix is the system
+ * prompt and the rest the user's turn, as a deployment with one system
+ * prompt sends them (a server can then tell the shared part). */
+static int prefix_chat(lg_workload *w, int in_len, int out_len, lg_work_item *out)
+{
+    char *suffix;
+    int rc = lg_workload_random_text(&w->rng, in_len, &suffix);
+    if (rc)
+        return rc;
+    const char *pre = w->prefixes[lg_rng_below(&w->rng, (uint64_t)w->o.num_prefixes)];
+    cJSON *msgs = cJSON_CreateArray();
+    rc = msgs ? 0 : DP_ENOMEM;
+    if (rc == 0)
+        rc = add_message(msgs, "system", pre, strlen(pre));
+    if (rc == 0)
+        rc = add_message(msgs, "user", suffix, strlen(suffix));
+    if (rc == 0)
+        rc = build_body(w, NULL, msgs, out_len, out);
+    if (rc == 0)
+        out->prompt_words = count_words(pre) + count_words(suffix);
+    cJSON_Delete(msgs);
+    free(suffix);
+    return rc;
+}
+
 int lg_workload_next(lg_workload *w, lg_work_item *out)
 {
     memset(out, 0, sizeof *out);
@@ -631,6 +656,8 @@ int lg_workload_next(lg_workload *w, lg_work_item *out)
     }
     int in_len = lg_len_dist_sample(&w->o.input, &w->rng);
     int out_len = lg_len_dist_sample(&w->o.output, &w->rng);
+    if (w->o.kind == LG_WL_PREFIX && w->o.chat_api)
+        return prefix_chat(w, in_len, out_len, out);
     char *prompt;
     int rc = make_prompt(w, in_len, &prompt);
     if (rc)

@@ -36,6 +36,8 @@ typedef struct dp_request_params {
     int8_t dualpath_mode;         /* DP_DUALPATH_DEFAULT | _ON | _OFF */
     int8_t scorer;                /* 0: default; else dp_scorer + 1 */
     float keep_ratio;             /* 0: default; else (0, 1] */
+    int32_t keep_prefix;          /* first prompt tokens kept whole on the decode path
+                                   * (the API sets a chat's system prompt here); 0: none */
 } dp_request_params;
 
 enum { DP_DUALPATH_DEFAULT = 0, DP_DUALPATH_ON = 1, DP_DUALPATH_OFF = 2 };

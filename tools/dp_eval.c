@@ -310,7 +310,7 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     for (int32_t i = 0; i < nb; i++)
         table[i] = i;
     for (int32_t i = 0; i < o->n_ratios; i++) {
-        dp_compress_opts co = {DP_SCORER_KNORM, o->ratios[i], o->sinks, o->window, 0};
+        dp_compress_opts co = {DP_SCORER_KNORM, o->ratios[i], o->sinks, o->window, 0, 0};
         r->n_keep[i] = compress_n_keep(&co, P);
     }
     int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
@@ -331,9 +331,9 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                     if (n_keep == P && (sc > 0 || sd > 0))
                         continue;
                     dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window,
-                                           (uint64_t)sd + 1};
+                                           (uint64_t)sd + 1, 0};
                     dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep,
-                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM};
+                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0};
                     if ((rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1)) ||
                         (rc = teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
                         goto out2;
@@ -582,7 +582,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         dp_kv_move mv = {co, cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
                          cs->len[i], cs->table_b + (size_t)i * cs->max_blocks_b,
                          (cs->len[i] + cs->gen + BT - 1) / BT, n_keep[i], e->q_dev,
-                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM};
+                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM, 0};
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
@@ -671,7 +671,7 @@ static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r,
     fprintf(stderr, "dp-eval: chat: %d prompts prefilled (mean %.0f tokens), %.0f s\n", cs.n,
             r->mean_len, dp_now() - t0);
     /* The reference: every token kept, through the same compaction path. */
-    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0, 0};
     double kept;
     if ((rc = chat_generate(e, &cs, &full, ref, &kept))) {
         rc = dp_err(err, errsz, rc, "chat generation failed");
@@ -680,7 +680,7 @@ static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r,
     for (int ri = 0; ri < o->n_ratios; ri++) {
         for (int sc = 0; sc < N_SCORERS; sc++)
             for (int sd = 0; sd < n_seeds_of(o, sc); sd++) {
-                dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window, (uint64_t)sd + 1};
+                dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window, (uint64_t)sd + 1, 0};
                 bool all = true;
                 for (int i = 0; i < cs.n; i++)
                     all = all && compress_n_keep(&co, cs.len[i]) == cs.len[i];
@@ -742,7 +742,7 @@ typedef struct grid_result {
 
 static dp_compress_opts grid_opts(const opts *o, int ri)
 {
-    return (dp_compress_opts){o->scorer, o->ratios[ri], o->sinks, o->window, 1};
+    return (dp_compress_opts){o->scorer, o->ratios[ri], o->sinks, o->window, 1, 0};
 }
 
 /* Bytes per token of a decode type in the daemon's arena: an arena block
@@ -806,7 +806,7 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 g->c[t][ri].n_keep[pi] = n_keep;
                 dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t]};
                 dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep, e->q_dev,
-                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM};
+                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0};
                 if ((rc = kv_migrate(&e->mig, a, b[t], &mv, 1)) ||
                     (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
                     goto out;
@@ -857,7 +857,7 @@ static int grid_generate(ev *e, chat_set *cs, grid_result *g, grid_score_fn scor
     if (!got)
         return DP_ENOMEM;
     double kept;
-    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0, 0};
     int rc = chat_set_btype(e, cs, o->kv_type);
     if (!rc)
         rc = chat_generate(e, cs, &full, ref, &kept);
@@ -1015,7 +1015,7 @@ static int grid_noise_floor(ev *e, chat_set *cs, const int32_t *ref, grid_result
     int32_t *got = malloc((size_t)cs->gen * sizeof *got);
     if (!got)
         return DP_ENOMEM;
-    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0};
+    dp_compress_opts full = {DP_SCORER_RECENT, 1.0f, o->sinks, o->window, 0, 0};
     int rc = chat_set_btype(e, cs, o->kv_type);
     for (int i = 0; i < cs->n && !rc; i++) {
         /* A one-prompt set over the same stores and tables. */

@@ -129,6 +129,11 @@ def test_no_usage_and_workloads():
         p, r, _ = run(s.url, "--workload", "prefix", "--prefix-len", "20", "--num-prefixes", "2",
                       "--input-len", "5", "-n", "6", "-c", "3", "--output-len", "2")
         check(r["completed"] == 6 and all(q["prompt_tokens"] == 25 for q in r["requests"]), "prefix: 20 + 5 words")
+        # On the chat API the prefix is the system message: 2 more per message.
+        p, r, _ = run(s.url, "--api", "chat", "--workload", "prefix", "--prefix-len", "20",
+                      "--num-prefixes", "1", "--input-len", "5", "-n", "4", "-c", "2", "--output-len", "2")
+        check(r["completed"] == 4 and all(q["prompt_tokens"] == 22 + 7 for q in r["requests"]),
+              "prefix on chat: a 20-word system message and a 5-word user turn")
 
         path = os.path.join(TMP, "prompts.txt")
         with open(path, "w") as f:

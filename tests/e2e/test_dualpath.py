@@ -164,6 +164,11 @@ BAD = [
     ({"scorer": "KNORM"}, "dualpath.scorer"),
     ({"scorer": ""}, "dualpath.scorer"),
     ({"scorer": 2}, "dualpath.scorer"),
+    ({"keep_system": "yes"}, "dualpath.keep_system"),
+    ({"keep_system": 1}, "dualpath.keep_system"),
+    ({"keep_prefix": -1}, "dualpath.keep_prefix"),
+    ({"keep_prefix": 1.5}, "dualpath.keep_prefix"),
+    ({"keep_prefix": "16"}, "dualpath.keep_prefix"),
 ]
 
 
@@ -183,7 +188,8 @@ def test_invalid_override(server, endpoint, value, param):
 
 
 def test_empty_and_null_members_mean_defaults(server):
-    for dp in ({}, {"enabled": None, "keep_ratio": None, "scorer": None}):
+    for dp in ({}, {"enabled": None, "keep_ratio": None, "scorer": None, "keep_system": None,
+                    "keep_prefix": None}):
         o = complete({"prompt": "Hello", "max_tokens": 2, "dualpath": dp})
         dp_usage(o)
 

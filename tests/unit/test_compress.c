@@ -90,7 +90,7 @@ static void ref_select(const float *score, int32_t n, int32_t S, int32_t W, int3
 
 static void check_n_keep(void)
 {
-    dp_compress_opts o = {DP_SCORER_KNORM, 0.5f, 4, 32, 0};
+    dp_compress_opts o = {DP_SCORER_KNORM, 0.5f, 4, 32, 0, 0};
     CHECK_EQ_INT(compress_n_keep(&o, 100), 50);
     CHECK_EQ_INT(compress_n_keep(&o, 101), 51); /* ceil */
     o.keep_ratio = 0.1f;
@@ -111,7 +111,7 @@ static void check_n_keep(void)
         for (int32_t S = 0; S <= 8; S += 4)
             for (int32_t W = 0; W <= 64; W += 32)
                 for (int32_t n = 1; n < 2100; n += 13) {
-                    dp_compress_opts q = {DP_SCORER_KNORM, ratios[r], S, W, 0};
+                    dp_compress_opts q = {DP_SCORER_KNORM, ratios[r], S, W, 0, 0};
                     /* ceil of r n, where r n is taken as exact when float
                      * rounding of r alone puts it just above an integer
                      * (0.1f * 170 = 17.0000003 keeps 17, not 18). */
@@ -205,7 +205,7 @@ static void check_selection(dp_backend *be)
     int32_t keep[L * HKV * 37], ref[37];
     for (int sc = 0; sc <= DP_SCORER_RANDOM; sc++) {
         for (int32_t n_keep = 1; n_keep <= n; n_keep++) {
-            dp_compress_opts o = {(dp_scorer)sc, 0.5f, S, W, 7};
+            dp_compress_opts o = {(dp_scorer)sc, 0.5f, S, W, 7, 0};
             memset(keep, 0xff, sizeof keep);
             CHECK(compressor_select(&c, &o, kv, table, n, &q[0][0][0], NQ * HQ * HD, q_slot, NQ, n_keep,
                                     keep) == 0);
@@ -277,7 +277,7 @@ static void check_selection(dp_backend *be)
             }
         }
         /* keep_ratio 1.0 keeps everything, in order. */
-        dp_compress_opts all = {(dp_scorer)sc, 1.0f, S, W, 3};
+        dp_compress_opts all = {(dp_scorer)sc, 1.0f, S, W, 3, 0};
         int32_t nk = compress_n_keep(&all, n);
         CHECK_EQ_INT(nk, n);
         CHECK(compressor_select(&c, &all, kv, table, n, &q[0][0][0], NQ * HQ * HD, q_slot, NQ, nk, keep) == 0);
@@ -286,7 +286,7 @@ static void check_selection(dp_backend *be)
                 CHECK_EQ_INT(keep[r * n + s], s);
     }
     /* SnapKV without queries falls back to key norms. */
-    dp_compress_opts sk = {DP_SCORER_SNAPKV, 0.5f, S, W, 0}, kn = sk;
+    dp_compress_opts sk = {DP_SCORER_SNAPKV, 0.5f, S, W, 0, 0}, kn = sk;
     kn.scorer = DP_SCORER_KNORM;
     int32_t k2[L * HKV * 37];
     CHECK(compressor_select(&c, &sk, kv, table, n, NULL, 0, NULL, 0, 20, keep) == 0);
@@ -331,7 +331,7 @@ static void check_compact(dp_backend *be)
     CHECK(compressor_init(&c, be, L, HKV, HQ, HD) == 0);
     int32_t keep0[L * HKV * 37], keep1[L * HKV * 21];
     int32_t *keep[2] = {keep0, keep1}, nk[2] = {17, 9};
-    dp_compress_opts o = {DP_SCORER_KNORM, 0.5f, 2, 3, 0};
+    dp_compress_opts o = {DP_SCORER_KNORM, 0.5f, 2, 3, 0, 0};
     dp_compact_seq cs[2];
     for (int i = 0; i < 2; i++) {
         CHECK(compressor_select(&c, &o, src, stab[i], n[i], NULL, 0, NULL, 0, nk[i], keep[i]) == 0);
@@ -439,7 +439,7 @@ static void check_keep_all_logits(void)
     int32_t *keep = malloc((size_t)hp->n_layers * hp->n_kv_heads * P * sizeof(int32_t));
     for (int sc = 0; sc <= DP_SCORER_RANDOM; sc++)
         for (int half = 0; half < 2; half++) {
-            dp_compress_opts o = {(dp_scorer)sc, half ? 0.5f : 1.0f, 4, 8, 1};
+            dp_compress_opts o = {(dp_scorer)sc, half ? 0.5f : 1.0f, 4, 8, 1, 0};
             int32_t nk = compress_n_keep(&o, P);
             CHECK(compressor_select(&c, &o, stores[0], ta, P, q, (int64_t)8 * qd, q_slot, 8, nk, keep) == 0);
             dp_compact_seq cs = {ta, (P + 7) / 8, tb, 2 * NB, nk, keep};

@@ -90,6 +90,7 @@ typedef struct req_spec {
     bool logprobs;
     int32_t bias_token;
     float bias;
+    int32_t keep_prefix;  /* tokens kept whole on the decode path (a system prompt) */
 } req_spec;
 
 static dp_request *make_req(const req_spec *sp, result *res)
@@ -105,6 +106,7 @@ static dp_request *make_req(const req_spec *sp, result *res)
     prm.sampling.seed = sp->seed;
     prm.logprobs = sp->logprobs ? 3 : -1;
     prm.ignore_eos = sp->ignore_eos;
+    prm.keep_prefix = sp->keep_prefix;
     prm.sampling.top_k = sp->top_k;
     prm.sampling.min_p = sp->min_p;
     prm.sampling.presence_penalty = sp->presence_penalty;
@@ -727,6 +729,68 @@ static void test_shared_prompt(world *w)
     }
 }
 
+/* A system prompt kept whole (keep_prefix) and shared: requests whose
+ * prompts start with the same 100 tokens keep its 6 whole blocks (96 tokens)
+ * on the decode path by reference to the prefill blocks the prefix cache
+ * shares, in one arena, and compress only their own tails. With split pools
+ * the prefix is copied instead: the same kept tokens, the same outputs. The
+ * engine runs the same greedy requests under memory pressure (a shared
+ * arena small enough to preempt) with the same outputs too. */
+static void test_system_prompt(world *w)
+{
+    enum { N = 12, SYS = 100, TAIL = 20 };
+    static req_spec sp[N];
+    static result ref[N], res[N];
+    /* Its own random stream: the tests after it keep the prompts (and the
+     * memory pressure) they were sized for. */
+    const uint64_t saved = rs;
+    rs = 99;
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = SYS + TAIL, .max_tokens = 120, .ignore_eos = true,
+                           .keep_prefix = SYS};
+        for (int k = 0; k < SYS + TAIL; k++)
+            sp[i].prompt[k] = k < SYS && i > 0 ? sp[0].prompt[k] : urand(w->vocab);
+    }
+    rs = saved;
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    dp_engine_stats split, shared, small;
+    o.n_blocks = 512;
+    o.n_blocks_decode = 512;
+    run_with(w, &o, sp, N, ref, &split, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(split.kv_shared, 0);
+    CHECK_EQ_INT(split.tokens_in_place, 0);
+    /* Each keeps its 96 prefix tokens and 12 of its other 24. */
+    CHECK_EQ_INT(split.tokens_kept, N * (96 + 12));
+    o.n_blocks_decode = 0;
+    run_with(w, &o, sp, N, res, &shared, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(shared.kv_shared, 1);
+    CHECK_EQ_INT(shared.tokens_kept, split.tokens_kept);
+    CHECK_EQ_INT(shared.tokens_in_place, N * 96);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
+                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
+                  "request %d: the shared prefix changed its output", i);
+    /* At the end 12 x (12 kept + 120 generated) hold 108 decode blocks of
+     * their own and the prefix's 6 once: 20 blocks preempt. One alone needs
+     * its prompt's 8 blocks, 1 more at its migration and 8 as it grows. */
+    o.n_blocks = 20;
+    run_with(w, &o, sp, N, res, &small, DP_DUALPATH_DEFAULT);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
+                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
+                  "request %d: preemption with a shared prefix changed its output", i);
+    CHECK_MSG(small.preemptions >= 5, "%lld preemptions", (long long)small.preemptions);
+    CHECK_EQ_INT(small.tokens_kept, split.tokens_kept);
+    printf("system prompt kept whole: %d requests share its %d blocks on the decode path "
+           "(%lld tokens by reference), outputs equal to copying it; in a %d-block arena %lld "
+           "preemptions, the same outputs\n", N, 96 / 16, (long long)shared.tokens_in_place,
+           o.n_blocks, (long long)small.preemptions);
+}
+
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
  * of the context (what a chat request without max_tokens gets) all run at
  * once with dualpath on, in the same KV memory as dualpath off (a quarter of
@@ -1091,6 +1155,7 @@ int main(void)
     }
     test_snapkv_every_time(&w);
     test_shared_prompt(&w);
+    test_system_prompt(&w);
     test_multiturn_rebuild(&w, 64);
     test_reply_reuse(&w);
     world_close(&w);

@@ -10,7 +10,7 @@
 
 enum { BT = 16 };
 
-static const dp_compress_opts CO = {DP_SCORER_SNAPKV, 0.5f, 4, 4, 0};
+static const dp_compress_opts CO = {DP_SCORER_SNAPKV, 0.5f, 4, 4, 0, 0};
 
 static void mgr(dp_kv_mgr *m, bool dual, int32_t n_blocks, int32_t n_dblocks)
 {
@@ -37,6 +37,18 @@ static void test_need(void)
     CHECK_EQ_INT(n.decode, 5);
     n = kv_mgr_need(&m, &dual, 6, 0); /* below the floor sinks + window: all kept */
     CHECK_EQ_INT(n.decode, 1);
+    /* A prefix of 32 kept whole: 32 + 34 of the other 68 kept, + 30; its
+     * two blocks stay the prefill path's (by reference) in one arena. */
+    dp_kv_seq pre;
+    dp_compress_opts co = CO;
+    co.prefix = 32;
+    kv_seq_init(&pre, true, &co);
+    CHECK_EQ_INT(compress_n_keep(&co, 100), 66);
+    CHECK_EQ_INT(compress_n_keep(&co, 20), 20);
+    n = kv_mgr_need(&m, &pre, 100, 30);
+    CHECK_EQ_INT(n.prefill, 7);
+    CHECK_EQ_INT(n.decode, 6 - 2);
+    kv_seq_destroy(&pre);
     kv_seq_destroy(&whole);
     kv_seq_destroy(&dual);
     kv_mgr_destroy(&m);
@@ -119,6 +131,12 @@ static void test_split(void)
     dp_kv_seq s;
     kv_seq_init(&s, true, &CO);
     CHECK(kv_mgr_fits(&m, kv_mgr_need(&m, &s, 100, 30)));  /* 7 + 5 */
+    dp_compress_opts co = CO;
+    co.prefix = 32; /* copied with split pools: 66 + 30 in 6 blocks */
+    dp_kv_seq pre;
+    kv_seq_init(&pre, true, &co);
+    CHECK_EQ_INT(kv_mgr_need(&m, &pre, 100, 30).decode, 6);
+    kv_seq_destroy(&pre);
     CHECK(!kv_mgr_fits(&m, kv_mgr_need(&m, &s, 100, 60))); /* 7 + 7 > 6 */
     int32_t toks[100] = {0}, reused;
     CHECK(kv_mgr_admit(&m, &s, toks, 100, 1, false, &reused) == 0);

@@ -74,6 +74,9 @@ struct dp_server {
     const dp_tokenizer *tok;
     const dp_chat_template *tmpl;
     dp_engine *engine;
+    void (*lost_fn)(void *ud);  /* server_on_device_lost */
+    void *lost_ud;
+    bool lost_seen;
     char kernels[32];  /* the backend's kernels for build info: "avx512", "cuda" */
     char matmul[16];   /* "int8" or "exact" (CPU), "f32" elsewhere */
     char backend[16];  /* the backend the model runs on */

@@ -304,6 +304,9 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
               (long long)st->sampled_full_row);
     family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
     tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
+    family(&b, "dualpath_failed_steps_total", "counter",
+           "Forward passes that failed and failed their sequences (the device was fine).");
+    tb_printf(&b, "dualpath_failed_steps_total %lld\n", (long long)st->failed_steps);
 
     dualpath_render(&b, st);
 

@@ -24,9 +24,10 @@ static enum MHD_Result send_json(dp_hreq *h, unsigned status, cJSON *o)
 static enum MHD_Result on_health(dp_server *s, dp_hreq *h)
 {
     cJSON *o = cJSON_CreateObject();
-    const char *st = s->draining ? "draining" : !s->engine ? "loading" : "ok";
+    const bool lost = s->engine && engine_device_lost(s->engine);
+    const char *st = lost ? "device lost" : s->draining ? "draining" : !s->engine ? "loading" : "ok";
     cJSON_AddStringToObject(o, "status", st);
-    return send_json(h, s->draining || !s->engine ? 503 : 200, o);
+    return send_json(h, lost || s->draining || !s->engine ? 503 : 200, o);
 }
 
 static cJSON *model_obj(dp_server *s)

@@ -186,7 +186,9 @@ static const char *kind_prefix(dp_oai_kind k)
 static enum MHD_Result submit_fail(dp_server *s, dp_hreq *h, dp_job *j, int rc, const char *msg)
 {
     dp_api_err e;
-    if (rc == DP_ENOSPC)
+    if (rc == DP_EDEVICE)
+        api_err_set(&e, 503, "server_error", "device_lost", NULL, "%s", msg);
+    else if (rc == DP_ENOSPC)
         api_err_set(&e, 429, "rate_limit_error", "queue_full", NULL,
                     "the server's queue is full (%s); retry later", msg[0] ? msg : "too many requests");
     else if (rc == DP_EINVAL && j->req.params.dualpath_mode == DP_DUALPATH_ON &&
@@ -612,6 +614,18 @@ static void on_async(uv_async_t *a)
     dp_server *s = a->data;
     drain_events(s);
     http_kick(s);
+    /* The engine notifies after failing everything on a lost device. */
+    if (s->engine && !s->lost_seen && engine_device_lost(s->engine)) {
+        s->lost_seen = true;
+        if (s->lost_fn)
+            s->lost_fn(s->lost_ud);
+    }
+}
+
+void server_on_device_lost(dp_server *s, void (*fn)(void *ud), void *ud)
+{
+    s->lost_fn = fn;
+    s->lost_ud = ud;
 }
 
 void server_engine_notify(void *ud)

@@ -48,6 +48,9 @@ int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
                 const dp_tokenizer *tok, const dp_chat_template *tmpl, char *err, size_t errsz);
 /* The engine's notify callback (ud = the server); thread-safe. */
 void server_engine_notify(void *ud);
+/* fn(ud) runs on the loop, once, when the engine reports the device lost
+ * (engine_device_lost): the daemon then exits to be restarted. */
+void server_on_device_lost(dp_server *s, void (*fn)(void *ud), void *ud);
 /* Attaches the engine (before server_listen). */
 void server_set_engine(dp_server *s, dp_engine *e);
 /* What the loaded model runs on, for dualpath_build_info: backend name, its

@@ -23,6 +23,7 @@ const char *dp_strerror(int code)
     case DP_ENOSPC: return "no space left in pool";
     case DP_ERANGE: return "value out of range";
     case DP_ENOTFOUND: return "not found";
+    case DP_EDEVICE: return "device lost";
     default: return "unknown error";
     }
 }

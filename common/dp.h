@@ -18,6 +18,7 @@ enum {
     DP_ENOSPC = -6,        /* a pool or buffer is full */
     DP_ERANGE = -7,        /* value out of range */
     DP_ENOTFOUND = -8,     /* key, tensor or token missing */
+    DP_EDEVICE = -9,       /* the device is lost for good: only a restart recovers */
 };
 
 const char *dp_strerror(int code);

@@ -273,6 +273,21 @@ static void load_main(void *arg)
     uv_async_send(&c->load_done);
 }
 
+/* The backend lost its device (a sticky CUDA error): every request has
+ * failed and nothing more can run in this process, so drain what is left
+ * to say and exit non-zero; systemd's Restart=on-failure starts a fresh one. */
+static void on_device_lost(void *ud)
+{
+    serve_ctx *c = ud;
+    c->exit_status = 1;
+    dp_log(DP_LOG_ERROR, "serve: the device is lost: exiting with status 1 to be restarted");
+    if (c->stopping)
+        return;
+    c->stopping = true;
+    notify_send("STOPPING=1\nSTATUS=device lost: exiting to be restarted");
+    server_drain(c->srv, c->o->drain_timeout_s, on_drained, c);
+}
+
 /* On the loop thread when loading ends: start serving, or stop. */
 static void on_loaded(uv_async_t *a)
 {
@@ -292,6 +307,7 @@ static void on_loaded(uv_async_t *a)
         return;
     }
     server_set_engine(c->srv, c->engine);
+    server_on_device_lost(c->srv, on_device_lost, c);
     const dp_backend_ops *bo = c->be->ops;
     const char *kern = bo->kernel_level ? bo->kernel_level(c->be) : bo->name;
     const char *mm = bo->get_exact ? (bo->get_exact(c->be) ? "exact" : "int8") : "f32";
@@ -310,6 +326,14 @@ static void on_loaded(uv_async_t *a)
     notify_sendf("READY=1\nSTATUS=%s", c->status_line);
     watchdog_start(c);
     debug_stall_start(c);
+    /* TEST HOOK: DUALPATHD_DEBUG_DEVICE_LOST=1 makes the first step fail as
+     * if the device were lost, for the test of what the daemon does then. */
+    const char *lose = getenv("DUALPATHD_DEBUG_DEVICE_LOST");
+    if (lose && !strcmp(lose, "1")) {
+        dp_log(DP_LOG_WARN, "serve: DUALPATHD_DEBUG_DEVICE_LOST: the first step loses the "
+               "device (test hook)");
+        engine_debug_device_lost(c->engine);
+    }
 }
 
 static char *default_name(const char *path)

@@ -96,6 +96,8 @@ struct dp_engine {
     atomic_int queued;     /* submitted, not yet admitted or finished */
     atomic_bool stopping;
     atomic_bool debug_stall;   /* TEST HOOK: engine_debug_stall() */
+    atomic_bool debug_lose;    /* TEST HOOK: engine_debug_device_lost() */
+    atomic_bool device_lost;   /* the backend said DP_EDEVICE: nothing runs any more */
     pthread_t thread;
     bool started;
     dp_engine_notify_fn notify;
@@ -633,6 +635,31 @@ static void fail_all(dp_engine *e, const char *why)
         finish_seq(e, e->live, DP_FINISH_ERROR, why, false);
 }
 
+/* A forward pass failed. A lost device (DP_EDEVICE: its context cannot be
+ * used again) fails everything and every later request, and the server
+ * exits so that it is restarted. Any other error (the backend is fine, this
+ * step was not: an allocation that failed) fails the step's sequences only;
+ * waiting ones run in later steps. */
+static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
+{
+    if (rc == DP_EDEVICE) {
+        dp_log(DP_LOG_ERROR, "engine: the device is lost; failing every request");
+        atomic_store(&e->device_lost, true);
+        fail_all(e, "the device is lost; the server must be restarted");
+        return;
+    }
+    dp_log(DP_LOG_ERROR, "engine: a forward pass failed (%s); failing its %d sequences",
+           dp_strerror(rc), plan->n_items);
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.failed_steps++;
+    pthread_mutex_unlock(&e->stats_mu);
+    for (int32_t i = 0; i < plan->n_items; i++) {
+        eng_seq *es = (eng_seq *)plan->items[i].seq->owner;
+        if (es)
+            finish_seq(e, es, DP_FINISH_ERROR, "internal error in the forward pass", false);
+    }
+}
+
 static void run_step(dp_engine *e)
 {
     double t0 = dp_now();
@@ -744,11 +771,11 @@ static void run_step(dp_engine *e)
     double tf_end = dp_now();
     if (rc == 0 && e->step_topk)
         rc = decide_rows(e, e->t_seq, no);
+    if (atomic_exchange(&e->debug_lose, false))
+        rc = DP_EDEVICE;
     if (rc) {
-        dp_log(DP_LOG_ERROR, "engine: forward pass failed (%s); failing running requests",
-               dp_strerror(rc));
         sched_commit(&e->sched, &plan);
-        fail_all(e, "internal error in the forward pass");
+        step_failed(e, &plan, rc);
         return;
     }
     sched_commit(&e->sched, &plan);
@@ -930,7 +957,9 @@ static void *engine_main(void *arg)
         }
         if (stop)
             break;
-        if (!sched_idle(&e->sched))
+        if (atomic_load(&e->device_lost))
+            fail_all(e, "the device is lost; the server must be restarted");
+        else if (!sched_idle(&e->sched))
             run_step(e);
         update_gauges(e);
         /* After every iteration that produced events, even when the consumer
@@ -1200,6 +1229,13 @@ void engine_stop(dp_engine *e)
     e->started = false;
 }
 
+bool engine_device_lost(const dp_engine *e) { return atomic_load(&e->device_lost); }
+
+void engine_debug_device_lost(dp_engine *e)
+{
+    atomic_store(&e->debug_lose, true);
+}
+
 void engine_debug_stall(dp_engine *e)
 {
     /* Wake it so that an idle engine leaves its wait and reaches the stall. */
@@ -1284,6 +1320,8 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
                       "the request needs %d KV blocks for its prompt and %d for decoding; the KV "
                       "cache holds %d%s", need.prefill, need.decode, e->kv.pool.n_blocks,
                       e->kv.shared || !e->kv.dual ? "" : " (prefill pool)");
+    if (atomic_load(&e->device_lost))
+        return dp_err(err, errsz, DP_EDEVICE, "the device is lost; the server must be restarted");
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);

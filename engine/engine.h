@@ -105,6 +105,7 @@ typedef struct dp_engine_stats {
     int64_t prompt_tokens;    /* prefilled (recomputation included) */
     int64_t generation_tokens;
     int64_t preemptions;
+    int64_t failed_steps;     /* forward passes that failed (their sequences with them) */
     int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
     int64_t swap_bytes;       /* host memory the swapped caches hold now */
     int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */
@@ -140,6 +141,13 @@ dp_event *engine_take_events(dp_engine *e);
 void engine_get_stats(dp_engine *e, dp_engine_stats *s);
 int32_t engine_context_length(const dp_engine *e);
 int32_t engine_max_queue(const dp_engine *e); /* 0: no limit */
+/* Thread-safe: the backend reported the device lost (DP_EDEVICE). Every
+ * request then fails (engine_submit with DP_EDEVICE) and the server should
+ * exit non-zero so that it is restarted. The engine notifies when it happens. */
+bool engine_device_lost(const dp_engine *e);
+/* TEST HOOK only (DUALPATHD_DEBUG_DEVICE_LOST): the next step fails as if
+ * the backend had lost the device. Thread-safe. */
+void engine_debug_device_lost(dp_engine *e);
 /* TEST HOOK only (DUALPATHD_DEBUG_STALL_AFTER_S): the engine thread stops
  * making progress (its heartbeat freezes) until engine_stop, so that tests can
  * see the systemd watchdog beats stop. Thread-safe. */

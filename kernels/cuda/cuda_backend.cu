@@ -9,13 +9,66 @@
 #include "cuda_attention_plan.h"
 #include "cuda_internal.h"
 
+/* Errors the CUDA context survives: an allocation that failed, a launch
+ * or copy refused for its arguments or resources, a graph capture the
+ * runtime invalidated. They fail the step they happen in and nothing else.
+ * Every other error (an illegal address, a failed launch, an uncorrectable
+ * ECC error, a device gone) is sticky: the context is unusable until the
+ * process ends, so the backend reports DP_EDEVICE from then on and the
+ * daemon exits to be restarted. Unlisted errors count as sticky: a
+ * needless restart costs less than a daemon failing every request. */
+static bool cuda_error_recoverable(cudaError_t e)
+{
+    switch (e) {
+    case cudaErrorMemoryAllocation:
+    case cudaErrorInvalidValue:
+    case cudaErrorInvalidConfiguration:
+    case cudaErrorLaunchOutOfResources:
+    case cudaErrorInvalidPitchValue:
+    case cudaErrorNotReady:
+    case cudaErrorStreamCaptureInvalidated:
+    case cudaErrorStreamCaptureUnsupported:
+    case cudaErrorStreamCaptureUnjoined:
+    case cudaErrorStreamCaptureImplicit:
+    case cudaErrorCapturedEvent:
+    case cudaErrorGraphExecUpdateFailure:
+        return true;
+    default:
+        return false;
+    }
+}
+
 void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
 {
-    if (c->failed)
-        return;
-    c->failed = DP_EIO;
+    const bool sticky = !cuda_error_recoverable(e);
+    if (c->failed && !(sticky && !c->lost))
+        return; /* the first is reported, unless a sticky one follows it */
+    c->failed = sticky ? DP_EDEVICE : DP_EIO;
+    c->lost = sticky;
     snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cudaGetErrorString(e));
-    dp_log(DP_LOG_ERROR, "cuda: %s", c->fail_msg);
+    if (sticky)
+        dp_log(DP_LOG_ERROR, "cuda: %s: the device is lost for this process", c->fail_msg);
+    else
+        dp_log(DP_LOG_ERROR, "cuda: %s: this step fails", c->fail_msg);
+}
+
+/* A recoverable failure ends with its step: the next one starts clean. */
+static void cuda_recover(cuda_backend *c)
+{
+    if (!c->failed || c->lost)
+        return;
+    cudaGetLastError(); /* a non-sticky error stays until read */
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    if (e != cudaSuccess) {
+        c->failed = 0;
+        cuda_note_error(c, "recovery", e);
+        if (c->failed)
+            return;
+    }
+    c->failed = 0;
+    c->recovered++;
+    dp_log(DP_LOG_INFO, "cuda: recovered from %s (%llu so far)", c->fail_msg,
+           (unsigned long long)c->recovered);
 }
 
 void cuda_check_launch(cuda_backend *c, const char *what)
@@ -25,13 +78,18 @@ void cuda_check_launch(cuda_backend *c, const char *what)
         cuda_note_error(c, what, e);
 }
 
+/* cuBLAS: an allocation or argument failure is recoverable, an execution
+ * failure (a kernel that faulted) is not. */
 static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
 {
-    if (c->failed)
+    const bool sticky = s == CUBLAS_STATUS_EXECUTION_FAILED || s == CUBLAS_STATUS_INTERNAL_ERROR;
+    if (c->failed && !(sticky && !c->lost))
         return;
-    c->failed = DP_EIO;
+    c->failed = sticky ? DP_EDEVICE : DP_EIO;
+    c->lost = sticky;
     snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cublasGetStatusString(s));
-    dp_log(DP_LOG_ERROR, "cuda: %s", c->fail_msg);
+    dp_log(DP_LOG_ERROR, "cuda: %s: %s", c->fail_msg,
+           sticky ? "the device is lost for this process" : "this step fails");
 }
 
 int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem)
@@ -427,6 +485,9 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
 {
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
+    cuda_recover(c);
+    if (c->failed)
+        return c->failed;
     if (b->n_tokens < 1 || b->n_seqs < 1 || b->max_blocks < 1 || b->n_out < 0)
         return DP_EINVAL;
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;

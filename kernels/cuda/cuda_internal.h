@@ -96,8 +96,13 @@ typedef struct cuda_backend {
     size_t max_pitch;   /* the largest pitch a 2-D copy takes (cudaDeviceProp.memPitch) */
     cudaStream_t stream;
     cublasHandle_t blas;
-    /* First failure of a void op (launch errors), reported by download. */
+    /* First failure of a void op (launch errors), reported by download:
+     * DP_EDEVICE for an error the context cannot survive (lost), which
+     * stays; any other fails the step it happened in and is cleared by the
+     * next batch_set (recovered counts those). */
     int failed;
+    bool lost;
+    uint64_t recovered;
     char fail_msg[DP_ERRLEN];
 
     /* The step's batch: host copies of the sizes that shape launches, and

@@ -391,3 +391,30 @@ def test_sigterm_while_loading():
     assert st == 503
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0
+
+
+def test_device_lost_exits_to_be_restarted(monkeypatch):
+    """A lost device (test hook DUALPATHD_DEBUG_DEVICE_LOST: the first step
+    fails as it does after a sticky CUDA error such as an illegal address):
+    the request in it gets a clear error, /health answers 503 "device lost"
+    for as long as the daemon is up, and the daemon, with nothing left that
+    it can run, exits with status 1 so that systemd (Restart=on-failure)
+    starts a fresh one."""
+    from conftest import Daemon
+    monkeypatch.setenv("DUALPATHD_DEBUG_DEVICE_LOST", "1")
+    d = Daemon(log_name="dualpathd-lost")
+    try:
+        st, _, raw = d.request("POST", "/v1/completions", {"prompt": "Hello", "max_tokens": 4})
+        o = json.loads(raw)
+        assert st >= 500, o
+        assert "device is lost" in o["error"]["message"], o
+        try:
+            st, _, body = d.request("GET", "/health", timeout=5)
+            assert st == 503 and json.loads(body)["status"] in ("device lost", "draining"), body
+        except OSError:
+            pass  # already gone
+        assert d.proc.wait(timeout=60) == 1
+        log = d.log_text()
+        assert "the device is lost" in log and "exiting with status 1" in log, log[-2000:]
+    finally:
+        d.stop()

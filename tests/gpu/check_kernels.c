@@ -1223,6 +1223,74 @@ static void check_forward_topk(dp_backend *be[2])
     synth_close(&sm);
 }
 
+/* ---- errors the backend survives, and those it does not ------------------------------
+ * Needs the emulator (tests/gpu/emu_runtime.cpp), which can make the next
+ * launch fail: a recoverable error (an over-sized launch) fails its step
+ * only, and the next step gives the logits an untroubled one gives; a sticky
+ * one (an illegal address) makes every later step report DP_EDEVICE. */
+void emu_inject_error(int err, int sticky) __attribute__((weak));
+
+static void check_faults(dp_backend *be)
+{
+    if (!emu_inject_error) {
+        printf("  faults: not on a device (needs the emulator)\n");
+        return;
+    }
+    char err[DP_ERRLEN];
+    synth_model sm;
+    synth_open(&sm, "tiny", rnd64(), DP_TYPE_F16);
+    enum { NT = 6 };
+    hbatch hb;
+    hbatch_alloc(&hb, NT, 1, 1);
+    for (int32_t i = 0; i < NT; i++) {
+        hb.tokens[i] = (int32_t)(rnd64() % (sm.sh.vocab - 3));
+        hb.pos[i] = hb.slot[i] = i;
+    }
+    const int32_t outs[1] = {NT - 1};
+    dp_batch b = {.n_tokens = NT, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                  .slot = hb.slot, .n_seqs = 1, .seq_store = hb.seq_store,
+                  .block_tables = hb.tables, .max_blocks = 1, .n_out = 1, .out_tokens = outs};
+    dp_llama *m;
+    if (llama_init(&m, &sm.g, be, 64, 8, err, sizeof err))
+        die(EXIT_SETUP, "llama_init: %s", err);
+    const int32_t vocab = llama_hparams(m)->vocab;
+    dp_kv_layout l = llama_kv_layout(m, 16, 1);
+    dp_kv_store *kv;
+    if (be->ops->kv_create(be, &l, &kv))
+        die(EXIT_SETUP, "%s", "kv_create failed");
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+    float *ref = xmalloc((size_t)vocab * sizeof(float)), *got = xmalloc((size_t)vocab * sizeof(float));
+    int rc0 = llama_forward(m, &b, stores, ref);
+    emu_inject_error(cudaErrorLaunchOutOfResources, 0);
+    int rc1 = llama_forward(m, &b, stores, got);
+    int rc2 = llama_forward(m, &b, stores, got);
+    bool same = rc2 == 0 && memcmp(ref, got, (size_t)vocab * sizeof(float)) == 0;
+    bool ok = rc0 == 0 && rc1 == DP_EIO && same;
+    g_checks++;
+    g_failed += !ok;
+    printf("  %-12s %-46s %s\n", "faults", "recoverable: that step fails, the next is right",
+           ok ? "ok" : "FAIL");
+    if (!ok)
+        printf("    forward returned %d, %d (want %d), %d; logits %s\n", rc0, rc1, DP_EIO, rc2,
+               same ? "equal" : "differ");
+    emu_inject_error(cudaErrorIllegalAddress, 1);
+    int rc3 = llama_forward(m, &b, stores, got);
+    int rc4 = llama_forward(m, &b, stores, got);
+    ok = rc3 == DP_EDEVICE && rc4 == DP_EDEVICE;
+    g_checks++;
+    g_failed += !ok;
+    printf("  %-12s %-46s %s\n", "faults", "sticky: the device is lost, every step says so",
+           ok ? "ok" : "FAIL");
+    if (!ok)
+        printf("    forward returned %d, %d (want %d)\n", rc3, rc4, DP_EDEVICE);
+    free(ref);
+    free(got);
+    be->ops->kv_destroy(be, kv);
+    llama_destroy(m);
+    hbatch_free(&hb);
+    synth_close(&sm);
+}
+
 /* ---- greedy generation on both backends ----------------------------------------------- */
 
 static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
@@ -1757,7 +1825,7 @@ static int run_bench(dp_backend *gpu, const bench_cfg *bc)
 int main(int argc, char **argv)
 {
     uint64_t seed = (uint64_t)time(NULL);
-    bool bench = true, checks = true, self_test = false, bench_small = false;
+    bool bench = true, checks = true, self_test = false, bench_small = false, faults = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
@@ -1769,9 +1837,11 @@ int main(int argc, char **argv)
             bench_small = true;
         else if (strcmp(argv[i], "--self-test") == 0)
             self_test = true, bench = false;
+        else if (strcmp(argv[i], "--faults") == 0)
+            faults = true, checks = bench = false;
         else {
-            fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--bench-small] [--self-test]\n",
-                    argv[0]);
+            fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--bench-small] "
+                    "[--self-test] [--faults]\n", argv[0]);
             return EXIT_SETUP;
         }
     }
@@ -1816,6 +1886,12 @@ int main(int argc, char **argv)
             printf("recorded decode steps: graphs against eager issue\n");
             check_graphs(be[0]);
         }
+        printf("checks: %d, failed: %d\n", g_checks, g_failed);
+    }
+    if (faults && !self_test) {
+        /* Last: the sticky fault leaves the device unusable. */
+        printf("faults: the cuda backend's errors (emulated)\n");
+        check_faults(be[1]);
         printf("checks: %d, failed: %d\n", g_checks, g_failed);
     }
     int rc = g_failed ? EXIT_CHECK : 0;

@@ -172,6 +172,35 @@ static void emu_no_capture(const char *call)
     }
 }
 
+/* ---- injected faults (emu_inject_error, for the backend's error handling):
+ * the next launch does not run and raises err; a sticky error is then
+ * returned by every later synchronizing or copying call, as a real context
+ * that hit an illegal address does, and a non-sticky one by the next
+ * cudaGetLastError only. ---- */
+static cudaError_t emu_armed = cudaSuccess, emu_last = cudaSuccess, emu_sticky_err = cudaSuccess;
+static bool emu_armed_sticky;
+
+extern "C" void emu_inject_error(int err, int sticky)
+{
+    emu_armed = (cudaError_t)err;
+    emu_armed_sticky = sticky != 0;
+}
+
+/* Whether a launch is swallowed by an armed fault (or a dead context). */
+static bool emu_fault_launch(void)
+{
+    if (emu_sticky_err != cudaSuccess)
+        return true;
+    if (emu_armed == cudaSuccess)
+        return false;
+    if (emu_armed_sticky)
+        emu_sticky_err = emu_armed;
+    else
+        emu_last = emu_armed;
+    emu_armed = cudaSuccess;
+    return true;
+}
+
 void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()> &body)
 {
     if (threads < 1 || threads > EMU_MAX_THREADS || grid.x < 1 || grid.y < 1 || grid.z < 1 ||
@@ -182,6 +211,8 @@ void emu_launch(dim3 grid, int threads, size_t smem, const std::function<void()>
     if (emu_record([=]() { emu_launch(grid, threads, smem, body); }))
         return;
     emu_flush();
+    if (emu_fault_launch())
+        return;
     std::vector<unsigned char> dyn(smem + 16);
     emu_body = &body;
     emu_grid_dim = make_uint3(grid.x, grid.y, grid.z);
@@ -277,7 +308,14 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device)
 }
 
 cudaError_t cudaSetDevice(int device) { return device == 0 ? cudaSuccess : cudaErrorInvalidDevice; }
-cudaError_t cudaGetLastError(void) { return cudaSuccess; }
+cudaError_t cudaGetLastError(void)
+{
+    if (emu_sticky_err != cudaSuccess)
+        return emu_sticky_err;
+    cudaError_t e = emu_last;
+    emu_last = cudaSuccess;
+    return e;
+}
 const char *cudaGetErrorString(cudaError_t error) { return error ? "emulated CUDA error" : "no error"; }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
@@ -292,7 +330,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t s)
     (void)s;
     emu_no_capture("cudaStreamSynchronize");
     emu_flush();
-    return cudaSuccess;
+    return emu_sticky_err;
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
@@ -341,6 +379,8 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     emu_no_capture("cudaMalloc");
+    if (emu_sticky_err != cudaSuccess)
+        return emu_sticky_err;
     size_t n = (size + 255) & ~(size_t)255;
     *p = aligned_alloc(256, n ? n : 256);
     if (!*p)
@@ -397,6 +437,8 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
 {
     (void)kind;
     (void)s;
+    if (emu_sticky_err != cudaSuccess)
+        return emu_sticky_err;
     emu_copy2d(dst, n, src, n, n, 1, true);
     return cudaSuccess;
 }
@@ -406,6 +448,8 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
 {
     (void)kind;
     (void)s;
+    if (emu_sticky_err != cudaSuccess)
+        return emu_sticky_err;
     if (dpitch > emu_max_pitch() || spitch > emu_max_pitch())
         return cudaErrorInvalidPitchValue;
     if (width > dpitch || width > spitch)

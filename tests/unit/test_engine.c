@@ -729,6 +729,99 @@ static void test_shared_prompt(world *w)
     }
 }
 
+/* A backend whose step #fault_at fails with fault_rc (at batch_set, the
+ * start of every forward pass). */
+static const dp_backend_ops *real_ops;
+static int fault_at, fault_rc, n_steps_seen;
+
+static int faulty_batch_set(dp_backend *be, const dp_batch *b)
+{
+    if (n_steps_seen++ == fault_at)
+        return fault_rc;
+    return real_ops->batch_set(be, b);
+}
+
+/* Runs specs (all submitted before the engine starts, so the schedule is
+ * the same every run) with step fault_at failing with rc (0: none). */
+static dp_engine *run_faulty(world *w, const req_spec *specs, int n, result *res, int at, int rc)
+{
+    static dp_backend_ops faulty;
+    if (w->be->ops != &faulty) /* the first run: the backend's own */
+        real_ops = w->be->ops;
+    faulty = *real_ops;
+    faulty.batch_set = faulty_batch_set;
+    fault_at = rc ? at : -1;
+    fault_rc = rc;
+    n_steps_seen = 0;
+    w->be->ops = &faulty;
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.dualpath = false;
+    o.max_batched_tokens = 128;
+    o.max_seqs = 2;
+    o.n_blocks = 256;
+    dp_engine *e;
+    char err[DP_ERRLEN];
+    CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
+    memset(res, 0, (size_t)n * sizeof *res);
+    for (int i = 0; i < n; i++) {
+        dp_request *r = make_req(&specs[i], &res[i]);
+        CHECK_MSG(engine_submit(e, r, err, sizeof err) == 0, "%s", err);
+        request_unref(r);
+    }
+    CHECK(engine_start(e) == 0);
+    collect(e, n);
+    return e;
+}
+
+/* A failed step fails its own sequences and nothing else: with two
+ * running at a time, the second step (both decoding) fails; the two
+ * waiting requests then run as in a clean run. A lost device (DP_EDEVICE)
+ * fails everything, and every later request at submit. */
+static void test_step_failure(world *w)
+{
+    enum { N = 4 };
+    static req_spec sp[N];
+    static result ref[N], res[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 8 + i, .max_tokens = 6, .ignore_eos = true};
+        for (int k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = (int32_t)((i * 31 + k * 7) % w->vocab);
+    }
+    dp_engine *e = run_faulty(w, sp, N, ref, 0, 0);
+    engine_destroy(e);
+    e = run_faulty(w, sp, N, res, 1, DP_EIO);
+    dp_engine_stats st;
+    engine_get_stats(e, &st);
+    CHECK_EQ_INT(st.failed_steps, 1);
+    CHECK(!engine_device_lost(e));
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(ref[i].finish, DP_FINISH_LENGTH);
+        if (i < 2) {
+            CHECK_MSG(res[i].finish == DP_FINISH_ERROR, "request %d: finish %d", i, res[i].finish);
+        } else {
+            CHECK_MSG(res[i].finish == DP_FINISH_LENGTH && res[i].n == ref[i].n &&
+                          memcmp(res[i].toks, ref[i].toks, (size_t)ref[i].n * sizeof(int32_t)) == 0,
+                      "request %d: changed by another's failed step", i);
+        }
+    }
+    engine_destroy(e);
+    e = run_faulty(w, sp, N, res, 1, DP_EDEVICE);
+    CHECK(engine_device_lost(e));
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(res[i].finish == DP_FINISH_ERROR, "request %d: finish %d", i, res[i].finish);
+    result late;
+    dp_request *r = make_req(&sp[0], &late);
+    char err[DP_ERRLEN];
+    CHECK(engine_submit(e, r, err, sizeof err) == DP_EDEVICE);
+    CHECK(strstr(err, "device is lost") != NULL);
+    request_unref(r);
+    engine_destroy(e);
+    w->be->ops = real_ops;
+    printf("step failure: a failed step failed its 2 sequences, the 2 waiting ran as in a clean "
+           "run; a lost device failed all %d and refuses new requests\n", N);
+}
+
 /* A system prompt kept whole (keep_prefix) and shared: requests whose
  * prompts start with the same 100 tokens keep its 6 whole blocks (96 tokens)
  * on the decode path by reference to the prefill blocks the prefix cache
@@ -1136,6 +1229,7 @@ int main(void)
     concurrent_equals_alone(&w, specs, 8, 1024, "tiny sampled");
     test_cancel(&w);
     test_limits(&w);
+    test_step_failure(&w);
     test_device_sampling(&w, specs, 16, "tiny");
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;

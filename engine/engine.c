@@ -635,6 +635,20 @@ static void fail_all(dp_engine *e, const char *why)
         finish_seq(e, e->live, DP_FINISH_ERROR, why, false);
 }
 
+/* A backend whose failures linger clears a survived one before a step's
+ * work; a lost device stops everything (step_failed). */
+static bool device_ok(dp_engine *e)
+{
+    if (atomic_load(&e->device_lost))
+        return false;
+    if (!e->be->ops->recover || e->be->ops->recover(e->be) != DP_EDEVICE)
+        return true;
+    dp_log(DP_LOG_ERROR, "engine: the device is lost; failing every request");
+    atomic_store(&e->device_lost, true);
+    fail_all(e, "the device is lost; the server must be restarted");
+    return false;
+}
+
 /* A forward pass failed. A lost device (DP_EDEVICE: its context cannot be
  * used again) fails everything and every later request, and the server
  * exits so that it is restarted. Any other error (the backend is fine, this
@@ -648,6 +662,9 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
         fail_all(e, "the device is lost; the server must be restarted");
         return;
     }
+    /* The step's moves did not run: what the device survived is cleared. */
+    if (!device_ok(e))
+        return;
     dp_log(DP_LOG_ERROR, "engine: a forward pass failed (%s); failing its %d sequences",
            dp_strerror(rc), plan->n_items);
     pthread_mutex_lock(&e->stats_mu);
@@ -663,6 +680,8 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
 static void run_step(dp_engine *e)
 {
     double t0 = dp_now();
+    if (!device_ok(e))
+        return;
     recompress_over_budget(e);
     dp_sched_plan plan;
     sched_schedule(&e->sched, &plan);
@@ -774,7 +793,7 @@ static void run_step(dp_engine *e)
     if (atomic_exchange(&e->debug_lose, false))
         rc = DP_EDEVICE;
     if (rc) {
-        sched_commit(&e->sched, &plan);
+        sched_abort(&e->sched, &plan);
         step_failed(e, &plan, rc);
         return;
     }
@@ -856,7 +875,8 @@ static void update_gauges(dp_engine *e)
     for (eng_seq *es = e->live; es; es = es->next)
         if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
             on_decode++;
-            decode_held += es->seq->kv.table.n_blocks;
+            /* Blocks it holds by reference stay the prefill path's. */
+            decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks;
         }
     e->stats.seqs_on_decode_path = on_decode;
     /* One shared arena: each path reports the blocks its tables hold, and

@@ -19,6 +19,7 @@ typedef struct dp_weight {
     int64_t cols;
     void *data;        /* backend memory */
     size_t nbytes;
+    uint32_t layout;   /* backend-private: how data is arranged (0: the file's rows) */
 } dp_weight;
 
 /* The geometry of one KV store (one pool's memory). Each block holds, per
@@ -153,6 +154,13 @@ typedef struct dp_backend_ops {
 
     /* The batch's index arrays, copied to the backend once per step. */
     int (*batch_set)(dp_backend *be, const dp_batch *b);
+    /* Optional; the engine calls it before each step's work. Errors: an op
+     * that fails returns (or, for void ops, the next download reports)
+     * DP_EDEVICE when the device is lost for good (only a restart
+     * recovers), any other code when the device survived and only that
+     * work failed. recover clears such a survived failure and returns 0, or
+     * returns DP_EDEVICE. NULL: a backend whose failures never linger. */
+    int (*recover)(dp_backend *be);
 
     /* out[n, dim] = rows of the embedding table for the batch's tokens. */
     void (*embed)(dp_backend *be, const dp_weight *table, float *out, int32_t n);

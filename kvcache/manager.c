@@ -263,8 +263,10 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     const int32_t keep = compress_n_keep(&kv->copts, c);
     int64_t d = (int64_t)keep + n_more;
     if (m->decode_budget > 0) {
-        /* Recompression holds it below the budget, whatever it generates. */
-        int64_t cap = (int64_t)kv_seq_prefix(kv) + m->decode_budget + m->budget_keep + 1;
+        /* Recompression holds it below the budget, whatever it generates
+         * (while it runs, both tables: a copied prefix is in both). */
+        int64_t cap = (int64_t)kv_seq_prefix(kv) * (m->by_ref ? 1 : 2) + m->decode_budget +
+                      m->budget_keep + 1;
         if (d > cap)
             d = cap;
     }
@@ -297,10 +299,14 @@ int32_t kv_mgr_watermark(const dp_kv_mgr *m)
 }
 
 /* Takes decode-pool blocks so that t covers n_slots, drawing on kv's promise
- * first; blocks promised to others are off limits. All or nothing. */
-static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots)
+ * first (*took: how much of it, for undo_reserve); blocks promised to
+ * others are off limits. All or nothing. */
+static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
+                          int32_t *took)
 {
     int32_t need = dblocks_for(m, n_slots) - t->n_blocks;
+    if (took)
+        *took = 0;
     if (need <= 0)
         return 0;
     int32_t from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
@@ -311,7 +317,17 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
         return rc;
     kv->decode_reserve -= from_promise;
     m->decode_reserved -= from_promise;
+    if (took)
+        *took = from_promise;
     return 0;
+}
+
+/* The blocks of a decode_reserve go back (t destroyed) and its promise with them. */
+static void undo_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int32_t took)
+{
+    kv_table_destroy(t, m->dpool);
+    kv->decode_reserve += took;
+    m->decode_reserved += took;
 }
 
 static void drop_promise(dp_kv_mgr *m, dp_kv_seq *kv)
@@ -352,6 +368,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     unprotect_prompt(m, kv);
     kv->mig_pos = kv->mig_keep = 0;
+    kv->ref_blocks = 0;
     kv->recompressed = false;
     kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
     drop_promise(m, kv);
@@ -424,7 +441,7 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     const int64_t slots = (int64_t)kv->n_slots + n;
     if (kv->path == DP_PATH_DECODE)
-        return decode_reserve(m, kv, &kv->table, slots);
+        return decode_reserve(m, kv, &kv->table, slots, NULL);
     /* In a shared arena the blocks promised to decode paths are not free. */
     if (m->shared &&
         kv_pool_blocks_for(&m->pool, slots) - kv->table.n_blocks >
@@ -465,7 +482,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
     dp_kv_move mv[MIGRATE_BATCH];
     dp_block_table tables[MIGRATE_BATCH];
     dp_kv_migration *ok[MIGRATE_BATCH];
-    int32_t k = 0;
+    int32_t took[MIGRATE_BATCH], k = 0;
     for (int32_t i = 0; i < n; i++) {
         dp_kv_migration *g = mg[i];
         dp_kv_seq *kv = g->kv;
@@ -479,7 +496,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         for (int32_t b = 0; rc == 0 && b < nb; b++)
             rc = kv_table_push(&tables[k], m->dpool, kv->table.blocks[b]);
         if (rc == 0)
-            rc = decode_reserve(m, kv, &tables[k], g->n_keep);
+            rc = decode_reserve(m, kv, &tables[k], g->n_keep, &took[k]);
         if (rc) {
             g->rc = rc;
             kv_table_destroy(&tables[k], m->dpool);
@@ -502,7 +519,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
-            kv_table_destroy(&tables[i], m->dpool);
+            undo_reserve(m, kv, &tables[i], took[i]);
             continue;
         }
         g->scorer = mv[i].scorer;
@@ -522,6 +539,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->table = tables[i];
         kv->path = DP_PATH_DECODE;
         kv->n_slots = g->n_keep;
+        kv->ref_blocks = g->n_ref / m->dbt;
     }
     return rc ? 0 : k;
 }
@@ -568,8 +586,10 @@ int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     if (kv->path == DP_PATH_DECODE && m->has_swap &&
         kv_swap_out(&m->swap, &kv->table, &kv->swapped) == 0) {
-        /* Path and slots stay: the cache comes back whole. */
+        /* Path and slots stay: the cache comes back whole (its prefix in
+         * blocks of its own). */
         drop_promise(m, kv);
+        kv->ref_blocks = 0;
         return 0;
     }
     if (kv->path == DP_PATH_DECODE) {

@@ -42,6 +42,8 @@ typedef struct dp_kv_seq {
     dp_swapped swapped;       /* preempted on the decode path: its compact cache */
     int32_t mig_pos;          /* positions migrated to the decode path (0: none) */
     int32_t mig_keep;         /* slots they were compacted to */
+    int32_t ref_blocks;       /* leading decode-table blocks held by reference to the
+                               * prefill path's (a prefix kept whole; kv_mgr_migrate) */
     bool recompressed;        /* compacted again on the decode path since */
     /* The named prompt blocks it left at its migration, protected from
      * eviction until it ends: the next turn of its conversation asks for

@@ -331,6 +331,13 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
     p->n_preempted = (int32_t)(s->n_preemptions - preempted_before);
 }
 
+void sched_abort(dp_sched *s, const dp_sched_plan *p)
+{
+    (void)s;
+    for (int32_t i = 0; i < p->n_items; i++)
+        p->items[i].seq->scheduled = false;
+}
+
 void sched_commit(dp_sched *s, const dp_sched_plan *p)
 {
     for (int32_t i = 0; i < p->n_items; i++) {

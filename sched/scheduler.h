@@ -99,6 +99,9 @@ void sched_schedule(dp_sched *s, dp_sched_plan *plan);
 void sched_preempt(dp_sched *s, dp_seq *q);
 /* Records that the plan ran: advances n_computed of each item's sequence. */
 void sched_commit(dp_sched *s, const dp_sched_plan *plan);
+/* The plan's step failed: nothing of it counts as computed (no block it
+ * wrote is named in the prefix cache); its sequences are to be finished. */
+void sched_abort(dp_sched *s, const dp_sched_plan *plan);
 /* Removes a sequence from its queue and frees its blocks (finished or
  * cancelled). The caller then frees it. */
 void sched_remove(dp_sched *s, dp_seq *seq);

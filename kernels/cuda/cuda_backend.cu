@@ -53,6 +53,16 @@ void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
 }
 
 /* A recoverable failure ends with its step: the next one starts clean. */
+static void cuda_recover(cuda_backend *c);
+
+static int cuda_recover_op(dp_backend *be)
+{
+    cuda_backend *c = cuda_of(be);
+    cuda_bind(c);
+    cuda_recover(c);
+    return c->lost ? DP_EDEVICE : 0;
+}
+
 static void cuda_recover(cuda_backend *c)
 {
     if (!c->failed || c->lost)
@@ -78,11 +88,11 @@ void cuda_check_launch(cuda_backend *c, const char *what)
         cuda_note_error(c, what, e);
 }
 
-/* cuBLAS: an allocation or argument failure is recoverable, an execution
- * failure (a kernel that faulted) is not. */
+/* cuBLAS: an allocation or argument failure is recoverable; anything else
+ * (an execution failure: a kernel that faulted) counts as sticky. */
 static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
 {
-    const bool sticky = s == CUBLAS_STATUS_EXECUTION_FAILED || s == CUBLAS_STATUS_INTERNAL_ERROR;
+    const bool sticky = s != CUBLAS_STATUS_ALLOC_FAILED && s != CUBLAS_STATUS_INVALID_VALUE;
     if (c->failed && !(sticky && !c->lost))
         return;
     c->failed = sticky ? DP_EDEVICE : DP_EIO;
@@ -153,7 +163,7 @@ static int cuda_upload(dp_backend *be, void *dst, const void *src, size_t bytes)
         e = cudaStreamSynchronize(c->stream);
     if (e != cudaSuccess) {
         cuda_note_error(c, "upload", e);
-        return DP_EIO;
+        return c->failed ? c->failed : DP_EIO;
     }
     return 0;
 }
@@ -550,7 +560,7 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         e = cudaEventRecord(c->arrays_copied, c->stream);
     if (e != cudaSuccess) {
         cuda_note_error(c, "batch copy", e);
-        return DP_EIO;
+        return c->failed ? c->failed : DP_EIO;
     }
     c->arrays_pending = true;
     const int32_t *d = c->d_arrays;
@@ -672,6 +682,7 @@ static dp_backend_ops cuda_make_ops(void)
     o.kv_bytes_per_block = cuda_kv_block_bytes;
     o.kv_layout = cuda_kv_get_layout;
     o.batch_set = cuda_batch_set;
+    o.recover = cuda_recover_op;
     o.embed = cuda_embed;
     o.rmsnorm = cuda_rmsnorm;
     o.matmul = cuda_matmul;

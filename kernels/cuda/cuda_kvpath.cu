@@ -411,7 +411,7 @@ static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block
     }
     if (e != cudaSuccess) {
         cuda_note_error(c, to_host ? "kv_block_read" : "kv_block_write", e);
-        return DP_EIO;
+        return c->failed ? c->failed : DP_EIO;
     }
     return 0;
 }

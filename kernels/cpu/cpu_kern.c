@@ -245,8 +245,31 @@ static void mmf_generic(const dp_weight *w, int64_t r0, int64_t nt, const float 
     }
 }
 
+/* A repacked Q4_1 weight (CPU_LAYOUT_Q4X8) on the exact paths: each row
+ * back in the file's layout first, so that the f32 results are those of
+ * the unpacked weight, bit for bit. */
+static void mmf_q4x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
+{
+    const int64_t k = w->cols, n = w->rows;
+    uint8_t row[CPU_Q4X8_MAX_COLS / 32 * 20];
+    float out[4];
+    for (int64_t r = r0; r < r0 + nt; r++) {
+        cpu_q4x8_unpack_row(w, r, row);
+        for (int32_t i0 = 0; i0 < m; i0 += 4) {
+            const int32_t g = m - i0 < 4 ? m - i0 : 4;
+            fused_rows(blk_q4_1, 20, row, k, x + (size_t)i0 * (size_t)k, g, out);
+            for (int32_t i = 0; i < g; i++)
+                y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];
+        }
+    }
+}
+
 static void k_mm_f32(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
 {
+    if (w->layout == CPU_LAYOUT_Q4X8) {
+        mmf_q4x8(w, r0, nt, x, m, y);
+        return;
+    }
     if (w->cols % 32 == 0)
         switch (w->type) {
 #define CASE_F(id, name, bytes) \
@@ -261,6 +284,14 @@ static void k_mm_f32(const dp_weight *w, int64_t r0, int64_t nt, const float *x,
 static void k_decode_rows(const dp_weight *w, int64_t r0, int64_t nt, float *dst)
 {
     const int64_t k = w->cols;
+    if (w->layout == CPU_LAYOUT_Q4X8) {
+        uint8_t row[CPU_Q4X8_MAX_COLS / 32 * 20];
+        for (int64_t r = 0; r < nt; r++) {
+            cpu_q4x8_unpack_row(w, r0 + r, row);
+            dec_q4_1(row, 1, k, 20, dst + (size_t)r * (size_t)k);
+        }
+        return;
+    }
     const size_t rb = w->nbytes / (size_t)w->rows;
     const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * rb;
     if (k % 32 == 0)
@@ -305,6 +336,7 @@ static void k_quantize_q8(const float *x, int64_t k, cpu_q8 *out)
 #if VEC_PORTABLE
 #define K_MM_Q8 NULL
 #define K_Q8_SUPPORTS NULL
+#define K_Q4X8 false
 #else
 /* Sum of u[i] * s[i] (u unsigned bytes, s signed) in eight i32 lanes. */
 static inline __m256i dot_u8s8(__m256i u, __m256i s)
@@ -420,6 +452,91 @@ Q8_FIXED(4)
     }
 FAST_TYPES(DEFINE_Q8)
 
+#if !VEC_AVX512
+/* ---- Q4_1 repacked in groups of 8 rows (CPU_LAYOUT_Q4X8): for each block,
+ * 4 activation bytes broadcast against a vector of the 8 rows' bytes give
+ * the 8 rows' products in its 8 lanes. maddubs pairs stay in i16 across the
+ * block's 8 chunks (at most 8 * 2 * 15 * 127 = 30480), one madd sums them,
+ * and the scales and mins of the 8 rows are vectors: per block and
+ * activation row 8 broadcasts, 8 maddubs and 8 adds for 256 products, where
+ * the row layout needs a nibble unpack, a horizontal-free but scalar-scaled
+ * dot per row. Each activation row's sums run in the same order whatever
+ * the batch: a row's result does not depend on the rows beside it. */
+static inline __m256i bcast4(const int8_t *q)
+{
+    int32_t v;
+    memcpy(&v, q, 4);
+    return _mm256_set1_epi32(v);
+}
+
+#define Q4X8_FIXED(G)                                                                          \
+    static inline __attribute__((always_inline)) void q4x8_##G(                               \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                 \
+    {                                                                                          \
+        __m256 acc[G];                                                                         \
+        for (int i = 0; i < G; i++)                                                            \
+            acc[i] = _mm256_setzero_ps();                                                      \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);              \
+        for (int64_t b = 0; b < nb; b++) {                                                     \
+            const uint8_t *p = gp + (size_t)b * CPU_Q4X8_BLOCK;                                \
+            _mm_prefetch((const char *)p + 4 * CPU_Q4X8_BLOCK, _MM_HINT_T0);                   \
+            __m256i s16[G];                                                                    \
+            for (int i = 0; i < G; i++)                                                        \
+                s16[i] = _mm256_setzero_si256();                                               \
+            for (int k = 0; k < 4; k++) {                                                      \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * k));     \
+                const __m256i lo = _mm256_and_si256(v, low);                                   \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);             \
+                for (int i = 0; i < G; i++) {                                                  \
+                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                \
+                    s16[i] = _mm256_add_epi16(s16[i],                                          \
+                                              _mm256_maddubs_epi16(lo, bcast4(q + 4 * k)));    \
+                    s16[i] = _mm256_add_epi16(                                                 \
+                        s16[i], _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k)));             \
+                }                                                                              \
+            }                                                                                  \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));            \
+            const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));     \
+            for (int i = 0; i < G; i++) {                                                      \
+                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                    \
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));        \
+                acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
+                acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                   \
+            }                                                                                  \
+        }                                                                                      \
+        for (int i = 0; i < G; i++)                                                            \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                               \
+    }
+Q4X8_FIXED(1)
+Q4X8_FIXED(2)
+Q4X8_FIXED(3)
+Q4X8_FIXED(4)
+
+/* Rows [r0, r0 + nt) (multiples of 8: tiles are, and so are the rows). */
+static void mmq_q4x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m,
+                     float *y)
+{
+    const int64_t nb = w->cols / 32, n = w->rows;
+    for (int32_t i0 = 0; i0 < m; i0 += 4) {
+        const int32_t g = m - i0 < 4 ? m - i0 : 4;
+        const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;
+        for (int64_t r = r0; r < r0 + nt; r += 8) {
+            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * (size_t)nb * CPU_Q4X8_BLOCK;
+            float *yo = y + (size_t)i0 * (size_t)n + (size_t)r;
+            switch (g) {
+            case 1: q4x8_1(gp, nb, xg, yo, n); break;
+            case 2: q4x8_2(gp, nb, xg, yo, n); break;
+            case 3: q4x8_3(gp, nb, xg, yo, n); break;
+            default: q4x8_4(gp, nb, xg, yo, n); break;
+            }
+        }
+    }
+}
+#define K_Q4X8 true
+#else
+#define K_Q4X8 false
+#endif
+
 static bool k_q8_supports(const dp_weight *w)
 {
     if (w->cols % 32)
@@ -435,6 +552,12 @@ static bool k_q8_supports(const dp_weight *w)
 
 static void k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
 {
+#if !VEC_AVX512
+    if (w->layout == CPU_LAYOUT_Q4X8) {
+        mmq_q4x8(w, r0, nt, xq, m, y);
+        return;
+    }
+#endif
     switch (w->type) {
 #define CASE_Q(id, name, bytes) \
     case id: mmq_##name(w, r0, nt, xq, m, y); return;
@@ -629,6 +752,7 @@ const cpu_kern KERN_TABLE = {
     .name = KERN_STR(CPU_KERN_NAME),
     .dot = k_dot,
     .mm_f32 = k_mm_f32,
+    .q4x8 = K_Q4X8,
     .q8_supports = K_Q8_SUPPORTS,
     .mm_q8 = K_MM_Q8,
     .quantize_q8 = k_quantize_q8,

@@ -107,13 +107,14 @@ static void test_matmul(dp_backend *be)
 {
     uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
-    int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}};
+    /* 64 and 48 rows: Q4_1 repacked in groups of 8 at the avx2 level. */
+    int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}, {48, 64}};
     const bool was_exact = be->ops->get_exact(be);
     for (int mode = 0; mode < 2; mode++) {
         be->ops->set_exact(be, mode == 0);
         double worst_q = 0;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
-            for (size_t si = 0; si < 3; si++) {
+            for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 int64_t rows = shapes[si][0], cols = shapes[si][1];
                 const bool int8 = mode == 1 && strcmp(be->ops->kernel_level(be), "baseline") != 0 &&
                                   (types[ti] == DP_TYPE_Q8_0 || types[ti] == DP_TYPE_Q4_1 ||
@@ -586,6 +587,42 @@ static void test_logits_topk(dp_backend *be)
     be->ops->free(be, x);
 }
 
+/* Rows of a Q4_1 table read back (embed): at a level that keeps Q4_1
+ * repacked in groups of 8 rows, each row must come back as the file's row
+ * dequantized, bit for bit, whatever its place in its group. */
+static void test_q4_1_rows(dp_backend *be)
+{
+    enum { ROWS = 40, COLS = 96 };
+    size_t nb;
+    void *raw = make_weight(DP_TYPE_Q4_1, ROWS, COLS, &nb);
+    dp_weight w;
+    char err[DP_ERRLEN];
+    CHECK(be->ops->weight_load(be, &w, DP_TYPE_Q4_1, ROWS, COLS, raw, err, sizeof err) == 0);
+    int32_t tok[ROWS], pos[ROWS], seq[ROWS], slot[ROWS], table[1] = {0};
+    uint8_t st[1] = {0};
+    for (int i = 0; i < ROWS; i++) {
+        tok[i] = (i * 7) % ROWS;
+        pos[i] = slot[i] = i;
+        seq[i] = 0;
+    }
+    dp_batch b = {.n_tokens = ROWS, .tokens = tok, .pos = pos, .seq = seq, .slot = slot,
+                  .n_seqs = 1, .seq_store = st, .block_tables = table, .max_blocks = 1};
+    CHECK(be->ops->batch_set(be, &b) == 0);
+    float *e = be->ops->alloc(be, (size_t)ROWS * COLS * 4);
+    be->ops->embed(be, &w, e, ROWS);
+    float ref[COLS];
+    for (int i = 0; i < ROWS; i++) {
+        CHECK(quant_dequant_row(DP_TYPE_Q4_1, (const uint8_t *)raw + (size_t)tok[i] * (nb / ROWS),
+                                ref, COLS) == 0);
+        CHECK_MSG(memcmp(e + (size_t)i * COLS, ref, sizeof ref) == 0, "row %d differs", tok[i]);
+    }
+    printf("q4_1 rows on the %s kernels (%s layout): all %d read back exactly\n",
+           be->ops->kernel_level(be), w.layout ? "repacked" : "file", ROWS);
+    be->ops->free(be, e);
+    be->ops->weight_free(be, &w);
+    free(raw);
+}
+
 int main(void)
 {
     for (int threads = 1; threads <= 2; threads++) {
@@ -593,6 +630,7 @@ int main(void)
         char err[DP_ERRLEN];
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
+        test_q4_1_rows(be);
         test_elementwise(be);
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */

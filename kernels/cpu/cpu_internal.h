@@ -53,25 +53,38 @@ typedef struct cpu_q8 {
 /* The hot kernels of one instruction-set level (cpu_kern.c, compiled once per
  * level; cpu_dispatch.c chooses). Each works on plain arrays and one task's
  * share of the work: the callers own the threading. */
-/* Q4_1 weights at a level whose mm_q8 takes them repacked (cpu_kern.q4x8)
- * are kept in groups of 8 rows: per 32-column block, the 8 rows' scales d
- * and mins m (f16, 16 bytes each), then 4 vectors of 32 bytes where lane j
- * (bytes 4j..4j+3) of vector k holds row j's Q4_1 bytes 4k..4k+3 (columns
- * 4k..4k+3 in the low nibbles, 16+4k.. in the high ones). Broadcasting 4
- * activation bytes against such a vector gives the 8 rows' products in its
- * 8 lanes: no horizontal sums, and the scales load as a vector. The same
- * bytes as the file's layout, 160 per block of 8 rows. */
-enum { CPU_LAYOUT_ROWS = 0, CPU_LAYOUT_Q4X8 = 1 };
-#define CPU_Q4X8_BLOCK 160
-#define CPU_Q4X8_MAX_COLS 16384 /* rows the exact paths unpack on the stack */
-/* src: rows x cols of Q4_1 in the file's layout (rows % 8 == 0, cols % 32 == 0). */
-void cpu_q4x8_pack(const uint8_t *src, int64_t rows, int64_t cols, uint8_t *dst);
-/* Row r of a repacked weight in the file's Q4_1 layout (cols / 32 * 20 bytes). */
-void cpu_q4x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst);
+/* Q4_1, Q4_0 and Q8_0 weights at a level whose mm_q8 reads them so
+ * (cpu_kern.x8) are kept in groups of 8 rows (CPU_LAYOUT_X8). Per 32-column
+ * block of the 8 rows: their f16 scalars, 8 of each kind in a row (Q4_1: 8
+ * d, then 8 m; the others: 8 d), then their quant bytes in vectors of 32
+ * bytes, lane j (bytes 4j..4j+3) of vector c holding bytes 4c..4c+3 of row
+ * j's block (Q4: 4 vectors, columns 4c.. in the low nibbles and 16+4c.. in
+ * the high ones; Q8_0: 8 vectors, columns 4c..4c+3). Broadcasting 4
+ * activation bytes against a vector gives the 8 rows' products in its 8
+ * lanes: no horizontal sums, no nibble unpack per row, and the scales load
+ * as a vector. The same bytes as the file's layout, rearranged. */
+enum { CPU_LAYOUT_ROWS = 0, CPU_LAYOUT_X8 = 1 };
+#define CPU_X8_MAX_COLS 16384 /* rows the exact paths unpack on the stack */
+#define CPU_X8_ROW_MAX (CPU_X8_MAX_COLS / 32 * 34)
+static inline bool cpu_x8_type(uint32_t t)
+{
+    return t == DP_TYPE_Q4_1 || t == DP_TYPE_Q4_0 || t == DP_TYPE_Q8_0;
+}
+static inline int cpu_x8_scalars(uint32_t t) { return t == DP_TYPE_Q4_1 ? 2 : 1; }
+static inline int cpu_x8_qbytes(uint32_t t) { return t == DP_TYPE_Q8_0 ? 32 : 16; }
+/* Bytes of one block of 8 rows (8 times the file's block). */
+static inline size_t cpu_x8_block(uint32_t t)
+{
+    return 8 * (size_t)(2 * cpu_x8_scalars(t) + cpu_x8_qbytes(t));
+}
+/* src: rows x cols in the file's layout (rows % 8 == 0, cols % 32 == 0). */
+void cpu_x8_pack(uint32_t type, const uint8_t *src, int64_t rows, int64_t cols, uint8_t *dst);
+/* Row r of a repacked weight in the file's layout. */
+void cpu_x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst);
 
 typedef struct cpu_kern {
     const char *name; /* "avx512", "avx2", "baseline" */
-    bool q4x8;        /* mm_q8 takes Q4_1 repacked (CPU_LAYOUT_Q4X8): weights load so */
+    bool x8;          /* mm_q8 reads cpu_x8_type weights repacked (CPU_LAYOUT_X8): they load so */
     float (*dot)(const float *a, const float *b, int64_t n);
     /* y[i * w->rows + r] = x_i . W_r for rows r in [r0, r0 + nt) and m
      * activation rows x (exact: W decoded to f32). */

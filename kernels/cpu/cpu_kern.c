@@ -245,19 +245,25 @@ static void mmf_generic(const dp_weight *w, int64_t r0, int64_t nt, const float 
     }
 }
 
-/* A repacked Q4_1 weight (CPU_LAYOUT_Q4X8) on the exact paths: each row
- * back in the file's layout first, so that the f32 results are those of
- * the unpacked weight, bit for bit. */
-static void mmf_q4x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
+/* A repacked weight (CPU_LAYOUT_X8) on the exact paths: each row back in
+ * the file's layout first, so that the f32 results are those of the
+ * unpacked weight, bit for bit. */
+static void mmf_x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
 {
     const int64_t k = w->cols, n = w->rows;
-    uint8_t row[CPU_Q4X8_MAX_COLS / 32 * 20];
+    uint8_t row[CPU_X8_ROW_MAX];
     float out[4];
     for (int64_t r = r0; r < r0 + nt; r++) {
-        cpu_q4x8_unpack_row(w, r, row);
+        cpu_x8_unpack_row(w, r, row);
         for (int32_t i0 = 0; i0 < m; i0 += 4) {
             const int32_t g = m - i0 < 4 ? m - i0 : 4;
-            fused_rows(blk_q4_1, 20, row, k, x + (size_t)i0 * (size_t)k, g, out);
+            const float *xi = x + (size_t)i0 * (size_t)k;
+            if (w->type == DP_TYPE_Q4_1)
+                fused_rows(blk_q4_1, 20, row, k, xi, g, out);
+            else if (w->type == DP_TYPE_Q4_0)
+                fused_rows(blk_q4_0, 18, row, k, xi, g, out);
+            else
+                fused_rows(blk_q8_0, 34, row, k, xi, g, out);
             for (int32_t i = 0; i < g; i++)
                 y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];
         }
@@ -266,8 +272,8 @@ static void mmf_q4x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x,
 
 static void k_mm_f32(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
 {
-    if (w->layout == CPU_LAYOUT_Q4X8) {
-        mmf_q4x8(w, r0, nt, x, m, y);
+    if (w->layout == CPU_LAYOUT_X8) {
+        mmf_x8(w, r0, nt, x, m, y);
         return;
     }
     if (w->cols % 32 == 0)
@@ -284,11 +290,17 @@ static void k_mm_f32(const dp_weight *w, int64_t r0, int64_t nt, const float *x,
 static void k_decode_rows(const dp_weight *w, int64_t r0, int64_t nt, float *dst)
 {
     const int64_t k = w->cols;
-    if (w->layout == CPU_LAYOUT_Q4X8) {
-        uint8_t row[CPU_Q4X8_MAX_COLS / 32 * 20];
+    if (w->layout == CPU_LAYOUT_X8) {
+        uint8_t row[CPU_X8_ROW_MAX];
         for (int64_t r = 0; r < nt; r++) {
-            cpu_q4x8_unpack_row(w, r0 + r, row);
-            dec_q4_1(row, 1, k, 20, dst + (size_t)r * (size_t)k);
+            float *d = dst + (size_t)r * (size_t)k;
+            cpu_x8_unpack_row(w, r0 + r, row);
+            if (w->type == DP_TYPE_Q4_1)
+                dec_q4_1(row, 1, k, 20, d);
+            else if (w->type == DP_TYPE_Q4_0)
+                dec_q4_0(row, 1, k, 18, d);
+            else
+                dec_q8_0(row, 1, k, 34, d);
         }
         return;
     }
@@ -336,7 +348,7 @@ static void k_quantize_q8(const float *x, int64_t k, cpu_q8 *out)
 #if VEC_PORTABLE
 #define K_MM_Q8 NULL
 #define K_Q8_SUPPORTS NULL
-#define K_Q4X8 false
+#define K_X8 false
 #else
 /* Sum of u[i] * s[i] (u unsigned bytes, s signed) in eight i32 lanes. */
 static inline __m256i dot_u8s8(__m256i u, __m256i s)
@@ -453,15 +465,17 @@ Q8_FIXED(4)
 FAST_TYPES(DEFINE_Q8)
 
 #if !VEC_AVX512
-/* ---- Q4_1 repacked in groups of 8 rows (CPU_LAYOUT_Q4X8): for each block,
+/* ---- Weights repacked in groups of 8 rows (CPU_LAYOUT_X8): for each block,
  * 4 activation bytes broadcast against a vector of the 8 rows' bytes give
- * the 8 rows' products in its 8 lanes. maddubs pairs stay in i16 across the
- * block's 8 chunks (at most 8 * 2 * 15 * 127 = 30480), one madd sums them,
- * and the scales and mins of the 8 rows are vectors: per block and
- * activation row 8 broadcasts, 8 maddubs and 8 adds for 256 products, where
- * the row layout needs a nibble unpack, a horizontal-free but scalar-scaled
- * dot per row. Each activation row's sums run in the same order whatever
- * the batch: a row's result does not depend on the rows beside it. */
+ * the 8 rows' products in its 8 lanes, and the 8 rows' scales are one
+ * vector. Q4: maddubs pairs stay in i16 across the block's 8 chunks (at
+ * most 8 * 2 * 15 * 127 = 30480), one madd sums them; per block and
+ * activation row that is 8 broadcasts, 8 maddubs and 8 adds for 256
+ * products. Q8_0: the weights' signs move onto the activations (maddubs
+ * takes one unsigned operand) and each chunk's pairs go to i32 at once (2 *
+ * 128 * 127 per pair leaves no room to add chunks in i16). Each activation
+ * row's sums run in the same order whatever the batch: a row's result does
+ * not depend on the rows beside it. */
 static inline __m256i bcast4(const int8_t *q)
 {
     int32_t v;
@@ -469,72 +483,130 @@ static inline __m256i bcast4(const int8_t *q)
     return _mm256_set1_epi32(v);
 }
 
-#define Q4X8_FIXED(G)                                                                          \
-    static inline __attribute__((always_inline)) void q4x8_##G(                               \
-        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                 \
-    {                                                                                          \
-        __m256 acc[G];                                                                         \
-        for (int i = 0; i < G; i++)                                                            \
-            acc[i] = _mm256_setzero_ps();                                                      \
-        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);              \
-        for (int64_t b = 0; b < nb; b++) {                                                     \
-            const uint8_t *p = gp + (size_t)b * CPU_Q4X8_BLOCK;                                \
-            _mm_prefetch((const char *)p + 4 * CPU_Q4X8_BLOCK, _MM_HINT_T0);                   \
-            __m256i s16[G];                                                                    \
-            for (int i = 0; i < G; i++)                                                        \
-                s16[i] = _mm256_setzero_si256();                                               \
-            for (int k = 0; k < 4; k++) {                                                      \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * k));     \
-                const __m256i lo = _mm256_and_si256(v, low);                                   \
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);             \
-                for (int i = 0; i < G; i++) {                                                  \
-                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                \
-                    s16[i] = _mm256_add_epi16(s16[i],                                          \
-                                              _mm256_maddubs_epi16(lo, bcast4(q + 4 * k)));    \
-                    s16[i] = _mm256_add_epi16(                                                 \
-                        s16[i], _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k)));             \
-                }                                                                              \
-            }                                                                                  \
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));            \
-            const __m256 mv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));     \
-            for (int i = 0; i < G; i++) {                                                      \
-                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                    \
-                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));        \
+/* Q4_1 (MINS 1: 8 mins follow the scales) or Q4_0 (MINS 0: m = -8 d). */
+#define X8_Q4(G, MINS)                                                                          \
+    static inline __attribute__((always_inline)) void x8q4_##MINS##_##G(                       \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { HEAD = MINS ? 32 : 16, BLK = HEAD + 128 };                                       \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const uint8_t *p = gp + (size_t)b * BLK;                                            \
+            _mm_prefetch((const char *)p + 4 * BLK, _MM_HINT_T0);                               \
+            __m256i s16[G];                                                                     \
+            for (int i = 0; i < G; i++)                                                         \
+                s16[i] = _mm256_setzero_si256();                                                \
+            for (int k = 0; k < 4; k++) {                                                       \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + HEAD + 32 * k));    \
+                const __m256i lo = _mm256_and_si256(v, low);                                    \
+                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);              \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
+                    s16[i] = _mm256_add_epi16(s16[i],                                           \
+                                              _mm256_maddubs_epi16(lo, bcast4(q + 4 * k)));     \
+                    s16[i] = _mm256_add_epi16(                                                  \
+                        s16[i], _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k)));              \
+                }                                                                               \
+            }                                                                                   \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            const __m256 mv = MINS ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) \
+                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));                  \
+            for (int i = 0; i < G; i++) {                                                       \
+                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
+                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));         \
                 acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
-                acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                   \
-            }                                                                                  \
-        }                                                                                      \
-        for (int i = 0; i < G; i++)                                                            \
-            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                               \
+                acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                    \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
     }
-Q4X8_FIXED(1)
-Q4X8_FIXED(2)
-Q4X8_FIXED(3)
-Q4X8_FIXED(4)
+X8_Q4(1, 1)
+X8_Q4(2, 1)
+X8_Q4(3, 1)
+X8_Q4(4, 1)
+X8_Q4(1, 0)
+X8_Q4(2, 0)
+X8_Q4(3, 0)
+X8_Q4(4, 0)
+
+#define X8_Q8(G)                                                                                \
+    static inline __attribute__((always_inline)) void x8q8_##G(                                \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { BLK = 16 + 256 };                                                                \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i ones = _mm256_set1_epi16(1);                                              \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const uint8_t *p = gp + (size_t)b * BLK;                                            \
+            _mm_prefetch((const char *)p + 2 * BLK, _MM_HINT_T0);                               \
+            _mm_prefetch((const char *)p + 2 * BLK + 64, _MM_HINT_T0);                          \
+            __m256i s32[G];                                                                     \
+            for (int i = 0; i < G; i++)                                                         \
+                s32[i] = _mm256_setzero_si256();                                                \
+            for (int k = 0; k < 8; k++) {                                                       \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + 16 + 32 * k));      \
+                const __m256i u = _mm256_sign_epi8(v, v);                                       \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
+                    const __m256i a = _mm256_sign_epi8(bcast4(q + 4 * k), v);                   \
+                    s32[i] = _mm256_add_epi32(s32[i],                                           \
+                                              _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones)); \
+                }                                                                               \
+            }                                                                                   \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            for (int i = 0; i < G; i++) {                                                       \
+                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]),                            \
+                                         _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]);     \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_Q8(1)
+X8_Q8(2)
+X8_Q8(3)
+X8_Q8(4)
+
+#define X8_CALL(kind, g, gp, nb, xg, yo, n)                                                     \
+    switch (g) {                                                                                \
+    case 1: kind##_1(gp, nb, xg, yo, n); break;                                                 \
+    case 2: kind##_2(gp, nb, xg, yo, n); break;                                                 \
+    case 3: kind##_3(gp, nb, xg, yo, n); break;                                                 \
+    default: kind##_4(gp, nb, xg, yo, n); break;                                                \
+    }
 
 /* Rows [r0, r0 + nt) (multiples of 8: tiles are, and so are the rows). */
-static void mmq_q4x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m,
-                     float *y)
+static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m,
+                   float *y)
 {
     const int64_t nb = w->cols / 32, n = w->rows;
+    const size_t pb = cpu_x8_block(w->type);
     for (int32_t i0 = 0; i0 < m; i0 += 4) {
         const int32_t g = m - i0 < 4 ? m - i0 : 4;
         const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;
         for (int64_t r = r0; r < r0 + nt; r += 8) {
-            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * (size_t)nb * CPU_Q4X8_BLOCK;
+            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * (size_t)nb * pb;
             float *yo = y + (size_t)i0 * (size_t)n + (size_t)r;
-            switch (g) {
-            case 1: q4x8_1(gp, nb, xg, yo, n); break;
-            case 2: q4x8_2(gp, nb, xg, yo, n); break;
-            case 3: q4x8_3(gp, nb, xg, yo, n); break;
-            default: q4x8_4(gp, nb, xg, yo, n); break;
+            if (w->type == DP_TYPE_Q4_1) {
+                X8_CALL(x8q4_1, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q4_0) {
+                X8_CALL(x8q4_0, g, gp, nb, xg, yo, n)
+            } else {
+                X8_CALL(x8q8, g, gp, nb, xg, yo, n)
             }
         }
     }
 }
-#define K_Q4X8 true
+#define K_X8 true
 #else
-#define K_Q4X8 false
+#define K_X8 false
 #endif
 
 static bool k_q8_supports(const dp_weight *w)
@@ -553,8 +625,8 @@ static bool k_q8_supports(const dp_weight *w)
 static void k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
 {
 #if !VEC_AVX512
-    if (w->layout == CPU_LAYOUT_Q4X8) {
-        mmq_q4x8(w, r0, nt, xq, m, y);
+    if (w->layout == CPU_LAYOUT_X8) {
+        mmq_x8(w, r0, nt, xq, m, y);
         return;
     }
 #endif
@@ -752,7 +824,7 @@ const cpu_kern KERN_TABLE = {
     .name = KERN_STR(CPU_KERN_NAME),
     .dot = k_dot,
     .mm_f32 = k_mm_f32,
-    .q4x8 = K_Q4X8,
+    .x8 = K_X8,
     .q8_supports = K_Q8_SUPPORTS,
     .mm_q8 = K_MM_Q8,
     .quantize_q8 = k_quantize_q8,

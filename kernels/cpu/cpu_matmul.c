@@ -34,12 +34,11 @@ int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, i
     void *p = aligned_alloc(64, alloc ? alloc : 64);
     if (!p)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory for a %zu-byte weight", nbytes);
-    /* Q4_1 goes repacked where the level's integer kernel reads it so. */
+    /* Repacked where the level's integer kernel reads it so. */
     const cpu_kern *k = cpu_of(be)->k;
-    if (k->q4x8 && type == DP_TYPE_Q4_1 && rows % 8 == 0 && cols % 32 == 0 &&
-        cols <= CPU_Q4X8_MAX_COLS) {
-        cpu_q4x8_pack(src, rows, cols, p);
-        w->layout = CPU_LAYOUT_Q4X8;
+    if (k->x8 && cpu_x8_type(type) && rows % 8 == 0 && cols % 32 == 0 && cols <= CPU_X8_MAX_COLS) {
+        cpu_x8_pack(type, src, rows, cols, p);
+        w->layout = CPU_LAYOUT_X8;
     } else {
         memcpy(p, src, nbytes);
     }
@@ -62,42 +61,49 @@ static size_t weight_row_bytes(const dp_weight *w)
     return w->nbytes / (size_t)w->rows;
 }
 
-void cpu_q4x8_pack(const uint8_t *src, int64_t rows, int64_t cols, uint8_t *dst)
+/* Where byte i of a file block (scalars first, then quant bytes) goes in
+ * the packed block of its group, for row j. */
+static size_t x8_at(uint32_t type, int j, int i)
+{
+    const int ns = cpu_x8_scalars(type);
+    if (i < 2 * ns) /* scalar i / 2, byte i % 2 */
+        return (size_t)(16 * (i / 2) + 2 * j + i % 2);
+    const int q = i - 2 * ns;
+    return (size_t)(16 * ns + 32 * (q / 4) + 4 * j + q % 4);
+}
+
+void cpu_x8_pack(uint32_t type, const uint8_t *src, int64_t rows, int64_t cols, uint8_t *dst)
 {
     const int64_t nb = cols / 32;
+    const size_t pb = cpu_x8_block(type), fb = pb / 8;
     for (int64_t g = 0; g < rows / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
-            uint8_t *o = dst + ((size_t)g * (size_t)nb + (size_t)b) * CPU_Q4X8_BLOCK;
+            uint8_t *o = dst + ((size_t)g * (size_t)nb + (size_t)b) * pb;
             for (int j = 0; j < 8; j++) {
-                const uint8_t *s = src + ((size_t)(g * 8 + j) * (size_t)nb + (size_t)b) * 20;
-                memcpy(o + 2 * j, s, 2);      /* d */
-                memcpy(o + 16 + 2 * j, s + 2, 2); /* m */
-                for (int k = 0; k < 4; k++)
-                    memcpy(o + 32 + 32 * k + 4 * j, s + 4 + 4 * k, 4);
+                const uint8_t *s = src + ((size_t)(g * 8 + j) * (size_t)nb + (size_t)b) * fb;
+                for (int i = 0; i < (int)fb; i++)
+                    o[x8_at(type, j, i)] = s[i];
             }
         }
 }
 
-void cpu_q4x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst)
+void cpu_x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst)
 {
     const int64_t nb = w->cols / 32, g = r / 8;
     const int j = (int)(r % 8);
+    const size_t pb = cpu_x8_block(w->type), fb = pb / 8;
     for (int64_t b = 0; b < nb; b++) {
-        const uint8_t *o =
-            (const uint8_t *)w->data + ((size_t)g * (size_t)nb + (size_t)b) * CPU_Q4X8_BLOCK;
-        uint8_t *s = dst + (size_t)b * 20;
-        memcpy(s, o + 2 * j, 2);
-        memcpy(s + 2, o + 16 + 2 * j, 2);
-        for (int k = 0; k < 4; k++)
-            memcpy(s + 4 + 4 * k, o + 32 + 32 * k + 4 * j, 4);
+        const uint8_t *o = (const uint8_t *)w->data + ((size_t)g * (size_t)nb + (size_t)b) * pb;
+        for (int i = 0; i < (int)fb; i++)
+            dst[(size_t)b * fb + (size_t)i] = o[x8_at(w->type, j, i)];
     }
 }
 
 void cpu_weight_row(const dp_weight *w, int64_t r, float *dst)
 {
-    if (w->layout == CPU_LAYOUT_Q4X8) {
-        uint8_t row[CPU_Q4X8_MAX_COLS / 32 * 20];
-        cpu_q4x8_unpack_row(w, r, row);
+    if (w->layout == CPU_LAYOUT_X8) {
+        uint8_t row[CPU_X8_ROW_MAX];
+        cpu_x8_unpack_row(w, r, row);
         quant_dequant_row(w->type, row, dst, w->cols);
         return;
     }

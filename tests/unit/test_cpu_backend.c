@@ -587,17 +587,17 @@ static void test_logits_topk(dp_backend *be)
     be->ops->free(be, x);
 }
 
-/* Rows of a Q4_1 table read back (embed): at a level that keeps Q4_1
- * repacked in groups of 8 rows, each row must come back as the file's row
- * dequantized, bit for bit, whatever its place in its group. */
-static void test_q4_1_rows(dp_backend *be)
+/* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
+ * Q4_0 and Q8_0 repacked in groups of 8 rows, each row must come back as
+ * the file's row dequantized, bit for bit, whatever its place in its group. */
+static void test_packed_rows(dp_backend *be, uint32_t type)
 {
     enum { ROWS = 40, COLS = 96 };
     size_t nb;
-    void *raw = make_weight(DP_TYPE_Q4_1, ROWS, COLS, &nb);
+    void *raw = make_weight(type, ROWS, COLS, &nb);
     dp_weight w;
     char err[DP_ERRLEN];
-    CHECK(be->ops->weight_load(be, &w, DP_TYPE_Q4_1, ROWS, COLS, raw, err, sizeof err) == 0);
+    CHECK(be->ops->weight_load(be, &w, type, ROWS, COLS, raw, err, sizeof err) == 0);
     int32_t tok[ROWS], pos[ROWS], seq[ROWS], slot[ROWS], table[1] = {0};
     uint8_t st[1] = {0};
     for (int i = 0; i < ROWS; i++) {
@@ -612,12 +612,12 @@ static void test_q4_1_rows(dp_backend *be)
     be->ops->embed(be, &w, e, ROWS);
     float ref[COLS];
     for (int i = 0; i < ROWS; i++) {
-        CHECK(quant_dequant_row(DP_TYPE_Q4_1, (const uint8_t *)raw + (size_t)tok[i] * (nb / ROWS),
-                                ref, COLS) == 0);
+        CHECK(quant_dequant_row(type, (const uint8_t *)raw + (size_t)tok[i] * (nb / ROWS), ref,
+                                COLS) == 0);
         CHECK_MSG(memcmp(e + (size_t)i * COLS, ref, sizeof ref) == 0, "row %d differs", tok[i]);
     }
-    printf("q4_1 rows on the %s kernels (%s layout): all %d read back exactly\n",
-           be->ops->kernel_level(be), w.layout ? "repacked" : "file", ROWS);
+    printf("%s rows on the %s kernels (%s layout): all %d read back exactly\n",
+           quant_type_name(type), be->ops->kernel_level(be), w.layout ? "repacked" : "file", ROWS);
     be->ops->free(be, e);
     be->ops->weight_free(be, &w);
     free(raw);
@@ -630,7 +630,9 @@ int main(void)
         char err[DP_ERRLEN];
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
-        test_q4_1_rows(be);
+        test_packed_rows(be, DP_TYPE_Q4_1);
+        test_packed_rows(be, DP_TYPE_Q4_0);
+        test_packed_rows(be, DP_TYPE_Q8_0);
         test_elementwise(be);
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */

@@ -835,9 +835,9 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         if (parse_prompts(c, root, r, e))
             return -1;
     }
-    /* The prefix kept whole: as asked, else the system prompt where kept. */
-    bool keep_sys = r->keep_system >= 0 ? r->keep_system : c->keep_system;
-    p->keep_prefix = r->keep_prefix >= 0 ? r->keep_prefix : keep_sys ? r->system_tokens : 0;
+    /* The prefix kept whole: as asked, else the system prompt where kept
+     * (parse_messages counts it only then). */
+    p->keep_prefix = r->keep_prefix >= 0 ? r->keep_prefix : r->system_tokens;
     const char *pname = kind == DP_OAI_CHAT ? "messages" : "prompt";
     int32_t ctx = c->context_length;
     for (int i = 0; i < r->n_prompts; i++) {

@@ -635,17 +635,25 @@ static void fail_all(dp_engine *e, const char *why)
         finish_seq(e, e->live, DP_FINISH_ERROR, why, false);
 }
 
+#define LOST_MSG "the device is lost; the server must be restarted"
+
+/* The backend said DP_EDEVICE: everything fails, now and from now on. */
+static void lose_device(dp_engine *e)
+{
+    dp_log(DP_LOG_ERROR, "engine: the device is lost; failing every request");
+    atomic_store(&e->device_lost, true);
+    fail_all(e, LOST_MSG);
+}
+
 /* A backend whose failures linger clears a survived one before a step's
- * work; a lost device stops everything (step_failed). */
+ * work; a lost device stops everything. */
 static bool device_ok(dp_engine *e)
 {
     if (atomic_load(&e->device_lost))
         return false;
     if (!e->be->ops->recover || e->be->ops->recover(e->be) != DP_EDEVICE)
         return true;
-    dp_log(DP_LOG_ERROR, "engine: the device is lost; failing every request");
-    atomic_store(&e->device_lost, true);
-    fail_all(e, "the device is lost; the server must be restarted");
+    lose_device(e);
     return false;
 }
 
@@ -657,12 +665,11 @@ static bool device_ok(dp_engine *e)
 static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
 {
     if (rc == DP_EDEVICE) {
-        dp_log(DP_LOG_ERROR, "engine: the device is lost; failing every request");
-        atomic_store(&e->device_lost, true);
-        fail_all(e, "the device is lost; the server must be restarted");
+        lose_device(e);
         return;
     }
-    /* The step's moves did not run: what the device survived is cleared. */
+    /* Cleared now, not at the next step: with nothing left to run, a
+     * recovery that finds the device lost would otherwise wait for a request. */
     if (!device_ok(e))
         return;
     dp_log(DP_LOG_ERROR, "engine: a forward pass failed (%s); failing its %d sequences",
@@ -978,7 +985,7 @@ static void *engine_main(void *arg)
         if (stop)
             break;
         if (atomic_load(&e->device_lost))
-            fail_all(e, "the device is lost; the server must be restarted");
+            fail_all(e, LOST_MSG); /* what the inbox brought since */
         else if (!sched_idle(&e->sched))
             run_step(e);
         update_gauges(e);
@@ -1341,7 +1348,7 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
                       "cache holds %d%s", need.prefill, need.decode, e->kv.pool.n_blocks,
                       e->kv.shared || !e->kv.dual ? "" : " (prefill pool)");
     if (atomic_load(&e->device_lost))
-        return dp_err(err, errsz, DP_EDEVICE, "the device is lost; the server must be restarted");
+        return dp_err(err, errsz, DP_EDEVICE, LOST_MSG);
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);

@@ -140,6 +140,22 @@ int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens)
     return kv_table_reserve_bt(t, p, n_tokens, p->block_tokens);
 }
 
+/* Room for need entries in t (doubling). */
+static int table_room(dp_block_table *t, int32_t need)
+{
+    if (need <= t->cap)
+        return 0;
+    int32_t cap = t->cap ? t->cap : 8;
+    while (cap < need)
+        cap *= 2;
+    int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
+    if (!nb)
+        return DP_ENOMEM;
+    t->blocks = nb;
+    t->cap = cap;
+    return 0;
+}
+
 int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int32_t block_tokens)
 {
     int32_t need = (int32_t)((n_tokens + block_tokens - 1) / block_tokens);
@@ -147,16 +163,8 @@ int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int3
         return 0;
     if (need - t->n_blocks > p->n_free)
         return DP_ENOSPC;
-    if (need > t->cap) {
-        int32_t cap = t->cap ? t->cap : 8;
-        while (cap < need)
-            cap *= 2;
-        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return DP_ENOMEM;
-        t->blocks = nb;
-        t->cap = cap;
-    }
+    if (table_room(t, need))
+        return DP_ENOMEM;
     while (t->n_blocks < need) {
         int rc = kv_pool_alloc(p, &t->blocks[t->n_blocks]);
         if (rc)
@@ -168,14 +176,8 @@ int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int3
 
 int kv_table_push(dp_block_table *t, dp_kv_pool *p, int32_t block)
 {
-    if (t->n_blocks == t->cap) {
-        int32_t cap = t->cap ? 2 * t->cap : 8;
-        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return DP_ENOMEM;
-        t->blocks = nb;
-        t->cap = cap;
-    }
+    if (table_room(t, t->n_blocks + 1))
+        return DP_ENOMEM;
     kv_pool_ref(p, block);
     t->blocks[t->n_blocks++] = block;
     return 0;

@@ -38,22 +38,40 @@ static bool cuda_error_recoverable(cudaError_t e)
     }
 }
 
-void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
+/* Records a failure (runtime or cuBLAS): the first is kept, unless a
+ * sticky one follows it. */
+static void cuda_fail(cuda_backend *c, bool sticky, const char *what, const char *why)
 {
-    const bool sticky = !cuda_error_recoverable(e);
     if (c->failed && !(sticky && !c->lost))
-        return; /* the first is reported, unless a sticky one follows it */
+        return;
     c->failed = sticky ? DP_EDEVICE : DP_EIO;
     c->lost = sticky;
-    snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cudaGetErrorString(e));
-    if (sticky)
-        dp_log(DP_LOG_ERROR, "cuda: %s: the device is lost for this process", c->fail_msg);
-    else
-        dp_log(DP_LOG_ERROR, "cuda: %s: this step fails", c->fail_msg);
+    snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, why);
+    dp_log(DP_LOG_ERROR, "cuda: %s: %s", c->fail_msg,
+           sticky ? "the device is lost for this process" : "this step fails");
+}
+
+void cuda_note_error(cuda_backend *c, const char *what, cudaError_t e)
+{
+    cuda_fail(c, !cuda_error_recoverable(e), what, cudaGetErrorString(e));
 }
 
 /* A recoverable failure ends with its step: the next one starts clean. */
-static void cuda_recover(cuda_backend *c);
+static void cuda_recover(cuda_backend *c)
+{
+    if (!c->failed || c->lost)
+        return;
+    cudaGetLastError(); /* a non-sticky error stays until read */
+    cudaError_t e = cudaStreamSynchronize(c->stream);
+    c->failed = 0;
+    if (e != cudaSuccess) {
+        cuda_note_error(c, "recovery", e);
+        return;
+    }
+    c->recovered++;
+    dp_log(DP_LOG_INFO, "cuda: recovered from %s (%llu so far)", c->fail_msg,
+           (unsigned long long)c->recovered);
+}
 
 static int cuda_recover_op(dp_backend *be)
 {
@@ -61,24 +79,6 @@ static int cuda_recover_op(dp_backend *be)
     cuda_bind(c);
     cuda_recover(c);
     return c->lost ? DP_EDEVICE : 0;
-}
-
-static void cuda_recover(cuda_backend *c)
-{
-    if (!c->failed || c->lost)
-        return;
-    cudaGetLastError(); /* a non-sticky error stays until read */
-    cudaError_t e = cudaStreamSynchronize(c->stream);
-    if (e != cudaSuccess) {
-        c->failed = 0;
-        cuda_note_error(c, "recovery", e);
-        if (c->failed)
-            return;
-    }
-    c->failed = 0;
-    c->recovered++;
-    dp_log(DP_LOG_INFO, "cuda: recovered from %s (%llu so far)", c->fail_msg,
-           (unsigned long long)c->recovered);
 }
 
 void cuda_check_launch(cuda_backend *c, const char *what)
@@ -92,14 +92,8 @@ void cuda_check_launch(cuda_backend *c, const char *what)
  * (an execution failure: a kernel that faulted) counts as sticky. */
 static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
 {
-    const bool sticky = s != CUBLAS_STATUS_ALLOC_FAILED && s != CUBLAS_STATUS_INVALID_VALUE;
-    if (c->failed && !(sticky && !c->lost))
-        return;
-    c->failed = sticky ? DP_EDEVICE : DP_EIO;
-    c->lost = sticky;
-    snprintf(c->fail_msg, sizeof c->fail_msg, "%s: %s", what, cublasGetStatusString(s));
-    dp_log(DP_LOG_ERROR, "cuda: %s: %s", c->fail_msg,
-           sticky ? "the device is lost for this process" : "this step fails");
+    cuda_fail(c, s != CUBLAS_STATUS_ALLOC_FAILED && s != CUBLAS_STATUS_INVALID_VALUE, what,
+              cublasGetStatusString(s));
 }
 
 int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem)

@@ -63,4 +63,6 @@ echo "test: operations (install, systemd-analyze verify, sd_notify/watchdog, acc
 tests/ops/run.sh build
 echo "test: the GPU check's offline build (system dev packages hidden; stops at the first CUDA call)"
 tests/gpu/offline_test.sh || [ $? -eq 77 ]
+echo "test: the portable build on aarch64 (cross-compiled; unit tests under qemu-user)"
+tests/cross/aarch64.sh build-aarch64
 echo "test: all tests passed"

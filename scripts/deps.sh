@@ -3,7 +3,7 @@
 # and the Python test tools into a virtual environment under the cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PKGS="build-essential meson ninja-build pkg-config libopenblas-dev libuv1-dev libmicrohttpd-dev libcjson-dev clang libclang-rt-dev python3 python3-venv python3-pip"
+PKGS="build-essential meson ninja-build pkg-config libopenblas-dev libuv1-dev libmicrohttpd-dev libcjson-dev clang libclang-rt-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3 python3-venv python3-pip"
 missing=""
 for p in $PKGS; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

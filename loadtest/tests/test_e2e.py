@@ -4,13 +4,17 @@ equal the server's, that every misbehaviour is a failure with a reason, and that
 stops within its time limit. Usage: test_e2e.py DP_LOADGEN FAKE_SERVER"""
 import json
 import os
+import shlex
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 
-LOADGEN, FAKE = sys.argv[1], sys.argv[2]
+# A cross build's tests run under an emulator (meson's exe_wrapper, which it
+# exports as MESON_EXE_WRAPPER): dp-loadgen, started here, runs under it too.
+LOADGEN = shlex.split(os.environ.get("MESON_EXE_WRAPPER", "")) + [sys.argv[1]]
+FAKE = sys.argv[2]
 TMP = tempfile.mkdtemp(prefix="dp_lg_e2e_")
 FAILS = []
 
@@ -36,7 +40,7 @@ class Fake:
 def run(url, *args, timeout=60):
     out = os.path.join(TMP, "r%d.json" % time.monotonic_ns())
     t0 = time.monotonic()
-    p = subprocess.run([LOADGEN, "--base-url", url, "--json", out, "--no-progress"] + list(args),
+    p = subprocess.run(LOADGEN + ["--base-url", url, "--json", out, "--no-progress"] + list(args),
                        capture_output=True, text=True, timeout=timeout)
     el = time.monotonic() - t0
     # Every run must exit 0: failed requests are results; sanitizer reports make it non-zero.
@@ -193,11 +197,11 @@ def test_misbehaviour():
 
 
 def test_cli():
-    p = subprocess.run([LOADGEN, "--help"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run(LOADGEN + ["--help"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 0 and "--slo-ttft-ms" in p.stdout and "default" in p.stdout, "--help")
-    p = subprocess.run([LOADGEN, "--rate", "x"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run(LOADGEN + ["--rate", "x"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2, "bad option: exit 2")
-    p = subprocess.run([LOADGEN, "--base-url", "https://x"], capture_output=True, text=True, timeout=10)
+    p = subprocess.run(LOADGEN + ["--base-url", "https://x"], capture_output=True, text=True, timeout=10)
     check(p.returncode == 2 and "https" in p.stderr, "https refused")
 
 

@@ -16,7 +16,8 @@
 #                      the system's .pc files cannot be picked up
 #   LD_LIBRARY_PATH    PREFIX/lib-run first: links to PREFIX's libraries (those
 #                      the build links always; their support libraries such as
-#                      GnuTLS only where the system lacks that SONAME)
+#                      GnuTLS only where the system lacks that SONAME, or
+#                      always with DP_OFFLINE_ALL_LIBS=1: another architecture's)
 #   PATH, PKG_CONFIG   PREFIX/bin first, and its pkg-config (the carried pkgconf),
 #                      when the system has none
 #   DP_DEPS_PREFIX     PREFIX
@@ -127,7 +128,7 @@ _dp_oe_fix() {
     while IFS= read -r f; do
         so=${f##*/}
         [ -e "$P/lib-run/$so" ] && continue
-        if ! _dp_oe_own "$so" && printf '%s\n' "$sys_sonames" | grep -q "^[[:space:]]*$so "; then
+        if [ -z "${DP_OFFLINE_ALL_LIBS:-}" ] && ! _dp_oe_own "$so" && printf '%s\n' "$sys_sonames" | grep -q "^[[:space:]]*$so "; then
             continue    # the system's own (GnuTLS and its kind)
         fi
         ln -s "$f" "$P/lib-run/$so"
@@ -175,7 +176,7 @@ dp_offline_env() {
 
     # Exports.
     local pcdirs
-    pcdirs=$(find "$P/usr" "$P/lib" -type d -name pkgconfig 2>/dev/null | sort | paste -sd: -)
+    pcdirs=$( { find "$P/usr" "$P/lib" -type d -name pkgconfig 2>/dev/null || true; } | sort | paste -sd: -)
     export PKG_CONFIG_LIBDIR="$pcdirs"
     unset PKG_CONFIG_PATH PKG_CONFIG_SYSROOT_DIR
     export LD_LIBRARY_PATH="$P/lib-run${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
@@ -187,7 +188,7 @@ dp_offline_env() {
         _dp_oe_say "using the carried pkgconf ($PKG_CONFIG)"
     fi
     # glibc: the carried libraries were built for the one in the MANIFEST.
-    need=$(sed -n 's/^need_glibc=//p' "$debdir"/MANIFEST "$debdir"/debs/MANIFEST 2>/dev/null | head -n 1)
+    need=$( { sed -n "s/^need_glibc=//p" "$debdir"/MANIFEST "$debdir"/debs/MANIFEST 2>/dev/null || true; } | head -n 1)
     have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{ print $2 }')
     if [ -n "$need" ] && [ "$need" != unknown ] && [ -n "$have" ] &&
        [ "$(printf '%s\n%s\n' "$need" "$have" | sort -V | head -n 1)" != "$need" ]; then

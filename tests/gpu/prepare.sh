@@ -10,12 +10,18 @@
 #
 # Usage: tests/gpu/prepare.sh [DIR]      (DIR defaults to .gpu-deps)
 # Environment: DP_GPU_DEPS_BUDGET_MIB    most the folder may hold with the model (60)
+#              DP_DEBS_ARCH              another Debian architecture (arm64: the
+#                                        cross build of tests/cross/aarch64.sh);
+#                                        apt's lists for it are kept in DIR/apt,
+#                                        the system's apt is not changed
+# (tests/cross/aarch64.sh uses it for the libraries of a cross build.)
 # Exit: 0 ready; 2 a package could not be resolved or downloaded.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 DIR=${1:-.gpu-deps}
 BUDGET_MIB=${DP_GPU_DEPS_BUDGET_MIB:-60}
+ARCH=${DP_DEBS_ARCH:-}
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 
 # What the build links (the -dev packages with their runtime libraries), and
@@ -36,10 +42,34 @@ if ! command -v apt-get >/dev/null || ! command -v apt-cache >/dev/null; then
     exit 2
 fi
 
+# Another architecture: apt's own state (lists, cache, an empty dpkg status)
+# in DIR/apt, from the system's sources, so that nothing system-wide changes
+# (no dpkg --add-architecture). Its C library, libgcc and libstdc++ come with
+# the cross compiler; zlib and libcrypt do not, so they are carried.
+APT=()
+if [ -n "$ARCH" ] && [ "$ARCH" != "$(dpkg --print-architecture 2>/dev/null)" ]; then
+    A="$DIR/apt"
+    mkdir -p "$A/state/lists/partial" "$A/cache/archives/partial"
+    : > "$A/state/status"
+    APT=(-o "Dir::State=$A/state" -o "Dir::State::status=$A/state/status" -o "Dir::Cache=$A/cache"
+         -o "APT::Architecture=$ARCH" -o "APT::Architectures::=$ARCH" -o Debug::NoLocking=1)
+    [ "$(id -u)" -eq 0 ] && APT+=(-o APT::Sandbox::User=root)
+    SKIP=" libc6 libgcc-s1 libstdc++6 gcc-12-base gcc-13-base gcc-14-base debconf dpkg perl-base tar "
+    PKGS=${PKGS/pkgconf-bin libpkgconf3/}
+    MODEL=""                      # a cross build's tests use synthetic models
+    BUDGET_MIB=${DP_GPU_DEPS_BUDGET_MIB:-256}
+    if [ -z "$(find "$A/state/lists" -maxdepth 1 -name '*Packages*' -print -quit)" ] ||
+       [ -n "$(find "$A/state/lists" -maxdepth 1 -name '*Packages*' -mtime +1 -print -quit)" ]; then
+        echo "prepare.sh: apt-get update for $ARCH into $A"
+        apt-get -q "${APT[@]}" update >/dev/null ||
+            { echo "prepare.sh: apt-get update for $ARCH failed" >&2; exit 2; }
+    fi
+fi
+
 # deps PKG...: the direct dependencies apt would choose for each (the first of
 # each alternative group; the first provider of a virtual package), one call.
 deps() {
-    apt-cache depends --no-recommends --no-suggests --no-conflicts --no-breaks \
+    apt-cache "${APT[@]}" depends --no-recommends --no-suggests --no-conflicts --no-breaks \
         --no-replaces --no-enhances "$@" 2>/dev/null | awk '
         /^[^ ]/ { ingroup = 0; want = 0; next }
         /^ *\|?(Pre)?Depends: / {
@@ -52,13 +82,14 @@ deps() {
 }
 
 # shellcheck disable=SC2086
-if ! apt-cache show --no-all-versions $PKGS >/dev/null 2>&1; then
+if ! apt-cache "${APT[@]}" show --no-all-versions $PKGS >/dev/null 2>&1; then
     echo "prepare.sh: apt does not know all of the packages; running apt-get update"
-    if [ "$(id -u)" -eq 0 ]; then apt-get update -q || true
+    if [ ${#APT[@]} -gt 0 ]; then apt-get -q "${APT[@]}" update >/dev/null || true
+    elif [ "$(id -u)" -eq 0 ]; then apt-get update -q || true
     elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo apt-get update -q || true
     fi
     for p in $PKGS; do
-        apt-cache show --no-all-versions "$p" >/dev/null 2>&1 ||
+        apt-cache "${APT[@]}" show --no-all-versions "$p" >/dev/null 2>&1 ||
             { echo "prepare.sh: package $p not found (apt-get update needed?)" >&2; exit 2; }
     done
 fi
@@ -88,7 +119,7 @@ echo "prepare.sh: ${#all[@]} packages: ${all[*]}"
 mkdir -p "$DIR/debs"
 # apt-get download --print-uris: 'URI' FILE SIZE SHA256:HASH, one a package;
 # files already there with the right hash are kept (a second run is quick).
-uris=$(apt-get download --print-uris "${all[@]}") || { echo "prepare.sh: apt-get download --print-uris failed" >&2; exit 2; }
+uris=$(apt-get "${APT[@]}" download --print-uris "${all[@]}") || { echo "prepare.sh: apt-get download --print-uris failed" >&2; exit 2; }
 want=()
 fetch=()
 while read -r _uri file _size hash; do
@@ -112,7 +143,7 @@ if [ ${#fetch[@]} -gt 0 ]; then
     for f in "${fetch[@]}"; do names+=("${f%%_*}"); done
     sandbox=()
     [ "$(id -u)" -eq 0 ] && sandbox=(-o APT::Sandbox::User=root)
-    (cd "$DIR/debs" && apt-get download -q "${sandbox[@]}" "${names[@]}") ||
+    (cd "$DIR/debs" && apt-get "${APT[@]}" download -q "${sandbox[@]}" "${names[@]}") ||
         { echo "prepare.sh: apt-get download failed" >&2; exit 2; }
 else
     echo "prepare.sh: all ${#want[@]} .deb files already present"
@@ -141,7 +172,9 @@ fi
 
 # The default model, when it fits the budget.
 debs_b=$(du -sb "$DIR/debs" | cut -f1)
-if [ -f "$MODEL" ]; then
+if [ -z "$MODEL" ]; then
+    :
+elif [ -f "$MODEL" ]; then
     model_b=$(stat -c %s "$MODEL")
     if [ $((debs_b + model_b)) -le $((BUDGET_MIB * 1024 * 1024)) ]; then
         mkdir -p "$DIR/model"

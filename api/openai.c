@@ -696,7 +696,7 @@ static const field_rule field_rules[] = {
     {"allowed_token_ids", F_REFUSE, F_BOTH, "a restricted vocabulary"},
     {"logits_processors", F_REFUSE, F_BOTH, "custom logits processors"},
     {"truncate_prompt_tokens", F_REFUSE, F_BOTH, "prompt truncation"},
-    {"prompt_logprobs", F_REFUSE, F_BOTH, "prompt logprobs"},
+    {"prompt_logprobs", F_IMPL, F_BOTH, NULL},
     {"skip_special_tokens", F_REFUSE, F_BOTH, "special tokens in the text"},
     /* Output modalities and the chat template. */
     {"modalities", F_REFUSE, F_CHAT, "a non-text output modality"},
@@ -717,10 +717,8 @@ static bool field_inert(const char *name, const cJSON *v)
         /* tools and functions themselves are refused unless empty */
         return cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                      !strcmp(v->valuestring, "auto"));
-    /* An empty schema still asks for JSON; prompt_logprobs 0 asks for the
-     * prompt tokens' own logprobs: only false asks for nothing there. */
-    if (!strcmp(name, "guided_json") || !strcmp(name, "json_schema") ||
-        !strcmp(name, "prompt_logprobs"))
+    /* An empty schema still asks for JSON: only false asks for nothing. */
+    if (!strcmp(name, "guided_json") || !strcmp(name, "json_schema"))
         return cJSON_IsFalse(v);
     if (!strcmp(name, "modalities")) {
         if (!cJSON_IsArray(v))
@@ -793,10 +791,22 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         return api_err_invalid(e, NULL, "the request body must be a JSON object");
     if (check_fields(kind, root, r, e) || parse_common(c, root, r, e))
         return -1;
-    if (get_int(root, "max_tokens", 1, 1 << 30, &max_tokens, &mt_present, e))
+    if (get_int(root, "max_tokens", 0, 1 << 30, &max_tokens, &mt_present, e))
         return -1;
+    /* vLLM's prompt_logprobs: each prompt token's logprob plus the top k
+     * (null: none). Whole responses only, as vLLM. */
+    r->prompt_lp = -1;
+    cJSON *plp = field(root, "prompt_logprobs");
+    if (plp && !cJSON_IsNull(plp)) {
+        if (get_int(root, "prompt_logprobs", 0, DP_MAX_TOP_LOGPROBS, &v, &present, e))
+            return -1;
+        if (r->stream)
+            return api_err_invalid(e, "prompt_logprobs",
+                                   "'prompt_logprobs' is not supported with 'stream'");
+        r->prompt_lp = (int32_t)v;
+    }
     if (kind == DP_OAI_CHAT) {
-        if (get_int(root, "max_completion_tokens", 1, 1 << 30, &v, &present, e))
+        if (get_int(root, "max_completion_tokens", 0, 1 << 30, &v, &present, e))
             return -1;
         if (present) {
             max_tokens = v;
@@ -826,6 +836,12 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         p->logprobs = present ? (int32_t)v : -1;
         if (get_bool(root, "echo", &r->echo, e))
             return -1;
+        /* echo with logprobs scores the prompt too (the legacy API's way,
+         * which lm-evaluation-harness uses for loglikelihoods). */
+        if (r->echo && p->logprobs >= 0) {
+            p->prompt_logprobs = true;
+            p->prompt_top = p->logprobs;
+        }
         cJSON *sfx = field(root, "suffix");
         if (sfx)
             return api_err_invalid(e, "suffix", "'suffix' is not supported");
@@ -835,6 +851,15 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         if (parse_prompts(c, root, r, e))
             return -1;
     }
+    if (r->prompt_lp >= 0) {
+        p->prompt_logprobs = true;
+        if (r->prompt_lp > p->prompt_top)
+            p->prompt_top = r->prompt_lp;
+    }
+    /* max_tokens 0: the prompt alone, which is only worth its logprobs. */
+    if (mt_present && max_tokens == 0 && !p->prompt_logprobs)
+        return api_err_invalid(e, mt_name, "'%s' must be at least 1 (0 only with 'echo' and "
+                               "'logprobs', or 'prompt_logprobs')", mt_name);
     /* The prefix kept whole: as asked, else the system prompt where kept
      * (parse_messages counts it only then). */
     p->keep_prefix = r->keep_prefix >= 0 ? r->keep_prefix : r->system_tokens;
@@ -842,7 +867,7 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
     int32_t ctx = c->context_length;
     for (int i = 0; i < r->n_prompts; i++) {
         dp_oai_prompt *pr = &r->prompts[i];
-        if (pr->n_ids >= ctx)
+        if (pr->n_ids >= ctx + (mt_present && max_tokens == 0))
             return api_err_invalid(e, pname,
                                    "This model's maximum context length is %d tokens, but the %s "
                                    "has %d tokens (at least 1 token must be left to generate)",
@@ -954,6 +979,8 @@ void oai_choice_free(dp_oai_choice *ch)
 {
     free(ch->text);
     cJSON_Delete(ch->logprobs);
+    cJSON_Delete(ch->echo_lp);
+    cJSON_Delete(ch->prompt_lp);
     memset(ch, 0, sizeof *ch);
 }
 
@@ -986,10 +1013,10 @@ cJSON *oai_logprobs_new(dp_oai_kind kind)
 
 /* The token's text for logprobs; bytes that are not valid UTF-8 by
  * themselves (a piece of a multi-byte character) are spelled "bytes:\xNN". */
-static int token_str(const dp_tokenizer *tok, int32_t id, char *raw, size_t rawcap, int *nraw,
-                     char *out, size_t outcap)
+static int token_str_as(const dp_tokenizer *tok, int32_t id, bool special, char *raw, size_t rawcap,
+                        int *nraw, char *out, size_t outcap)
 {
-    int n = tokenizer_token_bytes(tok, id, false, raw, rawcap);
+    int n = tokenizer_token_bytes(tok, id, special, raw, rawcap);
     if (n < 0)
         n = 0;
     if ((size_t)n > rawcap)
@@ -1007,6 +1034,12 @@ static int token_str(const dp_tokenizer *tok, int32_t id, char *raw, size_t rawc
     return n;
 }
 
+static int token_str(const dp_tokenizer *tok, int32_t id, char *raw, size_t rawcap, int *nraw,
+                     char *out, size_t outcap)
+{
+    return token_str_as(tok, id, false, raw, rawcap, nraw, out, outcap);
+}
+
 static double finite_lp(float lp)
 {
     return isfinite(lp) ? (lp > 0 ? 0.0 : (double)lp) : -9999.0;
@@ -1018,6 +1051,34 @@ static cJSON *bytes_array(const char *raw, int n)
     for (int i = 0; a && i < n; i++)
         cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)raw[i]));
     return a;
+}
+
+/* One entry of a completion's logprobs: the token's text s (nraw bytes),
+ * its logprob and top alternatives from ev, or nulls without ev (the
+ * prompt's first token, which nothing predicts). */
+static void completion_entry(cJSON *lp, const dp_tokenizer *tok, const char *s, int nraw,
+                             const dp_event *ev, int ntop, size_t *text_offset)
+{
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), cJSON_CreateString(s));
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
+                         ev ? cJSON_CreateNumber(finite_lp(ev->logprob)) : cJSON_CreateNull());
+    cJSON *top = ev ? cJSON_CreateObject() : NULL;
+    if (top) {
+        if (ntop == 0)
+            cJSON_AddNumberToObject(top, s, finite_lp(ev->logprob));
+        for (int i = 0; i < ntop; i++) {
+            char r2[256], s2[1100];
+            int n2;
+            token_str(tok, ev->top[i].token, r2, sizeof r2, &n2, s2, sizeof s2);
+            if (!cJSON_GetObjectItemCaseSensitive(top, s2))
+                cJSON_AddNumberToObject(top, s2, finite_lp(ev->top[i].logprob));
+        }
+    }
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top ? top : cJSON_CreateNull());
+    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
+                         cJSON_CreateNumber((double)(text_offset ? *text_offset : 0)));
+    if (text_offset)
+        *text_offset += (size_t)nraw;
 }
 
 void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
@@ -1052,26 +1113,53 @@ void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, cons
         cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "content"), e);
         return;
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "tokens"), cJSON_CreateString(s));
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "token_logprobs"),
-                         cJSON_CreateNumber(finite_lp(ev->logprob)));
-    cJSON *top = cJSON_CreateObject();
-    if (top) {
-        if (ntop == 0)
-            cJSON_AddNumberToObject(top, s, finite_lp(ev->logprob));
-        for (int i = 0; i < ntop; i++) {
-            char r2[256], s2[1100];
-            int n2;
-            token_str(tok, ev->top[i].token, r2, sizeof r2, &n2, s2, sizeof s2);
-            if (!cJSON_GetObjectItemCaseSensitive(top, s2))
-                cJSON_AddNumberToObject(top, s2, finite_lp(ev->top[i].logprob));
-        }
+    completion_entry(lp, tok, s, nraw, ev, ntop, text_offset);
+}
+
+void oai_logprobs_add_prompt(cJSON *lp, const dp_tokenizer *tok, int32_t token, const dp_event *ev,
+                             int k, size_t *text_offset)
+{
+    if (!lp)
+        return;
+    char raw[256], s[1100];
+    int nraw;
+    /* The prompt's text has its control tokens written out. */
+    token_str_as(tok, token, true, raw, sizeof raw, &nraw, s, sizeof s);
+    int ntop = ev ? (ev->n_top < k ? ev->n_top : k) : 0;
+    completion_entry(lp, tok, s, nraw, ev, ntop, text_offset);
+}
+
+cJSON *oai_prompt_logprob_entry(const dp_tokenizer *tok, const dp_event *ev, int k)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o)
+        return NULL;
+    char raw[256], s[1100], key[16];
+    int nraw;
+    /* vLLM's shape: token id -> logprob, rank (1: the most likely) and text;
+     * the prompt's own token first, then the top k (ranks 1..k). */
+    token_str_as(tok, ev->token, true, raw, sizeof raw, &nraw, s, sizeof s);
+    snprintf(key, sizeof key, "%d", (int)ev->token);
+    cJSON *t = cJSON_AddObjectToObject(o, key);
+    if (t) {
+        cJSON_AddNumberToObject(t, "logprob", finite_lp(ev->logprob));
+        cJSON_AddNumberToObject(t, "rank", ev->rank);
+        cJSON_AddStringToObject(t, "decoded_token", s);
     }
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "top_logprobs"), top ? top : cJSON_CreateNull());
-    cJSON_AddItemToArray(cJSON_GetObjectItem(lp, "text_offset"),
-                         cJSON_CreateNumber((double)(text_offset ? *text_offset : 0)));
-    if (text_offset)
-        *text_offset += (size_t)nraw;
+    int ntop = ev->n_top < k ? ev->n_top : k;
+    for (int i = 0; i < ntop; i++) {
+        snprintf(key, sizeof key, "%d", (int)ev->top[i].token);
+        if (cJSON_GetObjectItemCaseSensitive(o, key))
+            continue;
+        token_str_as(tok, ev->top[i].token, true, raw, sizeof raw, &nraw, s, sizeof s);
+        t = cJSON_AddObjectToObject(o, key);
+        if (!t)
+            break;
+        cJSON_AddNumberToObject(t, "logprob", finite_lp(ev->top[i].logprob));
+        cJSON_AddNumberToObject(t, "rank", i + 1);
+        cJSON_AddStringToObject(t, "decoded_token", s);
+    }
+    return o;
 }
 
 static cJSON *envelope(dp_oai_kind kind, bool chunk, const char *id, long long created,
@@ -1163,7 +1251,17 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
             cJSON_AddNullToObject(c, "logprobs");
         }
         add_finish(c, oai_finish_name(ch->finish));
+        /* vLLM's prompt_logprobs: per choice for completions; once, at the
+         * top, for chat (every choice has the same prompt). */
+        if (ch->prompt_lp && r->kind == DP_OAI_COMPLETION) {
+            cJSON_AddItemToObject(c, "prompt_logprobs", ch->prompt_lp);
+            ch->prompt_lp = NULL;
+        }
         cJSON_AddItemToArray(arr, c);
+    }
+    if (r->kind == DP_OAI_CHAT && n_choices > 0 && choices[0].prompt_lp) {
+        cJSON_AddItemToObject(o, "prompt_logprobs", choices[0].prompt_lp);
+        choices[0].prompt_lp = NULL;
     }
     add_usage(o, pt, ct, &dp);
     return print_owned(o, len);

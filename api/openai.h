@@ -52,6 +52,7 @@ typedef struct dp_oai_req {
     bool include_usage;
     bool echo;
     bool has_seed;
+    int32_t prompt_lp;          /* vLLM prompt_logprobs: -1 off, else top k */
     dp_request_params params;   /* template for every choice (owned parts) */
     int32_t system_tokens;      /* chat: the prompt's first tokens, its system messages */
     int8_t keep_system;         /* dualpath.keep_system: -1 unset, 0, 1 */
@@ -75,6 +76,10 @@ typedef struct dp_oai_choice {
     char *text;
     size_t len, cap;
     cJSON *logprobs;     /* non-stream accumulation; NULL when logprobs are off */
+    cJSON *echo_lp;      /* streamed echo with logprobs: the prompt's entries, sent with
+                          * its text before the first token; NULL otherwise */
+    cJSON *prompt_lp;    /* vLLM prompt_logprobs: [null, {id: {...}}, ...]; NULL when off */
+    size_t prompt_offset; /* echo with logprobs: text offset of the next prompt token */
     size_t text_offset;  /* completions: offset of the next token in the text */
     dp_finish finish;
     int32_t completion_tokens;
@@ -99,6 +104,12 @@ cJSON *oai_logprobs_new(dp_oai_kind kind);
 /* Adds one TOKEN event's entry (nothing for end-of-generation tokens). */
 void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
                       size_t *text_offset);
+/* Completions with echo and logprobs: one prompt token's entry (ev NULL for
+ * the first: null logprob and top, as OpenAI gives them), top k at most. */
+void oai_logprobs_add_prompt(cJSON *lp, const dp_tokenizer *tok, int32_t token, const dp_event *ev,
+                             int k, size_t *text_offset);
+/* vLLM prompt_logprobs: one PROMPT_TOKEN event's entry, top k at most. */
+cJSON *oai_prompt_logprob_entry(const dp_tokenizer *tok, const dp_event *ev, int k);
 const char *oai_finish_name(dp_finish f);
 
 /* Non-stream body: every choice, in order, and usage. malloc'd. */

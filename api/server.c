@@ -301,10 +301,25 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
                     oai_choice_append(&j->choices[k], pr->text, strlen(pr->text));
                 j->choices[k].text_offset = strlen(pr->text);
             }
+            dp_oai_choice *ch = &j->choices[k];
             if (r->params.logprobs >= 0 && !r->stream) {
-                j->choices[k].logprobs = oai_logprobs_new(kind);
-                if (!j->choices[k].logprobs)
+                ch->logprobs = oai_logprobs_new(kind);
+                if (!ch->logprobs)
                     goto oom;
+            }
+            /* Echo with logprobs: the prompt's tokens lead the logprobs, the
+             * first with nulls; streamed, they go with the prompt's text
+             * before the first token. */
+            if (r->echo && r->params.logprobs >= 0) {
+                if (r->stream && !(ch->echo_lp = oai_logprobs_new(kind)))
+                    goto oom;
+                oai_logprobs_add_prompt(r->stream ? ch->echo_lp : ch->logprobs, s->tok, pr->ids[0],
+                                        NULL, 0, &ch->prompt_offset);
+            }
+            if (r->prompt_lp >= 0) {
+                if (!(ch->prompt_lp = cJSON_CreateArray()))
+                    goto oom;
+                cJSON_AddItemToArray(ch->prompt_lp, cJSON_CreateNull());
             }
         }
     }
@@ -337,7 +352,7 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
         if (kind == DP_OAI_CHAT)
             out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, "assistant", "", NULL,
                                   NULL, &n), &n);
-        else if (r->echo)
+        else if (r->echo && !j->choices[k].echo_lp)
             out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, NULL,
                                   r->prompts[pidx].text, NULL, NULL, &n), &n);
     }
@@ -463,6 +478,32 @@ static void observe_finish(dp_server *s, const dp_event *ev)
     }
 }
 
+/* A streamed echo with logprobs: the prompt's text and its tokens'
+ * logprobs, once all are in (before the first token or the finish). */
+static void stream_echo(dp_server *s, dp_job *j, int k)
+{
+    dp_oai_choice *ch = &j->choices[k];
+    if (!ch->echo_lp)
+        return;
+    size_t n = 0;
+    cJSON *lp = ch->echo_lp;
+    ch->echo_lp = NULL;
+    out_take(j, oai_chunk(j->req.kind, j->id, j->created, s->model_name, k, NULL,
+                          j->req.prompts[k / j->req.n].text, lp, NULL, &n), &n);
+}
+
+/* A PROMPT_TOKEN event: echo's logprobs and vLLM's prompt_logprobs. */
+static void prompt_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
+{
+    dp_oai_choice *ch = &j->choices[k];
+    const dp_oai_req *r = &j->req;
+    if (ch->prompt_lp)
+        cJSON_AddItemToArray(ch->prompt_lp, oai_prompt_logprob_entry(s->tok, ev, r->prompt_lp));
+    if (r->echo && r->params.logprobs >= 0)
+        oai_logprobs_add_prompt(r->stream ? ch->echo_lp : ch->logprobs, s->tok, ev->token, ev,
+                                r->params.logprobs, &ch->prompt_offset);
+}
+
 static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
 {
     dp_oai_kind kind = j->req.kind;
@@ -553,11 +594,15 @@ static void handle_event(dp_server *s, dp_event *ev)
         return;
     dp_oai_choice *ch = &j->choices[k];
     bool live = !j->cancelled && j->conn;
-    if (ev->kind == DP_EV_TOKEN) {
+    if (ev->kind == DP_EV_PROMPT_TOKEN) {
+        if (live)
+            prompt_token(s, j, k, ev);
+    } else if (ev->kind == DP_EV_TOKEN) {
         ch->completion_tokens++;
         if (!live)
             return;
         if (j->req.stream) {
+            stream_echo(s, j, k);
             stream_token(s, j, k, ev);
         } else {
             if (ev->text_len)
@@ -578,8 +623,11 @@ static void handle_event(dp_server *s, dp_event *ev)
         if (ev->finish == DP_FINISH_ERROR && !j->error)
             j->error = strdup(ev->error ? ev->error : "engine error");
         if (live) {
-            if (j->req.stream)
+            if (j->req.stream) {
+                if (ev->finish != DP_FINISH_ERROR)
+                    stream_echo(s, j, k);
                 stream_finish(s, j, k, ev);
+            }
             else if (ev->text_len)
                 oai_choice_append(ch, ev->text, ev->text_len);
         }

@@ -260,8 +260,12 @@ static void load_main(void *arg)
         notify_sendf("STATUS=loading weights (%s backend)", c->be->ops->name);
         extend_start_timeout(o->model);
         char e2[DP_ERRLEN];
-        c->load_rc = llama_init(&c->m, c->g, c->be, o->engine.max_batched_tokens,
-                                o->engine.max_seqs, e2, sizeof e2);
+        /* Rows beyond one per sequence: prompt logprobs (engine.h). */
+        int32_t max_out = o->engine.max_seqs + DP_ENGINE_SCORE_ROWS;
+        if (max_out > o->engine.max_batched_tokens)
+            max_out = o->engine.max_batched_tokens;
+        c->load_rc = llama_init(&c->m, c->g, c->be, o->engine.max_batched_tokens, max_out, e2,
+                                sizeof e2);
         if (c->load_rc)
             snprintf(c->load_err, sizeof c->load_err, "cannot load model %.200s: %s", o->model, e2);
     }

@@ -39,6 +39,7 @@ typedef struct eng_seq {
     int32_t prev_k;
     bool switched_early;   /* compacted mid-prompt: compacts again at the prompt's end */
     int32_t seen_preemptions;
+    int32_t n_scored;      /* prompt_logprobs: prompt tokens 1..n_scored reported (-1: failed) */
     double t_first;
     int32_t *bias_ids;
     float *bias_vals;
@@ -82,6 +83,11 @@ struct dp_engine {
     int64_t n_cand, n_fallback, n_full; /* rows sampled this step, by source */
     /* Batch arrays (engine thread only). */
     int32_t *b_tokens, *b_pos, *b_seq, *b_slot, *b_out, *b_tables;
+    /* Prompt-logprob rows of the step (after the sampled rows): the token
+     * index of each, its sequence and position; score_rows at most. */
+    int32_t score_rows;
+    int32_t *sc_out, *sc_pos;
+    struct eng_seq **sc_seq;
     uint8_t *b_store;
     size_t b_tables_cap;
     eng_seq *live;
@@ -246,6 +252,13 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
     free(es);
 }
 
+/* Whether a request's cache takes the decode path. A request that scores
+ * its prompt runs whole: its logprobs are the full cache's. */
+static bool runs_dual(const dp_engine *e, const dp_request_params *p)
+{
+    return e->dual && p->dualpath_mode != DP_DUALPATH_OFF && !p->prompt_logprobs;
+}
+
 /* A request's compression: the server's options with its overrides. The
  * prefix it keeps whole is cut to the prompt and to whole prefill blocks,
  * the unit the prefix cache shares (the rest is compressed). */
@@ -272,8 +285,7 @@ static int admit_request(dp_engine *e, dp_request *req)
     es->req = req; /* the inbox's reference moves here */
     const dp_request_params *p = &req->params;
     const dp_compress_opts co = request_copts(e, req);
-    es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority,
-                      e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
+    es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority, runs_dual(e, p), &co);
     if (p->n_logit_bias > 0) {
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
@@ -290,6 +302,7 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_vals[i] = p->logit_bias[i].bias;
     }
     es->seq->owner = es;
+    es->seq->scores_prompt = p->prompt_logprobs;
     es->capture_at = -1;
     /* SnapKV scores with the prompt's last window of queries: they run in
      * one step (the scheduler never splits them, nor takes them from the
@@ -460,6 +473,44 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
         return false;
     }
     return true;
+}
+
+/* The step's prompt-logprob rows (after its no sampled rows): each prompt
+ * token's logprob given the tokens before it, from the raw logits, reported
+ * once per position (a recompute after preemption scores them again and
+ * reports nothing new). */
+static void emit_prompt_logprobs(dp_engine *e, int32_t no, int32_t ns)
+{
+    for (int32_t j = 0; j < ns; j++) {
+        eng_seq *es = e->sc_seq[j];
+        const int32_t pos = e->sc_pos[j] + 1; /* the token this row predicts */
+        if (pos != es->n_scored + 1)
+            continue;
+        const dp_request_params *p = &es->req->params;
+        const float *row = e->logits + (size_t)(no + j) * (size_t)e->vocab;
+        dp_event *ev = event_new(e, es->req, DP_EV_PROMPT_TOKEN);
+        if (!ev) {
+            es->n_scored = -1; /* fails after the step: the plan still names it */
+            continue;
+        }
+        const int32_t tok = es->seq->tokens[pos];
+        int32_t k = p->prompt_top > DP_MAX_TOP_LOGPROBS ? DP_MAX_TOP_LOGPROBS : p->prompt_top;
+        int32_t ids[DP_MAX_TOP_LOGPROBS];
+        float lps[DP_MAX_TOP_LOGPROBS];
+        ev->token = tok;
+        ev->pos = pos;
+        ev->logprob = sampler_logprobs(&e->sampler, row, tok, k, ids, lps);
+        ev->n_top = k;
+        for (int32_t i = 0; i < k; i++)
+            ev->top[i] = (dp_top_logprob){ids[i], lps[i]};
+        int32_t above = 0;
+        for (int32_t v = 0; v < e->vocab; v++)
+            above += row[v] > row[tok];
+        ev->rank = above + 1;
+        ev->text = calloc(1, 1);
+        push_event(e, ev);
+        es->n_scored = pos;
+    }
 }
 
 /* ---- the dual path: migration and recompression --------------------------- */
@@ -719,7 +770,7 @@ static void run_step(dp_engine *e)
         fail_all(e, "out of memory");
         return;
     }
-    int32_t nt = 0, no = 0, nc = 0;
+    int32_t nt = 0, no = 0, nc = 0, ns = 0;
     for (int32_t i = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
         dp_seq *q = it->seq;
@@ -740,7 +791,15 @@ static void run_step(dp_engine *e)
         }
         if (es->path.state == DP_PS_WAITING)
             path_set(&es->path, DP_PS_PREFILL);
+        /* Its prompt positions before the last yield prompt-logprob rows
+         * (as many as the scheduler gave room for). */
+        int32_t scored = it->decode_phase ? 0 : sched_score_rows(q, it->n);
         for (int32_t k = 0; k < it->n; k++) {
+            if (k < scored) {
+                e->sc_out[ns] = nt;
+                e->sc_pos[ns] = it->start + k;
+                e->sc_seq[ns++] = es;
+            }
             e->b_tokens[nt] = q->tokens[it->start + k];
             e->b_pos[nt] = it->start + k;
             e->b_slot[nt] = it->slot_start + k;
@@ -775,9 +834,10 @@ static void run_step(dp_engine *e)
         for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
             row[k] = 0;
     }
+    memcpy(e->b_out + no, e->sc_out, (size_t)ns * sizeof *e->sc_out);
     dp_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                   .slot = e->b_slot, .n_seqs = plan.n_items, .seq_store = e->b_store,
-                  .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no,
+                  .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no + ns,
                   .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture};
     dp_kv_store *stores[DP_KV_MAX_STORES];
     kv_mgr_stores(&e->kv, stores);
@@ -785,7 +845,8 @@ static void run_step(dp_engine *e)
     /* With device sampling the step ends in the candidates (the ignore_eos
      * rows masked on the device); the rows stay there for whoever needs
      * them. Each row's path depends only on its own request and logits. */
-    e->step_topk = e->opts.device_sampling && e->be->ops->logits_topk && no > 0;
+    /* Prompt logprobs need whole rows: such a step downloads them all. */
+    e->step_topk = e->opts.device_sampling && e->be->ops->logits_topk && no > 0 && ns == 0;
     e->n_cand = e->n_fallback = e->n_full = 0;
     int rc;
     if (e->step_topk)
@@ -805,6 +866,8 @@ static void run_step(dp_engine *e)
         return;
     }
     sched_commit(&e->sched, &plan);
+    if (ns > 0)
+        emit_prompt_logprobs(e, no, ns);
     int64_t prompt_toks = 0, gen_toks = 0;
     eng_seq **migrate = e->lists[0], **early = e->lists[1], **tail_done = e->lists[2];
     int32_t n_migrate = 0, n_early = 0, n_tail = 0;
@@ -812,6 +875,11 @@ static void run_step(dp_engine *e)
         const dp_sched_item *it = &plan.items[i];
         if (!it->decode_phase)
             prompt_toks += it->n;
+        if (((eng_seq *)it->seq->owner)->n_scored < 0) {
+            o += it->emits;
+            finish_seq(e, it->seq->owner, DP_FINISH_ERROR, "out of memory", false);
+            continue;
+        }
         if (!it->emits) {
             /* A prompt chunk ended: the detector may switch the sequence early. */
             eng_seq *es = it->seq->owner;
@@ -821,8 +889,13 @@ static void run_step(dp_engine *e)
                 early[n_early++] = es;
             continue;
         }
-        gen_toks++;
         eng_seq *es = it->seq->owner;
+        if (es->req->params.max_tokens == 0) { /* the prompt alone (scored) */
+            o++;
+            finish_seq(e, es, DP_FINISH_LENGTH, NULL, false);
+            continue;
+        }
+        gen_toks++;
         bool alive = emit_token(e, es, o++);
         /* The prompt is done: the sequence switches to the decode path (or,
          * having switched early, compacts its uncompressed tail). */
@@ -1186,9 +1259,15 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     }
     log_memory_plan(e);
     cap_context(e);
-    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs};
+    /* The model's logits rows beyond one per sequence score prompts. */
+    e->score_rows = llama_max_out(model) - opts->max_seqs;
+    dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, e->score_rows};
     size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
-    e->logits = malloc(S * (size_t)e->vocab * sizeof(float));
+    size_t R = (size_t)llama_max_out(model);
+    e->logits = malloc(R * (size_t)e->vocab * sizeof(float));
+    e->sc_out = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof(int32_t));
+    e->sc_pos = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof(int32_t));
+    e->sc_seq = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof *e->sc_seq);
     e->raw_row = malloc((size_t)e->vocab * sizeof(float));
     e->topk_k = e->vocab < ENGINE_TOPK ? e->vocab : ENGINE_TOPK;
     e->t_temp = malloc(S * sizeof(float));
@@ -1208,7 +1287,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_pos = malloc(T * sizeof(int32_t));
     e->b_seq = malloc(T * sizeof(int32_t));
     e->b_slot = malloc(T * sizeof(int32_t));
-    e->b_out = malloc(S * sizeof(int32_t));
+    e->b_out = malloc(R * sizeof(int32_t));
     e->b_store = calloc(S, 1);
     e->capture_cap = llama_capture_capacity(model);
     e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
@@ -1223,7 +1302,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         !e->lists[1] || !e->lists[2] ||
         !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
         !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
-        !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q) {
+        !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q ||
+        !e->sc_out || !e->sc_pos || !e->sc_seq) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -1307,6 +1387,9 @@ void engine_destroy(dp_engine *e)
     free(e->b_seq);
     free(e->b_slot);
     free(e->b_out);
+    free(e->sc_out);
+    free(e->sc_pos);
+    free(e->sc_seq);
     free(e->b_store);
     free(e->b_tables);
     free(e->in_q);
@@ -1325,8 +1408,11 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
         if (req->prompt[i] < 0 || req->prompt[i] >= e->vocab)
             return dp_err(err, errsz, DP_EINVAL, "prompt token %d is outside the vocabulary (0..%d)",
                           req->prompt[i], e->vocab - 1);
-    if (p->max_tokens < 1)
-        return dp_err(err, errsz, DP_EINVAL, "max_tokens must be at least 1");
+    if (p->max_tokens < 0)
+        return dp_err(err, errsz, DP_EINVAL, "max_tokens must not be negative");
+    if (p->prompt_logprobs && e->score_rows < 1)
+        return dp_err(err, errsz, DP_EINVAL, "prompt logprobs are not available: the model has "
+                      "no logits rows beyond max_num_seqs");
     if ((int64_t)req->n_prompt + p->max_tokens > e->ctx_len)
         return dp_err(err, errsz, DP_EINVAL,
                       "this model's maximum context length is %d tokens; the prompt has %d tokens "
@@ -1338,7 +1424,7 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
     /* Can it ever fit, alone in the pools? The manager's one formula. */
     const dp_compress_opts co = request_copts(e, req);
     dp_kv_seq kv;
-    kv_seq_init(&kv, e->dual && p->dualpath_mode != DP_DUALPATH_OFF, &co);
+    kv_seq_init(&kv, runs_dual(e, p), &co);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
     bool fits = kv_mgr_can_fit(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);

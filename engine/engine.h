@@ -55,6 +55,9 @@ void engine_opts_default(dp_engine_opts *o);
 typedef void (*dp_engine_notify_fn)(void *ud);
 
 #define DP_N_SCORERS 5
+/* Logits rows a step gives prompt logprobs: the model is built with this
+ * many output rows beyond max_num_seqs (the engine uses whatever it has). */
+#define DP_ENGINE_SCORE_ROWS 64
 /* What a compaction is for (the fallback counters' label). */
 typedef enum dp_compaction_kind {
     DP_COMPACT_MIGRATION = 0,  /* prompt done: prefill -> decode */

@@ -22,11 +22,15 @@ typedef struct dp_logit_bias {
 } dp_logit_bias;
 
 typedef struct dp_request_params {
-    int32_t max_tokens;           /* generated tokens at most (>= 1) */
+    int32_t max_tokens;           /* generated tokens at most (0: the prompt alone, scored) */
     dp_sampling sampling;         /* temperature, top-k/p, min-p, penalties, seed */
     dp_logit_bias *logit_bias;    /* owned; n_logit_bias entries */
     int32_t n_logit_bias;
     int32_t logprobs;             /* -1: none; 0: chosen token only; k: plus top k */
+    bool prompt_logprobs;         /* each prompt token's logprob (after the first), as
+                                   * DP_EV_PROMPT_TOKEN events before any other; the
+                                   * prompt then runs whole and is computed in full */
+    int32_t prompt_top;           /* with prompt_logprobs: plus the top prompt_top */
     char *stops[DP_MAX_STOPS];    /* owned, NUL-terminated; n_stops used */
     int32_t n_stops;
     bool ignore_eos;              /* generate exactly max_tokens unless a stop string hits */
@@ -75,6 +79,8 @@ void request_params_free(dp_request_params *p);
 
 typedef enum dp_event_kind {
     DP_EV_TOKEN = 1,    /* one generated token (text may be empty while held back) */
+    DP_EV_PROMPT_TOKEN, /* prompt_logprobs: prompt token pos (>= 1), its logprob given
+                         * the tokens before it, its rank and the top alternatives */
     DP_EV_FINISH,       /* the last event of a request: finish reason and usage */
 } dp_event_kind;
 
@@ -87,9 +93,11 @@ typedef struct dp_event {
     struct dp_event *next;
     dp_event_kind kind;
     dp_request *req;       /* holds a reference, dropped by event_free */
-    /* TOKEN */
+    /* TOKEN and PROMPT_TOKEN */
     int32_t token;
     float logprob;         /* of the chosen token (0 when logprobs are off) */
+    int32_t pos;           /* PROMPT_TOKEN: its index in the prompt */
+    int32_t rank;          /* PROMPT_TOKEN: 1 + the tokens more likely than it */
     int32_t n_top;
     dp_top_logprob top[DP_MAX_TOP_LOGPROBS];
     /* TOKEN and FINISH: the text released by this event (complete UTF-8, never

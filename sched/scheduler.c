@@ -212,6 +212,26 @@ static int32_t chunk_len(const dp_seq *q, int32_t budget)
     return budget;
 }
 
+/* Positions of a chunk of n tokens from q->n_computed that yield a logits
+ * row for its prompt logprobs: every prompt position but the last (whose
+ * row is the first token's, counted among the step's outputs). */
+int32_t sched_score_rows(const dp_seq *q, int32_t n)
+{
+    if (!q->scores_prompt)
+        return 0;
+    int32_t rows = q->n_prompt - 1 - q->n_computed;
+    if (rows < 0)
+        return 0;
+    return rows < n ? rows : n;
+}
+
+/* A chunk cut to the step's room for scoring rows. A cut chunk ends inside
+ * the prompt, where every position scores. */
+static int32_t score_cut(const dp_seq *q, int32_t n, int32_t left)
+{
+    return sched_score_rows(q, n) > left ? left : n;
+}
+
 /* Whether a running sequence is still prefilling a prompt that q shares
  * beyond what the prefix cache names already (n > 1, identical requests, a
  * system prompt that arrives with several users at once). q then waits for
@@ -220,7 +240,7 @@ static int32_t chunk_len(const dp_seq *q, int32_t budget)
  * waits too, for at most that prompt's prefill. */
 static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
 {
-    if (!s->kv->has_pc || q->n_computed > 0)
+    if (!s->kv->has_pc || q->n_computed > 0 || q->scores_prompt)
         return false;
     const int32_t bt = s->kv->pool.block_tokens;
     const int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
@@ -251,8 +271,9 @@ static bool admit(dp_sched *s, dp_seq *q)
     if (shares_pending_prefix(s, q))
         return false;
     int32_t reused = 0;
-    if (kv_mgr_admit(s->kv, &q->kv, q->tokens, q->n_tokens, q->tail_min, s->run_head != NULL,
-                     &reused) != 0)
+    /* A tail of the whole prompt: nothing comes from the prefix cache. */
+    int32_t tail = q->scores_prompt ? q->n_tokens : q->tail_min;
+    if (kv_mgr_admit(s->kv, &q->kv, q->tokens, q->n_tokens, tail, s->run_head != NULL, &reused) != 0)
         return false;
     q->n_computed = reused;
     q->reused_tokens = reused;
@@ -265,6 +286,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
     p->items = s->items;
     int32_t budget = s->opts.max_batched_tokens;
     const int32_t cap = s->opts.max_seqs;
+    int32_t score_left = s->opts.score_rows;
     int64_t preempted_before = s->n_preemptions;
 
     /* 1. Running decodes, oldest first: they hold memory already and each
@@ -298,9 +320,10 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
     for (dp_seq *q = s->run_head; q && budget > 0 && p->n_items < cap; q = q->next) {
         if (q->scheduled || q->n_computed >= q->n_tokens)
             continue;
-        int32_t n = chunk_len(q, budget);
+        int32_t n = score_cut(q, chunk_len(q, budget), score_left);
         if (n == 0 || kv_mgr_grow(s->kv, &q->kv, n) != 0)
             continue; /* waits for a step with room, or for decode blocks */
+        score_left -= sched_score_rows(q, n);
         add_item(s, p, q, n);
         budget -= n;
     }
@@ -317,7 +340,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         q->state = DP_SEQ_RUNNING;
         insert_sorted(&s->run_head, &s->run_tail, q, false);
         s->n_running++;
-        int32_t n = chunk_len(q, budget);
+        int32_t n = score_cut(q, chunk_len(q, budget), score_left);
         /* A swapped-in sequence got its cache back plus one slot; a prompt
          * tail (an early switch) needs the rest now, like any decode-path
          * prompt (step 2). */
@@ -325,6 +348,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
             n = 1;
         if (n == 0)
             break; /* admitted; its first chunk waits for the next step */
+        score_left -= sched_score_rows(q, n);
         add_item(s, p, q, n);
         budget -= n;
     }

@@ -31,6 +31,9 @@ typedef struct dp_seq {
     int32_t tail_min;         /* the prompt's last tail_min tokens run in one step, never
                                * from the prefix cache (SnapKV captures their queries) */
     int32_t n_computed;       /* tokens whose K/V are in the cache */
+    bool scores_prompt;       /* yields logits at every prompt position (prompt logprobs):
+                               * never takes its prompt from the prefix cache, and a step
+                               * holds at most opts.score_rows of those positions */
     dp_kv_seq kv;             /* its cache: path, block table, slots (kvcache/manager.h) */
     int32_t reused_tokens;    /* prompt tokens taken from the prefix cache at admission */
     dp_seq_state state;
@@ -72,6 +75,7 @@ typedef struct dp_sched_plan {
 typedef struct dp_sched_opts {
     int32_t max_batched_tokens;
     int32_t max_seqs;
+    int32_t score_rows;       /* prompt positions with logits per step (scores_prompt) */
 } dp_sched_opts;
 
 typedef struct dp_sched {
@@ -92,6 +96,9 @@ void sched_add(dp_sched *s, dp_seq *seq);
 /* Plans the next step (allocating the KV blocks it needs, preempting if it
  * must). The plan stays valid until sched_commit. */
 void sched_schedule(dp_sched *s, dp_sched_plan *plan);
+/* Of a chunk of n tokens from q->n_computed, the positions that yield a
+ * prompt-logprob row (q->scores_prompt: every prompt position but the last). */
+int32_t sched_score_rows(const dp_seq *q, int32_t n);
 /* Frees a running sequence's blocks and queues it (at its arrival rank): a
  * decode-path sequence's compact cache is swapped out and restored as it was
  * at its next admission; any other sequence (or one the swap space cannot

@@ -30,6 +30,11 @@ typedef struct result {
     dp_finish finish;
     int32_t completion_tokens;
     bool done;
+    float logprob[MAXTOK];   /* each generated token's (logprobs on) */
+    /* Prompt logprobs: events in arrival order (position, logprob, rank). */
+    int32_t p_pos[512], p_rank[512], p_top[512];
+    float p_lp[512];
+    int32_t n_p;
 } result;
 
 typedef struct world {
@@ -88,6 +93,7 @@ typedef struct req_spec {
     int32_t top_k;
     float min_p, presence_penalty;
     bool logprobs;
+    bool prompt_logprobs;
     int32_t bias_token;
     float bias;
     int32_t keep_prefix;  /* tokens kept whole on the decode path (a system prompt) */
@@ -105,6 +111,8 @@ static dp_request *make_req(const req_spec *sp, result *res)
     prm.sampling.top_p = sp->top_p;
     prm.sampling.seed = sp->seed;
     prm.logprobs = sp->logprobs ? 3 : -1;
+    prm.prompt_logprobs = sp->prompt_logprobs;
+    prm.prompt_top = sp->prompt_logprobs ? 3 : 0;
     prm.ignore_eos = sp->ignore_eos;
     prm.keep_prefix = sp->keep_prefix;
     prm.sampling.top_k = sp->top_k;
@@ -171,8 +179,15 @@ static int absorb(dp_event *ev)
         CHECK(r->text_len + x->text_len < sizeof r->text);
         memcpy(r->text + r->text_len, x->text, x->text_len);
         r->text_len += x->text_len;
-        if (x->kind == DP_EV_TOKEN) {
+        if (x->kind == DP_EV_PROMPT_TOKEN) {
+            CHECK(r->n == 0 && r->n_p < 512); /* before any generated token */
+            r->p_pos[r->n_p] = x->pos;
+            r->p_lp[r->n_p] = x->logprob;
+            r->p_rank[r->n_p] = x->rank;
+            r->p_top[r->n_p++] = x->n_top > 0 ? x->top[0].token : -1;
+        } else if (x->kind == DP_EV_TOKEN) {
             CHECK(r->n < MAXTOK);
+            r->logprob[r->n] = x->logprob;
             r->toks[r->n++] = x->token;
         } else {
             r->finish = x->finish;
@@ -983,6 +998,104 @@ static void test_snapkv_every_time(world *w)
     engine_destroy(e);
 }
 
+/* Prompt logprobs (echo + logprobs, vLLM's prompt_logprobs): every prompt
+ * position but the first is reported once, in order, before any generated
+ * token, also when the scheduler cuts the prompt into chunks to fit the
+ * step's scoring rows, when preemption recomputes it, and when the prompt is
+ * in the prefix cache (a scored prompt is computed whole). Each figure is
+ * the one the same logits row gives a generated token: the last prompt
+ * position, scored, equals the logprob of that token generated after the
+ * rest (logit_bias forces it; logprobs are reported from the raw row). The
+ * forward pass is not batch-invariant (module comment above start()), so
+ * figures from other batch compositions agree to 1e-3, not bit for bit. */
+static void test_prompt_logprobs(world *w)
+{
+    enum { N = 12 };
+    static req_spec specs[N + 1];
+    static result alone[N + 1], together[N + 1];
+    char err[DP_ERRLEN];
+    for (int i = 0; i < N; i++) {
+        /* Even: scored (max_tokens 0, or a few tokens after); odd: plain,
+         * with replies long enough to make the small pool below preempt. */
+        int32_t mt = i % 4 == 0 ? 0 : i % 2 == 0 ? 1 + urand(30) : 60 + urand(60);
+        specs[i] = (req_spec){.n_prompt = 40 + urand(80), .max_tokens = mt, .ignore_eos = true,
+                              .prompt_logprobs = i % 2 == 0};
+        for (int k = 0; k < specs[i].n_prompt; k++)
+            specs[i].prompt[k] = urand(w->vocab);
+    }
+    /* max_seqs 8 leaves the model's 32 output rows 24 scoring rows a step:
+     * a prompt of up to 120 tokens is cut into chunks for them. */
+    dp_engine *e = start(w, 1024, 8);
+    run_requests(e, specs, N, alone, true, DP_DUALPATH_DEFAULT, NULL);
+    for (int i = 0; i < N; i++) {
+        const result *r = &alone[i];
+        CHECK_EQ_INT(r->n, specs[i].max_tokens);
+        if (!specs[i].prompt_logprobs) {
+            CHECK_EQ_INT(r->n_p, 0);
+            continue;
+        }
+        CHECK_EQ_INT(r->n_p, specs[i].n_prompt - 1);
+        for (int k = 0; k < r->n_p; k++) {
+            CHECK_EQ_INT(r->p_pos[k], k + 1);
+            CHECK(r->p_lp[k] <= 0.0f && isfinite(r->p_lp[k]));
+            CHECK(r->p_rank[k] >= 1);
+            /* Rank 1 exactly when the token is the top alternative. */
+            CHECK((r->p_rank[k] == 1) == (r->p_top[k] == specs[i].prompt[k + 1]));
+        }
+        if (specs[i].max_tokens == 0)
+            CHECK_EQ_INT(r->finish, DP_FINISH_LENGTH);
+    }
+    /* The same prompt again: its blocks are in the prefix cache, yet every
+     * position is scored. */
+    specs[N] = specs[0];
+    run_requests(e, &specs[N], 1, &alone[N], true, DP_DUALPATH_DEFAULT, NULL);
+    CHECK_EQ_INT(alone[N].n_p, alone[0].n_p);
+    CHECK(memcmp(alone[N].p_lp, alone[0].p_lp, (size_t)alone[0].n_p * sizeof(float)) == 0);
+    /* The last prompt position, generated: the prompt less its last token,
+     * the last token forced. */
+    req_spec g = specs[0];
+    g.n_prompt--;
+    g.max_tokens = 1;
+    g.logprobs = true;
+    g.prompt_logprobs = false;
+    g.bias_token = specs[0].prompt[g.n_prompt];
+    g.bias = 100.0f;
+    result gr;
+    run_requests(e, &g, 1, &gr, true, DP_DUALPATH_DEFAULT, NULL);
+    CHECK_EQ_INT(gr.toks[0], g.bias_token);
+    const float last = alone[0].p_lp[alone[0].n_p - 1];
+    CHECK_MSG(fabsf(gr.logprob[0] - last) < 1e-3f, "scored %.6f, generated %.6f", last,
+              gr.logprob[0]);
+    engine_destroy(e);
+
+    /* Together in a small pool: preemption recomputes scored prompts. */
+    e = start(w, 24, 8);
+    dp_engine_stats st;
+    run_requests(e, specs, N, together, false, DP_DUALPATH_DEFAULT, &st);
+    engine_destroy(e);
+    float worst = 0.0f;
+    for (int i = 0; i < N; i++) {
+        CHECK_EQ_INT(together[i].n_p, alone[i].n_p);
+        for (int k = 0; k < alone[i].n_p; k++) {
+            CHECK_EQ_INT(together[i].p_pos[k], k + 1);
+            float d = fabsf(together[i].p_lp[k] - alone[i].p_lp[k]);
+            worst = d > worst ? d : worst;
+        }
+    }
+    CHECK_MSG(worst < 1e-3f, "prompt logprobs differ by %g together", worst);
+    CHECK(st.preemptions > 0);
+    /* No scoring rows (a model with one output row per sequence): refused. */
+    e = start(w, 1024, 32);
+    dp_request *r = make_req(&specs[0], &alone[0]);
+    CHECK(engine_submit(e, r, err, sizeof err) == DP_EINVAL);
+    request_unref(r);
+    engine_destroy(e);
+    printf("prompt logprobs: %d scored prompts reported whole alone, from the prefix cache and "
+           "together (%lld preemptions; worst difference %.2g); last position = generated "
+           "(%.6f vs %.6f)\n", N / 2, (long long)st.preemptions, (double)worst, (double)last,
+           (double)gr.logprob[0]);
+}
+
 /* Device sampling on and off: the same seeded requests, with every kind of
  * sampling setting at once in one batch, give the same tokens, whether a row
  * was decided by the backend's candidates, fell back to its downloaded row,
@@ -1230,6 +1343,7 @@ int main(void)
     test_cancel(&w);
     test_limits(&w);
     test_step_failure(&w);
+    test_prompt_logprobs(&w);
     test_device_sampling(&w, specs, 16, "tiny");
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;

@@ -80,7 +80,7 @@ static void run(const run_opts *o, job *jobs, int32_t n_jobs, const int32_t *arr
     dp_kv_pool *pool = &kv.pool;
     fake f = {calloc((size_t)o->n_blocks * BT, sizeof(int32_t)), o->n_blocks};
     dp_sched s;
-    dp_sched_opts so = {o->max_tokens, o->max_seqs};
+    dp_sched_opts so = {o->max_tokens, o->max_seqs, 0};
     CHECK(sched_init(&s, &so, &kv) == 0);
     memset(st, 0, sizeof *st);
     int32_t done = 0, next_tok[4096];
@@ -269,7 +269,7 @@ int main(void)
         CHECK(mgr_init(&kv, 4) == 0);
         dp_kv_pool *pool = &kv.pool;
         dp_sched s;
-        dp_sched_opts so = {256, 8};
+        dp_sched_opts so = {256, 8, 0};
         CHECK(sched_init(&s, &so, &kv) == 0);
         int32_t pr[40] = {0};
         dp_seq *a = seq_new(1, pr, 40, 0, false, NULL), *b = seq_new(2, pr, 40, 0, false, NULL);

@@ -304,6 +304,16 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
               (long long)st->sampled_full_row);
     family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
     tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
+    family(&b, "dualpath_grammar_masks_total", "counter",
+           "Constrained decoding: token masks by source (computed: a walk of the vocabulary "
+           "trie; cached: a mask of the same state, from any request with the same grammar)");
+    tb_printf(&b, "dualpath_grammar_masks_total{source=\"computed\"} %lld\n",
+              (long long)st->grammar_masks_computed);
+    tb_printf(&b, "dualpath_grammar_masks_total{source=\"cached\"} %lld\n",
+              (long long)st->grammar_masks_cached);
+    family(&b, "dualpath_grammar_seconds_total", "counter",
+           "Constrained decoding: time spent masking logits");
+    tb_printf(&b, "dualpath_grammar_seconds_total %.6f\n", st->grammar_seconds);
     family(&b, "dualpath_failed_steps_total", "counter",
            "Forward passes that failed and failed their sequences (the device was fine).");
     tb_printf(&b, "dualpath_failed_steps_total %lld\n", (long long)st->failed_steps);

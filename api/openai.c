@@ -10,6 +10,7 @@
 
 #include "common/dp.h"
 #include "kvcache/compress.h"
+#include "schema.h"
 
 /* ---- small helpers ---- */
 
@@ -136,6 +137,8 @@ int oai_params_clone(dp_request_params *dst, const dp_request_params *src)
     *dst = *src;
     dst->logit_bias = NULL;
     memset(dst->stops, 0, sizeof dst->stops);
+    if (dst->grammar)
+        grammar_ref(dst->grammar);
     if (src->n_logit_bias) {
         dst->logit_bias = malloc((size_t)src->n_logit_bias * sizeof *dst->logit_bias);
         if (!dst->logit_bias)
@@ -303,6 +306,9 @@ static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
 }
 
 /* Fields both endpoints share. */
+static int parse_constraint(const dp_oai_ctx *c, const cJSON *root, dp_request_params *p,
+                            dp_api_err *e);
+
 static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
     dp_request_params *p = &r->params;
@@ -367,17 +373,189 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
     cJSON *tools = field(root, "tools");
     if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
         return api_err_invalid(e, "tools", "'tools' are not supported by this server");
-    cJSON *rf = field(root, "response_format");
-    if (rf) {
-        cJSON *t = cJSON_IsObject(rf) ? field(rf, "type") : NULL;
-        if (!t || !cJSON_IsString(t))
-            return api_err_invalid(e, "response_format",
-                                   "'response_format' must be an object with a string 'type'");
-        if (strcmp(t->valuestring, "text"))
-            return api_err_invalid(e, "response_format",
-                                   "response_format type '%.40s' is not supported (only 'text')",
-                                   t->valuestring);
+    return parse_constraint(c, root, p, e);
+}
+
+/* ---- structured output ----
+ *
+ * Every way clients ask for it becomes one grammar (sched/grammar.h),
+ * compiled here so that a bad schema or grammar is a 400 naming the field:
+ * OpenAI's response_format (json_object; json_schema with its schema, strict
+ * or not: the grammar is exact either way), vLLM's guided_json,
+ * guided_regex, guided_choice and guided_grammar, llama.cpp's json_schema and
+ * grammar (GBNF). One request asks for one of them. */
+
+/* The schema of a field that holds one: an object, a boolean, or (vLLM
+ * accepts it) a JSON text. *own is set when it was parsed here. */
+static const cJSON *schema_of(const cJSON *v, cJSON **own)
+{
+    *own = NULL;
+    if (cJSON_IsString(v)) {
+        *own = cJSON_Parse(v->valuestring);
+        return *own;
     }
+    return cJSON_IsObject(v) || cJSON_IsBool(v) ? v : NULL;
+}
+
+static int constraint_gbnf(const cJSON *root, const char *name, const cJSON *v, char **gbnf,
+                           char *err, size_t errsz, char *where, size_t wsz)
+{
+    char path[256] = "";
+    if (!strcmp(name, "response_format")) {
+        const cJSON *t = cJSON_IsObject(v) ? field(v, "type") : NULL;
+        if (!t || !cJSON_IsString(t))
+            return dp_err(err, errsz, DP_EINVAL,
+                          "'response_format' must be an object with a string 'type'");
+        if (!strcmp(t->valuestring, "text"))
+            return 0;
+        if (!strcmp(t->valuestring, "json_object"))
+            return schema_json_object_gbnf(gbnf, err, errsz);
+        if (strcmp(t->valuestring, "json_schema"))
+            return dp_err(err, errsz, DP_EINVAL, "response_format type '%.40s' is not supported "
+                          "('text', 'json_object' or 'json_schema')", t->valuestring);
+        const cJSON *js = field(v, "json_schema");
+        const cJSON *sc = cJSON_IsObject(js) ? field(js, "schema") : NULL;
+        if (!sc) /* OpenAI: json_schema.schema; some clients send it one level up */
+            sc = field(v, "schema");
+        if (!sc || !(cJSON_IsObject(sc) || cJSON_IsBool(sc))) {
+            snprintf(where, wsz, "response_format.json_schema.schema");
+            return dp_err(err, errsz, DP_EINVAL, "response_format json_schema needs "
+                          "'json_schema': {'name': ..., 'schema': {...}}");
+        }
+        int rc = schema_to_gbnf(sc, gbnf, path, sizeof path, err, errsz);
+        if (rc && path[0])
+            snprintf(where, wsz, "response_format.json_schema.schema.%.200s", path);
+        return rc;
+    }
+    if (!strcmp(name, "guided_json") || !strcmp(name, "json_schema")) {
+        cJSON *own;
+        const cJSON *sc = schema_of(v, &own);
+        if (!sc)
+            return dp_err(err, errsz, DP_EINVAL, "'%s' must be a JSON Schema (an object)", name);
+        int rc = schema_to_gbnf(sc, gbnf, path, sizeof path, err, errsz);
+        if (rc && path[0])
+            snprintf(where, wsz, "%s.%.200s", name, path);
+        cJSON_Delete(own);
+        return rc;
+    }
+    if (!strcmp(name, "guided_regex")) {
+        if (!cJSON_IsString(v))
+            return dp_err(err, errsz, DP_EINVAL, "'guided_regex' must be a string");
+        return regex_to_gbnf(v->valuestring, strlen(v->valuestring), gbnf, err, errsz);
+    }
+    if (!strcmp(name, "guided_choice")) {
+        int n = cJSON_IsArray(v) ? cJSON_GetArraySize(v) : 0;
+        if (n < 1 || n > 4096)
+            return dp_err(err, errsz, DP_EINVAL, "'guided_choice' must be an array of 1 to 4096 "
+                          "strings");
+        const char **ch = calloc((size_t)n, sizeof *ch);
+        if (!ch)
+            return DP_ENOMEM;
+        int i = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, v) {
+            if (!cJSON_IsString(it)) {
+                free(ch);
+                return dp_err(err, errsz, DP_EINVAL, "'guided_choice' must hold strings only");
+            }
+            ch[i++] = it->valuestring;
+        }
+        int rc = choice_to_gbnf(ch, n, gbnf, err, errsz);
+        free(ch);
+        return rc;
+    }
+    /* guided_grammar, grammar: GBNF as given. */
+    (void)root;
+    if (!cJSON_IsString(v))
+        return dp_err(err, errsz, DP_EINVAL, "'%s' must be a string (GBNF)", name);
+    *gbnf = strdup(v->valuestring);
+    return *gbnf ? 0 : DP_ENOMEM;
+}
+
+#define GRAMMAR_CACHE_SLOTS 32
+
+struct dp_grammar_cache {
+    struct gc_entry {
+        char *text;
+        dp_grammar *g;
+        uint64_t used;
+    } e[GRAMMAR_CACHE_SLOTS];
+    uint64_t clock;
+};
+
+dp_grammar_cache *grammar_cache_new(void) { return calloc(1, sizeof(dp_grammar_cache)); }
+
+void grammar_cache_free(dp_grammar_cache *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < GRAMMAR_CACHE_SLOTS; i++) {
+        free(c->e[i].text);
+        grammar_unref(c->e[i].g);
+    }
+    free(c);
+}
+
+/* The grammar of a GBNF text: the cached one (a new reference), else
+ * compiled and cached in the least recently used slot. */
+static int grammar_get(dp_grammar_cache *c, const char *text, dp_grammar **out, char *err,
+                       size_t errsz)
+{
+    if (c)
+        for (int i = 0; i < GRAMMAR_CACHE_SLOTS; i++)
+            if (c->e[i].text && !strcmp(c->e[i].text, text)) {
+                c->e[i].used = ++c->clock;
+                grammar_ref(c->e[i].g);
+                *out = c->e[i].g;
+                return 0;
+            }
+    int rc = grammar_compile(out, text, strlen(text), err, errsz);
+    if (rc || !c)
+        return rc;
+    struct gc_entry *v = &c->e[0];
+    for (int i = 1; i < GRAMMAR_CACHE_SLOTS; i++)
+        if (c->e[i].used < v->used)
+            v = &c->e[i];
+    char *t = strdup(text);
+    if (!t)
+        return 0; /* uncached, still compiled */
+    free(v->text);
+    grammar_unref(v->g);
+    grammar_ref(*out);
+    *v = (struct gc_entry){t, *out, ++c->clock};
+    return 0;
+}
+
+static int parse_constraint(const dp_oai_ctx *c, const cJSON *root, dp_request_params *p,
+                            dp_api_err *e)
+{
+    static const char *const names[] = {"response_format", "guided_json", "guided_regex",
+                                        "guided_choice", "guided_grammar", "json_schema",
+                                        "grammar"};
+    const char *name = NULL;
+    const cJSON *v = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names; i++) {
+        const cJSON *x = field(root, names[i]);
+        if (!x)
+            continue;
+        if (name)
+            return api_err_invalid(e, names[i], "'%s' and '%s' both constrain the output; send "
+                                   "one", name, names[i]);
+        name = names[i];
+        v = x;
+    }
+    if (!name)
+        return 0;
+    char err[DP_ERRLEN] = "", where[320] = "";
+    char *gbnf = NULL;
+    int rc = constraint_gbnf(root, name, v, &gbnf, err, sizeof err, where, sizeof where);
+    if (rc == 0 && gbnf)
+        rc = grammar_get(c->grammars, gbnf, &p->grammar, err, sizeof err);
+    free(gbnf);
+    if (rc == DP_ENOMEM)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc)
+        return api_err_invalid(e, where[0] ? where : name, "%s", err);
     return 0;
 }
 
@@ -532,7 +710,7 @@ static int system_tokens(const dp_oai_ctx *c, const dp_chat_msg *msgs, int n,
     char *text = NULL, err[DP_ERRLEN];
     int32_t *ids = NULL;
     size_t nid = 0;
-    if (chat_template_apply(c->tmpl, msgs, (size_t)n_sys, false, &text, err, sizeof err) ||
+    if (chat_template_apply(c->tmpl, msgs, (size_t)n_sys, DP_CHAT_END_NONE, &text, err, sizeof err) ||
         tokenizer_encode(c->tok, text, strlen(text), tokenizer_add_bos(c->tok), true, &ids, &nid)) {
         free(text);
         return api_err_set(e, 500, "server_error", NULL, NULL, "cannot render the system prompt");
@@ -583,6 +761,21 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer"))
             rs = "system";
+        /* Tool calling is not implemented: its messages are refused as
+         * such, not for their missing content. */
+        if (!strcmp(rs, "tool") || !strcmp(rs, "function")) {
+            api_err_invalid(e, param, "'%s' is '%s': tool calling is not supported by this "
+                            "server", param, rs);
+            goto out;
+        }
+        const cJSON *tc = field(m, "tool_calls");
+        if (tc && cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)
+            tc = NULL; /* an empty list asks for nothing */
+        if (tc || field(m, "function_call")) {
+            snprintf(param, sizeof param, "messages[%d].%s", i, tc ? "tool_calls" : "function_call");
+            api_err_invalid(e, param, "'%s': tool calling is not supported by this server", param);
+            goto out;
+        }
         if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
             api_err_invalid(e, param, "'%s' must be 'system', 'user' or 'assistant', got '%.40s'",
                             param, role->valuestring);
@@ -594,8 +787,30 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         msgs[i].content = texts[i];
         i++;
     }
+    /* How the prompt ends. A last message from the assistant is continued
+     * (assistant prefill, llama.cpp's default) unless add_generation_prompt
+     * asks for a new turn; vLLM's continue_final_message says so outright. */
+    bool agp = true, agp_set = field(root, "add_generation_prompt") != NULL, cfm = false;
+    bool cfm_set = field(root, "continue_final_message") != NULL;
+    if (get_bool(root, "add_generation_prompt", &agp, e) ||
+        get_bool(root, "continue_final_message", &cfm, e))
+        goto out;
+    bool last_assistant = !strcmp(msgs[n - 1].role, "assistant");
+    if (cfm && agp_set && agp) {
+        api_err_invalid(e, "continue_final_message", "'continue_final_message' and "
+                        "'add_generation_prompt' cannot both be true");
+        goto out;
+    }
+    if (cfm && !last_assistant) {
+        api_err_invalid(e, "continue_final_message", "'continue_final_message' needs the last "
+                        "message to be the assistant's");
+        goto out;
+    }
+    dp_chat_end end = cfm || (!cfm_set && !agp_set && last_assistant) ? DP_CHAT_END_CONTINUE
+                      : agp                                            ? DP_CHAT_END_GENERATE
+                                                                       : DP_CHAT_END_NONE;
     char err[DP_ERRLEN];
-    if (chat_template_apply(c->tmpl, msgs, (size_t)n, true, &prompt, err, sizeof err)) {
+    if (chat_template_apply(c->tmpl, msgs, (size_t)n, end, &prompt, err, sizeof err)) {
         api_err_invalid(e, "messages", "%s", err);
         goto out;
     }
@@ -677,15 +892,16 @@ static const field_rule field_rules[] = {
     {"request_id", F_INERT, F_BOTH, NULL},
     {"priority", F_INERT, F_BOTH, NULL},
     /* Constrained decoding (OpenAI, vLLM, llama.cpp spellings). */
-    {"guided_json", F_REFUSE, F_BOTH, "JSON-schema constrained output"},
-    {"guided_regex", F_REFUSE, F_BOTH, "regex-constrained output"},
-    {"guided_choice", F_REFUSE, F_BOTH, "choice-constrained output"},
-    {"guided_grammar", F_REFUSE, F_BOTH, "grammar-constrained output"},
-    {"guided_decoding_backend", F_REFUSE, F_BOTH, "constrained output"},
+    {"guided_json", F_IMPL, F_BOTH, NULL},
+    {"guided_regex", F_IMPL, F_BOTH, NULL},
+    {"guided_choice", F_IMPL, F_BOTH, NULL},
+    {"guided_grammar", F_IMPL, F_BOTH, NULL},
+    /* One backend (sched/grammar.c) whatever is named. */
+    {"guided_decoding_backend", F_INERT, F_BOTH, NULL},
     {"guided_whitespace_pattern", F_REFUSE, F_BOTH, "constrained output"},
     {"structured_outputs", F_REFUSE, F_BOTH, "constrained output"},
-    {"grammar", F_REFUSE, F_BOTH, "grammar-constrained output"},
-    {"json_schema", F_REFUSE, F_BOTH, "JSON-schema constrained output"},
+    {"grammar", F_IMPL, F_BOTH, NULL},
+    {"json_schema", F_IMPL, F_BOTH, NULL},
     {"tool_choice", F_REFUSE, F_BOTH, "a tool call"},
     {"functions", F_REFUSE, F_BOTH, "function calling"},
     {"function_call", F_REFUSE, F_BOTH, "a function call"},
@@ -702,8 +918,8 @@ static const field_rule field_rules[] = {
     {"modalities", F_REFUSE, F_CHAT, "a non-text output modality"},
     {"audio", F_REFUSE, F_CHAT, "audio output"},
     {"web_search_options", F_REFUSE, F_CHAT, "web search"},
-    {"add_generation_prompt", F_REFUSE, F_CHAT, "a prompt without the assistant header"},
-    {"continue_final_message", F_REFUSE, F_CHAT, "continuing the last assistant message"},
+    {"add_generation_prompt", F_IMPL, F_CHAT, NULL},
+    {"continue_final_message", F_IMPL, F_CHAT, NULL},
     {"chat_template", F_REFUSE, F_CHAT, "a custom chat template"},
     {"chat_template_kwargs", F_REFUSE, F_CHAT, "chat template arguments"},
 };
@@ -711,15 +927,12 @@ static const field_rule field_rules[] = {
 /* Values that ask for nothing, per field. */
 static bool field_inert(const char *name, const cJSON *v)
 {
-    if (!strcmp(name, "add_generation_prompt") || !strcmp(name, "skip_special_tokens"))
+    if (!strcmp(name, "skip_special_tokens"))
         return cJSON_IsTrue(v);
     if (!strcmp(name, "tool_choice") || !strcmp(name, "function_call"))
         /* tools and functions themselves are refused unless empty */
         return cJSON_IsString(v) && (!strcmp(v->valuestring, "none") ||
                                      !strcmp(v->valuestring, "auto"));
-    /* An empty schema still asks for JSON: only false asks for nothing. */
-    if (!strcmp(name, "guided_json") || !strcmp(name, "json_schema"))
-        return cJSON_IsFalse(v);
     if (!strcmp(name, "modalities")) {
         if (!cJSON_IsArray(v))
             return false;

@@ -21,6 +21,13 @@ typedef enum dp_oai_kind { DP_OAI_COMPLETION = 1, DP_OAI_CHAT = 2 } dp_oai_kind;
 #define DP_OAI_MAX_CHOICES 64   /* prompts x n */
 #define DP_OAI_MAX_UNKNOWN 8    /* unknown field names reported per request */
 
+/* Compiled grammars by their text, so that requests with the same schema
+ * share one grammar and with it its token-mask cache (sched/grammar.h).
+ * The loop thread's; holds a reference to each. */
+typedef struct dp_grammar_cache dp_grammar_cache;
+dp_grammar_cache *grammar_cache_new(void);
+void grammar_cache_free(dp_grammar_cache *c);
+
 typedef struct dp_oai_ctx {
     const dp_tokenizer *tok;
     const dp_chat_template *tmpl;
@@ -34,6 +41,7 @@ typedef struct dp_oai_ctx {
     /* A chat's leading system messages are kept whole on the decode path
      * (the keep_system_prompt setting; dualpath.keep_system per request). */
     bool keep_system;
+    dp_grammar_cache *grammars; /* may be NULL: each request compiles its own */
 } dp_oai_ctx;
 
 typedef struct dp_oai_prompt {

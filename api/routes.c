@@ -64,6 +64,18 @@ static enum MHD_Result on_model(dp_server *s, dp_hreq *h, const char *id)
     return send_json(h, 200, model_obj(s));
 }
 
+/* /version: what vLLM answers ({"version"}), with what the model runs on. */
+static enum MHD_Result on_version(dp_server *s, dp_hreq *h)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "version", DP_VERSION_STR);
+    cJSON_AddStringToObject(o, "model", s->model_name);
+    cJSON_AddStringToObject(o, "backend", s->backend[0] ? s->backend
+                                          : s->opts.backend ? s->opts.backend : "unknown");
+    cJSON_AddStringToObject(o, "kernels", s->kernels[0] ? s->kernels : "unknown");
+    return send_json(h, 200, o);
+}
+
 static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
 {
     dp_engine_stats st;
@@ -198,7 +210,7 @@ typedef enum route_kind { R_NONE, R_GET, R_POST } route_kind;
 static route_kind route_of(const char *u)
 {
     if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
-        !strncmp(u, "/v1/models/", 11))
+        !strcmp(u, "/version") || !strncmp(u, "/v1/models/", 11))
         return R_GET;
     if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
         !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize"))
@@ -290,6 +302,8 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
             return on_metrics(s, h);
         if (!strcmp(u, "/v1/models"))
             return on_models(s, h);
+        if (!strcmp(u, "/version"))
+            return on_version(s, h);
         return on_model(s, h, u + 11);
     }
     if (kind == R_POST && post) {

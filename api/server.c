@@ -767,6 +767,7 @@ int server_init(dp_server **out, uv_loop_t *loop, const dp_server_opts *o,
     s->oai.context_length = 2048;
     s->oai.default_max_tokens = o->default_max_tokens;
     s->oai.keep_system = o->keep_system;
+    s->oai.grammars = grammar_cache_new(); /* NULL: no sharing, still correct */
     s->created = (long long)time(NULL);
     s->id_salt = mix64(uv_hrtime() ^ ((uint64_t)getpid() << 32));
     metrics_init(&s->metrics);
@@ -923,6 +924,7 @@ void server_destroy(dp_server *s)
     if (!s)
         return;
     guard_destroy(&s->guard);
+    grammar_cache_free(s->oai.grammars);
     free(s->model_name);
     free(s->model_alias);
     free(s);

@@ -40,6 +40,7 @@ typedef struct eng_seq {
     bool switched_early;   /* compacted mid-prompt: compacts again at the prompt's end */
     int32_t seen_preemptions;
     int32_t n_scored;      /* prompt_logprobs: prompt tokens 1..n_scored reported (-1: failed) */
+    dp_gstate *gs;         /* constrained decoding: the grammar's state after the output */
     double t_first;
     int32_t *bias_ids;
     float *bias_vals;
@@ -88,6 +89,7 @@ struct dp_engine {
     int32_t score_rows;
     int32_t *sc_out, *sc_pos;
     struct eng_seq **sc_seq;
+    dp_gvocab *gvocab;         /* the vocabulary's byte trie, built for the first grammar */
     uint8_t *b_store;
     size_t b_tables_cap;
     eng_seq *live;
@@ -245,6 +247,7 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
     pthread_mutex_unlock(&e->stats_mu);
     seq_free(es->seq);
     free(es->prev_keep);
+    gstate_free(es->gs);
     stop_destroy(&es->stop);
     free(es->bias_ids);
     free(es->bias_vals);
@@ -303,6 +306,19 @@ static int admit_request(dp_engine *e, dp_request *req)
     }
     es->seq->owner = es;
     es->seq->scores_prompt = p->prompt_logprobs;
+    if (p->grammar) {
+        /* The trie is built once, for the first constrained request. */
+        if (!e->gvocab)
+            e->gvocab = gvocab_new(e->tok);
+        es->gs = e->gvocab ? gstate_new(p->grammar) : NULL;
+        if (!es->gs) {
+            seq_free(es->seq);
+            free(es->bias_ids);
+            free(es->bias_vals);
+            free(es);
+            return DP_ENOMEM;
+        }
+    }
     es->capture_at = -1;
     /* SnapKV scores with the prompt's last window of queries: they run in
      * one step (the scheduler never splits them, nor takes them from the
@@ -343,7 +359,23 @@ static int admit_request(dp_engine *e, dp_request *req)
  * (logit_bias, penalties) or reports log-probabilities over the vocabulary. */
 static bool needs_full_row(const dp_request_params *p)
 {
-    return p->n_logit_bias > 0 || p->logprobs >= 0 || sampling_needs_row(&p->sampling);
+    return p->n_logit_bias > 0 || p->logprobs >= 0 || p->grammar || sampling_needs_row(&p->sampling);
+}
+
+/* Constrained decoding: tokens that cannot continue the grammar's sentence
+ * are masked out of the row (timed and counted for /metrics). */
+static void constrain_row(dp_engine *e, eng_seq *es, float *row)
+{
+    double t0 = dp_now();
+    int64_t c0, h0, c1, h1;
+    gstate_mask_stats(es->gs, &c0, &h0);
+    gstate_mask_logits(es->gs, e->gvocab, row);
+    gstate_mask_stats(es->gs, &c1, &h1);
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.grammar_masks_computed += c1 - c0;
+    e->stats.grammar_masks_cached += h1 - h0;
+    e->stats.grammar_seconds += dp_now() - t0;
+    pthread_mutex_unlock(&e->stats_mu);
 }
 
 static void mask_eog(const dp_engine *e, float *row)
@@ -416,6 +448,8 @@ static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
         sampler_apply_bias(row, e->vocab, es->bias_ids, es->bias_vals, p->n_logit_bias);
     sampler_apply_penalties(&e->sampler, &p->sampling, row, q->tokens, q->n_prompt,
                             q->tokens + q->n_prompt, q->n_tokens - q->n_prompt);
+    if (es->gs)
+        constrain_row(e, es, row);
     if (p->ignore_eos)
         mask_eog(e, row);
     e->n_full++;
@@ -451,11 +485,28 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
     char piece[512];
     char *rel = NULL;
     size_t n_rel = 0;
+    bool hit_stop = false; /* a stop string: the text ends at its match */
+    if (es->gs && !eog) {
+        /* The mask allowed it, so it continues the sentence; a finished
+         * sentence ends the generation as a stop would. */
+        int nb = tokenizer_token_bytes(e->tok, tok, false, piece, sizeof piece);
+        if (nb < 0 || nb > (int)sizeof piece ||
+            gstate_advance(es->gs, piece, (size_t)nb) != 0) {
+            event_free(ev);
+            finish_seq(e, es, DP_FINISH_ERROR, "constrained decoding reached a token outside the "
+                       "grammar", false);
+            return false;
+        }
+        if (gstate_done(es->gs))
+            why = DP_FINISH_STOP;
+    }
     if (!eog) {
         int n = detok_push(&es->detok, e->tok, tok, piece, sizeof piece);
         int m = stop_push(&es->stop, piece, n > 0 ? (size_t)n : 0, p->include_stop_str, &rel, &n_rel);
-        if (m == 1)
+        if (m == 1) {
             why = DP_FINISH_STOP;
+            hit_stop = true;
+        }
     } else {
         why = DP_FINISH_STOP;
     }
@@ -469,7 +520,7 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
         return false;
     }
     if (why != DP_FINISH_NONE) { /* a stop string ends the text at the match */
-        finish_seq(e, es, why, NULL, !(why == DP_FINISH_STOP && !eog));
+        finish_seq(e, es, why, NULL, !hit_stop);
         return false;
     }
     return true;
@@ -1390,6 +1441,7 @@ void engine_destroy(dp_engine *e)
     free(e->sc_out);
     free(e->sc_pos);
     free(e->sc_seq);
+    gvocab_free(e->gvocab);
     free(e->b_store);
     free(e->b_tables);
     free(e->in_q);

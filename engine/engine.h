@@ -109,6 +109,10 @@ typedef struct dp_engine_stats {
     int64_t generation_tokens;
     int64_t preemptions;
     int64_t failed_steps;     /* forward passes that failed (their sequences with them) */
+    /* Constrained decoding: token masks computed (a walk of the vocabulary
+     * trie) and served from a state's cache, and the time spent on both. */
+    int64_t grammar_masks_computed, grammar_masks_cached;
+    double grammar_seconds;
     int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
     int64_t swap_bytes;       /* host memory the swapped caches hold now */
     int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */

@@ -159,7 +159,8 @@ const char *chat_format_name(dp_chat_format f)
     return "unknown";
 }
 
-static void render_chatml(const dp_chat_template *ct, const dp_chat_msg *m, size_t n, bool gen, sbuf *b)
+static void render_chatml(const dp_chat_template *ct, const dp_chat_msg *m, size_t n,
+                          dp_chat_end end, sbuf *b)
 {
     if (ct->default_system && strcmp(m[0].role, "system") != 0) {
         sb_str(b, "<|im_start|>system\n");
@@ -171,29 +172,31 @@ static void render_chatml(const dp_chat_template *ct, const dp_chat_msg *m, size
         sb_str(b, m[i].role);
         sb_str(b, "\n");
         sb_str(b, m[i].content);
-        sb_str(b, "<|im_end|>\n");
+        if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
+            sb_str(b, "<|im_end|>\n");
     }
-    if (gen) sb_str(b, "<|im_start|>assistant\n");
+    if (end == DP_CHAT_END_GENERATE) sb_str(b, "<|im_start|>assistant\n");
 }
 
 /* Meta's Llama-3 Instruct template: header, trimmed content, <|eot_id|>. */
-static void render_llama3(const dp_chat_msg *m, size_t n, bool gen, sbuf *b)
+static void render_llama3(const dp_chat_msg *m, size_t n, dp_chat_end end, sbuf *b)
 {
     for (size_t i = 0; i < n; i++) {
         sb_str(b, "<|start_header_id|>");
         sb_str(b, m[i].role);
         sb_str(b, "<|end_header_id|>\n\n");
         sb_strip(b, m[i].content);
-        sb_str(b, "<|eot_id|>");
+        if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
+            sb_str(b, "<|eot_id|>");
     }
-    if (gen) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    if (end == DP_CHAT_END_GENERATE) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
 }
 
 /* Meta's Llama-2 chat template: an optional leading system message folds into
  * the first user turn; user and assistant must alternate, user first; the
  * prompt ends with [/INST], so there is no separate generation prompt. */
-static int render_llama2(const dp_chat_template *ct, const dp_chat_msg *m, size_t n, sbuf *b, char *err,
-                         size_t errsz)
+static int render_llama2(const dp_chat_template *ct, const dp_chat_msg *m, size_t n, dp_chat_end end,
+                         sbuf *b, char *err, size_t errsz)
 {
     const char *sys = NULL;
     size_t first = 0;
@@ -229,14 +232,15 @@ static int render_llama2(const dp_chat_template *ct, const dp_chat_msg *m, size_
         } else {
             sb_str(b, " ");
             sb_strip(b, m[i].content);
-            sb_str(b, " </s>");
+            if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
+                sb_str(b, " </s>");
         }
     }
     return 0;
 }
 
 int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, size_t n,
-                        bool add_generation_prompt, char **out, char *err, size_t errsz)
+                        dp_chat_end end, char **out, char *err, size_t errsz)
 {
     *out = NULL;
     if (n == 0 || !msgs) return dp_err(err, errsz, DP_EINVAL, "chat template: no messages");
@@ -248,13 +252,16 @@ int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, siz
         if (!msgs[i].content)
             return dp_err(err, errsz, DP_EINVAL, "chat template: message %zu has no content", i);
     }
+    if (end == DP_CHAT_END_CONTINUE && strcmp(msgs[n - 1].role, "assistant") != 0)
+        return dp_err(err, errsz, DP_EINVAL, "chat template: only an assistant message can be "
+                      "continued (the last message is the %s's)", msgs[n - 1].role);
     sbuf b = {0};
     sb_add(&b, "", 0);  /* an empty rendering is still a string */
     int rc = 0;
     switch (ct->format) {
-    case DP_CHAT_LLAMA3: render_llama3(msgs, n, add_generation_prompt, &b); break;
-    case DP_CHAT_LLAMA2: rc = render_llama2(ct, msgs, n, &b, err, errsz); break;
-    default: render_chatml(ct, msgs, n, add_generation_prompt, &b); break;
+    case DP_CHAT_LLAMA3: render_llama3(msgs, n, end, &b); break;
+    case DP_CHAT_LLAMA2: rc = render_llama2(ct, msgs, n, end, &b, err, errsz); break;
+    default: render_chatml(ct, msgs, n, end, &b); break;
     }
     if (rc == 0 && b.oom) rc = dp_err(err, errsz, DP_ENOMEM, "chat template: out of memory");
     if (rc) {

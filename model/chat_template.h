@@ -32,11 +32,19 @@ typedef struct dp_chat_template {
 int chat_template_init(dp_chat_template *ct, const char *src, size_t len);
 void chat_template_destroy(dp_chat_template *ct);
 
-/* Renders messages; with add_generation_prompt the assistant header is
- * appended so the model answers. *out is malloc'd, NUL-terminated. Returns 0
- * or DP_EINVAL (with a message in err) for an unknown role or no messages. */
+/* How a rendering ends (false and true keep their old meaning). */
+typedef enum dp_chat_end {
+    DP_CHAT_END_NONE = 0,      /* after the last message, whole */
+    DP_CHAT_END_GENERATE = 1,  /* the assistant header follows, so that the model answers */
+    DP_CHAT_END_CONTINUE = 2,  /* the last message (the assistant's) is left open: the
+                                * model continues it (assistant prefill) */
+} dp_chat_end;
+
+/* Renders messages. *out is malloc'd, NUL-terminated. Returns 0 or
+ * DP_EINVAL (with a message in err) for an unknown role, no messages, or
+ * DP_CHAT_END_CONTINUE after a message that is not the assistant's. */
 int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, size_t n,
-                        bool add_generation_prompt, char **out, char *err, size_t errsz);
+                        dp_chat_end end, char **out, char *err, size_t errsz);
 
 const char *chat_format_name(dp_chat_format f);
 

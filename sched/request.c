@@ -45,6 +45,7 @@ void request_ref(dp_request *r) { atomic_fetch_add_explicit(&r->refs, 1, memory_
 void request_params_free(dp_request_params *p)
 {
     free(p->logit_bias);
+    grammar_unref(p->grammar);
     for (int32_t i = 0; i < p->n_stops && i < DP_MAX_STOPS; i++)
         free(p->stops[i]);
     memset(p, 0, sizeof *p);

@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "grammar.h"
 #include "sampler.h"
 
 #define DP_MAX_STOPS 8
@@ -31,6 +32,7 @@ typedef struct dp_request_params {
                                    * DP_EV_PROMPT_TOKEN events before any other; the
                                    * prompt then runs whole and is computed in full */
     int32_t prompt_top;           /* with prompt_logprobs: plus the top prompt_top */
+    dp_grammar *grammar;          /* constrained decoding: a reference owned here; NULL: free text */
     char *stops[DP_MAX_STOPS];    /* owned, NUL-terminated; n_stops used */
     int32_t n_stops;
     bool ignore_eos;              /* generate exactly max_tokens unless a stop string hits */

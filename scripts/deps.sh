@@ -37,7 +37,7 @@ if [ "${1:-}" = "--python" ]; then
         echo "deps: creating Python venv $VENV"
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, openai, pytest' 2>/dev/null; then
+    if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, openai, pytest, jsonschema' 2>/dev/null; then
         echo "deps: installing Python test packages into $VENV"
         "$VENV/bin/pip" install --quiet -r tests/requirements.txt
     else

@@ -102,7 +102,7 @@ CHAT_BAD = [
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": "yes"}, "logprobs"),
     ({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -1},
      "max_completion_tokens"),
-    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}},
+    ({"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "yaml"}},
      "response_format"),
     ({"messages": [{"role": "user", "content": "hi"}], "response_format": "text"},
      "response_format"),

@@ -25,8 +25,11 @@ def metric(d, name):
 
 
 def chat(d, content, **extra):
+    # A bound on a hang, not on speed: eight 200-token replies on the
+    # ASan + UBSan daemon of a busy 2-core machine can take minutes.
     st, _, raw = d.request("POST", "/v1/chat/completions", {
-        "messages": [{"role": "user", "content": content}], "temperature": 0, **extra})
+        "messages": [{"role": "user", "content": content}], "temperature": 0, **extra},
+        timeout=900)
     o = json.loads(raw)
     assert st == 200, o
     return o

@@ -94,6 +94,7 @@ typedef struct req_spec {
     float min_p, presence_penalty;
     bool logprobs;
     bool prompt_logprobs;
+    const char *gbnf;     /* constrained decoding (NULL: free text) */
     int32_t bias_token;
     float bias;
     int32_t keep_prefix;  /* tokens kept whole on the decode path (a system prompt) */
@@ -126,6 +127,11 @@ static dp_request *make_req(const req_spec *sp, result *res)
     if (sp->stop) {
         prm.stops[0] = strdup(sp->stop);
         prm.n_stops = 1;
+    }
+    if (sp->gbnf) {
+        char err[DP_ERRLEN];
+        CHECK_MSG(grammar_compile(&prm.grammar, sp->gbnf, strlen(sp->gbnf), err, sizeof err) == 0,
+                  "%s", err);
     }
     dp_request *r = request_new(p, sp->n_prompt, &prm);
     r->user = res;
@@ -1096,6 +1102,63 @@ static void test_prompt_logprobs(world *w)
            (double)gr.logprob[0]);
 }
 
+/* Constrained decoding in the engine: sampled text (random weights, so
+ * anything the masks let through) is always a sentence of its grammar and
+ * ends where the grammar does; unconstrained requests in the same batches
+ * give what they give alone. */
+static void test_constrained(world *w)
+{
+    enum { N = 12 };
+    static req_spec specs[N];
+    static result alone[N], together[N];
+    static const char *const gram[3] = {
+        "root ::= (\"yes\" | \"no\" | \"maybe so\") \".\"",
+        ("root ::= \"{\" pair (\", \" pair){0,3} \"}\"\n"
+         "pair ::= \"\\\"\" [a-z]{1,8} \"\\\": \" ([0-9]{1,4} | \"true\" | \"null\")"),
+        "root ::= [A-Z] [a-z ]{0,30} [.!?]",
+    };
+    for (int i = 0; i < N; i++) {
+        specs[i] = (req_spec){.n_prompt = 5 + urand(30), .max_tokens = 200, .temperature = 0.9f,
+                              .seed = 40 + (uint64_t)i, .gbnf = i % 4 == 3 ? NULL : gram[i % 4]};
+        if (!specs[i].gbnf)
+            specs[i].temperature = 0.0f;
+        for (int k = 0; k < specs[i].n_prompt; k++)
+            specs[i].prompt[k] = urand(w->vocab);
+    }
+    dp_engine *e = start(w, 1024, 16);
+    run_requests(e, specs, N, alone, true, DP_DUALPATH_DEFAULT, NULL);
+    run_requests(e, specs, N, together, false, DP_DUALPATH_DEFAULT, NULL);
+    dp_engine_stats st;
+    engine_get_stats(e, &st);
+    engine_destroy(e);
+    int sentences = 0;
+    for (int i = 0; i < N; i++) {
+        if (!specs[i].gbnf) {
+            CHECK_EQ_INT(together[i].n, alone[i].n);
+            CHECK(memcmp(together[i].toks, alone[i].toks, (size_t)alone[i].n * sizeof(int32_t)) == 0);
+            continue;
+        }
+        dp_grammar *g;
+        char err[DP_ERRLEN];
+        CHECK(grammar_compile(&g, specs[i].gbnf, strlen(specs[i].gbnf), err, sizeof err) == 0);
+        for (int r = 0; r < 2; r++) {
+            const result *x = r ? &together[i] : &alone[i];
+            CHECK_EQ_INT(x->finish, DP_FINISH_STOP);
+            CHECK_MSG(grammar_matches(g, x->text, x->text_len), "request %d: '%.*s' is not a "
+                      "sentence of %s", i, (int)x->text_len, x->text, specs[i].gbnf);
+            sentences++;
+        }
+        /* Seeded: the same tokens together as alone. */
+        CHECK(together[i].text_len == alone[i].text_len &&
+              memcmp(together[i].text, alone[i].text, alone[i].text_len) == 0);
+        grammar_unref(g);
+    }
+    CHECK(st.grammar_masks_computed > 0 && st.grammar_seconds > 0.0);
+    printf("constrained: %d outputs, every one a sentence of its grammar, the same alone and "
+           "batched; %lld masks computed, %lld cached\n", sentences,
+           (long long)st.grammar_masks_computed, (long long)st.grammar_masks_cached);
+}
+
 /* Device sampling on and off: the same seeded requests, with every kind of
  * sampling setting at once in one batch, give the same tokens, whether a row
  * was decided by the backend's candidates, fell back to its downloaded row,
@@ -1344,6 +1407,7 @@ int main(void)
     test_limits(&w);
     test_step_failure(&w);
     test_prompt_logprobs(&w);
+    test_constrained(&w);
     test_device_sampling(&w, specs, 16, "tiny");
     for (int i = 0; i < 16; i++)
         specs[i].temperature = 0;

@@ -41,6 +41,7 @@ typedef struct eng_seq {
     int32_t seen_preemptions;
     int32_t n_scored;      /* prompt_logprobs: prompt tokens 1..n_scored reported (-1: failed) */
     dp_gstate *gs;         /* constrained decoding: the grammar's state after the output */
+    bool g_dead;           /* its mask allowed nothing (a parse past the limits) */
     double t_first;
     int32_t *bias_ids;
     float *bias_vals;
@@ -369,7 +370,7 @@ static void constrain_row(dp_engine *e, eng_seq *es, float *row)
     double t0 = dp_now();
     int64_t c0, h0, c1, h1;
     gstate_mask_stats(es->gs, &c0, &h0);
-    gstate_mask_logits(es->gs, e->gvocab, row);
+    es->g_dead = gstate_mask_logits(es->gs, e->gvocab, row) == 0;
     gstate_mask_stats(es->gs, &c1, &h1);
     pthread_mutex_lock(&e->stats_mu);
     e->stats.grammar_masks_computed += c1 - c0;
@@ -486,15 +487,19 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
     char *rel = NULL;
     size_t n_rel = 0;
     bool hit_stop = false; /* a stop string: the text ends at its match */
-    if (es->gs && !eog) {
+    if (es->gs && (es->g_dead || !eog)) {
         /* The mask allowed it, so it continues the sentence; a finished
-         * sentence ends the generation as a stop would. */
-        int nb = tokenizer_token_bytes(e->tok, tok, false, piece, sizeof piece);
-        if (nb < 0 || nb > (int)sizeof piece ||
-            gstate_advance(es->gs, piece, (size_t)nb) != 0) {
+         * sentence ends the generation as a stop would. A mask that allowed
+         * nothing, or a parse past its limits, fails the request. */
+        int nb = es->g_dead ? -1 : tokenizer_token_bytes(e->tok, tok, false, piece, sizeof piece);
+        int grc = nb < 0 || nb > (int)sizeof piece ? DP_ENOSPC
+                                                   : gstate_advance(es->gs, piece, (size_t)nb);
+        if (grc) {
             event_free(ev);
-            finish_seq(e, es, DP_FINISH_ERROR, "constrained decoding reached a token outside the "
-                       "grammar", false);
+            finish_seq(e, es, DP_FINISH_ERROR, grc == DP_ENOSPC
+                       ? "constrained decoding: the grammar's parse outgrew its limits (too "
+                         "ambiguous or too deeply nested)"
+                       : "constrained decoding reached a token outside the grammar", false);
             return false;
         }
         if (gstate_done(es->gs))

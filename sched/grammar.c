@@ -23,6 +23,13 @@ enum { EL_END = 0, EL_BYTES = 1, EL_REF = 2 };
 
 #define MAX_STACKS 1024      /* a state with more is a grammar too ambiguous to serve */
 #define MAX_DEPTH 4096       /* nesting a stack may reach */
+/* What one request's grammar may cost, so that a short text (x{0,100000},
+ * a schema's maxLength) cannot take the memory, or the C stack of the
+ * recursive checks, of the daemon: a 400 instead. */
+#define MAX_REPEAT 4096      /* m and n of x{m,n} */
+#define MAX_RULES 20000      /* helper rules included */
+#define MAX_ELEMENTS 400000
+#define MAX_EXPAND 200000    /* stack configurations one expansion may visit */
 #define CACHE_SLOTS 256      /* token masks kept per grammar */
 
 typedef struct gel {
@@ -103,6 +110,7 @@ typedef struct comp {
     bclass *cls;
     int32_t n_cls, cap_cls;
     int depth;               /* open parentheses */
+    int64_t n_elements;      /* pushed in all (the size budget) */
     int rc;
     char *err;
     size_t errsz;
@@ -118,6 +126,10 @@ static int cfail(comp *c, const char *fmt, const char *what)
 
 static int seq_push(comp *c, seq *q, uint8_t type, int32_t arg)
 {
+    if (++c->n_elements > MAX_ELEMENTS) {
+        cfail(c, "the grammar is too large (more than 400000 elements)", NULL);
+        return -1;
+    }
     if (grow((void **)&q->el, &q->cap, q->n + 1, sizeof *q->el)) {
         c->rc = DP_ENOMEM;
         return -1;
@@ -128,6 +140,11 @@ static int seq_push(comp *c, seq *q, uint8_t type, int32_t arg)
 
 static int32_t rule_new(comp *c, const char *name, size_t nlen)
 {
+    if (c->n_rules >= MAX_RULES) {
+        cfail(c, "the grammar is too large (more than 20000 rules, counting those that "
+              "repetition makes)", NULL);
+        return -1;
+    }
     if (grow((void **)&c->rules, &c->cap_rules, c->n_rules + 1, sizeof *c->rules)) {
         c->rc = DP_ENOMEM;
         return -1;
@@ -610,7 +627,7 @@ static int parse_int(comp *c, int32_t *v)
     int64_t x = 0;
     while (c->s < c->end && *c->s >= '0' && *c->s <= '9') {
         x = x * 10 + (*c->s++ - '0');
-        if (x > 100000)
+        if (x > MAX_REPEAT)
             return -1;
     }
     *v = (int32_t)x;
@@ -637,7 +654,7 @@ static int parse_sequence(comp *c, seq *q, bool *ends_rule)
             c->s++;
             if (parse_int(c, &lo)) {
                 free(item.el);
-                return cfail(c, "bad {m,n} repetition", NULL);
+                return cfail(c, "bad {m,n} repetition (counts of at most 4096)", NULL);
             }
             hi = lo;
             if (c->s < c->end && *c->s == ',') {
@@ -832,6 +849,8 @@ static void comp_free(comp *c)
     free(c->cls);
 }
 
+static int check_start(const dp_grammar *g, char *err, size_t errsz);
+
 int grammar_compile(dp_grammar **out, const char *gbnf, size_t len, char *err, size_t errsz)
 {
     *out = NULL;
@@ -882,12 +901,18 @@ int grammar_compile(dp_grammar **out, const char *gbnf, size_t len, char *err, s
             e += c.rules[r].alts[a].n;
         }
     }
-    memcpy(g->cls, c.cls, (size_t)c.n_cls * sizeof *g->cls);
+    if (c.n_cls > 0)
+        memcpy(g->cls, c.cls, (size_t)c.n_cls * sizeof *g->cls);
     g->n_el = n_el;
     g->n_rules = c.n_rules;
     g->n_cls = c.n_cls;
     g->root = root;
     comp_free(&c);
+    int rc = check_start(g, err, errsz);
+    if (rc) {
+        grammar_unref(g);
+        return rc;
+    }
     *out = g;
     return 0;
 }
@@ -958,10 +983,108 @@ static int gset_add(gset *s, const int32_t *st, int32_t n)
 }
 
 /* Scratch for expand: one stack being rewritten. */
+/* The stack configurations one expansion has expanded already (a hash
+ * set over stacks kept back to back): a nullable rule reachable two ways,
+ * k times in a row, would otherwise be expanded 2^k times. */
+typedef struct seen_set {
+    int32_t *data, *off, *len;
+    int32_t n_data, cap_data, n, cap_off, cap_len;
+    int32_t *tab;            /* index, open addressing; live where tgen[k] == gen */
+    uint32_t *tgen;
+    uint32_t gen;            /* bumped to clear the set (it is cleared very often) */
+    int32_t cap_tab;
+} seen_set;
+
 typedef struct scratch {
     int32_t *buf;
     int32_t cap;
+    seen_set seen;
+    int64_t visits;          /* configurations expanded in this expansion */
 } scratch;
+
+static uint64_t hash_stack(const int32_t *st, int32_t n)
+{
+    uint64_t h = 1469598103934665603ULL ^ (uint64_t)n;
+    for (int32_t i = 0; i < n; i++) {
+        h ^= (uint32_t)st[i];
+        h *= 1099511628211ULL;
+    }
+    return h;
+}
+
+static void seen_clear(scratch *sc)
+{
+    seen_set *z = &sc->seen;
+    z->n = z->n_data = 0;
+    if (++z->gen == 0) { /* wrapped: no stale entry may look live */
+        if (z->tgen)
+            memset(z->tgen, 0, (size_t)z->cap_tab * sizeof *z->tgen);
+        z->gen = 1;
+    }
+    sc->visits = 0;
+}
+
+static void scratch_free(scratch *sc)
+{
+    free(sc->buf);
+    free(sc->seen.data);
+    free(sc->seen.off);
+    free(sc->seen.len);
+    free(sc->seen.tab);
+    free(sc->seen.tgen);
+    memset(sc, 0, sizeof *sc);
+}
+
+/* 1 when st was seen, else records it and returns 0; DP_ENOMEM. */
+static int seen_check(scratch *sc, const int32_t *st, int32_t n)
+{
+    seen_set *z = &sc->seen;
+    if (z->gen == 0)
+        z->gen = 1;
+    if (2 * (z->n + 1) > z->cap_tab) { /* rehash at half full */
+        int32_t nc = z->cap_tab ? z->cap_tab * 2 : 64;
+        int32_t *t = malloc((size_t)nc * sizeof *t);
+        uint32_t *tg = calloc((size_t)nc, sizeof *tg);
+        if (!t || !tg) {
+            free(t);
+            free(tg);
+            return DP_ENOMEM;
+        }
+        for (int32_t i = 0; i < z->n; i++) {
+            uint64_t h = hash_stack(z->data + z->off[i], z->len[i]);
+            int32_t k = (int32_t)(h & (uint64_t)(nc - 1));
+            while (tg[k] == z->gen)
+                k = (k + 1) & (nc - 1);
+            t[k] = i;
+            tg[k] = z->gen;
+        }
+        free(z->tab);
+        free(z->tgen);
+        z->tab = t;
+        z->tgen = tg;
+        z->cap_tab = nc;
+    }
+    uint64_t h = hash_stack(st, n);
+    int32_t k = (int32_t)(h & (uint64_t)(z->cap_tab - 1));
+    while (z->tgen[k] == z->gen) {
+        int32_t i = z->tab[k];
+        if (z->len[i] == n && !memcmp(z->data + z->off[i], st, (size_t)n * sizeof *st))
+            return 1;
+        k = (k + 1) & (z->cap_tab - 1);
+    }
+    if (grow((void **)&z->data, &z->cap_data, z->n_data + n, sizeof *z->data) ||
+        grow((void **)&z->off, &z->cap_off, z->n + 1, sizeof *z->off) ||
+        grow((void **)&z->len, &z->cap_len, z->n + 1, sizeof *z->len))
+        return DP_ENOMEM;
+    if (n > 0)
+        memcpy(z->data + z->n_data, st, (size_t)n * sizeof *st);
+    z->off[z->n] = z->n_data;
+    z->len[z->n] = n;
+    z->n_data += n;
+    z->tab[k] = z->n++;
+    z->tgen[k] = z->gen;
+    return 0;
+}
 
 /* Adds to out every stack that st (len n, in sc->buf[base..]) leads to with
  * a byte class (or nothing: an empty stack) on top. */
@@ -979,11 +1102,15 @@ static int expand(const dp_grammar *g, gset *out, scratch *sc, int32_t base, int
             continue;
         }
         /* A reference: the continuation stays, each alternative goes on top
-         * (in a copy of the stack above this one's end). */
-        if (n + 1 > MAX_DEPTH) {
+         * (in a copy of the stack above this one's end); once per
+         * configuration, and within a bound on the work. */
+        if (n + 1 > MAX_DEPTH || ++sc->visits > MAX_EXPAND) {
             out->overflow = true;
             return 0;
         }
+        int seen = seen_check(sc, sc->buf + base, n);
+        if (seen)
+            return seen < 0 ? seen : 0;
         /* A reference last in its alternative is a tail call: nothing is
          * left to continue with, so the alternative replaces it (x* as
          * star ::= x star | "" then keeps one stack depth however long it
@@ -1011,6 +1138,7 @@ static int expand(const dp_grammar *g, gset *out, scratch *sc, int32_t base, int
 static int set_start(const dp_grammar *g, gset *out, scratch *sc)
 {
     gset_clear(out);
+    seen_clear(sc);
     if (grow((void **)&sc->buf, &sc->cap, 2, sizeof *sc->buf))
         return DP_ENOMEM;
     /* A stack whose only element refers to root: its END ends the text. */
@@ -1028,6 +1156,7 @@ static int set_start(const dp_grammar *g, gset *out, scratch *sc)
 static int set_advance(const dp_grammar *g, const gset *in, unsigned b, gset *out, scratch *sc)
 {
     gset_clear(out);
+    seen_clear(sc);
     for (int32_t i = 0; i < in->n; i++) {
         int32_t n = in->len[i];
         if (n == 0)
@@ -1047,6 +1176,28 @@ static int set_advance(const dp_grammar *g, const gset *in, unsigned b, gset *ou
     return 0;
 }
 
+/* The start state: a grammar that matches nothing, or one too ambiguous to
+ * parse within the limits, is refused when compiled rather than failing its
+ * request token by token. */
+static int check_start(const dp_grammar *g, char *err, size_t errsz)
+{
+    gset st;
+    scratch sc;
+    memset(&st, 0, sizeof st);
+    memset(&sc, 0, sizeof sc);
+    int rc = set_start(g, &st, &sc);
+    bool empty = st.n == 0, over = st.overflow;
+    gset_free(&st);
+    scratch_free(&sc);
+    if (rc)
+        return dp_err(err, errsz, rc, "grammar: out of memory");
+    if (empty || over)
+        return dp_err(err, errsz, DP_EINVAL, empty ? "grammar: it matches nothing"
+                      : "grammar: too ambiguous (its start needs more than %d parse stacks or "
+                        "%d expansions)", MAX_STACKS, MAX_EXPAND);
+    return 0;
+}
+
 static bool set_accepting(const gset *s)
 {
     for (int32_t i = 0; i < s->n; i++)
@@ -1058,7 +1209,8 @@ static bool set_accepting(const gset *s)
 bool grammar_matches(const dp_grammar *g, const char *s, size_t n)
 {
     gset a = {0}, b = {0};
-    scratch sc = {0};
+    scratch sc;
+    memset(&sc, 0, sizeof sc);
     bool ok = set_start(g, &a, &sc) == 0;
     for (size_t i = 0; ok && i < n; i++) {
         ok = set_advance(g, &a, (unsigned char)s[i], &b, &sc) == 0 && b.n > 0;
@@ -1069,7 +1221,7 @@ bool grammar_matches(const dp_grammar *g, const char *s, size_t n)
     ok = ok && set_accepting(&a);
     gset_free(&a);
     gset_free(&b);
-    free(sc.buf);
+    scratch_free(&sc);
     return ok;
 }
 
@@ -1122,12 +1274,15 @@ dp_gvocab *gvocab_new(const dp_tokenizer *tok)
     v->n_nodes = 1;
     char buf[512];
     for (int32_t t = 0; t < v->n_vocab; t++) {
-        int n = tokenizer_token_bytes(tok, t, false, buf, sizeof buf);
-        if (n <= 0) {
-            if (tokenizer_is_eog(tok, t))
-                v->eog[v->n_eog++] = t;
+        /* End of generation is never text, whatever its token type says
+         * (some vocabularies type <|end|> as user-defined, with bytes). */
+        if (tokenizer_is_eog(tok, t)) {
+            v->eog[v->n_eog++] = t;
             continue;
         }
+        int n = tokenizer_token_bytes(tok, t, false, buf, sizeof buf);
+        if (n <= 0)
+            continue;
         if (n > (int)sizeof buf)
             continue; /* never allowed: longer than any text a step needs */
         int32_t at = 0;
@@ -1195,7 +1350,7 @@ void gstate_free(dp_gstate *s)
         return;
     gset_free(&s->cur);
     gset_free(&s->tmp);
-    free(s->sc.buf);
+    scratch_free(&s->sc);
     for (int32_t i = 0; i < s->n_levels; i++)
         gset_free(&s->levels[i]);
     free(s->levels);
@@ -1216,6 +1371,8 @@ int gstate_advance(dp_gstate *s, const char *bytes, size_t n)
         }
     for (size_t i = 0; i < n; i++) {
         int rc = set_advance(s->g, &a, (unsigned char)bytes[i], &s->tmp, &s->sc);
+        if (!rc && s->tmp.overflow)
+            rc = DP_ENOSPC; /* the parse outgrew its limits: nothing is dropped silently */
         if (rc || s->tmp.n == 0) {
             gset_free(&a);
             return rc ? rc : DP_EINVAL;

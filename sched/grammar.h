@@ -26,7 +26,9 @@ typedef struct dp_gvocab dp_gvocab;     /* the vocabulary's byte trie (one per e
 
 /* Compiles GBNF text; the start rule is `root`. Returns 0, or DP_EINVAL with
  * a message naming the line and what is wrong (a syntax error, an undefined
- * rule, left recursion), or DP_ENOMEM. *out has one reference. */
+ * rule, left recursion, a grammar that matches nothing, one too large: more
+ * than 20000 rules or repetition counts above 4096), or DP_ENOMEM. *out has
+ * one reference. */
 int grammar_compile(dp_grammar **out, const char *gbnf, size_t len, char *err, size_t errsz);
 void grammar_ref(dp_grammar *g);
 void grammar_unref(dp_grammar *g);   /* frees at the last reference; NULL is fine */
@@ -37,8 +39,9 @@ bool grammar_matches(const dp_grammar *g, const char *s, size_t n);
 /* A state at the start of the text. NULL when out of memory. */
 dp_gstate *gstate_new(dp_grammar *g);
 void gstate_free(dp_gstate *s);
-/* Consumes n bytes: 0, or DP_EINVAL when they do not continue a sentence (the
- * state is then unchanged). */
+/* Consumes n bytes: 0, or DP_EINVAL when they do not continue a sentence,
+ * or DP_ENOSPC when the parse would outgrow its limits (more than 1024
+ * stacks or 4096 deep); the state is then unchanged. */
 int gstate_advance(dp_gstate *s, const char *bytes, size_t n);
 /* The text so far is a whole sentence (end of generation is allowed). */
 bool gstate_accepting(const dp_gstate *s);

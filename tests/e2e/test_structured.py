@@ -170,6 +170,10 @@ def test_batched_with_free_text():
     ({"guided_choice": ["a", 1]}, "guided_choice"),
     ({"guided_regex": "(a)\\1"}, "guided_regex"),
     ({"guided_json": "{not json"}, "guided_json"),
+    # What a grammar may cost is bounded: a 400, not the daemon's memory.
+    ({"guided_grammar": "root ::= (\"a\"?){0,100000}"}, "guided_grammar"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema":
+                          {"type": "string", "maxLength": 100000}}}}, "response_format"),
 ])
 def test_bad_constraints(body, param):
     st, d = chat({"messages": [{"role": "user", "content": "x"}], **body})

@@ -128,6 +128,48 @@ static void test_errors(void)
     expect_error("root ::= \"\\q\"", "unknown escape");
 }
 
+/* What a request's grammar may cost is bounded: repetition counts, the size
+ * lowering makes, expansions of ambiguous nullable rules (memoised, so 2^30
+ * ways to match nothing cost 30 steps), and the parse's depth. */
+static void test_limits(void)
+{
+    expect_error("root ::= (\"a\"?){0,100000}", "repetition");
+    expect_error("root ::= \"a\"{0,4000} \"b\"{0,4000} \"c\"{0,4000} \"d\"{0,4000} "
+                 "\"e\"{0,4000} \"f\"{0,4000}", "too large");
+    expect_error("root ::= [\\uD800-\\uDFFF]", "matches nothing");
+    /* An "a" that may be any of 4000 optional repeats: 4000 parses at once. */
+    expect_error("root ::= (\"a\"?){0,4000} \"z\"", "too ambiguous");
+    dp_grammar *g = compile("root ::= (\"ab\"){0,4000} \"z\"");
+    yes(g, "ababz");
+    yes(g, "z");
+    no(g, "abaz");
+    grammar_unref(g);
+    char src[512] = "root ::=";
+    for (int i = 0; i < 30; i++)
+        strcat(src, " w");
+    strcat(src, " \"z\"\nw ::= \"a\"? | \"b\"?");
+    g = compile(src);
+    yes(g, "z");
+    yes(g, "abbaz");
+    no(g, "abc");
+    grammar_unref(g);
+    /* Nesting past the parse's depth: refused there, never dropped. */
+    g = compile("root ::= \"(\" root \")\" | \"x\"");
+    dp_gstate *s = gstate_new(g);
+    int rc = 0, depth = 0;
+    while (rc == 0 && depth < 10000) {
+        rc = gstate_advance(s, "(", 1);
+        depth += rc == 0;
+    }
+    CHECK_EQ_INT(rc, DP_ENOSPC);
+    CHECK(depth > 1000);
+    CHECK(gstate_advance(s, "x", 1) == 0 && !gstate_accepting(s));
+    gstate_free(s);
+    grammar_unref(g);
+    printf("grammar limits: repetition, size, matching nothing refused; 2^30-way nullable "
+           "expansion memoised; nesting refused past depth %d\n", depth);
+}
+
 static dp_tokenizer *open_tokenizer(dp_gguf *g, void **buf)
 {
     char err[DP_ERRLEN];
@@ -251,6 +293,7 @@ int main(void)
 {
     test_basics();
     test_errors();
+    test_limits();
     test_masks();
     T_DONE("grammar");
 }

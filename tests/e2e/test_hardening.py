@@ -398,17 +398,12 @@ def test_ambiguous_length_is_400(server, headers):
 
 # ---- fields --------------------------------------------------------------------
 
+# (Constrained decoding and the prompt's ending are served now:
+# tests/e2e/test_structured.py and test_prefill.py.)
 @pytest.mark.parametrize("path,extra,param", [
-    ("/v1/completions", {"guided_json": {"type": "object"}}, "guided_json"),
-    ("/v1/completions", {"guided_regex": "[0-9]+"}, "guided_regex"),
-    ("/v1/completions", {"guided_choice": ["a", "b"]}, "guided_choice"),
-    ("/v1/completions", {"grammar": "root ::= \"a\""}, "grammar"),
-    ("/v1/completions", {"json_schema": {"type": "object"}}, "json_schema"),
     ("/v1/completions", {"min_tokens": 5}, "min_tokens"),
     ("/v1/completions", {"stop_token_ids": [2]}, "stop_token_ids"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-    ("/v1/chat/completions", {"continue_final_message": True}, "continue_final_message"),
-    ("/v1/chat/completions", {"add_generation_prompt": False}, "add_generation_prompt"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
 ])
 def test_constraining_fields_refused(server, path, extra, param):

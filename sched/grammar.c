@@ -960,15 +960,9 @@ static void gset_free(gset *s)
     memset(s, 0, sizeof *s);
 }
 
-static int gset_add(gset *s, const int32_t *st, int32_t n)
+/* Appends a stack (no check for one alike). */
+static int gset_append(gset *s, const int32_t *st, int32_t n)
 {
-    for (int32_t i = 0; i < s->n; i++)
-        if (s->len[i] == n && !memcmp(s->data + s->off[i], st, (size_t)n * sizeof *st))
-            return 0;
-    if (s->n >= MAX_STACKS) {
-        s->overflow = true;
-        return 0;
-    }
     if (grow((void **)&s->data, &s->cap_data, s->n_data + n, sizeof *s->data) ||
         grow((void **)&s->off, &s->cap_off, s->n + 1, sizeof *s->off) ||
         grow((void **)&s->len, &s->cap_len, s->n + 1, sizeof *s->len))
@@ -982,13 +976,24 @@ static int gset_add(gset *s, const int32_t *st, int32_t n)
     return 0;
 }
 
+static int gset_add(gset *s, const int32_t *st, int32_t n)
+{
+    for (int32_t i = 0; i < s->n; i++)
+        if (s->len[i] == n && !memcmp(s->data + s->off[i], st, (size_t)n * sizeof *st))
+            return 0;
+    if (s->n >= MAX_STACKS) {
+        s->overflow = true;
+        return 0;
+    }
+    return gset_append(s, st, n);
+}
+
 /* Scratch for expand: one stack being rewritten. */
-/* The stack configurations one expansion has expanded already (a hash
- * set over stacks kept back to back): a nullable rule reachable two ways,
- * k times in a row, would otherwise be expanded 2^k times. */
+/* The stack configurations one expansion has expanded already (a gset of
+ * them, indexed by a hash table): a nullable rule reachable two ways, k
+ * times in a row, would otherwise be expanded 2^k times. */
 typedef struct seen_set {
-    int32_t *data, *off, *len;
-    int32_t n_data, cap_data, n, cap_off, cap_len;
+    gset s;
     int32_t *tab;            /* index, open addressing; live where tgen[k] == gen */
     uint32_t *tgen;
     uint32_t gen;            /* bumped to clear the set (it is cleared very often) */
@@ -1015,7 +1020,7 @@ static uint64_t hash_stack(const int32_t *st, int32_t n)
 static void seen_clear(scratch *sc)
 {
     seen_set *z = &sc->seen;
-    z->n = z->n_data = 0;
+    gset_clear(&z->s);
     if (++z->gen == 0) { /* wrapped: no stale entry may look live */
         if (z->tgen)
             memset(z->tgen, 0, (size_t)z->cap_tab * sizeof *z->tgen);
@@ -1027,9 +1032,7 @@ static void seen_clear(scratch *sc)
 static void scratch_free(scratch *sc)
 {
     free(sc->buf);
-    free(sc->seen.data);
-    free(sc->seen.off);
-    free(sc->seen.len);
+    gset_free(&sc->seen.s);
     free(sc->seen.tab);
     free(sc->seen.tgen);
     memset(sc, 0, sizeof *sc);
@@ -1039,9 +1042,10 @@ static void scratch_free(scratch *sc)
 static int seen_check(scratch *sc, const int32_t *st, int32_t n)
 {
     seen_set *z = &sc->seen;
+    gset *zs = &z->s;
     if (z->gen == 0)
         z->gen = 1;
-    if (2 * (z->n + 1) > z->cap_tab) { /* rehash at half full */
+    if (2 * (zs->n + 1) > z->cap_tab) { /* rehash at half full */
         int32_t nc = z->cap_tab ? z->cap_tab * 2 : 64;
         int32_t *t = malloc((size_t)nc * sizeof *t);
         uint32_t *tg = calloc((size_t)nc, sizeof *tg);
@@ -1050,8 +1054,8 @@ static int seen_check(scratch *sc, const int32_t *st, int32_t n)
             free(tg);
             return DP_ENOMEM;
         }
-        for (int32_t i = 0; i < z->n; i++) {
-            uint64_t h = hash_stack(z->data + z->off[i], z->len[i]);
+        for (int32_t i = 0; i < zs->n; i++) {
+            uint64_t h = hash_stack(zs->data + zs->off[i], zs->len[i]);
             int32_t k = (int32_t)(h & (uint64_t)(nc - 1));
             while (tg[k] == z->gen)
                 k = (k + 1) & (nc - 1);
@@ -1068,20 +1072,13 @@ static int seen_check(scratch *sc, const int32_t *st, int32_t n)
     int32_t k = (int32_t)(h & (uint64_t)(z->cap_tab - 1));
     while (z->tgen[k] == z->gen) {
         int32_t i = z->tab[k];
-        if (z->len[i] == n && !memcmp(z->data + z->off[i], st, (size_t)n * sizeof *st))
+        if (zs->len[i] == n && !memcmp(zs->data + zs->off[i], st, (size_t)n * sizeof *st))
             return 1;
         k = (k + 1) & (z->cap_tab - 1);
     }
-    if (grow((void **)&z->data, &z->cap_data, z->n_data + n, sizeof *z->data) ||
-        grow((void **)&z->off, &z->cap_off, z->n + 1, sizeof *z->off) ||
-        grow((void **)&z->len, &z->cap_len, z->n + 1, sizeof *z->len))
+    if (gset_append(zs, st, n))
         return DP_ENOMEM;
-    if (n > 0)
-        memcpy(z->data + z->n_data, st, (size_t)n * sizeof *st);
-    z->off[z->n] = z->n_data;
-    z->len[z->n] = n;
-    z->n_data += n;
-    z->tab[k] = z->n++;
+    z->tab[k] = zs->n - 1;
     z->tgen[k] = z->gen;
     return 0;
 }
@@ -1400,15 +1397,10 @@ static int levels_ensure(dp_gstate *s, int32_t need)
 {
     if (need <= s->n_levels)
         return 0;
-    int32_t nl = s->n_levels ? s->n_levels : 64;
-    while (nl < need)
-        nl *= 2;
-    gset *l = realloc(s->levels, (size_t)nl * sizeof *l);
-    if (!l)
+    int32_t old = s->n_levels;
+    if (grow((void **)&s->levels, &s->n_levels, need, sizeof *s->levels))
         return DP_ENOMEM;
-    memset(l + s->n_levels, 0, (size_t)(nl - s->n_levels) * sizeof *l);
-    s->levels = l;
-    s->n_levels = nl;
+    memset(s->levels + old, 0, (size_t)(s->n_levels - old) * sizeof *s->levels);
     return 0;
 }
 
@@ -1432,16 +1424,6 @@ static int walk(dp_gstate *s, const dp_gvocab *v, int32_t at, int32_t d, uint64_
             return rc;
     }
     return 0;
-}
-
-static uint64_t hash_key(const int32_t *k, int32_t n)
-{
-    uint64_t h = 1469598103934665603ULL;
-    for (int32_t i = 0; i < n; i++) {
-        h ^= (uint32_t)k[i];
-        h *= 1099511628211ULL;
-    }
-    return h;
 }
 
 /* The state as a key: each stack's length then its elements. */
@@ -1479,7 +1461,7 @@ int32_t gstate_mask_logits(dp_gstate *s, const dp_gvocab *v, float *row)
         g->cache_vocab = v;
     }
     if (n_key == 0 && state_key(s, &n_key) == 0) {
-        uint64_t h = hash_key(s->key, n_key);
+        uint64_t h = hash_stack(s->key, n_key);
         for (int32_t i = 0; i < g->n_cache && !hit; i++)
             if (g->cache[i].hash == h && g->cache[i].n_key == n_key &&
                 !memcmp(g->cache[i].key, s->key, (size_t)n_key * sizeof *s->key))

@@ -186,8 +186,21 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Decode-path preemptions recomputed from their tokens (the swap space was full).");
     tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->decode_recomputes);
     family(b, "dualpath_recompressions_total", "counter",
-           "Decode-path caches compacted again on reaching the decode budget.");
-    tb_printf(b, "dualpath_recompressions_total %lld\n", (long long)st->recompressions);
+           "Decode-path caches compacted again on reaching the decode budget, by the scorer "
+           "used (SnapKV scores with the sequence's last window of decode queries).");
+    for (int i = 0; i < DP_N_SCORERS; i++)
+        tb_printf(b, "dualpath_recompressions_total{scorer=\"%s\"} %lld\n",
+                  scorer_name((dp_scorer)i), (long long)st->recompressions_by_scorer[i]);
+    family(b, "dualpath_recompressions_staged_total", "counter",
+           "Recompressions that found no free blocks for their new table and went through a "
+           "scratch copy (they never wait for memory).");
+    tb_printf(b, "dualpath_recompressions_staged_total %lld\n",
+              (long long)st->recompressions_staged);
+    family(b, "dualpath_decode_queries_missed_total", "counter",
+           "Decode queries a SnapKV recompression had to go without (no capture room in a "
+           "step, or no memory for the sums): it scored with the others.");
+    tb_printf(b, "dualpath_decode_queries_missed_total %lld\n",
+              (long long)st->decode_queries_missed);
     family(b, "dualpath_early_switches_total", "counter",
            "Sequences switched to the decode path before their prompt ended.");
     tb_printf(b, "dualpath_early_switches_total %lld\n", (long long)st->early_switches);

@@ -32,6 +32,7 @@ typedef struct eng_seq {
     int32_t capture_w;     /* SnapKV: queries captured at the prompt's end (0: none) */
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
+    int32_t dq_at, dq_slot; /* this step: its decode query's capture index (-1: none) and slot */
     int32_t tokens_kept, tokens_evicted;
     int64_t kv_bytes, kv_bytes_full; /* its prompt's KV after / before the migration */
     dp_path_detector path; /* the path detector's state */
@@ -62,6 +63,7 @@ struct dp_engine {
     dp_kv_migration *mig;      /* migration scratch, max_seqs entries */
     int32_t *b_capture;
     int32_t capture_cap;       /* llama_capture_capacity */
+    int64_t dq_missed;         /* decode queries this step had no capture room for */
     dp_sched sched;
     dp_sampler sampler;
     float *logits;
@@ -576,8 +578,11 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
                              dp_compaction_kind kind)
 {
     pthread_mutex_lock(&e->stats_mu);
-    for (int i = 0; i < DP_N_SCORERS; i++)
-        e->stats.migrations_by_scorer[i] += by_scorer[i];
+    int64_t *counts = kind == DP_COMPACT_RECOMPRESS ? e->stats.recompressions_by_scorer
+                      : !recompress                 ? e->stats.migrations_by_scorer
+                                                    : NULL; /* a prompt's tail: counted at its switch */
+    for (int i = 0; counts && i < DP_N_SCORERS; i++)
+        counts[i] += by_scorer[i];
     e->stats.scorer_fallbacks[kind] += fallbacks;
     if (recompress) {
         e->stats.recompressions += n_seqs;
@@ -603,7 +608,9 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
     if (kind == DP_COMPACT_RECOMPRESS)
         return kv_mgr_budget_keep(&e->kv, kv);
     if (kind == DP_COMPACT_PROMPT_END)
-        return compress_n_keep(&kv->copts, es->seq->n_prompt);
+        return kv_mgr_migration_keep(&e->kv, kv, es->seq->n_prompt);
+    if (kind == DP_COMPACT_MIGRATION)
+        return kv_mgr_migration_keep(&e->kv, kv, kv->n_slots);
     return compress_n_keep(&kv->copts, kv->n_slots);
 }
 
@@ -646,6 +653,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
     for (int32_t i = 0; i < n; i++) {
         eng_seq *es = list[i];
         const dp_kv_migration *g = &e->mig[i];
+        if (g->lost)
+            finish_seq(e, es, DP_FINISH_ERROR, "its KV cache was lost in a recompression", false);
         if (g->rc)
             continue;
         if (g->scorer != g->kv->copts.scorer) {
@@ -654,8 +663,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
                    (unsigned long long)es->req->id, dp_compaction_names[kind],
                    scorer_name(g->scorer));
         }
+        by_scorer[g->scorer]++;
         if (!recompress) {
-            by_scorer[g->scorer]++;
             es->tokens_evicted = es->seq->n_computed - g->n_keep;
             es->tokens_kept = g->n_keep;
             note_kv_bytes(e, es);
@@ -703,6 +712,32 @@ static int early_signal(dp_engine *e, eng_seq *es)
     es->prev_keep = cur;
     es->prev_k = k;
     return 0;
+}
+
+/* The decode queries this step captured are scored against their
+ * sequences' caches (their K/V now written) for the next recompression. */
+static void note_decode_queries(dp_engine *e, const dp_sched_plan *plan, int32_t nc)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    const size_t q_row = (size_t)hp->n_heads * (size_t)hp->head_dim;
+    const float *q = llama_captured_queries(e->model);
+    const int64_t q_stride = (int64_t)nc * (int64_t)q_row;
+    int64_t missed = 0;
+    for (int32_t i = 0; i < plan->n_items; i++) {
+        eng_seq *es = plan->items[i].seq->owner;
+        if (es->dq_at < 0 || es->seq->state != DP_SEQ_RUNNING)
+            continue;
+        if (kv_mgr_note_query(&e->kv, &es->seq->kv, q + (size_t)es->dq_at * q_row, q_stride,
+                              es->dq_slot))
+            missed++; /* no memory for its sums: scored with fewer queries */
+        es->dq_at = -1;
+    }
+    if (missed || e->dq_missed) {
+        pthread_mutex_lock(&e->stats_mu);
+        e->stats.decode_queries_missed += missed + e->dq_missed;
+        pthread_mutex_unlock(&e->stats_mu);
+        e->dq_missed = 0;
+    }
 }
 
 /* Sequences over the decode budget are compressed back below it. */
@@ -877,6 +912,18 @@ static void run_step(dp_engine *e)
                     e->b_capture[nc++] = nt - w + k;
             }
         }
+        /* Under a decode budget SnapKV scores each recompression with the
+         * sequence's last window of decode queries (kv_mgr_note_query). */
+        es->dq_at = -1;
+        if (it->decode_phase && it->n == 1 && kv_mgr_wants_query(&e->kv, &q->kv)) {
+            if (nc < e->capture_cap) {
+                es->dq_at = nc;
+                es->dq_slot = it->slot_start;
+                e->b_capture[nc++] = nt - 1;
+            } else {
+                e->dq_missed++; /* a step full of prompt windows: one query fewer */
+            }
+        }
         if (it->emits) {
             const dp_request_params *p = &es->req->params;
             e->t_temp[no] = p->sampling.temperature;
@@ -922,6 +969,7 @@ static void run_step(dp_engine *e)
         return;
     }
     sched_commit(&e->sched, &plan);
+    note_decode_queries(e, &plan, nc);
     if (ns > 0)
         emit_prompt_logprobs(e, no, ns);
     int64_t prompt_toks = 0, gen_toks = 0;
@@ -1035,6 +1083,7 @@ static void update_gauges(dp_engine *e)
     e->stats.swap_ins = m->has_swap ? m->swap.ins : 0;
     e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes : 0;
     e->stats.decode_recomputes = m->decode_recomputes;
+    e->stats.recompressions_staged = m->staged_recompressions;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }

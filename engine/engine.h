@@ -94,6 +94,9 @@ typedef struct dp_engine_stats {
     int64_t tokens_in_place;  /* of tokens_kept, kept in their prefill blocks (a prefix
                                * kept whole, shared with whoever holds them) */
     int64_t recompressions;   /* decode-budget compressions */
+    int64_t recompressions_by_scorer[DP_N_SCORERS];
+    int64_t decode_queries_missed; /* SnapKV decode queries a recompression went without */
+    int64_t recompressions_staged; /* of recompressions, those without free blocks (staged) */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
     int64_t rebuilds;         /* admissions that took back a cached prefix */
     int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */

@@ -150,30 +150,11 @@ static uint64_t mix(uint64_t x)
     return x ^ (x >> 33);
 }
 
-int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_store *kv,
-                      const int32_t *table, int32_t n_slots, const float *q,
-                      int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q, int32_t n_keep,
-                      int32_t *keep)
+/* Chooses the kept slots of every row from c->host_scores (scorer sc). */
+static void select_rows(dp_compressor *c, const dp_compress_opts *o, dp_scorer sc, int32_t n_slots,
+                        int32_t n_keep, int32_t *keep)
 {
-    if (n_keep < 1 || n_keep > n_slots)
-        return DP_EINVAL;
-    int rc = reserve(c, n_slots);
-    if (rc)
-        return rc;
     const int32_t rows = c->n_layers * c->n_kv_heads;
-    dp_scorer sc = o->scorer;
-    if (sc == DP_SCORER_SNAPKV && n_q == 0)
-        sc = DP_SCORER_KNORM;
-    if (sc == DP_SCORER_KNORM || sc == DP_SCORER_KNORM_HIGH || sc == DP_SCORER_SNAPKV) {
-        if (sc == DP_SCORER_SNAPKV)
-            c->be->ops->kv_score_attn(c->be, kv, table, n_slots, q, q_layer_stride, q_slot, n_q,
-                                      c->n_heads, 1.0f / sqrtf((float)c->head_dim), c->dev_scores);
-        else
-            c->be->ops->kv_score_knorm(c->be, kv, table, n_slots, c->dev_scores);
-        if ((rc = c->be->ops->download(c->be, c->host_scores, c->dev_scores,
-                                       (size_t)rows * (size_t)n_slots * sizeof(float))))
-            return rc;
-    }
     /* Forced tokens: the first sinks (or the whole prefix) and the last
      * window (bounded by n_keep). */
     int32_t sinks = compress_front(o, n_keep);
@@ -214,5 +195,108 @@ int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_s
             out[n++] = i;
         qsort(out + sinks, (size_t)(n - sinks), sizeof *out, cmp_int);
     }
+}
+
+int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_store *kv,
+                      const int32_t *table, int32_t n_slots, const float *q,
+                      int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q, int32_t n_keep,
+                      int32_t *keep)
+{
+    if (n_keep < 1 || n_keep > n_slots)
+        return DP_EINVAL;
+    int rc = reserve(c, n_slots);
+    if (rc)
+        return rc;
+    const int32_t rows = c->n_layers * c->n_kv_heads;
+    dp_scorer sc = o->scorer;
+    if (sc == DP_SCORER_SNAPKV && n_q == 0)
+        sc = DP_SCORER_KNORM;
+    if (sc == DP_SCORER_KNORM || sc == DP_SCORER_KNORM_HIGH || sc == DP_SCORER_SNAPKV) {
+        if (sc == DP_SCORER_SNAPKV)
+            c->be->ops->kv_score_attn(c->be, kv, table, n_slots, q, q_layer_stride, q_slot, n_q,
+                                      c->n_heads, 1.0f / sqrtf((float)c->head_dim), c->dev_scores);
+        else
+            c->be->ops->kv_score_knorm(c->be, kv, table, n_slots, c->dev_scores);
+        if ((rc = c->be->ops->download(c->be, c->host_scores, c->dev_scores,
+                                       (size_t)rows * (size_t)n_slots * sizeof(float))))
+            return rc;
+    }
+    select_rows(c, o, sc, n_slots, n_keep, keep);
+    return 0;
+}
+
+void attn_acc_destroy(dp_attn_acc *a)
+{
+    free(a->sum);
+    attn_acc_init(a);
+}
+
+/* Room for n slots per row, the sums kept (rows re-strided). */
+static int acc_reserve(dp_attn_acc *a, int32_t rows, int32_t n)
+{
+    if (n <= a->cap)
+        return 0;
+    int32_t cap = a->cap > 0 ? a->cap : 16;
+    while (cap < n)
+        cap *= 2;
+    float *s = calloc((size_t)rows * (size_t)cap, sizeof *s);
+    if (!s)
+        return DP_ENOMEM;
+    for (int32_t r = 0; a->sum && r < rows; r++)
+        memcpy(s + (size_t)r * (size_t)cap, a->sum + (size_t)r * (size_t)a->cap,
+               (size_t)a->n_slots * sizeof *s);
+    free(a->sum);
+    a->sum = s;
+    a->cap = cap;
+    return 0;
+}
+
+int compressor_accumulate(dp_compressor *c, dp_attn_acc *a, const dp_kv_store *kv,
+                          const int32_t *table, const float *q, int64_t q_layer_stride,
+                          int32_t q_slot)
+{
+    const int32_t rows = c->n_layers * c->n_kv_heads, n = q_slot + 1;
+    int rc = reserve(c, n);
+    if (rc == 0)
+        rc = acc_reserve(a, rows, n);
+    if (rc)
+        return rc;
+    c->be->ops->kv_score_attn(c->be, kv, table, n, q, q_layer_stride, &q_slot, 1, c->n_heads,
+                              1.0f / sqrtf((float)c->head_dim), c->dev_scores);
+    if ((rc = c->be->ops->download(c->be, c->host_scores, c->dev_scores,
+                                   (size_t)rows * (size_t)n * sizeof(float))))
+        return rc;
+    for (int32_t r = 0; r < rows; r++) {
+        float *d = a->sum + (size_t)r * (size_t)a->cap;
+        const float *s = c->host_scores + (size_t)r * (size_t)n;
+        /* Slots the sums did not cover yet start from zero. */
+        for (int32_t i = a->n_slots; i < n; i++)
+            d[i] = 0.0f;
+        for (int32_t i = 0; i < n; i++)
+            d[i] += s[i];
+    }
+    if (n > a->n_slots)
+        a->n_slots = n;
+    a->n_q++;
+    return 0;
+}
+
+int compressor_select_scored(dp_compressor *c, const dp_compress_opts *o, const dp_attn_acc *a,
+                             int32_t n_slots, int32_t n_keep, int32_t *keep)
+{
+    if (n_keep < 1 || n_keep > n_slots || a->n_q == 0)
+        return DP_EINVAL;
+    int rc = reserve(c, n_slots);
+    if (rc)
+        return rc;
+    const int32_t rows = c->n_layers * c->n_kv_heads;
+    const int32_t have = a->n_slots < n_slots ? a->n_slots : n_slots;
+    for (int32_t r = 0; r < rows; r++) {
+        float *d = c->host_scores + (size_t)r * (size_t)n_slots;
+        memcpy(d, a->sum + (size_t)r * (size_t)a->cap, (size_t)have * sizeof *d);
+        for (int32_t i = have; i < n_slots; i++)
+            d[i] = 0.0f;
+    }
+    select_rows(c, o, DP_SCORER_SNAPKV, n_slots, n_keep, keep);
     return 0;
 }

@@ -45,6 +45,16 @@ static inline int32_t compress_front(const dp_compress_opts *o, int32_t n)
  * longer than the sinks, the prefix plus that of the rest (without sinks). */
 int32_t compress_n_keep(const dp_compress_opts *o, int32_t n_slots);
 
+/* A decode budget of `budget` slots (after a prefix kept whole) is
+ * recompressed to this many: the budget less a quarter, so recompression runs
+ * every budget/4 tokens rather than every token (which would compound the
+ * loss geometrically), and never below floor (sinks + window). */
+static inline int32_t compress_budget_keep(int32_t budget, int32_t floor)
+{
+    int32_t k = budget - budget / 4;
+    return k > floor ? k : floor;
+}
+
 /* Scratch for scoring, sized for the model; grows with n_slots. */
 typedef struct dp_compressor {
     dp_backend *be;
@@ -69,5 +79,37 @@ int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_s
                       const int32_t *table, int32_t n_slots, const float *q,
                       int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q, int32_t n_keep,
                       int32_t *keep);
+
+/* SnapKV on the decode path: the attention that a sequence's recent decode
+ * queries gave each of its slots, summed as each query is computed. A query
+ * is scored once, at its own step, and never stored: 4 bytes per layer, KV
+ * head and slot instead of a ring of whole queries (a query of every head of
+ * every layer is 69 KiB for SmolLM2, three times a token's K and V). Summing
+ * query by query gives what one kv_score_attn call over the same queries
+ * would (each query attends causally to the slots before its own). */
+typedef struct dp_attn_acc {
+    float *sum;       /* [n_layers * n_kv_heads][cap] */
+    int32_t cap;      /* slots per row */
+    int32_t n_slots;  /* slots the sums cover (those after are unscored) */
+    int32_t n_q;      /* queries summed since the last reset */
+} dp_attn_acc;
+
+static inline void attn_acc_init(dp_attn_acc *a) { *a = (dp_attn_acc){0}; }
+void attn_acc_destroy(dp_attn_acc *a);
+/* The slots were rearranged (a compaction, a release): the sums start over. */
+static inline void attn_acc_reset(dp_attn_acc *a) { a->n_slots = a->n_q = 0; }
+
+/* Adds the attention of one query (backend memory, layer l's at
+ * q + l * q_layer_stride, all heads) sitting at slot q_slot, over slots
+ * [0, q_slot] of the sequence's cache, to a's sums. */
+int compressor_accumulate(dp_compressor *c, dp_attn_acc *a, const dp_kv_store *kv,
+                          const int32_t *table, const float *q, int64_t q_layer_stride,
+                          int32_t q_slot);
+
+/* compressor_select with SnapKV's scores given (a's sums, host memory)
+ * instead of computed from queries; slots past a->n_slots score 0 (the
+ * window keeps them). */
+int compressor_select_scored(dp_compressor *c, const dp_compress_opts *o, const dp_attn_acc *a,
+                             int32_t n_slots, int32_t n_keep, int32_t *keep);
 
 #endif

@@ -22,6 +22,7 @@ void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
 
 void kv_seq_destroy(dp_kv_seq *kv)
 {
+    attn_acc_destroy(&kv->attn);
     free(kv->warm);
     kv->warm = NULL;
     free(kv->table.blocks);
@@ -80,13 +81,8 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     m->dual = o->dual;
     m->decode_budget = o->decode_budget;
     m->reuse_replies = o->reuse_replies && o->prefix_cache && o->dual;
-    if (o->decode_budget > 0) {
-        /* A quarter of the budget is freed each time, so recompression runs
-         * every budget/4 tokens rather than every token (which would compound
-         * the loss geometrically). */
-        int32_t k = o->decode_budget - o->decode_budget / 4;
-        m->budget_keep = k > o->budget_floor ? k : o->budget_floor;
-    }
+    if (o->decode_budget > 0)
+        m->budget_keep = compress_budget_keep(o->decode_budget, o->budget_floor);
     dp_kv_layout l = o->prefill, dl = o->decode;
     l.n_blocks = dl.n_blocks = 1;
     int rc;
@@ -167,6 +163,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
             goto fail;
         }
     }
+    m->dlayout = dl;
     if (o->dual) {
         if (be) {
             if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads,
@@ -211,6 +208,8 @@ fail:
 
 void kv_mgr_destroy(dp_kv_mgr *m)
 {
+    if (m->rscratch)
+        m->be->ops->kv_destroy(m->be, m->rscratch);
     if (m->dstore && m->dstore != m->store) /* a view before its base */
         m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->store)
@@ -370,6 +369,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->mig_pos = kv->mig_keep = 0;
     kv->ref_blocks = 0;
     kv->recompressed = false;
+    attn_acc_reset(&kv->attn);
     kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
     drop_promise(m, kv);
     kv->path = DP_PATH_PREFILL;
@@ -476,13 +476,102 @@ void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n
 
 #define MIGRATE_BATCH 64
 
+/* Room in the scratch store for n blocks of the decode layout. */
+static int scratch_reserve(dp_kv_mgr *m, int32_t n)
+{
+    if (n <= m->rscratch_blocks)
+        return 0;
+    if (m->rscratch)
+        m->be->ops->kv_destroy(m->be, m->rscratch);
+    m->rscratch = NULL;
+    m->rscratch_blocks = 0;
+    dp_kv_layout l = m->dlayout;
+    l.n_blocks = n;
+    int rc = m->be->ops->kv_create(m->be, &l, &m->rscratch);
+    if (rc == 0)
+        m->rscratch_blocks = n;
+    return rc;
+}
+
+/* A recompression whose new table found no free blocks: the kept rows are
+ * gathered into the scratch store, the old table is released and the new,
+ * smaller one is taken from what it freed, then the rows are copied into it.
+ * So a recompression never waits for memory, and a sequence never computes
+ * a token over more than its budget: its output does not depend on the load.
+ * The rows are the same bytes the direct path would have written. */
+static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
+{
+    dp_kv_seq *kv = g->kv;
+    const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / m->dbt;
+    const int32_t n_rows = g->n_keep - nref, nblk = dblocks_for(m, n_rows);
+    int rc = scratch_reserve(m, nblk);
+    int32_t *ids = rc ? NULL : malloc((size_t)nblk * sizeof *ids);
+    if (!ids) {
+        dp_log(DP_LOG_WARN, "kvcache: no memory to recompress a sequence; it decodes over its "
+               "budget until there is");
+        return rc ? rc : DP_ENOMEM;
+    }
+    for (int32_t b = 0; b < nblk; b++)
+        ids[b] = b;
+    dp_kv_move mv = {&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots, ids, nblk,
+                     g->n_keep, g->q, g->q_stride, g->n_q, DP_SCORER_KNORM, nref, &kv->attn};
+    if ((rc = kv_migrate(&m->mig, m->dstore, m->rscratch, &mv, 1))) {
+        free(ids);
+        return rc;
+    }
+    /* The new table: the blocks held by reference, then what the old one frees. */
+    dp_block_table t;
+    kv_table_init(&t);
+    for (int32_t b = 0; rc == 0 && b < nb; b++)
+        rc = kv_table_push(&t, m->dpool, kv->table.blocks[b]);
+    if (rc) {
+        kv_table_destroy(&t, m->dpool);
+        free(ids);
+        return rc;
+    }
+    kv_table_release(&kv->table, m->dpool);
+    free(kv->table.blocks);
+    kv->table = t;
+    kv->n_slots = nref;
+    if ((rc = decode_reserve(m, kv, &kv->table, g->n_keep, NULL)) == 0) {
+        const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
+        int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)n_rows);
+        rc = keep ? 0 : DP_ENOMEM;
+        for (size_t r = 0; keep && r < rows; r++)
+            for (int32_t s = 0; s < n_rows; s++)
+                keep[r * (size_t)n_rows + (size_t)s] = s;
+        dp_compact_seq cs = {ids, nblk, kv->table.blocks + nb, kv->table.n_blocks - nb, n_rows,
+                             keep};
+        if (rc == 0)
+            rc = m->be->ops->kv_compact(m->be, m->rscratch, m->dstore, &cs, 1);
+    }
+    free(ids);
+    if (rc) {
+        /* Cannot happen (it needs fewer blocks than it freed): its cache is
+         * lost, and the step's owner fails it. */
+        dp_log(DP_LOG_ERROR, "kvcache: a staged recompression failed (%s)", dp_strerror(rc));
+        kv_table_release(&kv->table, m->dpool);
+        kv->n_slots = 0;
+        g->lost = true;
+        return rc;
+    }
+    g->scorer = mv.scorer;
+    g->n_ref = nref;
+    kv->recompressed = true;
+    kv->n_slots = g->n_keep;
+    kv->ref_blocks = nb;
+    attn_acc_reset(&kv->attn);
+    m->staged_recompressions++;
+    return 0;
+}
+
 /* Up to MIGRATE_BATCH sequences, all on path src. */
 static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src)
 {
     dp_kv_move mv[MIGRATE_BATCH];
     dp_block_table tables[MIGRATE_BATCH];
-    dp_kv_migration *ok[MIGRATE_BATCH];
-    int32_t took[MIGRATE_BATCH], k = 0;
+    dp_kv_migration *ok[MIGRATE_BATCH], *staged[MIGRATE_BATCH];
+    int32_t took[MIGRATE_BATCH], k = 0, n_staged = 0;
     for (int32_t i = 0; i < n; i++) {
         dp_kv_migration *g = mg[i];
         dp_kv_seq *kv = g->kv;
@@ -497,6 +586,11 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             rc = kv_table_push(&tables[k], m->dpool, kv->table.blocks[b]);
         if (rc == 0)
             rc = decode_reserve(m, kv, &tables[k], g->n_keep, &took[k]);
+        if (rc == DP_ENOSPC && src == DP_PATH_DECODE) {
+            kv_table_destroy(&tables[k], m->dpool);
+            staged[n_staged++] = g; /* after the others, through the scratch */
+            continue;
+        }
         if (rc) {
             g->rc = rc;
             kv_table_destroy(&tables[k], m->dpool);
@@ -504,13 +598,13 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         }
         mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
                              tables[k].blocks + nb, tables[k].n_blocks - nb, g->n_keep, g->q,
-                             g->q_stride, g->n_q, DP_SCORER_KNORM, nref};
+                             g->q_stride, g->n_q, DP_SCORER_KNORM, nref,
+                             src == DP_PATH_DECODE ? &kv->attn : NULL};
         g->n_ref = nref;
         ok[k++] = g;
     }
-    if (k == 0)
-        return 0;
-    int rc = kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : m->dstore, m->dstore, mv, k);
+    int rc = k == 0 ? 0 : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : m->dstore,
+                                     m->dstore, mv, k);
     if (rc)
         dp_log(DP_LOG_ERROR, "kvcache: migration of %d sequences failed (%s); they keep their "
                "caches", k, dp_strerror(rc));
@@ -540,8 +634,21 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->path = DP_PATH_DECODE;
         kv->n_slots = g->n_keep;
         kv->ref_blocks = g->n_ref / m->dbt;
+        attn_acc_reset(&kv->attn); /* its slots were rearranged */
     }
-    return rc ? 0 : k;
+    int32_t moved = rc ? 0 : k;
+    for (int32_t i = 0; i < n_staged; i++)
+        if ((staged[i]->rc = recompress_staged(m, staged[i])) == 0)
+            moved++;
+    return moved;
+}
+
+int kv_mgr_note_query(dp_kv_mgr *m, dp_kv_seq *kv, const float *q, int64_t q_stride, int32_t slot)
+{
+    if (kv->path != DP_PATH_DECODE || slot < 0 || slot >= kv->n_slots)
+        return DP_EINVAL;
+    return compressor_accumulate(&m->mig.comp, &kv->attn, m->dstore, kv->table.blocks, q, q_stride,
+                                 slot);
 }
 
 int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
@@ -553,6 +660,7 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
     for (int32_t i = 0; i < n; i++) {
         mg[i].rc = 1; /* not yet run */
         mg[i].n_ref = 0;
+        mg[i].lost = false;
         mg[i].scorer = mg[i].kv->copts.scorer;
     }
     int32_t moved = 0;

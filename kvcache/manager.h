@@ -45,6 +45,8 @@ typedef struct dp_kv_seq {
     int32_t ref_blocks;       /* leading decode-table blocks held by reference to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate) */
     bool recompressed;        /* compacted again on the decode path since */
+    dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
+                               * queries since the last compaction attended to */
     /* The named prompt blocks it left at its migration, protected from
      * eviction until it ends: the next turn of its conversation asks for
      * them (block ids and generations, kvcache/pool.h). */
@@ -93,6 +95,9 @@ typedef struct dp_kv_mgr {
     dp_kv_swap swap;
     dp_kv_migrator mig;
     int32_t decode_budget, budget_keep;
+    dp_kv_layout dlayout;        /* the decode path's layout (for the scratch below) */
+    dp_kv_store *rscratch;       /* a staged recompression's kept rows (rscratch_blocks) */
+    int32_t rscratch_blocks;
     int32_t decode_reserved;     /* decode blocks promised to sequences, not yet taken */
     size_t prefill_block_bytes, decode_block_bytes;
     /* Counters. */
@@ -101,6 +106,7 @@ typedef struct dp_kv_mgr {
     int64_t restored_blocks;     /* of which blocks restored from the host tier */
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
     int64_t reply_blocks;        /* blocks kv_mgr_keep_reply wrote back */
+    int64_t staged_recompressions; /* recompressions that found no free blocks (through rscratch) */
     bool reuse_replies;
 } dp_kv_mgr;
 
@@ -162,6 +168,8 @@ typedef struct dp_kv_migration {
     int rc;                   /* out: 0 when kv now holds n_keep slots on the decode path */
     dp_scorer scorer;         /* out: the scorer that ran */
     int32_t n_ref;            /* out: of n_keep, slots kept by reference (not copied) */
+    bool lost;                /* out: a failed staged recompression lost its cache (the
+                               * sequence must fail; cannot happen short of a device error) */
 } dp_kv_migration;
 
 /* Moves each sequence's kept slots into new decode-pool tables (one backend
@@ -228,5 +236,30 @@ static inline int32_t kv_mgr_budget_keep(const dp_kv_mgr *m, const dp_kv_seq *kv
 {
     return kv_seq_prefix(kv) + m->budget_keep;
 }
+/* Slots a prompt of n tokens keeps at its migration: its compressed size,
+ * under a decode budget no more than a recompression would keep (else the
+ * first decode step would recompress it again, before any decode query). */
+static inline int32_t kv_mgr_migration_keep(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n)
+{
+    int32_t k = compress_n_keep(&kv->copts, n);
+    if (m->decode_budget > 0 && k > kv_mgr_budget_keep(m, kv)) {
+        int32_t b = kv_mgr_budget_keep(m, kv);
+        k = b < n ? b : n;
+    }
+    return k;
+}
+/* SnapKV under a decode budget scores its recompression with the sequence's
+ * last `window` decode queries: whether the query of its next token is one
+ * of them (it is on the decode path, within `window` tokens of the budget). */
+static inline bool kv_mgr_wants_query(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE && kv->dual &&
+           kv->copts.scorer == DP_SCORER_SNAPKV && kv->copts.window > 0 &&
+           kv->n_slots - kv_seq_prefix(kv) + kv->copts.window >= m->decode_budget;
+}
+/* Adds the attention of the query of the token just computed at `slot` (backend
+ * memory, layer l's at q + l * q_stride, as llama_captured_queries lays them
+ * out) to the sums its next recompression scores with. */
+int kv_mgr_note_query(dp_kv_mgr *m, dp_kv_seq *kv, const float *q, int64_t q_stride, int32_t slot);
 
 #endif

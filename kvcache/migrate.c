@@ -81,11 +81,17 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
                             : NULL;
         for (int32_t j = 0; j < nq; j++)
             qslot[j] = v->n_slots - nq + j;
-        /* compressor_select scores SnapKV by key norm without queries. */
-        v->scorer = v->co->scorer == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : v->co->scorer;
         int32_t *keep = m->keep + at;
-        rc = compressor_select(&m->comp, v->co, src, v->src, v->n_slots, q, v->q_stride, qslot, nq,
-                               v->n_keep, keep);
+        if (v->co->scorer == DP_SCORER_SNAPKV && v->attn && v->attn->n_q > 0) {
+            v->scorer = DP_SCORER_SNAPKV;
+            rc = compressor_select_scored(&m->comp, v->co, v->attn, v->n_slots, v->n_keep, keep);
+        } else {
+            /* compressor_select scores SnapKV by key norm without queries. */
+            v->scorer =
+                v->co->scorer == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : v->co->scorer;
+            rc = compressor_select(&m->comp, v->co, src, v->src, v->n_slots, q, v->q_stride, qslot,
+                                   nq, v->n_keep, keep);
+        }
         if (rc == 0 && v->n_ref > 0)
             rc = drop_ref_slots(keep, per_keep, v->n_keep, v->n_ref);
         cs[i] = (dp_compact_seq){v->src, v->n_src_blocks, v->dst, v->n_dst_blocks,

@@ -32,6 +32,9 @@ typedef struct dp_kv_move {
      * source's first blocks (a prefix kept whole, compress_front): they are
      * selected as usual and not copied. */
     int32_t n_ref;
+    /* SnapKV on the decode path (a recompression): the attention its recent
+     * decode queries gave each slot, used instead of q where it holds any. */
+    const dp_attn_acc *attn;
 } dp_kv_move;
 
 /* Scratch kept between calls (the keep lists). */

@@ -48,6 +48,9 @@ typedef struct opts {
     int n_passkey;
     int depths;          /* passkey depths per length */
     dp_scorer scorer;    /* --grid: the scorer (the daemon's default) */
+    int32_t budgets[8];  /* --budget: decode budgets evaluated (their own tables) */
+    int n_budgets;
+    float keep;          /* --budget: the keep ratio of the prompt's migration */
 } opts;
 
 typedef struct acc {
@@ -120,9 +123,9 @@ static int prefill(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t 
 /* Teacher-forces n tokens after a cache of n_keep slots holding positions
  * [0, pos0): token i goes to slot n_keep + i at position pos0 + i. The
  * logits of all n tokens land in e->logits. */
-static int teacher_force(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
-                         int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
-                         int32_t n)
+static int teacher_force_cap(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                             int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
+                             int32_t n, int32_t n_cap)
 {
     for (int32_t i = 0; i < n; i++) {
         e->bt_tokens[i] = tokens[i];
@@ -131,10 +134,21 @@ static int teacher_force(ev *e, dp_kv_store *const *stores, uint8_t si, const in
         e->bt_seq[i] = 0;
         e->bt_out[i] = i;
     }
+    for (int32_t i = 0; i < n_cap; i++)
+        e->bt_cap[i] = n - n_cap + i;
     dp_batch b = {.n_tokens = n, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
                   .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
-                  .max_blocks = max_blocks, .n_out = n, .out_tokens = e->bt_out};
+                  .max_blocks = max_blocks, .n_out = n, .out_tokens = e->bt_out,
+                  .n_capture = n_cap, .capture_tokens = e->bt_cap};
     return llama_forward(e->m, &b, stores, e->logits);
+}
+
+/* ... without capturing any query. */
+static int teacher_force(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                         int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
+                         int32_t n)
+{
+    return teacher_force_cap(e, stores, si, table, max_blocks, n_keep, pos0, tokens, n, 0);
 }
 
 /* Uploads the captured queries of n_cap tokens for the attention scorer. */
@@ -333,7 +347,7 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                     dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window,
                                            (uint64_t)sd + 1, 0};
                     dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep,
-                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0};
+                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0, NULL};
                     if ((rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1)) ||
                         (rc = teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
                         goto out2;
@@ -368,6 +382,211 @@ out:
     free(ref.p);
     free(ref.am);
     return rc;
+}
+
+/* ---- a decode budget: recompression during a long continuation ------------ */
+
+/* The engine under decode_budget = B: the prompt migrates to at most
+ * compress_budget_keep(B) slots; each decode step appends a slot; when the
+ * cache reaches B slots it is recompressed to compress_budget_keep(B) by
+ * kv_migrate with the scorer, SnapKV scoring with the last `window` decode
+ * queries summed by compressor_accumulate (the engine's capture: the queries
+ * of the tokens at slots >= B - window). Here the tokens between two
+ * recompressions are teacher-forced in one forward (causal, so each gets the
+ * logits it would get one step at a time), their last queries captured. */
+#define BUDGET_SCORERS 3
+static const dp_scorer budget_scorers[BUDGET_SCORERS] = {DP_SCORER_SNAPKV, DP_SCORER_KNORM,
+                                                        DP_SCORER_RECENT};
+
+typedef struct budget_result {
+    acc full;
+    acc off;                            /* the migration alone (no budget) */
+    acc a[8][BUDGET_SCORERS];           /* [budget][scorer] */
+    int64_t recompressions[8][BUDGET_SCORERS];
+    double slots[8];                    /* mean slots held per prediction */
+    double slots_full;                  /* ... by the whole cache */
+    double slots_off;                   /* ... by the migration alone */
+    int32_t keep0[8];                   /* slots kept at the migration */
+    double seconds;
+} budget_result;
+
+/* One continuation of C tokens over a cache migrated from store A (P slots,
+ * table ta) into store B, recompressed at budget B_ (0: never). */
+static int budget_run(ev *e, dp_kv_store *const *stores, const int32_t *ta, int32_t nba,
+                      int32_t *tb[2], int32_t nbb, int32_t P, const dp_compress_opts *co,
+                      int32_t n_cap, int32_t budget, const int32_t *cont, const int32_t *targets,
+                      const ref_rows *ref, double *scratch, acc *out, int64_t *recs, double *slots)
+{
+    const opts *o = e->o;
+    const int32_t C = o->cont;
+    const int32_t bkeep = budget > 0 ? compress_budget_keep(budget, o->sinks + o->window) : P;
+    int32_t n_keep = compress_n_keep(co, P);
+    if (n_keep > bkeep)
+        n_keep = bkeep;
+    dp_kv_move mv = {co, ta, nba, P, tb[0], nbb, n_keep, e->q_dev, (int64_t)n_cap * e->qd, n_cap,
+                     DP_SCORER_KNORM, 0, NULL};
+    int rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1);
+    if (rc)
+        return rc;
+    dp_attn_acc aq;
+    attn_acc_init(&aq);
+    int cur = 0;
+    int32_t n_slots = n_keep;
+    for (int32_t done = 0; rc == 0 && done < C;) {
+        int32_t len = C - done;
+        if (budget > 0 && n_slots + len > budget)
+            len = budget - n_slots;
+        const bool full = budget > 0 && n_slots + len == budget && done + len < C;
+        int32_t cap = 0;
+        if (full && co->scorer == DP_SCORER_SNAPKV)
+            cap = o->window < len ? o->window : len;
+        if (cap > DP_MAX_CAPTURE)
+            cap = DP_MAX_CAPTURE;
+        if ((rc = teacher_force_cap(e, stores, 1, tb[cur], nbb, n_slots, P + done, cont + done, len,
+                                    cap)))
+            break;
+        ref_rows part = {ref->lp + (size_t)done * e->vocab, ref->p + (size_t)done * e->vocab,
+                         ref->am + done, len};
+        acc_add(out, &part, e->logits, e->vocab, targets + done, scratch);
+        for (int32_t i = 0; i < len; i++)
+            *slots += n_slots + i + 1;
+        n_slots += len;
+        done += len;
+        if (!full)
+            continue;
+        const float *q = llama_captured_queries(e->m);
+        for (int32_t j = 0; rc == 0 && j < cap; j++)
+            rc = compressor_accumulate(&e->mig.comp, &aq, stores[1], tb[cur], q + (size_t)j * e->qd,
+                                       (int64_t)cap * e->qd, n_slots - cap + j);
+        dp_kv_move rv = {co, tb[cur], nbb, n_slots, tb[1 - cur], nbb, bkeep, NULL, 0, 0,
+                         DP_SCORER_KNORM, 0, aq.n_q > 0 ? &aq : NULL};
+        if (rc == 0 && (rc = kv_migrate(&e->mig, stores[1], stores[1], &rv, 1)) == 0) {
+            if (co->scorer == DP_SCORER_SNAPKV && rv.scorer != DP_SCORER_SNAPKV)
+                rc = DP_EINVAL; /* it would not be SnapKV's table */
+            attn_acc_reset(&aq);
+            cur = 1 - cur;
+            n_slots = bkeep;
+            (*recs)++;
+        }
+    }
+    attn_acc_destroy(&aq);
+    return rc;
+}
+
+static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, budget_result *r)
+{
+    const opts *o = e->o;
+    const int32_t C = o->cont;
+    if ((int64_t)P + C + 1 > n_text) {
+        fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
+                P + C + 1);
+        return DP_EINVAL;
+    }
+    double t0 = dp_now();
+    memset(r, 0, sizeof *r);
+    const int32_t nba = (P + C + BT - 1) / BT, nbb = (P + C + BT) / BT + 1;
+    dp_kv_layout la = llama_kv_layout(e->m, BT, nba), lb;
+    la.type = o->kv_type;
+    lb = la;
+    lb.n_blocks = 2 * nbb;
+    lb.type = o->dkv_type;
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
+    int32_t *ta = malloc((size_t)nba * sizeof *ta), *tbm = malloc((size_t)2 * nbb * sizeof *tbm);
+    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
+    double *scratch = malloc((size_t)e->vocab * sizeof(double));
+    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)),
+                    malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * sizeof(int32_t)), C};
+    int rc = DP_ENOMEM;
+    if (!ta || !tbm || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+        goto out;
+    if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
+        (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
+        goto out;
+    for (int32_t i = 0; i < nba; i++)
+        ta[i] = i;
+    for (int32_t i = 0; i < 2 * nbb; i++)
+        tbm[i] = i;
+    int32_t *tb[2] = {tbm, tbm + nbb};
+    int32_t n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
+    if (n_cap > P)
+        n_cap = P;
+    for (int w = 0; w < o->windows; w++) {
+        const int32_t *cont, *targets;
+        if ((rc = window_reference(e, stores, ta, nba, text, n_text, P, w, n_cap, ref_logits, &ref,
+                                   scratch, &r->full, &cont, &targets)))
+            goto out;
+        for (int32_t i = 0; i < C; i++)
+            r->slots_full += P + i + 1;
+        dp_compress_opts co = {DP_SCORER_SNAPKV, o->keep, o->sinks, o->window, 1, 0};
+        double sl = 0;
+        int64_t nrec = 0;
+        if ((rc = budget_run(e, stores, ta, nba, tb, nbb, P, &co, n_cap, 0, cont, targets, &ref,
+                             scratch, &r->off, &nrec, &sl)))
+            goto out;
+        r->slots_off += sl;
+        for (int bi = 0; bi < o->n_budgets; bi++) {
+            for (int k = 0; k < BUDGET_SCORERS; k++) {
+                co.scorer = budget_scorers[k];
+                sl = 0;
+                if ((rc = budget_run(e, stores, ta, nba, tb, nbb, P, &co, n_cap, o->budgets[bi],
+                                     cont, targets, &ref, scratch, &r->a[bi][k],
+                                     &r->recompressions[bi][k], &sl)))
+                    goto out;
+                if (k == 0)
+                    r->slots[bi] += sl;
+            }
+            int32_t k0 = compress_n_keep(&co, P), bk = compress_budget_keep(o->budgets[bi],
+                                                                             o->sinks + o->window);
+            r->keep0[bi] = k0 < bk ? k0 : bk;
+            fprintf(stderr, "dp-eval: budget: P=%d window %d/%d, budget %d done, %.0f s\n", P, w + 1,
+                    o->windows, o->budgets[bi], dp_now() - t0);
+        }
+    }
+    rc = 0;
+    r->seconds = dp_now() - t0;
+out:
+    if (stores[0])
+        e->be->ops->kv_destroy(e->be, stores[0]);
+    if (stores[1])
+        e->be->ops->kv_destroy(e->be, stores[1]);
+    free(ta);
+    free(tbm);
+    free(ref_logits);
+    free(scratch);
+    free(ref.lp);
+    free(ref.p);
+    free(ref.am);
+    return rc;
+}
+
+static void report_budget(sbuf *s, const opts *o, int32_t P, const budget_result *r)
+{
+    const int32_t C = o->cont;
+    sb_printf(s, "### P = %d, %d tokens teacher-forced after it\n\n", P, C);
+    sb_printf(s, "%d window(s), %ld predictions in all; the prompt migrates at keep %.2f (at most "
+                 "what a recompression keeps); full-cache perplexity %.2f, mean %.0f slots held "
+                 "per prediction; %.0f s.\n\n",
+              o->windows, r->full.n, o->keep, acc_ppl(&r->full), r->slots_full / (double)r->full.n,
+              r->seconds);
+    sb_printf(s, "| decode budget | kept at migration | mean slots held (of full) | scorer | "
+                 "recompressions per window | perplexity | KL nats/token | top-1 %% |\n");
+    sb_printf(s, "|---|---|---|---|---|---|---|---|\n");
+    dp_compress_opts co = {DP_SCORER_SNAPKV, o->keep, o->sinks, o->window, 1, 0};
+    sb_printf(s, "| off | %d | %.0f (%.2f) | snapkv | 0 | %.2f | %.4f | %.1f |\n",
+              compress_n_keep(&co, P), r->slots_off / (double)r->full.n,
+              r->slots_off / r->slots_full, acc_ppl(&r->off), acc_kl(&r->off),
+              100.0 * acc_top1(&r->off));
+    for (int bi = 0; bi < o->n_budgets; bi++)
+        for (int k = 0; k < BUDGET_SCORERS; k++) {
+            const acc *a = &r->a[bi][k];
+            double held = r->slots[bi] / (double)r->full.n;
+            sb_printf(s, "| %d | %d | %.0f (%.2f) | %s | %.1f | %.2f | %.4f | %.1f |\n",
+                      o->budgets[bi], r->keep0[bi], held, r->slots[bi] / r->slots_full,
+                      scorer_name(budget_scorers[k]),
+                      (double)r->recompressions[bi][k] / o->windows, acc_ppl(a), acc_kl(a),
+                      100.0 * acc_top1(a));
+        }
+    sb_printf(s, "\n");
 }
 
 /* ---- greedy agreement on chat prompts ------------------------------------- */
@@ -582,7 +801,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         dp_kv_move mv = {co, cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
                          cs->len[i], cs->table_b + (size_t)i * cs->max_blocks_b,
                          (cs->len[i] + cs->gen + BT - 1) / BT, n_keep[i], e->q_dev,
-                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM, 0};
+                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM, 0, NULL};
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
@@ -806,7 +1025,7 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 g->c[t][ri].n_keep[pi] = n_keep;
                 dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t]};
                 dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep, e->q_dev,
-                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0};
+                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0, NULL};
                 if ((rc = kv_migrate(&e->mig, a, b[t], &mv, 1)) ||
                     (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
                     goto out;
@@ -1391,6 +1610,7 @@ static void usage(void)
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
             "               [--grid [--decode-kv-types f16,q8_0,q4_0] [--scorer snapkv]\n"
             "                       [--passkey 512,1024,2048,4096] [--depths 10]]\n"
+            "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
             "               [--markdown FILE [--tag NAME]]\n");
 }
 
@@ -1418,7 +1638,8 @@ int main(int argc, char **argv)
               .passkey = {512, 1024, 2048, 4096},
               .n_passkey = 4,
               .depths = 10,
-              .scorer = DP_SCORER_SNAPKV};
+              .scorer = DP_SCORER_SNAPKV,
+              .keep = 0.5f};
     bool ratios_set = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -1464,6 +1685,10 @@ int main(int argc, char **argv)
                 if (!strcmp(v, scorer_name((dp_scorer)sc)))
                     o.scorer = (dp_scorer)sc, bad = 0;
         }
+        else if (!strcmp(a, "--budget"))
+            bad = (o.n_budgets = parse_list_i(v, o.budgets, 8)) <= 0;
+        else if (!strcmp(a, "--keep"))
+            bad = !((o.keep = (float)atof(v)) > 0 && o.keep <= 1);
         else if (!strcmp(a, "--cont"))
             bad = (o.cont = atoi(v)) < 1;
         else if (!strcmp(a, "--offset"))
@@ -1498,6 +1723,12 @@ int main(int argc, char **argv)
 
     if (o.dkv_type < 0)
         o.dkv_type = o.kv_type;
+    for (int i = 0; i < o.n_budgets; i++)
+        if (o.budgets[i] <= o.sinks + o.window) {
+            fprintf(stderr, "dp-eval: a decode budget must exceed sinks + window (%d)\n",
+                    o.sinks + o.window);
+            return 2;
+        }
     if (o.grid && !ratios_set) {
         static const float grid_ratios[] = {1.0f, 0.7f, 0.5f, 0.3f};
         memcpy(o.ratios, grid_ratios, sizeof grid_ratios);
@@ -1569,6 +1800,22 @@ int main(int argc, char **argv)
         if ((rc = run_grid(&e, text, (int32_t)n_text, &md, err, sizeof err)))
             return die("grid", rc, err);
         fwrite(md.p, 1, md.n, stdout);
+        o.n_prefill = 0;
+        o.chat = 0;
+    }
+    if (o.n_budgets > 0) {
+        for (int pi = 0; pi < o.n_prefill; pi++) {
+            budget_result *r = calloc(1, sizeof *r);
+            if (!r)
+                return die("memory", DP_ENOMEM, "");
+            if ((rc = eval_budget(&e, text, (int32_t)n_text, o.prefill[pi], r)))
+                return die("decode-budget evaluation", rc, "");
+            size_t from = md.n;
+            report_budget(&md, &o, o.prefill[pi], r);
+            free(r);
+            fwrite(md.p + (pi ? from : 0), 1, md.n - (pi ? from : 0), stdout);
+            fflush(stdout);
+        }
         o.n_prefill = 0;
         o.chat = 0;
     }

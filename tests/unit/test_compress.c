@@ -294,10 +294,70 @@ static void check_selection(dp_backend *be)
     CHECK(memcmp(keep, k2, (size_t)L * HKV * 20 * sizeof *keep) == 0);
     CHECK(compressor_select(&c, &kn, kv, table, n, NULL, 0, NULL, 0, 0, k2) == DP_EINVAL);
     CHECK(compressor_select(&c, &kn, kv, table, n, NULL, 0, NULL, 0, n + 1, k2) == DP_EINVAL);
+
+    /* Decode queries summed one at a time, as the engine scores them at
+     * their steps (slots 20, 33..36: the sums grow their rows twice), give
+     * the attention mass of all of them, and the scored selection is
+     * SnapKV's over those sums. */
+    dp_attn_acc acc;
+    attn_acc_init(&acc);
+    CHECK(compressor_select_scored(&c, &sk, &acc, n, 20, keep) == DP_EINVAL); /* nothing summed */
+    float qone[L][HQ * HD];
+    for (int32_t i = 0; i < NQ; i++) {
+        for (int32_t l = 0; l < L; l++)
+            memcpy(qone[l], q[l][i], sizeof qone[l]);
+        CHECK(compressor_accumulate(&c, &acc, kv, table, &qone[0][0], HQ * HD, q_slot[i]) == 0);
+    }
+    CHECK_EQ_INT(acc.n_q, NQ);
+    CHECK_EQ_INT(acc.n_slots, n);
+    CHECK(acc.cap >= n);
+    for (int32_t l = 0; l < L; l++)
+        for (int32_t h = 0; h < HKV; h++)
+            for (int32_t s = 0; s < n; s++)
+                CHECK_NEAR(acc.sum[((size_t)l * HKV + h) * (size_t)acc.cap + (size_t)s],
+                           attn[l][h][s], 1e-4);
+    for (int32_t n_keep = 1; n_keep <= n; n_keep++) {
+        CHECK(compressor_select_scored(&c, &sk, &acc, n, n_keep, keep) == 0);
+        for (int32_t r = 0; r < L * HKV; r++) {
+            const float *bs = acc.sum + (size_t)r * (size_t)acc.cap;
+            float sc_row[37];
+            for (int32_t s = 0; s < n; s++) {
+                float v = bs[s];
+                for (int32_t d = -3; d <= 3; d++)
+                    if (s + d >= 0 && s + d < n && bs[s + d] > v)
+                        v = bs[s + d];
+                sc_row[s] = v;
+            }
+            ref_select(sc_row, n, S, W, n_keep, ref);
+            CHECK_MSG(memcmp(keep + (size_t)r * n_keep, ref, (size_t)n_keep * sizeof *keep) == 0,
+                      "scored snapkv: row %d n_keep %d differs from the reference", r, n_keep);
+        }
+    }
+    /* Slots the sums do not cover (the cache grew after the last query)
+     * score nothing: the window keeps them. */
+    acc.n_slots = 30;
+    CHECK(compressor_select_scored(&c, &sk, &acc, n, 20, keep) == 0);
+    for (int32_t r = 0; r < L * HKV; r++) {
+        const float *bs = acc.sum + (size_t)r * (size_t)acc.cap;
+        float sc_row[37];
+        for (int32_t s = 0; s < n; s++) {
+            float v = s < 30 ? bs[s] : 0.0f;
+            for (int32_t d = -3; d <= 3; d++)
+                if (s + d >= 0 && s + d < n && (s + d < 30 ? bs[s + d] : 0.0f) > v)
+                    v = s + d < 30 ? bs[s + d] : 0.0f;
+            sc_row[s] = v;
+        }
+        ref_select(sc_row, n, S, W, 20, ref);
+        CHECK(memcmp(keep + (size_t)r * 20, ref, 20 * sizeof *keep) == 0);
+    }
+    attn_acc_reset(&acc);
+    CHECK_EQ_INT(acc.n_q, 0);
+    CHECK(compressor_select_scored(&c, &sk, &acc, n, 20, keep) == DP_EINVAL);
+    attn_acc_destroy(&acc);
     compressor_destroy(&c);
     be->ops->kv_destroy(be, kv);
     printf("selection: knorm, knorm_high, snapkv, recent match the references for every n_keep; "
-           "random is seeded\n");
+           "random is seeded; decode queries summed one by one match SnapKV's mass\n");
 }
 
 static const float POISON = -777.25f;

@@ -259,6 +259,13 @@ static bool next_opts_set;
  * SnapKV capture) run on the default f16. */
 static bool exact_kv = true;
 
+/* With defer_start the next start() leaves the engine stopped until
+ * run_requests has submitted everything: the first step then sees every
+ * request, and the schedule (hence the preemption count) is the same on any
+ * machine at any speed. */
+static bool defer_start;
+static dp_engine *pending_start;
+
 static dp_engine *start(world *w, int32_t n_blocks, int32_t max_seqs)
 {
     dp_engine_opts o;
@@ -276,7 +283,10 @@ static dp_engine *start(world *w, int32_t n_blocks, int32_t max_seqs)
     dp_engine *e;
     char err[DP_ERRLEN];
     CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
-    CHECK(engine_start(e) == 0);
+    if (defer_start)
+        pending_start = e; /* run_requests starts it once every request is in */
+    else
+        CHECK(engine_start(e) == 0);
     return e;
 }
 
@@ -305,6 +315,10 @@ static void run_requests(dp_engine *e, const req_spec *specs, int n, result *res
         request_unref(r);
         if (alone)
             collect(e, 1);
+    }
+    if (pending_start == e) {
+        pending_start = NULL;
+        CHECK(engine_start(e) == 0);
     }
     if (!alone)
         collect(e, n);
@@ -571,8 +585,20 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
     CHECK(st.recompressions > 0);
     for (int i = 0; i < 4; i++)
         CHECK_EQ_INT(on[i].n, 160);
-    printf("%s: decode budget 96: %lld recompressions, all 4 x 160 tokens generated\n", what,
-           (long long)st.recompressions);
+    /* SnapKV scored every recompression with the sequence's own decode
+     * queries: none fell back to key norms, none went without a query. */
+    CHECK_EQ_INT(st.recompressions_by_scorer[DP_SCORER_SNAPKV], st.recompressions);
+    CHECK_EQ_INT(st.scorer_fallbacks[DP_COMPACT_RECOMPRESS], 0);
+    CHECK_EQ_INT(st.decode_queries_missed, 0);
+    printf("%s: decode budget 96: %lld recompressions, all scored by SnapKV over decode queries, "
+           "all 4 x 160 tokens generated\n", what, (long long)st.recompressions);
+    /* Key norms there instead: another selection, counted as such. */
+    static result kn[4];
+    o.compress.scorer = DP_SCORER_KNORM;
+    run_with(w, &o, longgen, 4, kn, &st, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(st.recompressions_by_scorer[DP_SCORER_KNORM], st.recompressions);
+    CHECK_EQ_INT(st.recompressions_by_scorer[DP_SCORER_SNAPKV], 0);
+    o.compress.scorer = DP_SCORER_SNAPKV;
     /* dualpath requested on a server without it: refused. */
     o.dualpath = false;
     o.decode_budget = 0;
@@ -597,12 +623,14 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
  * kept set again, over its own output). usage's kept/evicted counts are the
  * same too. */
 static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t small_pool,
-                                     bool shared, int32_t decode_type, const char *what)
+                                     bool shared, int32_t decode_type, int32_t budget,
+                                     const char *what)
 {
     static result alone[MAXN], together[MAXN];
     dp_engine_opts o;
     engine_opts_default(&o);
     o.decode_kv_type = decode_type;
+    o.decode_budget = budget;
     o.compress.keep_ratio = 0.5f;
     o.compress.sinks = 2;
     o.compress.window = 4; /* short prompts are compressed too */
@@ -616,8 +644,9 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     run_requests(e, specs, n, alone, true, DP_DUALPATH_DEFAULT, &st_alone);
     engine_destroy(e);
     next_opts.n_blocks_decode = shared ? 0 : small_pool;
+    defer_start = true;
     e = start(w, shared ? small_pool : 1024, 32);
-    next_opts_set = false;
+    defer_start = next_opts_set = false;
     run_requests(e, specs, n, together, false, DP_DUALPATH_DEFAULT, &st);
     engine_destroy(e);
     for (int i = 0; i < n; i++) {
@@ -636,10 +665,18 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     CHECK_EQ_INT(st.swap_ins, st.swap_outs);
     CHECK_EQ_INT(st.decode_recomputes, 0);
     CHECK_EQ_INT(st.swap_bytes, 0);
+    /* Under a budget the same recompressions ran, each scored by SnapKV
+     * over the decode queries it had alone (the sums travel with a swap). */
+    CHECK_EQ_INT(st.recompressions, st_alone.recompressions);
+    CHECK_EQ_INT(st.recompressions_by_scorer[DP_SCORER_SNAPKV], st.recompressions);
+    CHECK(budget == 0 || st.recompressions > 0);
+    CHECK(budget == 0 || !shared || st.recompressions_staged > 0); /* the arena ran dry */
+    CHECK_EQ_INT(st_alone.recompressions_staged, 0);
     printf("%s: %d requests in a %d-block %s identical to alone (%lld preemptions, %lld compact "
-           "caches swapped out and back)\n",
+           "caches swapped out and back, %lld recompressions, %lld of them staged)\n",
            what, n, small_pool, shared ? "arena for both paths" : "decode pool",
-           (long long)st.preemptions, (long long)st.swap_outs);
+           (long long)st.preemptions, (long long)st.swap_outs, (long long)st.recompressions,
+           (long long)st.recompressions_staged);
 }
 
 /* A quantized decode path in one arena with the prefill path: a block's
@@ -1420,10 +1457,12 @@ int main(void)
             for (int k = 0; k < pre[i].n_prompt; k++)
                 pre[i].prompt[k] = urand(w.vocab);
         }
-        test_dualpath_preemption(&w, pre, 16, 12, false, -1, "tiny dualpath preemption");
+        test_dualpath_preemption(&w, pre, 16, 12, false, -1, 0, "tiny dualpath preemption");
         for (int i = 0; i < 16; i++)
             pre[i].max_tokens = 120; /* more growth after the prompts: more pressure */
-        test_dualpath_preemption(&w, pre, 16, 32, true, -1, "tiny dualpath preemption (shared)");
+        test_dualpath_preemption(&w, pre, 16, 32, true, -1, 0, "tiny dualpath preemption (shared)");
+        test_dualpath_preemption(&w, pre, 16, 20, true, -1, 96,
+                                 "tiny dualpath preemption (shared, decode budget 96)");
     }
     test_snapkv_every_time(&w);
     test_shared_prompt(&w);
@@ -1443,9 +1482,9 @@ int main(void)
             for (int k = 0; k < pre[i].n_prompt; k++)
                 pre[i].prompt[k] = urand(w.vocab);
         }
-        test_dualpath_preemption(&w, pre, 16, 16, true, DP_KV_Q8_0,
+        test_dualpath_preemption(&w, pre, 16, 16, true, DP_KV_Q8_0, 0,
                                  "tiny32 q8_0 decode path preemption (shared)");
-        test_dualpath_preemption(&w, pre, 16, 24, false, DP_KV_Q4_0,
+        test_dualpath_preemption(&w, pre, 16, 24, false, DP_KV_Q4_0, 0,
                                  "tiny32 q4_0 decode pool preemption (split)");
     }
     test_quantized_decode(&w);

@@ -165,7 +165,7 @@ static const opt_desc options[] = {
      GROUP_DUALPATH, NULL,
      "a chat's system prompt stays whole on the decode path, shared [api, kvcache]"},
     {"decode_budget", DP_CONF_INT, F(decode_budget), "0", 0, 1 << 24, NULL, NULL, 0,
-     GROUP_DUALPATH, NULL, "kept tokens at most per sequence, over keep_ratio; 0 = off [kvcache]"},
+     GROUP_DUALPATH, NULL, "decode-path slots per sequence past a kept prefix; reaching it recompresses; 0 = off [kvcache]"},
     {"early_switch", DP_CONF_BOOL, F(early_switch), "false", 0, 0, NULL, NULL, 0,
      GROUP_DUALPATH, NULL, "switch before the prompt ends once the ranking is stable [sched]"},
     {"reuse_replies", DP_CONF_BOOL, F(reuse_replies), "true", 0, 0, NULL, NULL, 0,

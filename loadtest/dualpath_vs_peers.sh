@@ -18,14 +18,16 @@
 # Servers (SERVERS, default all, in this order): off (dualpathd
 # --no-dualpath), on (dualpathd's defaults), on-q8_0 and on-q4_0 (dualpath
 # with a quantized decode path), on-q8_0-full (the same at keep_ratio 1:
-# quantized, nothing evicted), llama (llama-server, f16 KV) and llama-q8_0
+# quantized, nothing evicted), on-budget (dualpath with decode_budget =
+# BUDGET, default 256: replies are recompressed too), llama (llama-server,
+# f16 KV) and llama-q8_0
 # (-ctk q8_0 -ctv q8_0 with flash attention, its context raised to the same
 # bytes).
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
 #   TURNS (default 10), PREFIX (default 200), THREADS (default nproc),
-#   CELL_S (time limit per run, default 120), SERVERS, DP_MODEL_PATH,
+#   CELL_S (time limit per run, default 120), SERVERS, BUDGET, DP_MODEL_PATH,
 #   DP_DAEMON, LLAMA_BIN (directory of llama-server; default:
 #   tools/llama-cpp.sh's).
 set -u -o pipefail
@@ -128,6 +130,7 @@ for s in $SERVERS; do
         on) serve_and_run "dualpathd-on" $DP ;;
         on-q8_0) serve_and_run "dualpathd-on-q8_0" $DP --decode-kv-type q8_0 ;;
         on-q4_0) serve_and_run "dualpathd-on-q4_0" $DP --decode-kv-type q4_0 ;;
+        on-budget) serve_and_run "dualpathd-on-budget${BUDGET:-256}" $DP --decode-budget "${BUDGET:-256}" ;;
         on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
         llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;
         llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;

@@ -1484,6 +1484,8 @@ int main(void)
         }
         test_dualpath_preemption(&w, pre, 16, 16, true, DP_KV_Q8_0, 0,
                                  "tiny32 q8_0 decode path preemption (shared)");
+        test_dualpath_preemption(&w, pre, 16, 14, true, DP_KV_Q8_0, 150,
+                                 "tiny32 q8_0 decode path preemption (shared, decode budget 150)");
         test_dualpath_preemption(&w, pre, 16, 24, false, DP_KV_Q4_0, 0,
                                  "tiny32 q4_0 decode pool preemption (split)");
     }

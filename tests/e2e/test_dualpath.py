@@ -373,3 +373,45 @@ def test_multi_turn_chat_rebuilds(server):
     assert m_exact["dualpath_rebuilds_total"] >= 4
     assert m_exact["dualpath_reply_blocks_kept_total"] == 0
     assert exact == fresh
+
+
+@pytest.fixture(scope="module")
+def budget_daemon():
+    d = Daemon(["--decode-budget", "64"], log_name="dualpathd-budget")
+    yield d
+    assert d.stop() == 0
+
+
+def test_decode_budget_recompresses_with_snapkv_and_keeps_outputs(budget_daemon):
+    """Under a decode budget long greedy replies are recompressed every 16
+    tokens, each recompression scored by SnapKV over the sequence's own
+    decode queries (none falls back to key norms, none misses a query), and
+    four requests together answer as each does alone."""
+    base = budget_daemon.url
+    prompts = [f"Write a long story about a {w} who travels the world." for w in
+               ("cat", "sailor", "robot", "baker")]
+    def one(p):
+        return post("/v1/chat/completions", {"messages": [{"role": "user", "content": p}],
+                                             "max_tokens": 160, "temperature": 0,
+                                             "ignore_eos": True}, base=base)
+    before = metrics(base)
+    alone = []
+    for p in prompts:
+        st, o = one(p)
+        assert st == 200, o
+        alone.append(o["choices"][0]["message"]["content"])
+    mid = metrics(base)
+    rec = 'dualpath_recompressions_total{scorer="snapkv"}'
+    # 160 tokens past a budget of 64 (recompressed to 48): several each.
+    assert mid[rec] - before[rec] >= 4 * 5
+    res = parallel(lambda i: one(prompts[i]), 4)
+    assert all(st == 200 for st, _ in res), res
+    together = [o["choices"][0]["message"]["content"] for _, o in res]
+    assert together == alone
+    after = metrics(base)
+    assert after[rec] - mid[rec] == mid[rec] - before[rec]
+    assert sum(v for k, v in after.items() if k.startswith("dualpath_recompressions_total{")) == \
+        after[rec]
+    fb = 'dualpath_scorer_fallbacks_total{kind="recompression"}'
+    assert after[fb] == before[fb]
+    assert after["dualpath_decode_queries_missed_total"] == 0

@@ -188,6 +188,29 @@ static int parse_stop(const cJSON *root, dp_request_params *p, dp_api_err *e)
     return 0;
 }
 
+/* vLLM's stop_token_ids: token ids whose sampling ends the output. */
+static int parse_stop_ids(const cJSON *root, int32_t n_vocab, dp_request_params *p, dp_api_err *e)
+{
+    cJSON *v = field(root, "stop_token_ids");
+    if (!v || cJSON_IsNull(v))
+        return 0;
+    if (!cJSON_IsArray(v))
+        return api_err_invalid(e, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    int n = cJSON_GetArraySize(v);
+    if (n > DP_MAX_STOP_IDS)
+        return api_err_invalid(e, "stop_token_ids", "'stop_token_ids' has %d entries; at most %d "
+                               "are allowed", n, DP_MAX_STOP_IDS);
+    cJSON *it;
+    cJSON_ArrayForEach(it, v) {
+        if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) ||
+            it->valuedouble < 0 || it->valuedouble >= n_vocab)
+            return api_err_invalid(e, "stop_token_ids", "'stop_token_ids' entries must be token "
+                                   "ids in [0, %d)", n_vocab);
+        p->stop_ids[p->n_stop_ids++] = (int32_t)it->valuedouble;
+    }
+    return 0;
+}
+
 static int parse_logit_bias(const cJSON *root, int32_t n_vocab, dp_request_params *p,
                             dp_api_err *e)
 {
@@ -351,6 +374,11 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
         r->n = (int)v;
     if (get_bool(root, "stream", &r->stream, e) || get_bool(root, "ignore_eos", &p->ignore_eos, e) ||
         get_bool(root, "include_stop_str_in_output", &p->include_stop_str, e))
+        return -1;
+    if (get_int(root, "min_tokens", 0, 1 << 30, &v, &present, e))
+        return -1;
+    p->min_tokens = present ? (int32_t)v : 0;
+    if (parse_stop_ids(root, tokenizer_n_vocab(c->tok), p, e))
         return -1;
     cJSON *so = field(root, "stream_options");
     if (so) {
@@ -906,8 +934,8 @@ static const field_rule field_rules[] = {
     {"functions", F_REFUSE, F_BOTH, "function calling"},
     {"function_call", F_REFUSE, F_BOTH, "a function call"},
     /* Token-level constraints. */
-    {"min_tokens", F_REFUSE, F_BOTH, "a minimum output length"},
-    {"stop_token_ids", F_REFUSE, F_BOTH, "stopping at given token ids"},
+    {"min_tokens", F_IMPL, F_BOTH, NULL},
+    {"stop_token_ids", F_IMPL, F_BOTH, NULL},
     {"bad_words", F_REFUSE, F_BOTH, "banned words"},
     {"allowed_token_ids", F_REFUSE, F_BOTH, "a restricted vocabulary"},
     {"logits_processors", F_REFUSE, F_BOTH, "custom logits processors"},
@@ -1069,6 +1097,9 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         if (r->prompt_lp > p->prompt_top)
             p->prompt_top = r->prompt_lp;
     }
+    if (mt_present && p->min_tokens > max_tokens)
+        return api_err_invalid(e, "min_tokens", "'min_tokens' (%d) must not exceed '%s' (%lld)",
+                               p->min_tokens, mt_name, max_tokens);
     /* max_tokens 0: the prompt alone, which is only worth its logprobs. */
     if (mt_present && max_tokens == 0 && !p->prompt_logprobs)
         return api_err_invalid(e, mt_name, "'%s' must be at least 1 (0 only with 'echo' and "

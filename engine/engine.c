@@ -362,7 +362,16 @@ static int admit_request(dp_engine *e, dp_request *req)
  * (logit_bias, penalties) or reports log-probabilities over the vocabulary. */
 static bool needs_full_row(const dp_request_params *p)
 {
-    return p->n_logit_bias > 0 || p->logprobs >= 0 || p->grammar || sampling_needs_row(&p->sampling);
+    return p->n_logit_bias > 0 || p->logprobs >= 0 || p->grammar || p->min_tokens > 0 ||
+           (p->ignore_eos && p->n_stop_ids > 0) || sampling_needs_row(&p->sampling);
+}
+
+static bool is_stop_id(const dp_request_params *p, int32_t tok)
+{
+    for (int32_t i = 0; i < p->n_stop_ids; i++)
+        if (p->stop_ids[i] == tok)
+            return true;
+    return false;
 }
 
 /* Constrained decoding: tokens that cannot continue the grammar's sentence
@@ -381,10 +390,15 @@ static void constrain_row(dp_engine *e, eng_seq *es, float *row)
     pthread_mutex_unlock(&e->stats_mu);
 }
 
-static void mask_eog(const dp_engine *e, float *row)
+static bool is_stop_id(const dp_request_params *p, int32_t tok);
+
+/* ignore_eos: no end-of-generation token is sampled, except one the request
+ * names as a stop token (it asked to stop there). */
+static void mask_eog(const dp_engine *e, const dp_request_params *p, float *row)
 {
     for (int32_t i = 0; i < e->n_eog; i++)
-        row[e->eog[i]] = -INFINITY;
+        if (p->n_stop_ids == 0 || !is_stop_id(p, e->eog[i]))
+            row[e->eog[i]] = -INFINITY;
 }
 
 /* After logits_topk: decides every output row that the candidates can
@@ -453,8 +467,14 @@ static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
                             q->tokens + q->n_prompt, q->n_tokens - q->n_prompt);
     if (es->gs)
         constrain_row(e, es, row);
-    if (p->ignore_eos)
-        mask_eog(e, row);
+    if (es->n_gen < p->min_tokens) { /* no end, nor a stop token, before min_tokens */
+        for (int32_t i = 0; i < e->n_eog; i++)
+            row[e->eog[i]] = -INFINITY;
+        for (int32_t i = 0; i < p->n_stop_ids; i++)
+            row[p->stop_ids[i]] = -INFINITY;
+    } else if (p->ignore_eos) {
+        mask_eog(e, p, row);
+    }
     e->n_full++;
     return sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
 }
@@ -484,7 +504,11 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
             ev->top[i] = (dp_top_logprob){ids[i], lps[i]};
     }
     dp_finish why = DP_FINISH_NONE;
-    bool eog = tokenizer_is_eog(e->tok, tok) && !p->ignore_eos;
+    /* A stop token id ends the output; a special one (an end-of-turn
+     * marker) adds no text, like the model's own end of generation. */
+    const bool stop_id = p->n_stop_ids > 0 && is_stop_id(p, tok);
+    bool eog = (tokenizer_is_eog(e->tok, tok) && !p->ignore_eos) ||
+               (stop_id && tokenizer_is_special(e->tok, tok));
     char piece[512];
     char *rel = NULL;
     size_t n_rel = 0;
@@ -509,10 +533,13 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
     }
     if (!eog) {
         int n = detok_push(&es->detok, e->tok, tok, piece, sizeof piece);
+        es->stop.muted = es->n_gen < p->min_tokens;
         int m = stop_push(&es->stop, piece, n > 0 ? (size_t)n : 0, p->include_stop_str, &rel, &n_rel);
         if (m == 1) {
             why = DP_FINISH_STOP;
             hit_stop = true;
+        } else if (stop_id) {
+            why = DP_FINISH_STOP; /* its text is part of the output (held text flushed) */
         }
     } else {
         why = DP_FINISH_STOP;

@@ -15,6 +15,7 @@
 #include "sampler.h"
 
 #define DP_MAX_STOPS 8
+#define DP_MAX_STOP_IDS 64
 #define DP_MAX_TOP_LOGPROBS 20
 
 typedef struct dp_logit_bias {
@@ -35,6 +36,10 @@ typedef struct dp_request_params {
     dp_grammar *grammar;          /* constrained decoding: a reference owned here; NULL: free text */
     char *stops[DP_MAX_STOPS];    /* owned, NUL-terminated; n_stops used */
     int32_t n_stops;
+    int32_t stop_ids[DP_MAX_STOP_IDS]; /* vLLM's stop_token_ids: sampling one ends the output */
+    int32_t n_stop_ids;
+    int32_t min_tokens;           /* vLLM's: no end-of-generation or stop token, and no stop
+                                   * string match, before this many tokens */
     bool ignore_eos;              /* generate exactly max_tokens unless a stop string hits */
     bool include_stop_str;        /* append the matched stop string to the output */
     int32_t priority;             /* lower runs first; FCFS within a priority */

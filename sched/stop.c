@@ -55,7 +55,7 @@ int stop_push(dp_stop *s, const char *text, size_t len, bool include_stop, char 
 
     /* Earliest match of any stop string (the longest when two start at once). */
     size_t best = (size_t)-1, best_len = 0;
-    for (int i = 0; i < s->n_stops; i++) {
+    for (int i = 0; !s->muted && i < s->n_stops; i++) {
         size_t sl = strlen(s->stops[i]);
         if (sl == 0 || sl > n)
             continue;
@@ -70,7 +70,8 @@ int stop_push(dp_stop *s, const char *text, size_t len, bool include_stop, char 
         s->n_held = 0;
         return rc ? rc : 1;
     }
-    /* Longest suffix of buf that is a proper prefix of a stop string. */
+    /* Longest suffix of buf that is a proper prefix of a stop string (so
+     * what stays held never holds a whole one, muted or not). */
     size_t keep = 0;
     for (int i = 0; i < s->n_stops; i++) {
         size_t sl = strlen(s->stops[i]);

@@ -12,6 +12,8 @@ typedef struct dp_stop {
     int n_stops;
     char *held;                /* text not yet released */
     size_t n_held, cap;
+    bool muted;                /* matches are not stops for now (vLLM's min_tokens);
+                                * text is still held back as usual */
 } dp_stop;
 
 void stop_init(dp_stop *s, const char *const *stops, int n_stops);

@@ -398,11 +398,12 @@ def test_ambiguous_length_is_400(server, headers):
 
 # ---- fields --------------------------------------------------------------------
 
-# (Constrained decoding and the prompt's ending are served now:
-# tests/e2e/test_structured.py and test_prefill.py.)
+# (Constrained decoding, the prompt's ending, min_tokens and stop_token_ids
+# are served now: tests/e2e/test_structured.py, test_prefill.py,
+# test_sampling_fields.py.)
 @pytest.mark.parametrize("path,extra,param", [
-    ("/v1/completions", {"min_tokens": 5}, "min_tokens"),
-    ("/v1/completions", {"stop_token_ids": [2]}, "stop_token_ids"),
+    ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
+    ("/v1/completions", {"allowed_token_ids": [2]}, "allowed_token_ids"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
 ])

@@ -126,5 +126,22 @@ int main(void)
         CHECK(strcmp(t, "one two") == 0);
         free(t);
     }
+    {   /* Muted (min_tokens not reached): a whole stop string passes as text,
+         * a partial one is still held; once unmuted the next one stops. */
+        const char *stops[] = {", "};
+        dp_stop st;
+        stop_init(&st, stops, 1);
+        st.muted = true;
+        char *o = NULL;
+        size_t n = 0;
+        CHECK(stop_push(&st, "1, 2,", 5, false, &o, &n) == 0);
+        CHECK(strcmp(o, "1, 2") == 0); /* "," held: it may start ", " */
+        free(o);
+        st.muted = false;
+        CHECK(stop_push(&st, " 3", 2, false, &o, &n) == 1);
+        CHECK(n == 0 && strcmp(o, "") == 0);
+        free(o);
+        stop_destroy(&st);
+    }
     T_DONE("stop");
 }

@@ -1,0 +1,103 @@
+"""vLLM's min_tokens and stop_token_ids, greedy on the default model, each
+checked against the same request without it: min_tokens holds back the end
+of generation (and stop tokens and stop strings) until that many tokens,
+stop_token_ids ends the output at the first sampled one, whose text is
+part of the output unless it is a special token."""
+import json
+
+import pytest
+
+from conftest import request
+
+
+def post(path, body):
+    st, _, raw = request("POST", path, body)
+    return st, json.loads(raw)
+
+
+def complete(body):
+    st, o = post("/v1/completions", dict({"temperature": 0}, **body))
+    assert st == 200, o
+    return o
+
+
+def ids_of(text):
+    st, o = post("/tokenize", {"content": text, "add_special": False})
+    assert st == 200, o
+    return o["tokens"]
+
+
+SHORT = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
+         "temperature": 0, "max_tokens": 60}
+
+
+def test_min_tokens_holds_back_the_end():
+    st, free = post("/v1/chat/completions", SHORT)
+    assert st == 200, free
+    n_free = free["usage"]["completion_tokens"]
+    assert free["choices"][0]["finish_reason"] == "stop" and n_free < 20, free
+    st, held = post("/v1/chat/completions", dict(SHORT, min_tokens=25))
+    assert st == 200, held
+    assert held["usage"]["completion_tokens"] >= 25, held
+    # The first tokens are the free answer's (greedy; only the end was masked).
+    assert held["choices"][0]["message"]["content"].startswith(
+        free["choices"][0]["message"]["content"].rstrip()[:3])
+
+
+def test_min_tokens_mutes_stop_strings():
+    base = {"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 40}
+    free = complete(base)
+    text = free["choices"][0]["text"]
+    assert "," in text, text
+    cut = complete(dict(base, stop=[","]))
+    assert cut["choices"][0]["finish_reason"] == "stop"
+    assert cut["usage"]["completion_tokens"] < 6, cut
+    held = complete(dict(base, stop=[","], min_tokens=8))
+    h = held["choices"][0]["text"]
+    assert held["usage"]["completion_tokens"] >= 8, held
+    # It ends at the first ',' after the minimum, its text a prefix of the free one.
+    assert text.startswith(h), (text, h)
+    assert h.count(",") >= 1
+
+
+def test_min_tokens_above_max_tokens_is_400():
+    st, o = post("/v1/completions", {"prompt": "Hi", "max_tokens": 4, "min_tokens": 5})
+    assert st == 400, o
+    assert o["error"]["param"] == "min_tokens"
+
+
+def test_stop_token_ids_end_the_output():
+    base = {"prompt": "The capital of France is", "max_tokens": 12}
+    free = complete(base)
+    toks = ids_of(free["choices"][0]["text"])
+    assert len(toks) >= 4, toks
+    stop = toks[2]
+    got = complete(dict(base, stop_token_ids=[stop]))
+    c = got["choices"][0]
+    assert c["finish_reason"] == "stop", got
+    # Ends at the first time that token was sampled, its text included.
+    n = toks.index(stop) + 1
+    assert got["usage"]["completion_tokens"] == n, (got, toks)
+    st, d = post("/detokenize", {"tokens": toks[:n]})
+    assert st == 200, d
+    assert c["text"] == d["prompt"], (c["text"], d)
+
+
+def test_special_stop_token_adds_no_text():
+    # <|im_end|> ends a chat turn; as a stop id with ignore_eos it still ends it, textless.
+    st, free = post("/v1/chat/completions", SHORT)
+    assert st == 200, free
+    end = ids_of("<|im_end|>")
+    assert len(end) == 1, end
+    st, o = post("/v1/chat/completions", dict(SHORT, ignore_eos=True, stop_token_ids=end))
+    assert st == 200, o
+    assert o["choices"][0]["finish_reason"] == "stop"
+    assert o["choices"][0]["message"]["content"] == free["choices"][0]["message"]["content"]
+    assert "<|im_end|>" not in o["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("value", ["2", [2.5], [-1], [10 ** 9], [0] * 65, {"a": 1}])
+def test_bad_stop_token_ids_are_400(value):
+    st, o = post("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "stop_token_ids": value})
+    assert st == 400, o
+    assert o["error"]["param"] == "stop_token_ids"

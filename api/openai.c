@@ -398,9 +398,6 @@ static int parse_common(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, d
     if (parse_stop(root, p, e) || parse_logit_bias(root, tokenizer_n_vocab(c->tok), p, e) ||
         parse_dualpath(root, r, e))
         return -1;
-    cJSON *tools = field(root, "tools");
-    if (tools && !(cJSON_IsArray(tools) && cJSON_GetArraySize(tools) == 0))
-        return api_err_invalid(e, "tools", "'tools' are not supported by this server");
     return parse_constraint(c, root, p, e);
 }
 
@@ -752,6 +749,53 @@ static int system_tokens(const dp_oai_ctx *c, const dp_chat_msg *msgs, int n,
     return 0;
 }
 
+/* tools / tool_choice: the reply's grammar (shared through the cache like
+ * any other) and the text the system prompt gains (parse_messages). */
+static int parse_tools(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
+{
+    if (tools_parse(root, &r->tools, e))
+        return -1;
+    if (r->tools.mode == DP_TOOLS_OFF)
+        return 0;
+    if (r->params.grammar)
+        return api_err_invalid(e, "tool_choice", "tool calls and a constrained output format "
+                               "('response_format', 'guided_*', 'grammar') cannot be combined; "
+                               "set 'tool_choice' to \"none\" or drop the format");
+    char err[DP_ERRLEN] = "";
+    int rc = grammar_get(c->grammars, r->tools.gbnf, &r->params.grammar, err, sizeof err);
+    if (rc == DP_ENOMEM)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    if (rc)
+        return api_err_invalid(e, "tools", "%s", err);
+    return 0;
+}
+
+/* The system message the tools are described in: the conversation's first
+ * (the description appended), else a new one (after the template's default
+ * system prompt, which it would otherwise replace). */
+static int add_tools_system(const dp_oai_ctx *c, const dp_oai_req *r, dp_chat_msg *msgs, int *n,
+                            char **texts, dp_api_err *e)
+{
+    const char *sys = r->tools.system_text;
+    bool first_sys = *n > 0 && !strcmp(msgs[0].role, "system");
+    const char *base = first_sys ? msgs[0].content : c->tmpl->default_system;
+    size_t len = (base ? strlen(base) + 2 : 0) + strlen(sys) + 1;
+    char *t = malloc(len);
+    if (!t)
+        return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+    snprintf(t, len, "%s%s%s", base ? base : "", base ? "\n\n" : "", sys);
+    if (!first_sys) {
+        memmove(msgs + 1, msgs, (size_t)*n * sizeof *msgs);
+        memmove(texts + 1, texts, (size_t)*n * sizeof *texts);
+        (*n)++;
+        texts[0] = NULL;
+    }
+    free(texts[0]);
+    texts[0] = t;
+    msgs[0] = (dp_chat_msg){"system", t};
+    return 0;
+}
+
 static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
     cJSON *ms = field(root, "messages");
@@ -764,8 +808,9 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         return api_err_invalid(e, "messages", "'messages' must not be empty");
     if (n > 4096)
         return api_err_invalid(e, "messages", "'messages' has %d entries; at most 4096", n);
-    dp_chat_msg *msgs = calloc((size_t)n, sizeof *msgs);
-    char **texts = calloc((size_t)n, sizeof *texts);
+    /* One more: the system message tools may add. */
+    dp_chat_msg *msgs = calloc((size_t)n + 1, sizeof *msgs);
+    char **texts = calloc((size_t)n + 1, sizeof *texts);
     int rc = -1, i = 0;
     char *prompt = NULL;
     if (!msgs || !texts) {
@@ -789,32 +834,53 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         const char *rs = role->valuestring;
         if (!strcmp(rs, "developer"))
             rs = "system";
-        /* Tool calling is not implemented: its messages are refused as
-         * such, not for their missing content. */
-        if (!strcmp(rs, "tool") || !strcmp(rs, "function")) {
-            api_err_invalid(e, param, "'%s' is '%s': tool calling is not supported by this "
-                            "server", param, rs);
+        /* The legacy function-calling API is not implemented: its messages
+         * are refused as such, not for their missing content. */
+        if (!strcmp(rs, "function") || field(m, "function_call")) {
+            snprintf(param, sizeof param, "messages[%d].%s", i,
+                     strcmp(rs, "function") ? "function_call" : "role");
+            api_err_invalid(e, param, "'%s': the legacy function-calling API is not supported "
+                            "(use 'tools')", param);
             goto out;
         }
         const cJSON *tc = field(m, "tool_calls");
-        if (tc && cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)
-            tc = NULL; /* an empty list asks for nothing */
-        if (tc || field(m, "function_call")) {
-            snprintf(param, sizeof param, "messages[%d].%s", i, tc ? "tool_calls" : "function_call");
-            api_err_invalid(e, param, "'%s': tool calling is not supported by this server", param);
+        if (tc && (cJSON_IsNull(tc) || (cJSON_IsArray(tc) && cJSON_GetArraySize(tc) == 0)))
+            tc = NULL; /* null or an empty list asks for nothing */
+        if (tc && !(cJSON_IsArray(tc) && !strcmp(rs, "assistant"))) {
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            api_err_invalid(e, param, "'%s' must be an array, on an assistant message", param);
             goto out;
         }
-        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant")) {
-            api_err_invalid(e, param, "'%s' must be 'system', 'user' or 'assistant', got '%.40s'",
-                            param, role->valuestring);
+        if (strcmp(rs, "system") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+            strcmp(rs, "tool")) {
+            api_err_invalid(e, param, "'%s' must be 'system', 'user', 'assistant' or 'tool', got "
+                            "'%.40s'", param, role->valuestring);
             goto out;
         }
-        if (content_text(m, i, &texts[i], e))
+        const cJSON *ct = field(m, "content");
+        if (tc && (!ct || cJSON_IsNull(ct))) {
+            texts[i] = strdup(""); /* the calls are its content */
+            if (!texts[i]) {
+                api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+                goto out;
+            }
+        } else if (content_text(m, i, &texts[i], e)) {
             goto out;
+        }
+        if (tc) { /* the calls as the model writes them (api/tools.h) */
+            snprintf(param, sizeof param, "messages[%d].tool_calls", i);
+            char *t = tools_render_calls(tc, texts[i], param, e);
+            if (!t)
+                goto out;
+            free(texts[i]);
+            texts[i] = t;
+        }
         msgs[i].role = rs;
         msgs[i].content = texts[i];
         i++;
     }
+    if (r->tools.mode != DP_TOOLS_OFF && add_tools_system(c, r, msgs, &n, texts, e))
+        goto out;
     /* How the prompt ends. A last message from the assistant is continued
      * (assistant prefill, llama.cpp's default) unless add_generation_prompt
      * asks for a new turn; vLLM's continue_final_message says so outright. */
@@ -915,7 +981,7 @@ static const field_rule field_rules[] = {
     {"metadata", F_INERT, F_BOTH, NULL},
     {"store", F_INERT, F_BOTH, NULL},
     {"service_tier", F_INERT, F_BOTH, NULL},
-    {"parallel_tool_calls", F_INERT, F_BOTH, NULL},
+    {"parallel_tool_calls", F_IMPL, F_BOTH, NULL},
     {"prediction", F_INERT, F_BOTH, NULL},
     {"request_id", F_INERT, F_BOTH, NULL},
     {"priority", F_INERT, F_BOTH, NULL},
@@ -930,7 +996,7 @@ static const field_rule field_rules[] = {
     {"structured_outputs", F_REFUSE, F_BOTH, "constrained output"},
     {"grammar", F_IMPL, F_BOTH, NULL},
     {"json_schema", F_IMPL, F_BOTH, NULL},
-    {"tool_choice", F_REFUSE, F_BOTH, "a tool call"},
+    {"tool_choice", F_IMPL, F_BOTH, NULL},
     {"functions", F_REFUSE, F_BOTH, "function calling"},
     {"function_call", F_REFUSE, F_BOTH, "a function call"},
     /* Token-level constraints. */
@@ -1065,7 +1131,7 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
         cJSON *ev = field(root, "echo");
         if (ev && !cJSON_IsFalse(ev))
             return api_err_invalid(e, "echo", "'echo' is not supported for chat completions");
-        if (parse_messages(c, root, r, e))
+        if (parse_tools(c, root, r, e) || parse_messages(c, root, r, e))
             return -1;
     } else {
         cJSON *lpv = field(root, "logprobs");
@@ -1083,6 +1149,16 @@ static int parse_body(const dp_oai_ctx *c, dp_oai_kind kind, const cJSON *root, 
             p->prompt_logprobs = true;
             p->prompt_top = p->logprobs;
         }
+        cJSON *tl = field(root, "tools");
+        if (tl && !cJSON_IsNull(tl) && !(cJSON_IsArray(tl) && cJSON_GetArraySize(tl) == 0))
+            return api_err_invalid(e, "tools", "'tools' are for chat completions "
+                                   "(/v1/chat/completions)");
+        cJSON *tch = field(root, "tool_choice");
+        if (tch && !cJSON_IsNull(tch) &&
+            !(cJSON_IsString(tch) && (!strcmp(tch->valuestring, "none") ||
+                                      !strcmp(tch->valuestring, "auto"))))
+            return api_err_invalid(e, "tool_choice", "'tool_choice' is for chat completions "
+                                   "(/v1/chat/completions)");
         cJSON *sfx = field(root, "suffix");
         if (sfx)
             return api_err_invalid(e, "suffix", "'suffix' is not supported");
@@ -1197,6 +1273,7 @@ void oai_req_free(dp_oai_req *r)
     r->prompts = NULL;
     r->n_prompts = 0;
     request_params_free(&r->params);
+    tools_free(&r->tools);
 }
 
 /* ---- output ---- */
@@ -1233,7 +1310,6 @@ const char *oai_finish_name(dp_finish f)
     switch (f) {
     case DP_FINISH_STOP: return "stop";
     case DP_FINISH_LENGTH: return "length";
-    case DP_FINISH_CANCELLED: return "abort";
     case DP_FINISH_ERROR: return "error";
     default: return NULL;
     }
@@ -1455,6 +1531,24 @@ static char *print_owned(cJSON *o, size_t *len)
     return s;
 }
 
+int oai_tool_shape(const dp_oai_req *r, const dp_oai_choice *ch, const char *id, int index,
+                   cJSON **calls, char **content, const char **finish)
+{
+    char base[96];
+    /* Call ids unique per response and choice: the response id's tail. */
+    const char *tail = strchr(id, '-');
+    snprintf(base, sizeof base, "%.48s%d", tail ? tail + 1 : id, index);
+    int rc = tools_shape(ch->text ? ch->text : "", ch->len, base, calls, content);
+    if (rc < 0)
+        return DP_ENOMEM;
+    *finish = oai_finish_name(ch->finish);
+    /* A complete set of calls ends the turn as OpenAI says it: "tool_calls". */
+    if (rc == 1 && ch->finish == DP_FINISH_STOP)
+        *finish = "tool_calls";
+    (void)r;
+    return 0;
+}
+
 char *oai_response(const dp_oai_req *r, const char *id, long long created, const char *model,
                    dp_oai_choice *choices, int n_choices, size_t *len)
 {
@@ -1479,7 +1573,23 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         if (!c)
             break;
         cJSON_AddNumberToObject(c, "index", i);
-        if (r->kind == DP_OAI_CHAT) {
+        const char *finish = oai_finish_name(ch->finish);
+        if (r->kind == DP_OAI_CHAT && r->tools.mode != DP_TOOLS_OFF) {
+            cJSON *calls = NULL, *m = cJSON_AddObjectToObject(c, "message");
+            char *content = NULL;
+            if (oai_tool_shape(r, ch, id, i, &calls, &content, &finish) == 0 && m) {
+                cJSON_AddStringToObject(m, "role", "assistant");
+                if (calls) {
+                    cJSON_AddNullToObject(m, "content");
+                    cJSON_AddItemToObject(m, "tool_calls", calls);
+                } else {
+                    cJSON_AddStringToObject(m, "content", content ? content : "");
+                }
+            } else {
+                cJSON_Delete(calls);
+            }
+            free(content);
+        } else if (r->kind == DP_OAI_CHAT) {
             cJSON *m = cJSON_AddObjectToObject(c, "message");
             if (m) {
                 cJSON_AddStringToObject(m, "role", "assistant");
@@ -1494,7 +1604,7 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         } else {
             cJSON_AddNullToObject(c, "logprobs");
         }
-        add_finish(c, oai_finish_name(ch->finish));
+        add_finish(c, finish);
         /* vLLM's prompt_logprobs: per choice for completions; once, at the
          * top, for chat (every choice has the same prompt). */
         if (ch->prompt_lp && r->kind == DP_OAI_COMPLETION) {
@@ -1526,6 +1636,41 @@ static char *sse_wrap(char *json, size_t *len)
     }
     free(json);
     return s;
+}
+
+char *oai_tool_chunk(const char *id, long long created, const char *model, int index,
+                     cJSON *calls, const char *content, size_t *len)
+{
+    cJSON *o = envelope(DP_OAI_CHAT, true, id, created, model);
+    cJSON *arr = o ? cJSON_AddArrayToObject(o, "choices") : NULL;
+    cJSON *c = arr ? cJSON_CreateObject() : NULL;
+    if (!c) {
+        cJSON_Delete(o);
+        cJSON_Delete(calls);
+        return NULL;
+    }
+    cJSON_AddItemToArray(arr, c);
+    cJSON_AddNumberToObject(c, "index", index);
+    cJSON *d = cJSON_AddObjectToObject(c, "delta");
+    if (d && calls) {
+        int k = 0;
+        cJSON *it;
+        cJSON_ArrayForEach(it, calls) {
+            /* A streamed call names its place in the list first. */
+            cJSON *ix = cJSON_CreateNumber(k++);
+            if (ix && !cJSON_AddItemToObject(it, "index", ix))
+                cJSON_Delete(ix);
+        }
+        cJSON_AddItemToObject(d, "tool_calls", calls);
+        calls = NULL;
+    } else if (d) {
+        cJSON_AddStringToObject(d, "content", content ? content : "");
+    }
+    cJSON_Delete(calls);
+    cJSON_AddNullToObject(c, "logprobs");
+    add_finish(c, NULL);
+    size_t l;
+    return sse_wrap(print_owned(o, &l), len);
 }
 
 char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char *model, int index,

@@ -11,6 +11,7 @@
 #include <cjson/cJSON.h>
 
 #include "errors.h"
+#include "tools.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "sched/request.h"
@@ -65,6 +66,7 @@ typedef struct dp_oai_req {
     int32_t system_tokens;      /* chat: the prompt's first tokens, its system messages */
     int8_t keep_system;         /* dualpath.keep_system: -1 unset, 0, 1 */
     int32_t keep_prefix;        /* dualpath.keep_prefix: -1 unset, else tokens */
+    dp_tools tools;             /* chat: tool calling (mode OFF: none) */
     /* Top-level members this server does not know (for the log; the first
      * DP_OAI_MAX_UNKNOWN, printable names only). */
     char unknown[DP_OAI_MAX_UNKNOWN][48];
@@ -120,6 +122,15 @@ void oai_logprobs_add_prompt(cJSON *lp, const dp_tokenizer *tok, int32_t token, 
 cJSON *oai_prompt_logprob_entry(const dp_tokenizer *tok, const dp_event *ev, int k);
 const char *oai_finish_name(dp_finish f);
 
+/* A finished chat choice of a request with tools, reshaped: its calls
+ * (OpenAI tool_call objects; *content NULL) or its text (*calls NULL), and
+ * the finish reason that goes with it. 0 or DP_ENOMEM. */
+int oai_tool_shape(const dp_oai_req *r, const dp_oai_choice *ch, const char *id, int index,
+                   cJSON **calls, char **content, const char **finish);
+/* One SSE chunk whose delta holds tool calls (consumed; each gains its
+ * "index") or, with calls NULL, content text. malloc'd. */
+char *oai_tool_chunk(const char *id, long long created, const char *model, int index,
+                     cJSON *calls, const char *content, size_t *len);
 /* Non-stream body: every choice, in order, and usage. malloc'd. */
 char *oai_response(const dp_oai_req *r, const char *id, long long created, const char *model,
                    dp_oai_choice *choices, int n_choices, size_t *len);

@@ -163,8 +163,8 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max)
     if (j->stream_ended)
         return MHD_CONTENT_READER_END_OF_STREAM;
     /* After a drain timeout's cancellation the stream still waits for its
-     * FINISH event (finish_reason "abort", then [DONE]); only past the
-     * grace that follows does it end unfinished. */
+     * FINISH event (an error event, then [DONE]); only past the grace that
+     * follows does it end unfinished. */
     if (!j->conn || j->srv->drain_ending)
         return MHD_CONTENT_READER_END_WITH_ERROR;
     /* Nothing to send: park the connection until the engine delivers. */
@@ -508,7 +508,7 @@ static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
 {
     dp_oai_kind kind = j->req.kind;
     cJSON *lp = NULL;
-    if (j->req.params.logprobs >= 0 && !tokenizer_is_eog(s->tok, ev->token)) {
+    if (j->req.params.logprobs >= 0 && !tokenizer_is_eog(s->tok, ev->token) && !ev->past_end) {
         lp = oai_logprobs_new(kind);
         oai_logprobs_add(lp, kind, s->tok, ev, &j->choices[k].text_offset);
     }
@@ -546,10 +546,46 @@ static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
         stream_error(j, &e);
         return;
     }
+    if (ev->finish == DP_FINISH_CANCELLED) {
+        /* OpenAI's finish reasons have no "cancelled": a stream cut by the
+         * drain ends with the error a whole response gets (a timeout's
+         * comes from stream_end; a client that hung up reads nothing). */
+        if (!j->timed_out) {
+            dp_api_err e;
+            api_err_set(&e, 503, "service_unavailable", "draining", NULL,
+                        "the request was cancelled because the server is shutting down");
+            stream_error(j, &e);
+        }
+        return;
+    }
     const char *text = ev->text ? ev->text : "";
     out_take(j, oai_chunk(j->req.kind, j->id, j->created, s->model_name, k, NULL,
                           j->req.kind == DP_OAI_CHAT && !ev->text_len ? NULL : text, NULL,
                           oai_finish_name(ev->finish), &n), &n);
+}
+
+/* A streamed reply of a request with tools, at its end: one delta with its
+ * calls (or its text), then the finish chunk. */
+static void stream_tool_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)
+{
+    if (ev->finish != DP_FINISH_STOP && ev->finish != DP_FINISH_LENGTH) {
+        stream_finish(s, j, k, ev); /* an error or a cancellation, as any stream */
+        return;
+    }
+    cJSON *calls = NULL;
+    char *content = NULL;
+    const char *finish = NULL;
+    size_t n = 0;
+    if (oai_tool_shape(&j->req, &j->choices[k], j->id, k, &calls, &content, &finish)) {
+        dp_api_err e;
+        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        stream_error(j, &e);
+        return;
+    }
+    out_take(j, oai_tool_chunk(j->id, j->created, s->model_name, k, calls, content, &n), &n);
+    free(content);
+    out_take(j, oai_chunk(DP_OAI_CHAT, j->id, j->created, s->model_name, k, NULL, NULL, NULL,
+                          finish, &n), &n);
 }
 
 static void stream_end(dp_server *s, dp_job *j)
@@ -601,13 +637,19 @@ static void handle_event(dp_server *s, dp_event *ev)
         ch->completion_tokens++;
         if (!live)
             return;
-        if (j->req.stream) {
+        if (j->req.stream && j->req.tools.mode == DP_TOOLS_OFF) {
             stream_echo(s, j, k);
             stream_token(s, j, k, ev);
+        } else if (j->req.stream) {
+            /* Tool calls stream whole once the reply is in: its JSON is
+             * only known to be calls (or text) at its end. */
+            if (ev->text_len)
+                oai_choice_append(ch, ev->text, ev->text_len);
         } else {
             if (ev->text_len)
                 oai_choice_append(ch, ev->text, ev->text_len);
-            oai_logprobs_add(ch->logprobs, j->req.kind, s->tok, ev, &ch->text_offset);
+            if (!ev->past_end) /* logprobs end where the text ends */
+                oai_logprobs_add(ch->logprobs, j->req.kind, s->tok, ev, &ch->text_offset);
         }
     } else if (ev->kind == DP_EV_FINISH) {
         observe_finish(s, ev);
@@ -623,7 +665,11 @@ static void handle_event(dp_server *s, dp_event *ev)
         if (ev->finish == DP_FINISH_ERROR && !j->error)
             j->error = strdup(ev->error ? ev->error : "engine error");
         if (live) {
-            if (j->req.stream) {
+            if (j->req.stream && j->req.tools.mode != DP_TOOLS_OFF) {
+                if (ev->text_len)
+                    oai_choice_append(ch, ev->text, ev->text_len);
+                stream_tool_finish(s, j, k, ev);
+            } else if (j->req.stream) {
                 if (ev->finish != DP_FINISH_ERROR)
                     stream_echo(s, j, k);
                 stream_finish(s, j, k, ev);

@@ -41,6 +41,11 @@ typedef struct eng_seq {
     bool switched_early;   /* compacted mid-prompt: compacts again at the prompt's end */
     int32_t seen_preemptions;
     int32_t n_scored;      /* prompt_logprobs: prompt tokens 1..n_scored reported (-1: failed) */
+    /* Logprobs with stop strings: the events of tokens whose text is all
+     * held back wait here, so that those a stop string then cuts off are
+     * marked past the end before anything of theirs is sent. */
+    dp_event *pend_head, *pend_tail;
+    int64_t gen_bytes, rel_bytes; /* text generated / released so far */
     dp_gstate *gs;         /* constrained decoding: the grammar's state after the output */
     bool g_dead;           /* its mask allowed nothing (a parse past the limits) */
     double t_first;
@@ -211,8 +216,23 @@ static char *flush_text(eng_seq *es, size_t *len)
 }
 
 /* Emits the FINISH event and frees the sequence. flush: release held text. */
+/* The held token events go out in order (cut: the output's end, or -1 when
+ * all of them are part of it). */
+static void push_pending(dp_engine *e, eng_seq *es, int64_t cut)
+{
+    while (es->pend_head) {
+        dp_event *p = es->pend_head;
+        es->pend_head = p->next;
+        p->next = NULL;
+        p->past_end = cut >= 0 && p->text_start >= cut;
+        push_event(e, p);
+    }
+    es->pend_tail = NULL;
+}
+
 static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *error, bool flush)
 {
+    push_pending(e, es, -1); /* a stop string's cut marked them already */
     dp_event *ev = request_take_finish(es->req);
     if (ev) {
         size_t n = 0;
@@ -531,8 +551,10 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
         if (gstate_done(es->gs))
             why = DP_FINISH_STOP;
     }
+    size_t n_piece = 0;
     if (!eog) {
         int n = detok_push(&es->detok, e->tok, tok, piece, sizeof piece);
+        n_piece = n > 0 ? (size_t)n : 0;
         es->stop.muted = es->n_gen < p->min_tokens;
         int m = stop_push(&es->stop, piece, n > 0 ? (size_t)n : 0, p->include_stop_str, &rel, &n_rel);
         if (m == 1) {
@@ -546,7 +568,29 @@ static bool emit_token(dp_engine *e, eng_seq *es, int32_t o)
     }
     ev->text = rel ? rel : calloc(1, 1);
     ev->text_len = n_rel;
-    push_event(e, ev);
+    if (p->logprobs >= 0 && p->n_stops > 0 && !eog) {
+        /* The token's text starts at gen_bytes; a stop string's match ends
+         * the output at rel_bytes. */
+        ev->text_start = es->gen_bytes;
+        es->gen_bytes += (int64_t)n_piece;
+        es->rel_bytes += (int64_t)n_rel;
+        if (hit_stop) {
+            push_pending(e, es, es->rel_bytes);
+            ev->past_end = ev->text_start >= es->rel_bytes;
+            push_event(e, ev);
+        } else if (ev->text_start >= es->rel_bytes) {
+            if (es->pend_tail) /* all of it held back: wait for the text */
+                es->pend_tail->next = ev;
+            else
+                es->pend_head = ev;
+            es->pend_tail = ev;
+        } else {
+            push_pending(e, es, -1);
+            push_event(e, ev);
+        }
+    } else {
+        push_event(e, ev);
+    }
     if (why == DP_FINISH_NONE && (es->n_gen >= p->max_tokens || q->n_tokens + 1 >= e->ctx_len))
         why = DP_FINISH_LENGTH;
     if (why == DP_FINISH_NONE && seq_append(q, tok) != 0) {

@@ -183,7 +183,8 @@ static void render_llama3(const dp_chat_msg *m, size_t n, dp_chat_end end, sbuf 
 {
     for (size_t i = 0; i < n; i++) {
         sb_str(b, "<|start_header_id|>");
-        sb_str(b, m[i].role);
+        /* Llama 3.1 names a tool's result "ipython". */
+        sb_str(b, strcmp(m[i].role, "tool") ? m[i].role : "ipython");
         sb_str(b, "<|end_header_id|>\n\n");
         sb_strip(b, m[i].content);
         if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
@@ -205,7 +206,8 @@ static int render_llama2(const dp_chat_template *ct, const dp_chat_msg *m, size_
         first = 1;
     }
     for (size_t i = first; i < n; i++) {
-        bool user = strcmp(m[i].role, "user") == 0;
+        /* No tool role in Llama-2's format: a tool's result is a user turn. */
+        bool user = strcmp(m[i].role, "user") == 0 || strcmp(m[i].role, "tool") == 0;
         if (user != ((i - first) % 2 == 0))
             return dp_err(err, errsz, DP_EINVAL,
                           "chat template: conversation roles must alternate user/assistant/user/...");
@@ -246,7 +248,8 @@ int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, siz
     if (n == 0 || !msgs) return dp_err(err, errsz, DP_EINVAL, "chat template: no messages");
     for (size_t i = 0; i < n; i++) {
         const char *r = msgs[i].role;
-        if (!r || (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 && strcmp(r, "assistant") != 0))
+        if (!r || (strcmp(r, "system") != 0 && strcmp(r, "user") != 0 &&
+                   strcmp(r, "assistant") != 0 && strcmp(r, "tool") != 0))
             return dp_err(err, errsz, DP_EINVAL, "chat template: unknown role '%.32s' in message %zu",
                           r ? r : "(null)", i);
         if (!msgs[i].content)

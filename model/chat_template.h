@@ -14,7 +14,7 @@ typedef enum dp_chat_format {
 } dp_chat_format;
 
 typedef struct dp_chat_msg {
-    const char *role;     /* "system" | "user" | "assistant" */
+    const char *role;     /* "system" | "user" | "assistant" | "tool" (a tool's result) */
     const char *content;
 } dp_chat_msg;
 

@@ -111,6 +111,10 @@ typedef struct dp_event {
      * part of a stop string), owned, NUL-terminated; may be empty. */
     char *text;
     size_t text_len;
+    /* TOKEN: its text lies wholly after the output's end (it completed a
+     * stop string): counted in usage, not reported in logprobs. */
+    bool past_end;
+    int64_t text_start;    /* TOKEN (engine only): where its text starts in the generation */
     /* FINISH */
     dp_finish finish;
     int32_t prompt_tokens;

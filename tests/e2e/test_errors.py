@@ -323,8 +323,9 @@ def test_503_while_draining():
 
 
 def test_drain_timeout_cancels():
-    """Past --drain-timeout, running streams end with finish_reason "abort"
-    and the daemon still exits 0."""
+    """Past --drain-timeout, running streams end with an error event (the
+    503 a whole response gets; OpenAI's finish reasons have no "cancelled"),
+    then [DONE], and the daemon still exits 0."""
     d = Daemon(["--drain-timeout", "0.5"], log_name="dualpathd-drain-timeout")
     try:
         a = _stream_open(d.url, {"prompt": "Tell me a story", "max_tokens": 4000, "stream": True,
@@ -336,7 +337,14 @@ def test_drain_timeout_cancels():
             chunk = a.recv(65536)
             assert chunk, buf[-300:]
             buf += chunk
-        assert b'"finish_reason":"abort"' in buf
+        assert b'"finish_reason":"abort"' not in buf
+        events = [json.loads(line[6:]) for line in buf.split(b"\n")
+                  if line.startswith(b"data: {")]
+        assert events[-1]["error"]["type"] == "service_unavailable", events[-1]
+        assert "shutting down" in events[-1]["error"]["message"]
+        for ev in events[:-1]:
+            for c in ev.get("choices", []):
+                assert c.get("finish_reason") in (None, "stop", "length"), ev
         a.close()
         assert d.proc.wait(timeout=30) == 0
     finally:

@@ -398,14 +398,14 @@ def test_ambiguous_length_is_400(server, headers):
 
 # ---- fields --------------------------------------------------------------------
 
-# (Constrained decoding, the prompt's ending, min_tokens and stop_token_ids
-# are served now: tests/e2e/test_structured.py, test_prefill.py,
-# test_sampling_fields.py.)
+# (Constrained decoding, the prompt's ending, min_tokens, stop_token_ids and
+# tools are served now: tests/e2e/test_structured.py, test_prefill.py,
+# test_sampling_fields.py, test_tools.py.)
 @pytest.mark.parametrize("path,extra,param", [
     ("/v1/completions", {"bad_words": ["x"]}, "bad_words"),
     ("/v1/completions", {"allowed_token_ids": [2]}, "allowed_token_ids"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"functions": [{"name": "f"}]}, "functions"),
 ])
 def test_constraining_fields_refused(server, path, extra, param):
     base = GOOD if "chat" not in path else {"messages": [{"role": "user", "content": "hi"}],

@@ -101,3 +101,53 @@ def test_bad_stop_token_ids_are_400(value):
     st, o = post("/v1/completions", {"prompt": "Hi", "max_tokens": 2, "stop_token_ids": value})
     assert st == 400, o
     assert o["error"]["param"] == "stop_token_ids"
+
+
+def _stream(path, body):
+    import http.client
+    import os
+    from urllib.parse import urlparse
+    u = urlparse(os.environ["DUALPATHD_URL"])
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    c.request("POST", path, json.dumps(dict(body, stream=True)),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    out = []
+    for line in r.read().decode().split("\n"):
+        if line.startswith("data: {"):
+            out.append(json.loads(line[6:]))
+    c.close()
+    return out
+
+
+@pytest.mark.parametrize("stop", [",", " 7"])
+def test_logprobs_end_where_the_text_ends(stop):
+    """A stop string cuts the text; the tokens that completed it (wholly
+    past the cut) are not in logprobs, whole or streamed."""
+    body = {"prompt": "1, 2, 3, 4, 5,", "max_tokens": 12, "temperature": 0, "logprobs": 1,
+            "stop": [stop]}
+    o = complete(body)
+    c = o["choices"][0]
+    assert c["finish_reason"] == "stop", o
+    toks = c["logprobs"]["tokens"]
+    assert "".join(toks) == c["text"], (toks, c["text"])
+    assert len(c["logprobs"]["token_logprobs"]) == len(toks) == len(c["logprobs"]["text_offset"])
+    # usage still counts every token generated
+    assert o["usage"]["completion_tokens"] > len(toks)
+    chunks = _stream("/v1/completions", body)
+    text = "".join(ch["choices"][0]["text"] for ch in chunks if ch.get("choices"))
+    stoks = [t for ch in chunks if ch.get("choices") and ch["choices"][0].get("logprobs")
+             for t in ch["choices"][0]["logprobs"]["tokens"]]
+    assert text == c["text"] and stoks == toks, (text, stoks)
+
+
+def test_chat_logprobs_end_where_the_text_ends():
+    body = {"messages": [{"role": "user", "content": "Count from 1 to 10, separated by commas."}],
+            "max_tokens": 40, "temperature": 0, "logprobs": True, "stop": ["4"]}
+    st, o = post("/v1/chat/completions", body)
+    assert st == 200, o
+    c = o["choices"][0]
+    assert c["finish_reason"] == "stop", o
+    got = "".join(t["token"] for t in c["logprobs"]["content"])
+    assert got == c["message"]["content"], (got, c["message"]["content"])

@@ -150,10 +150,15 @@ int main(void)
 
     /* Errors: unknown roles, missing content, no messages. */
     CHECK(chat_template_init(&ct, smollm2_src, strlen(smollm2_src)) == 0);
-    static const dp_chat_msg bad_role[] = {{"user", "a"}, {"tool", "b"}};
+    static const dp_chat_msg bad_role[] = {{"user", "a"}, {"robot", "b"}};
     out = NULL;
     CHECK(chat_template_apply(&ct, bad_role, 2, true, &out, err, sizeof err) == DP_EINVAL && out == NULL);
-    CHECK(strstr(err, "tool") != NULL);
+    CHECK(strstr(err, "robot") != NULL);
+    /* A tool's result: its own role in ChatML (the template writes any role). */
+    static const dp_chat_msg with_tool[] = {{"user", "a"}, {"assistant", "{}"}, {"tool", "b"}};
+    CHECK(chat_template_apply(&ct, with_tool, 3, true, &out, err, sizeof err) == 0);
+    CHECK(strstr(out, "<|im_start|>tool\nb<|im_end|>\n<|im_start|>assistant\n") != NULL);
+    free(out);
     static const dp_chat_msg null_role[] = {{NULL, "a"}};
     CHECK(chat_template_apply(&ct, null_role, 1, true, &out, err, sizeof err) == DP_EINVAL);
     static const dp_chat_msg null_content[] = {{"user", NULL}};

@@ -180,6 +180,25 @@ static char *system_text(const cJSON *tools, const bool *use, dp_tool_mode mode,
     return s;
 }
 
+/* Tool replies are compact JSON: the converter's whitespace (a newline and
+ * indentation between tokens) lets a model spend its reply on layout, and a
+ * call cut short by max_tokens is no call at all. The rule keeps its name
+ * and one optional space. */
+static void compact_ws(char *gbnf)
+{
+    static const char ws[] = "ws ::= ";
+    char *p = strstr(gbnf, ws);
+    if (!p || (p != gbnf && p[-1] != '\n'))
+        return;
+    char *body = p + sizeof ws - 1, *end = strchr(body, '\n');
+    static const char one[] = "\" \"?";
+    size_t n = end ? (size_t)(end - body) : strlen(body);
+    if (n < sizeof one - 1)
+        return;
+    memcpy(body, one, sizeof one - 1);
+    memmove(body + sizeof one - 1, body + n, strlen(body + n) + 1);
+}
+
 int tools_parse(const cJSON *root, dp_tools *t, dp_api_err *e)
 {
     memset(t, 0, sizeof *t);
@@ -300,6 +319,8 @@ int tools_parse(const cJSON *root, dp_tools *t, dp_api_err *e)
     int grc = schema ? schema_to_gbnf(schema, &t->gbnf, path, sizeof path, err, sizeof err)
                      : DP_ENOMEM;
     cJSON_Delete(schema);
+    if (grc == 0)
+        compact_ws(t->gbnf);
     /* In a named mode the prompt shows that tool only; otherwise all of them. */
     t->system_text = grc ? NULL : system_text(tools, use, mode, named);
     if (grc == DP_ENOMEM || (!grc && !t->system_text)) {
@@ -386,11 +407,48 @@ static char *dup_n(const char *s, size_t n)
     return d;
 }
 
+/* A reply cut short (max_tokens) inside its list of calls: the calls that
+ * are whole, as {"tool_calls": [...]}; NULL when there is none. */
+static cJSON *salvage_calls(const char *text, size_t len)
+{
+    const char *end = text + len, *p = memmem(text, len, "\"tool_calls\"", 12);
+    p = p ? memchr(p, '[', (size_t)(end - p)) : NULL;
+    if (!p)
+        return NULL;
+    cJSON *arr = cJSON_CreateArray();
+    for (p++; arr && p < end;) {
+        while (p < end && (*p == ' ' || *p == '\n' || *p == '\t' || *p == ','))
+            p++;
+        if (p >= end || *p != '{')
+            break;
+        const char *stop = NULL;
+        cJSON *it = cJSON_ParseWithLengthOpts(p, (size_t)(end - p), &stop, false);
+        if (!it || !stop || stop <= p) {
+            cJSON_Delete(it);
+            break;
+        }
+        cJSON_AddItemToArray(arr, it);
+        p = stop;
+    }
+    if (!arr || cJSON_GetArraySize(arr) == 0) {
+        cJSON_Delete(arr);
+        return NULL;
+    }
+    cJSON *o = cJSON_CreateObject();
+    if (o)
+        cJSON_AddItemToObject(o, "tool_calls", arr);
+    else
+        cJSON_Delete(arr);
+    return o;
+}
+
 int tools_shape(const char *text, size_t len, const char *id_base, cJSON **calls, char **content)
 {
     *calls = NULL;
     *content = NULL;
     cJSON *j = cJSON_ParseWithLength(text, len);
+    if (!j)
+        j = salvage_calls(text, len);
     const cJSON *tc = cJSON_IsObject(j) ? member(j, "tool_calls") : NULL;
     const cJSON *resp = cJSON_IsObject(j) ? member(j, "response") : NULL;
     int rc = 0;

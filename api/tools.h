@@ -45,10 +45,11 @@ char *tools_render_calls(const cJSON *tool_calls, const char *content, const cha
                          dp_api_err *e);
 
 /* A finished reply's shape: the calls it makes (an array of OpenAI
- * tool_call objects, ids made from id_base and their index) or its text
- * answer. Returns 1 with *calls set, 0 with *content set (malloc'd: the
- * answer under "auto", else the text itself when it is not the tool JSON, a
- * reply cut short), negative on allocation failure. */
+ * tool_call objects, ids made from id_base and their index; of a reply cut
+ * short, the calls that are whole) or its text answer. Returns 1 with
+ * *calls set, 0 with *content set (malloc'd: the answer under "auto", else
+ * the text itself when it holds no whole call), negative on allocation
+ * failure. */
 int tools_shape(const char *text, size_t len, const char *id_base, cJSON **calls,
                 char **content);
 

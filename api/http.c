@@ -128,6 +128,12 @@ enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *
     return send_ex(h, status, ctype, body, len, NULL, NULL);
 }
 
+enum MHD_Result http_send_header(dp_hreq *h, unsigned status, const char *ctype, char *body,
+                                 size_t len, const char *hname, const char *hval)
+{
+    return send_ex(h, status, ctype, body, len, hname, hval);
+}
+
 enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e)
 {
     size_t len = 0;

@@ -125,6 +125,9 @@ void http_quiesce(dp_server *s);
 void http_close(dp_server *s);
 /* Queues a response and counts its status; takes ownership of body (malloc'd). */
 enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len);
+/* ... with one more header (hname: hval). */
+enum MHD_Result http_send_header(dp_hreq *h, unsigned status, const char *ctype, char *body,
+                                 size_t len, const char *hname, const char *hval);
 enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e);
 void http_resume(dp_job *j);
 /* Adds the CORS headers the request's Origin earns to r. */

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/dp.h"
+#include "chat_page.h"
 #include "internal.h"
 
 #define DP_VERSION_STR "0.1.0"
@@ -74,6 +75,21 @@ static enum MHD_Result on_version(dp_server *s, dp_hreq *h)
                                           : s->opts.backend ? s->opts.backend : "unknown");
     cJSON_AddStringToObject(o, "kernels", s->kernels[0] ? s->kernels : "unknown");
     return send_json(h, 200, o);
+}
+
+/* The chat page (api/chat_page.c): everything it runs is in the document,
+ * and it talks to this server only. */
+static enum MHD_Result on_page(dp_server *s, dp_hreq *h)
+{
+    (void)s;
+    char *body = malloc(dp_chat_page_len + 1);
+    if (body)
+        memcpy(body, dp_chat_page, dp_chat_page_len + 1);
+    return http_send_header(h, 200, "text/html; charset=utf-8", body, dp_chat_page_len,
+                            "Content-Security-Policy",
+                            "default-src 'none'; script-src 'unsafe-inline'; style-src "
+                            "'unsafe-inline'; connect-src 'self'; base-uri 'none'; "
+                            "form-action 'none'");
 }
 
 static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
@@ -210,7 +226,7 @@ typedef enum route_kind { R_NONE, R_GET, R_POST } route_kind;
 static route_kind route_of(const char *u)
 {
     if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
-        !strcmp(u, "/version") || !strncmp(u, "/v1/models/", 11))
+        !strcmp(u, "/version") || !strncmp(u, "/v1/models/", 11) || !strcmp(u, "/"))
         return R_GET;
     if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
         !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize"))
@@ -256,6 +272,8 @@ static bool needs_key(const dp_server *s, const char *u)
 {
     if (!guard_auth_on(&s->guard))
         return false;
+    if (!strcmp(u, "/"))
+        return false; /* a static page: its requests carry the key the user types in */
     if (!strcmp(u, "/health"))
         return !s->opts.health_public;
     if (!strcmp(u, "/metrics"))
@@ -304,6 +322,8 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
             return on_models(s, h);
         if (!strcmp(u, "/version"))
             return on_version(s, h);
+        if (!strcmp(u, "/"))
+            return on_page(s, h);
         return on_model(s, h, u + 11);
     }
     if (kind == R_POST && post) {

@@ -31,13 +31,25 @@ else
     echo "deps: Debian packages present"
 fi
 if [ "${1:-}" = "--python" ]; then
+    # The chat page's browser test (tests/e2e/test_chat_page.py) drives Chromium.
+    tmissing=""
+    for p in chromium chromium-driver; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || tmissing="$tmissing $p"
+    done
+    if [ -n "$tmissing" ]; then
+        echo "deps: installing Debian packages for the tests:$tmissing"
+        SUDO=""
+        [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+        $SUDO apt-get update -q
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $tmissing
+    fi
     CACHE="${DP_CACHE:-$HOME/.cache/dualpath}"
     VENV="$CACHE/venv"
     if [ ! -x "$VENV/bin/python" ]; then
         echo "deps: creating Python venv $VENV"
         python3 -m venv "$VENV"
     fi
-    if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, openai, pytest, jsonschema' 2>/dev/null; then
+    if ! "$VENV/bin/python" -c 'import numpy, gguf, tokenizers, openai, pytest, jsonschema, langchain_openai, litellm, selenium' 2>/dev/null; then
         echo "deps: installing Python test packages into $VENV"
         "$VENV/bin/pip" install --quiet -r tests/requirements.txt
     else

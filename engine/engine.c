@@ -215,7 +215,6 @@ static char *flush_text(eng_seq *es, size_t *len)
     return t;
 }
 
-/* Emits the FINISH event and frees the sequence. flush: release held text. */
 /* The held token events go out in order (cut: the output's end, or -1 when
  * all of them are part of it). */
 static void push_pending(dp_engine *e, eng_seq *es, int64_t cut)
@@ -230,6 +229,7 @@ static void push_pending(dp_engine *e, eng_seq *es, int64_t cut)
     es->pend_tail = NULL;
 }
 
+/* Emits the FINISH event and frees the sequence. flush: release held text. */
 static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *error, bool flush)
 {
     push_pending(e, es, -1); /* a stop string's cut marked them already */

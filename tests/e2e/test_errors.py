@@ -153,7 +153,7 @@ def test_prompt_too_long(server):
 
 
 def test_404(server):
-    for m, p in (("GET", "/"), ("GET", "/v2/models"), ("POST", "/v1/embeddings"),
+    for m, p in (("GET", "/index.html"), ("GET", "/v2/models"), ("POST", "/v1/embeddings"),
                  ("GET", "/v1/completions/x")):
         st, _, b = request(m, p)
         check_error(st, b, 404)

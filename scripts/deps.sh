@@ -3,11 +3,24 @@
 # and the Python test tools into a virtual environment under the cache.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The packages of a list that are not installed, and their installation.
+not_installed() {
+    local out="" p
+    for p in "$@"; do
+        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || out="$out $p"
+    done
+    echo "$out"
+}
+apt_install() {
+    local sudo=""
+    [ "$(id -u)" -ne 0 ] && sudo="sudo"
+    $sudo apt-get update -q
+    # shellcheck disable=SC2086
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "$@"
+}
 PKGS="build-essential meson ninja-build pkg-config libopenblas-dev libuv1-dev libmicrohttpd-dev libcjson-dev clang libclang-rt-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user python3 python3-venv python3-pip"
-missing=""
-for p in $PKGS; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
-done
+# shellcheck disable=SC2086
+missing=$(not_installed $PKGS)
 # python3/pip may come from elsewhere (pyenv); accept them when they work.
 if [ -n "$missing" ]; then
     filtered=""
@@ -23,25 +36,18 @@ if [ -n "$missing" ]; then
 fi
 if [ -n "${missing// /}" ]; then
     echo "deps: installing Debian packages:$missing"
-    SUDO=""
-    [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-    $SUDO apt-get update -q
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $missing
+    # shellcheck disable=SC2086
+    apt_install $missing
 else
     echo "deps: Debian packages present"
 fi
 if [ "${1:-}" = "--python" ]; then
     # The chat page's browser test (tests/e2e/test_chat_page.py) drives Chromium.
-    tmissing=""
-    for p in chromium chromium-driver; do
-        dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || tmissing="$tmissing $p"
-    done
-    if [ -n "$tmissing" ]; then
+    tmissing=$(not_installed chromium chromium-driver)
+    if [ -n "${tmissing// /}" ]; then
         echo "deps: installing Debian packages for the tests:$tmissing"
-        SUDO=""
-        [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-        $SUDO apt-get update -q
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q $tmissing
+        # shellcheck disable=SC2086
+        apt_install $tmissing
     fi
     CACHE="${DP_CACHE:-$HOME/.cache/dualpath}"
     VENV="$CACHE/venv"

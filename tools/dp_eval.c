@@ -184,6 +184,27 @@ typedef struct ref_rows {
     int32_t n;
 } ref_rows;
 
+/* Rows for n predictions (all NULL when memory ran out). */
+static ref_rows ref_rows_new(int32_t n, int32_t vocab)
+{
+    ref_rows r = {malloc((size_t)n * vocab * sizeof(double)), malloc((size_t)n * vocab * sizeof(double)),
+                  malloc((size_t)n * sizeof(int32_t)), n};
+    if (!r.lp || !r.p || !r.am) {
+        free(r.lp);
+        free(r.p);
+        free(r.am);
+        r = (ref_rows){NULL, NULL, NULL, n};
+    }
+    return r;
+}
+
+static void ref_rows_free(ref_rows *r)
+{
+    free(r->lp);
+    free(r->p);
+    free(r->am);
+}
+
 static void acc_add(acc *a, const ref_rows *ref, const float *logits, int32_t vocab,
                     const int32_t *targets, double *scratch)
 {
@@ -313,10 +334,9 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * e->vocab * sizeof(double)),
-                    malloc((size_t)C * sizeof(int32_t)), C};
+    ref_rows ref = ref_rows_new(C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!table || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+    if (!table || !ref_logits || !scratch || !ref.lp)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
@@ -378,9 +398,7 @@ out:
     free(table);
     free(ref_logits);
     free(scratch);
-    free(ref.lp);
-    free(ref.p);
-    free(ref.am);
+    ref_rows_free(&ref);
     return rc;
 }
 
@@ -494,10 +512,9 @@ static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, bu
     int32_t *ta = malloc((size_t)nba * sizeof *ta), *tbm = malloc((size_t)2 * nbb * sizeof *tbm);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)),
-                    malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * sizeof(int32_t)), C};
+    ref_rows ref = ref_rows_new(C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!ta || !tbm || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+    if (!ta || !tbm || !ref_logits || !scratch || !ref.lp)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
@@ -553,9 +570,7 @@ out:
     free(tbm);
     free(ref_logits);
     free(scratch);
-    free(ref.lp);
-    free(ref.p);
-    free(ref.am);
+    ref_rows_free(&ref);
     return rc;
 }
 
@@ -994,10 +1009,9 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = {malloc((size_t)C * e->vocab * sizeof(double)),
-                    malloc((size_t)C * e->vocab * sizeof(double)), malloc((size_t)C * sizeof(int32_t)), C};
+    ref_rows ref = ref_rows_new(C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!table || !ref_logits || !scratch || !ref.lp || !ref.p || !ref.am)
+    if (!table || !ref_logits || !scratch || !ref.lp)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &a)))
         goto out;
@@ -1043,9 +1057,7 @@ out:
     free(table);
     free(ref_logits);
     free(scratch);
-    free(ref.lp);
-    free(ref.p);
-    free(ref.am);
+    ref_rows_free(&ref);
     return rc;
 }
 

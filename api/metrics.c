@@ -170,8 +170,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Prompt tokens kept in the decode pool at migrations.");
     tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);
     family(b, "dualpath_tokens_in_place_total", "counter",
-           "Of the kept tokens, those of a prefix kept whole whose prefill blocks the decode "
-           "path took as they were (not copied; shared with every request holding them).");
+           "Of the kept tokens, those of a prefix kept whole that the decode path took by "
+           "reference, not copied: its prefill blocks (one arena of one type), or the decode "
+           "blocks another request's migration copied it into (shared by every request "
+           "holding them).");
     tb_printf(b, "dualpath_tokens_in_place_total %lld\n", (long long)st->tokens_in_place);
     family(b, "dualpath_tokens_evicted_total", "counter",
            "Prompt tokens dropped from the device at migrations.");

@@ -51,7 +51,7 @@ static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL}
 /* Indexed by dp_kv_type. */
 static const char *const kv_types[] = {"f32", "f16", NULL};
 /* "same", then dp_kv_type + 1. */
-static const char *const decode_kv_types[] = {"same", "f32", "f16", "q8_0", "q4_0", NULL};
+static const char *const decode_kv_types[] = {"auto", "same", "f32", "f16", "q8_0", "q4_0", NULL};
 static const char *const scorers[] = {"knorm", "knorm_high", "snapkv", "recent", "random", NULL};
 
 static int check_device(const char *s, char *err, size_t errsz);
@@ -153,8 +153,8 @@ static const opt_desc options[] = {
      "compress the KV cache when a sequence moves to decoding [sched, kvcache]"},
     {"scorer", DP_CONF_ENUM, F(scorer), "snapkv", 0, 0, scorers, NULL, 0, GROUP_DUALPATH, NULL,
      "importance scorer (see docs/dualpath.md: snapkv measured best) [kvcache]"},
-    {"decode_kv_type", DP_CONF_ENUM, F(decode_kv_type), "same", 0, 0, decode_kv_types, NULL, 0,
-     GROUP_DUALPATH, NULL, "decode-path KV type; same = kv_cache_type; q8_0/q4_0: CPU [kvcache]"},
+    {"decode_kv_type", DP_CONF_ENUM, F(decode_kv_type), "auto", 0, 0, decode_kv_types, NULL, 0,
+     GROUP_DUALPATH, NULL, "decode-path KV type; auto: q8_0 on the CPU (of f16), else same [kvcache]"},
     {"keep_ratio", DP_CONF_FLOAT, F(keep_ratio), "0.5", 0, 1, NULL, NULL, 0, GROUP_DUALPATH,
      NULL, "share of the prompt's tokens kept, sinks and window included [kvcache]"},
     {"sink_tokens", DP_CONF_INT, F(sink_tokens), "4", 0, 1024, NULL, NULL, 0, GROUP_DUALPATH,

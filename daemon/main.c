@@ -35,7 +35,10 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->reuse_replies = c->reuse_replies;
     e->prefix_cache = c->prefix_cache;
     e->kv_type = c->kv_cache_type;
-    e->decode_kv_type = c->decode_kv_type - 1;
+    /* The enum's order: auto, same, then the dp_kv_type values. */
+    e->decode_kv_type = c->decode_kv_type == 0   ? ENGINE_DECODE_KV_AUTO
+                        : c->decode_kv_type == 1 ? ENGINE_DECODE_KV_SAME
+                                                 : c->decode_kv_type - 2;
     e->host_tier_bytes = (int64_t)c->host_tier_bytes;
     e->gpu_memory_fraction = c->gpu_memory_fraction;
 }

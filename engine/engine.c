@@ -151,7 +151,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->device_sampling = true;
     /* As llama.cpp keeps it: half the bytes of f32 per token. */
     o->kv_type = DP_KV_F16;
-    o->decode_kv_type = -1;
+    o->decode_kv_type = ENGINE_DECODE_KV_AUTO;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -712,7 +712,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
     for (int32_t i = 0; i < n; i++) {
         eng_seq *es = list[i];
         dp_kv_migration *g = &e->mig[i];
-        *g = (dp_kv_migration){.kv = &es->seq->kv, .n_keep = compact_target(e, es, kind)};
+        *g = (dp_kv_migration){.kv = &es->seq->kv, .tokens = es->seq->tokens,
+                               .n_keep = compact_target(e, es, kind)};
         if (q && es->capture_at >= 0) {
             g->q = q + (size_t)es->capture_at * q_row;
             g->q_stride = q_stride;
@@ -1130,9 +1131,12 @@ static void update_gauges(dp_engine *e)
     for (eng_seq *es = e->live; es; es = es->next)
         if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
             on_decode++;
-            /* Blocks it holds by reference stay the prefill path's. */
+            /* Blocks it holds by reference stay the prefill path's, or
+             * are a decode-pool share's, counted once below. */
             decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks;
         }
+    if (m->share_front)
+        decode_held += m->dpx.live_blocks;
     e->stats.seqs_on_decode_path = on_decode;
     /* One shared arena: each path reports the blocks its tables hold, and
      * both the arena's size. */
@@ -1295,12 +1299,24 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
     return 0;
 }
 
-/* The layout of a pool's store: the model's geometry, the configured type. */
-static dp_kv_layout kv_layout_of(const dp_llama *m, const dp_engine_opts *o, int32_t block_tokens,
-                                 int32_t n_blocks, bool decode)
+/* The layout of a pool's store: the model's geometry, the configured type.
+ * The decode path's "auto" is q8_0 over an f16 cache where the backend keeps
+ * q8_0 (the CPU's; CUDA has no quantized KV kernels yet): half the bytes of
+ * f16 at KL 0.005 nats/token with the whole cache's retrieval
+ * (docs/dualpath.md's KV-type table); an f32 cache asked for exactness. */
+static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
+                                 int32_t block_tokens, int32_t n_blocks, bool decode)
 {
     dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
-    l.type = decode && o->decode_kv_type >= 0 ? o->decode_kv_type : o->kv_type;
+    l.type = o->kv_type;
+    if (decode && o->decode_kv_type >= 0)
+        l.type = o->decode_kv_type;
+    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO && o->kv_type == DP_KV_F16) {
+        dp_kv_layout q = l;
+        q.type = DP_KV_Q8_0;
+        if (be->ops->kv_view && be->ops->kv_bytes_per_block(be, &q) > 0)
+            l.type = DP_KV_Q8_0;
+    }
     return l;
 }
 
@@ -1404,8 +1420,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         goto fail;
     int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
     dp_kv_mgr_opts ko = {
-        .prefill = kv_layout_of(model, opts, opts->block_tokens, opts->n_blocks, false),
-        .decode = kv_layout_of(model, opts, dbt, opts->n_blocks_decode, true),
+        .prefill = kv_layout_of(e->be, model, opts, opts->block_tokens, opts->n_blocks, false),
+        .decode = kv_layout_of(e->be, model, opts, dbt, opts->n_blocks_decode, true),
         .kv_bytes = kv_bytes,
         .dual = e->dual,
         .prefill_fraction = opts->prefill_fraction,

@@ -41,12 +41,17 @@ typedef struct dp_engine_opts {
                                   * for the next turn (kvcache/manager.h); default on */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
-    int32_t decode_kv_type;      /* the decode path's, when >= 0 (default -1: kv_type) */
+    int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
+                                  * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: q8_0
+                                  * over an f16 cache where the backend keeps it) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
     bool device_sampling;        /* sample from the backend's logits_topk candidates, the
                                   * full row only for the requests and draws that need
                                   * it (default on; same tokens either way) */
 } dp_engine_opts;
+
+#define ENGINE_DECODE_KV_SAME (-1)
+#define ENGINE_DECODE_KV_AUTO (-2)
 
 void engine_opts_default(dp_engine_opts *o);
 

@@ -175,9 +175,10 @@ static void select_rows(dp_compressor *c, const dp_compress_opts *o, dp_scorer s
                 case DP_SCORER_KNORM_HIGH: v = s[i]; break;
                 case DP_SCORER_SNAPKV: {
                     /* Max-pool over neighbours (SnapKV's clustering): a
-                     * token next to an attended one is kept with it. */
+                     * token next to an attended one is kept with it, so a
+                     * number or a name survives whole (see DP_SNAPKV_POOL). */
                     v = s[i];
-                    for (int32_t d = -3; d <= 3; d++)
+                    for (int32_t d = -DP_SNAPKV_POOL; d <= DP_SNAPKV_POOL; d++)
                         if (i + d >= 0 && i + d < n_slots && s[i + d] > v)
                             v = s[i + d];
                     break;

@@ -23,6 +23,14 @@ const char *scorer_name(dp_scorer s);
 /* Returns 0 and sets *out, or DP_EINVAL for an unknown name. */
 int scorer_parse(const char *name, dp_scorer *out);
 
+/* SnapKV's pooling radius: a token's score is the highest within this many
+ * tokens either side. Measured with dp-eval's passkey task (docs/dualpath.md):
+ * with radius 3 a key of 5-7 digit tokens lost digits to eviction (f16 at
+ * keep 0.5: 1/10 keys at 512 tokens, 3/10 at 2048, where the whole cache
+ * finds 10 and 8); with 6 every ratio down to 0.3 finds as many as the whole
+ * cache, at KL within 0.005 nats/token of radius 3. */
+#define DP_SNAPKV_POOL 6
+
 typedef struct dp_compress_opts {
     dp_scorer scorer;
     float keep_ratio;   /* fraction of tokens kept, (0, 1] */

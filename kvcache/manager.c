@@ -114,6 +114,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                        : o->decode.block_tokens == o->prefill.block_tokens);
     m->dpool = m->shared ? &m->pool : &m->dpool_own;
     m->by_ref = m->shared && !typed;
+    m->share_front = o->dual && !m->by_ref && be;
     m->dbt = o->decode.block_tokens;
     if (m->shared && typed) {
         dl.block_tokens = 1;
@@ -164,6 +165,13 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         }
     }
     m->dlayout = dl;
+    /* Each share holds a decode block at least, and lives while a sequence
+     * holds it: a few per running sequence at most. */
+    if (m->share_front &&
+        (rc = dprefix_init(&m->dpx, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024))) {
+        rc = dp_err(err, errsz, rc, "out of memory");
+        goto fail;
+    }
     if (o->dual) {
         if (be) {
             if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads,
@@ -225,6 +233,7 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         kv_pool_destroy(&m->dpool_own);
     if (m->mig.be)
         kv_migrator_destroy(&m->mig);
+    dprefix_destroy(&m->dpx);
     memset(m, 0, sizeof *m);
 }
 
@@ -236,18 +245,39 @@ static int32_t dblocks_for(const dp_kv_mgr *m, int64_t n)
     return (int32_t)((n + m->dbt - 1) / m->dbt);
 }
 
-/* Leading slots of a compaction to n_keep of n_slots that the new table
- * holds by reference: the whole blocks of its forced front (the prefix kept
- * whole), fewer than n_keep so that the copy is never empty. */
-static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slots, int32_t n_keep)
+/* The whole decode blocks of a compaction's forced front (the prefix kept
+ * whole), fewer than n_keep slots so that the copy is never empty. */
+static int32_t front_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_keep)
 {
-    if (!m->by_ref || n_keep < 1 || n_keep > n_slots)
-        return 0;
-    const int32_t bt = m->pool.block_tokens;
     int32_t f = compress_front(&kv->copts, n_keep);
     if (f > n_keep - 1)
         f = n_keep - 1;
-    return f / bt * bt;
+    return f > 0 ? f / m->dbt * m->dbt : 0;
+}
+
+/* Leading slots of a compaction to n_keep of n_slots that the new table
+ * holds by reference: in one arena of one type, the prefill blocks of its
+ * front; elsewhere, on the decode path, the decode-pool share it holds (a
+ * migration's share is found by kv_mgr_migrate from its tokens; before it,
+ * the share admission found). */
+static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slots, int32_t n_keep)
+{
+    if (n_keep < 1 || n_keep > n_slots)
+        return 0;
+    if (m->by_ref)
+        return front_slots(m, kv, n_keep);
+    if (!m->share_front)
+        return 0;
+    int32_t r = kv->path == DP_PATH_DECODE ? (kv->dshare ? kv->ref_blocks * m->dbt : 0)
+                                           : kv->share_hint;
+    return r < n_keep && r <= compress_front(&kv->copts, n_keep) ? r : 0;
+}
+
+static void leave_share(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    if (kv->dshare)
+        dprefix_leave(&m->dpx, kv->dshare - 1);
+    kv->dshare = 0;
 }
 
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -366,6 +396,8 @@ static void unprotect_prompt(dp_kv_mgr *m, dp_kv_seq *kv)
 static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     unprotect_prompt(m, kv);
+    leave_share(m, kv);
+    kv->share_hint = 0;
     kv->mig_pos = kv->mig_keep = 0;
     kv->ref_blocks = 0;
     kv->recompressed = false;
@@ -392,6 +424,15 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         got = limit > 0 ? prefix_match(&m->pc, tokens, limit, &kv->table, &from_host, &last) : 0;
         kv->hashed_blocks = kv->table.n_blocks;
         kv->chain = last;
+    }
+    /* A share of its prefix that others hold now is blocks it will not take
+     * (best effort: when they end before it migrates, it copies the prefix,
+     * or stays whole where the pool has no room). */
+    kv->share_hint = 0;
+    if (m->share_front && kv->dual && !kv->dshare) {
+        int32_t s = front_slots(m, kv, compress_n_keep(&kv->copts, n_tokens));
+        if (s > 0 && dprefix_find(&m->dpx, tokens, s) >= 0)
+            kv->share_hint = s;
     }
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
@@ -557,6 +598,8 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     }
     g->scorer = mv.scorer;
     g->n_ref = nref;
+    if (nref == 0)
+        leave_share(m, kv);
     kv->recompressed = true;
     kv->n_slots = g->n_keep;
     kv->ref_blocks = nb;
@@ -571,7 +614,9 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
     dp_kv_move mv[MIGRATE_BATCH];
     dp_block_table tables[MIGRATE_BATCH];
     dp_kv_migration *ok[MIGRATE_BATCH], *staged[MIGRATE_BATCH];
-    int32_t took[MIGRATE_BATCH], k = 0, n_staged = 0;
+    /* share: the decode-pool share a migration holds once it moves (id + 1;
+     * negative before the loop names it: -slots); held: its slots. */
+    int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], k = 0, n_staged = 0;
     for (int32_t i = 0; i < n; i++) {
         dp_kv_migration *g = mg[i];
         dp_kv_seq *kv = g->kv;
@@ -579,11 +624,29 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             g->n_keep = kv->n_slots;
         kv_table_init(&tables[k]);
         /* The new table starts with the blocks it keeps by reference (one
-         * more reference each), then takes decode blocks for the rest. */
-        const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / m->dbt;
+         * more reference each), then takes decode blocks for the rest: its
+         * own leading blocks (in one arena of one type, the prefill blocks
+         * of its prefix; on the decode path, a share it holds), or a
+         * decode-pool share of its prefix that another sequence copied. */
+        int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep);
+        const int32_t *refb = kv->table.blocks;
+        share[k] = 0;
+        if (m->share_front && src == DP_PATH_PREFILL) {
+            nref = 0;
+            int32_t s = g->tokens ? front_slots(m, kv, g->n_keep) : 0;
+            int32_t id = s > 0 ? dprefix_find(&m->dpx, g->tokens, s) : -1;
+            if (id >= 0) {
+                nref = s;
+                refb = dprefix_blocks(&m->dpx, id);
+                share[k] = id + 1;
+            } else if (s > 0) {
+                share[k] = -s;
+            }
+        }
+        const int32_t nb = nref / m->dbt;
         int rc = g->n_keep < 1 ? DP_EINVAL : 0;
         for (int32_t b = 0; rc == 0 && b < nb; b++)
-            rc = kv_table_push(&tables[k], m->dpool, kv->table.blocks[b]);
+            rc = kv_table_push(&tables[k], m->dpool, refb[b]);
         if (rc == 0)
             rc = decode_reserve(m, kv, &tables[k], g->n_keep, &took[k]);
         if (rc == DP_ENOSPC && src == DP_PATH_DECODE) {
@@ -595,6 +658,16 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             g->rc = rc;
             kv_table_destroy(&tables[k], m->dpool);
             continue;
+        }
+        /* The first with a prefix names its copy at once, so that the others
+         * of this batch take it too (the one backend call below writes it). */
+        held[k] = nref;
+        if (share[k] > 0) {
+            dprefix_join(&m->dpx, share[k] - 1);
+        } else if (share[k] < 0) {
+            int32_t id = dprefix_add(&m->dpx, g->tokens, -share[k], tables[k].blocks);
+            held[k] = id >= 0 ? -share[k] : 0;
+            share[k] = id >= 0 ? id + 1 : 0;
         }
         mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
                              tables[k].blocks + nb, tables[k].n_blocks - nb, g->n_keep, g->q,
@@ -613,6 +686,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
+            if (share[i] > 0)
+                dprefix_leave(&m->dpx, share[i] - 1);
             undo_reserve(m, kv, &tables[i], took[i]);
             continue;
         }
@@ -622,8 +697,12 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 protect_prompt(m, kv);
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
+            kv->share_hint = 0;
+            kv->dshare = share[i];
         } else {
             kv->recompressed = true;
+            if (g->n_ref == 0)
+                leave_share(m, kv); /* its new table holds none of the share's blocks */
         }
         /* What it held goes back to its pool (named prefill blocks stay
          * cached for the next turn); a recompression's freed blocks are
@@ -633,7 +712,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->table = tables[i];
         kv->path = DP_PATH_DECODE;
         kv->n_slots = g->n_keep;
-        kv->ref_blocks = g->n_ref / m->dbt;
+        kv->ref_blocks = held[i] / m->dbt;
         attn_acc_reset(&kv->attn); /* its slots were rearranged */
     }
     int32_t moved = rc ? 0 : k;
@@ -697,6 +776,7 @@ int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
         /* Path and slots stay: the cache comes back whole (its prefix in
          * blocks of its own). */
         drop_promise(m, kv);
+        leave_share(m, kv);
         kv->ref_blocks = 0;
         return 0;
     }

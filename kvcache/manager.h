@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "compress.h"
+#include "dprefix.h"
 #include "host.h"
 #include "kernels/backend.h"
 #include "migrate.h"
@@ -42,8 +43,11 @@ typedef struct dp_kv_seq {
     dp_swapped swapped;       /* preempted on the decode path: its compact cache */
     int32_t mig_pos;          /* positions migrated to the decode path (0: none) */
     int32_t mig_keep;         /* slots they were compacted to */
-    int32_t ref_blocks;       /* leading decode-table blocks held by reference to the
-                               * prefill path's (a prefix kept whole; kv_mgr_migrate) */
+    int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
+                               * prefill path's (a prefix kept whole; kv_mgr_migrate), or
+                               * to a decode-pool share (dshare) */
+    int32_t dshare;           /* the decode-pool share it holds (dprefix.h): id + 1, 0: none */
+    int32_t share_hint;       /* admission found a share for its prefix: slots it need not take */
     bool recompressed;        /* compacted again on the decode path since */
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
@@ -88,6 +92,9 @@ typedef struct dp_kv_mgr {
                                   * so a prefix kept whole stays shared (kv_mgr_migrate) */
     int32_t dbt;                 /* tokens per decode-path block (more than the prefill
                                   * path's when a shared arena's decode type is smaller) */
+    bool share_front;            /* ... otherwise such a prefix is shared in decode blocks of
+                                  * its own, copied once (dpx) */
+    dp_dprefix dpx;
     dp_kv_pool dpool_own;
     bool has_pc, has_host, has_swap;
     dp_prefix_cache pc;
@@ -146,7 +153,8 @@ bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, i
  * back as it left (kv_mgr_swap_in); otherwise the longest cached prefix of
  * tokens[0..n_tokens - tail) is taken back (tail >= 1 leaves the last tokens
  * to compute) and the prefill pool reserves the rest, and the decode pool
- * its compressed size plus a block. While others run (busy) a watermark of
+ * its compressed size plus a block (less a decode-pool share of its prefix
+ * that others hold now). While others run (busy) a watermark of
  * decode blocks stays free. Returns 0 and sets *reused (the tokens already
  * in the cache), or DP_ENOSPC: nothing changed. */
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
@@ -161,6 +169,8 @@ void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n
 /* One sequence of kv_mgr_migrate. */
 typedef struct dp_kv_migration {
     dp_kv_seq *kv;            /* on the prefill path (a migration) or the decode path (a recompression) */
+    const int32_t *tokens;    /* its tokens from the start (a migration shares the prefix it
+                               * keeps whole with other sequences through them; NULL: no) */
     int32_t n_keep;           /* slots kept */
     const float *q;           /* SnapKV: captured queries of its last n_q slots (dp_kv_move) */
     int64_t q_stride;
@@ -177,8 +187,11 @@ typedef struct dp_kv_migration {
  * (by_ref) the whole blocks of a prefix kept whole (dp_compress_opts.prefix)
  * are not copied: the new table starts with the same blocks, so sequences
  * whose prompts share a system prompt through the prefix cache keep sharing
- * it on the decode path, as they would with dualpath off. Elsewhere the
- * prefix is copied whole (the same kept tokens, the same output). A sequence the decode pool
+ * it on the decode path, as they would with dualpath off. Elsewhere (a
+ * quantized decode type, or pools of different block sizes) the first
+ * sequence's copy of the prefix, in whole decode blocks, is shared by the
+ * next ones whose tokens start the same (dprefix.h): the rest of the prefix
+ * is copied (the same kept tokens, the same output). A sequence the decode pool
  * has no room for keeps its cache as it was (rc DP_ENOSPC); correctness never
  * depends on a migration. Returns how many moved. */
 int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n);

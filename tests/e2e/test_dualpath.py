@@ -99,14 +99,71 @@ def test_enabled_false_evicts_nothing(dual):
     assert evicted == 0, (kept, evicted)
 
 
-def test_keep_ratio_one_equals_disabled(dual):
+@pytest.fixture(scope="module")
+def f16_decode():
+    """A daemon whose decode path keeps the prefill path's f16 (the default
+    decode type on the CPU is q8_0)."""
+    d = Daemon(extra=["--decode-kv-type", "same"])
+    yield d.url
+    assert d.stop() == 0
+
+
+def test_keep_ratio_one_equals_disabled(f16_decode):
+    """With nothing evicted and the decode path in f16, the dual path is the
+    single path: the same bytes, the same tokens."""
     body = {"prompt": LONG_PROMPT, "max_tokens": 24, "temperature": 0, "ignore_eos": True}
-    full = complete({**body, "dualpath": {"keep_ratio": 1.0}})
-    off = complete({**body, "dualpath": {"enabled": False}})
+    full = complete({**body, "dualpath": {"keep_ratio": 1.0}}, base=f16_decode)
+    off = complete({**body, "dualpath": {"enabled": False}}, base=f16_decode)
     kept, evicted = dp_usage(full)
     assert evicted == 0 and kept == full["usage"]["prompt_tokens"]
     assert full["choices"][0]["text"] == off["choices"][0]["text"]
     assert full["usage"]["completion_tokens"] == off["usage"]["completion_tokens"] == 24
+
+
+def test_keep_ratio_one_default_type_keeps_every_token(dual):
+    """At the default decode type (q8_0 on the CPU) keep 1.0 evicts nothing
+    and holds about half of the f16 bytes."""
+    o = complete({"prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
+                  "dualpath": {"keep_ratio": 1.0}})
+    kept, evicted = dp_usage(o)
+    assert evicted == 0 and kept == o["usage"]["prompt_tokens"]
+    d = o["usage"]["dualpath"]
+    assert d["kv_bytes"] < 0.6 * d["kv_bytes_full"], d
+
+
+PK_FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+             "There and back again. ")
+
+
+def _passkey_prompt(key, depth, reps=20):
+    parts = ["There is an important pass key hidden inside a lot of irrelevant text. "
+             "Find it and memorize it. I will quiz you about the pass key.\n\n"]
+    for r in range(reps + 1):
+        if r == depth:
+            parts.append(f"The pass key is {key}. Remember it. {key} is the pass key. ")
+        if r < reps:
+            parts.append(PK_FILLER)
+    parts.append("\n\nWhat is the pass key?")
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("key,depth", [(95580, 0), (4144133, 2), (3446332, 4), (566023, 9),
+                                       (7694821, 20)])
+def test_passkey_survives_the_default_compression(dual, key, depth):
+    """Retrieval at the daemon's defaults: a 5-7 digit key stated once in
+    about 500 tokens of filler comes back as the whole cache gives it (these
+    keys lost digits when SnapKV pooled over +-3 tokens: each digit is a token,
+    and a key's last digits are not what the question attends to)."""
+    msgs = [{"role": "user", "content": _passkey_prompt(key, depth)}]
+    body = {"messages": msgs, "max_tokens": 16, "temperature": 0}
+    st, on = post("/v1/chat/completions", {**body, "dualpath": {"keep_ratio": 0.5}})
+    assert st == 200, on
+    st, off = post("/v1/chat/completions", {**body, "dualpath": {"enabled": False}})
+    assert st == 200, off
+    assert str(key) in off["choices"][0]["message"]["content"], off
+    kept, evicted = dp_usage(on)
+    assert evicted > 0, (kept, evicted)
+    assert str(key) in on["choices"][0]["message"]["content"], on
 
 
 def test_chat_override_with_openai_client(dual, client, model_id):

@@ -237,9 +237,9 @@ static void check_selection(dp_backend *be)
                             break;
                         case DP_SCORER_SNAPKV: {
                             CHECK_NEAR(bs[s], attn[l][h][s], 1e-4);
-                            /* Max-pooled over +-3 neighbours. */
+                            /* Max-pooled over +-DP_SNAPKV_POOL neighbours. */
                             float v = bs[s];
-                            for (int32_t d = -3; d <= 3; d++)
+                            for (int32_t d = -DP_SNAPKV_POOL; d <= DP_SNAPKV_POOL; d++)
                                 if (s + d >= 0 && s + d < n && bs[s + d] > v)
                                     v = bs[s + d];
                             sc_row[s] = v;
@@ -323,7 +323,7 @@ static void check_selection(dp_backend *be)
             float sc_row[37];
             for (int32_t s = 0; s < n; s++) {
                 float v = bs[s];
-                for (int32_t d = -3; d <= 3; d++)
+                for (int32_t d = -DP_SNAPKV_POOL; d <= DP_SNAPKV_POOL; d++)
                     if (s + d >= 0 && s + d < n && bs[s + d] > v)
                         v = bs[s + d];
                 sc_row[s] = v;
@@ -342,7 +342,7 @@ static void check_selection(dp_backend *be)
         float sc_row[37];
         for (int32_t s = 0; s < n; s++) {
             float v = s < 30 ? bs[s] : 0.0f;
-            for (int32_t d = -3; d <= 3; d++)
+            for (int32_t d = -DP_SNAPKV_POOL; d <= DP_SNAPKV_POOL; d++)
                 if (s + d >= 0 && s + d < n && (s + d < 30 ? bs[s + d] : 0.0f) > v)
                     v = s + d < 30 ? bs[s + d] : 0.0f;
             sc_row[s] = v;

@@ -884,7 +884,8 @@ static void test_step_failure(world *w)
  * prompts start with the same 100 tokens keep its 6 whole blocks (96 tokens)
  * on the decode path by reference to the prefill blocks the prefix cache
  * shares, in one arena, and compress only their own tails. With split pools
- * the prefix is copied instead: the same kept tokens, the same outputs. The
+ * the first one's copy of the prefix is shared instead (kvcache/dprefix.h):
+ * the same kept tokens, the same outputs. The
  * engine runs the same greedy requests under memory pressure (a shared
  * arena small enough to preempt) with the same outputs too. */
 static void test_system_prompt(world *w)
@@ -913,7 +914,8 @@ static void test_system_prompt(world *w)
     o.n_blocks_decode = 512;
     run_with(w, &o, sp, N, ref, &split, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(split.kv_shared, 0);
-    CHECK_EQ_INT(split.tokens_in_place, 0);
+    /* Split pools: the first copies the prefix, the others take its copy. */
+    CHECK_EQ_INT(split.tokens_in_place, (N - 1) * 96);
     /* Each keeps its 96 prefix tokens and 12 of its other 24. */
     CHECK_EQ_INT(split.tokens_kept, N * (96 + 12));
     o.n_blocks_decode = 0;
@@ -940,6 +942,58 @@ static void test_system_prompt(world *w)
            "(%lld tokens by reference), outputs equal to copying it; in a %d-block arena %lld "
            "preemptions, the same outputs\n", N, 96 / 16, (long long)shared.tokens_in_place,
            o.n_blocks, (long long)small.preemptions);
+}
+
+/* A system prompt kept whole where the decode path cannot hold prefill
+ * blocks (a q8_0 decode type in the one arena, whose blocks hold 60 tokens
+ * here): the first request's migration copies the prefix's whole decode
+ * blocks (120 of its 130 tokens) and names them (kvcache/dprefix.h); the
+ * others take those blocks instead of copying the prefix again. Run one at a
+ * time nobody shares (a share lives while a sequence holds it); run
+ * together, 7 of 8 share, with the same outputs. */
+static void test_system_prompt_typed(world *w)
+{
+    enum { N = 8, SYS = 130, TAIL = 20 };
+    static req_spec sp[N];
+    static result ref[N], res[N];
+    const uint64_t saved = rs;
+    rs = 77;
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = SYS + TAIL, .max_tokens = 60, .ignore_eos = true,
+                           .keep_prefix = SYS};
+        for (int k = 0; k < SYS + TAIL; k++)
+            sp[i].prompt[k] = k < SYS && i > 0 ? sp[0].prompt[k] : urand(w->vocab);
+    }
+    rs = saved;
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.decode_kv_type = DP_KV_Q8_0;
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    o.n_blocks = 256;
+    dp_engine_stats alone, together;
+    next_opts = o;
+    next_opts_set = true;
+    dp_engine *e = start(w, o.n_blocks, 32);
+    next_opts_set = false;
+    run_requests(e, sp, N, ref, true, DP_DUALPATH_DEFAULT, &alone);
+    engine_destroy(e);
+    CHECK_EQ_INT(alone.kv_shared, 1);
+    CHECK_EQ_INT(alone.decode_block_tokens, 60);
+    CHECK_EQ_INT(alone.tokens_in_place, 0);
+    defer_start = true;
+    run_with(w, &o, sp, N, res, &together, DP_DUALPATH_DEFAULT);
+    defer_start = false;
+    CHECK_EQ_INT(together.tokens_kept, alone.tokens_kept);
+    CHECK_EQ_INT(together.tokens_in_place, (N - 1) * 120);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
+                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
+                  "request %d: the shared q8_0 prefix changed its output", i);
+    printf("system prompt kept whole, q8_0 decode path: %d of %d requests take the first one's "
+           "copy of its %d whole decode blocks (%lld tokens not copied), the same outputs as "
+           "each alone\n", N - 1, N, 120 / 60, (long long)together.tokens_in_place);
 }
 
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
@@ -1490,6 +1544,7 @@ int main(void)
                                  "tiny32 q4_0 decode pool preemption (split)");
     }
     test_quantized_decode(&w);
+    test_system_prompt_typed(&w);
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

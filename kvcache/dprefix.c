@@ -1,0 +1,109 @@
+/* dprefix.c: prefixes shared in the decode pool's own blocks (dprefix.h). */
+#include "dprefix.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+int dprefix_init(dp_dprefix *d, int32_t block_tokens, int32_t max_entries)
+{
+    memset(d, 0, sizeof *d);
+    if (block_tokens < 1 || max_entries < 1)
+        return DP_EINVAL;
+    d->block_tokens = block_tokens;
+    d->max_entries = max_entries;
+    d->e = calloc((size_t)max_entries, sizeof *d->e);
+    if (!d->e || u64map_init(&d->map, (uint32_t)max_entries)) {
+        free(d->e);
+        d->e = NULL;
+        return DP_ENOMEM;
+    }
+    d->key = hash_key_random();
+    return 0;
+}
+
+static void entry_clear(dp_dprefix_entry *x)
+{
+    free(x->tokens);
+    free(x->blocks);
+    memset(x, 0, sizeof *x);
+}
+
+void dprefix_destroy(dp_dprefix *d)
+{
+    if (d->e)
+        for (int32_t i = 0; i < d->max_entries; i++)
+            entry_clear(&d->e[i]);
+    free(d->e);
+    u64map_destroy(&d->map);
+    memset(d, 0, sizeof *d);
+}
+
+static uint64_t name_of(const dp_dprefix *d, const int32_t *tokens, int32_t n)
+{
+    uint64_t h = dp_siphash(&d->key, tokens, (size_t)n * sizeof *tokens);
+    return h ? h : 1; /* 0 marks an empty slot of the map */
+}
+
+int32_t dprefix_find(dp_dprefix *d, const int32_t *tokens, int32_t n)
+{
+    if (!d->e || n < d->block_tokens || n % d->block_tokens)
+        return -1;
+    int32_t id = u64map_get(&d->map, name_of(d, tokens, n));
+    if (id < 0)
+        return -1;
+    const dp_dprefix_entry *x = &d->e[id];
+    /* The name is keyed, but a hit is served only when the tokens agree. */
+    if (x->n_tokens != n || memcmp(x->tokens, tokens, (size_t)n * sizeof *tokens))
+        return -1;
+    return id;
+}
+
+int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32_t *blocks)
+{
+    if (!d->e || n < d->block_tokens || n % d->block_tokens)
+        return -1;
+    const uint64_t name = name_of(d, tokens, n);
+    if (u64map_get(&d->map, name) >= 0)
+        return -1;
+    int32_t id = -1;
+    for (int32_t i = 0; i < d->max_entries && id < 0; i++)
+        if (!d->e[i].name)
+            id = i;
+    if (id < 0)
+        return -1;
+    dp_dprefix_entry *x = &d->e[id];
+    const int32_t nb = n / d->block_tokens;
+    x->tokens = malloc((size_t)n * sizeof *x->tokens);
+    x->blocks = malloc((size_t)nb * sizeof *x->blocks);
+    if (!x->tokens || !x->blocks) {
+        entry_clear(x);
+        return -1;
+    }
+    memcpy(x->tokens, tokens, (size_t)n * sizeof *tokens);
+    memcpy(x->blocks, blocks, (size_t)nb * sizeof *blocks);
+    x->name = name;
+    x->n_tokens = n;
+    x->users = 1;
+    u64map_put(&d->map, name, id);
+    d->live_blocks += nb;
+    return id;
+}
+
+void dprefix_join(dp_dprefix *d, int32_t id)
+{
+    d->e[id].users++;
+    d->hits++;
+    d->hit_tokens += d->e[id].n_tokens;
+}
+
+void dprefix_leave(dp_dprefix *d, int32_t id)
+{
+    dp_dprefix_entry *x = &d->e[id];
+    if (--x->users > 0)
+        return;
+    u64map_del(&d->map, x->name);
+    d->live_blocks -= x->n_tokens / d->block_tokens;
+    entry_clear(x);
+}

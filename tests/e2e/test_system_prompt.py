@@ -1,15 +1,20 @@
 """A chat's system prompt kept whole on the decode path (keep_system_prompt,
-on by default): its whole blocks stay where the prefill path wrote them, so
-requests that share a system prompt share those blocks while they decode, as
-they do with dualpath off; only the rest of each prompt is compressed.
+on by default). With the decode path in the prefill path's type (f16) its
+whole blocks stay where the prefill path wrote them, so requests that share
+a system prompt share those blocks while they decode, as they do with
+dualpath off; with the default q8_0 decode path the first request's copy of
+it (whole decode blocks of 30 tokens) is taken by the next ones while it
+lives. Only the rest of each prompt is compressed.
 /metrics counts the tokens so kept (dualpath_tokens_in_place_total), the
 per-request "dualpath" object turns it off (keep_system) or names a prefix of
 any prompt (keep_prefix), and sharing never changes an output."""
+import http.client
 import json
+import urllib.parse
 
 import pytest
 
-from conftest import metrics, parallel, request
+from conftest import Daemon, metrics, parallel, request
 
 SYSTEM = ("You are the help desk assistant of the Harbour Street public library. Answer in one or "
           "two short sentences, politely, and only about the library: its opening hours (nine to "
@@ -31,17 +36,20 @@ QUESTIONS = ["When do you open on Saturday?", "How many books can I borrow?",
 
 
 @pytest.fixture(scope="module")
-def dual(server):
-    if 'dualpath_kv_blocks_capacity{pool="decode"}' not in metrics(server):
-        pytest.skip("the shared daemon runs without dualpath")
-    return server
+def dual():
+    """A daemon whose decode path is f16, as its prefill path: a decode table
+    holds the prefill blocks of a system prompt by reference."""
+    d = Daemon(extra=["--decode-kv-type", "same"])
+    yield d.url
+    assert d.stop() == 0
 
 
-def chat(question, system=SYSTEM, **extra):
+def chat(question, system=SYSTEM, base=None, **extra):
     msgs = ([{"role": "system", "content": system}] if system else []) + [
         {"role": "user", "content": question}]
     st, _, raw = request("POST", "/v1/chat/completions",
-                         {"messages": msgs, "temperature": 0, "max_tokens": 24, **extra})
+                         {"messages": msgs, "temperature": 0, "max_tokens": 24, **extra},
+                         base=base)
     o = json.loads(raw)
     assert st == 200, o
     return o
@@ -53,7 +61,7 @@ def in_place(base):
 
 def test_system_prompt_kept_in_place(dual):
     before = in_place(dual)
-    o = chat(NOTICE + QUESTIONS[4])
+    o = chat(NOTICE + QUESTIONS[4], base=dual)
     got = in_place(dual) - before
     u = o["usage"]["dualpath"]
     # Whole blocks of 16 tokens; the system prompt is about 130 tokens.
@@ -61,7 +69,7 @@ def test_system_prompt_kept_in_place(dual):
     assert u["tokens_evicted"] > 0 and u["tokens_kept"] > got
     # Without it the whole prompt is compressed: fewer kept, none in place.
     before = in_place(dual)
-    off = chat(NOTICE + QUESTIONS[4], dualpath={"keep_system": False})
+    off = chat(NOTICE + QUESTIONS[4], dualpath={"keep_system": False}, base=dual)
     assert in_place(dual) == before
     assert off["usage"]["dualpath"]["tokens_kept"] < u["tokens_kept"]
     assert (off["usage"]["dualpath"]["tokens_kept"] + off["usage"]["dualpath"]["tokens_evicted"] ==
@@ -72,26 +80,68 @@ def test_keep_prefix_on_completions(dual):
     prompt = SYSTEM + "\n\nQuestion: " + QUESTIONS[1] + "\nAnswer:"
     for asked, want in ((0, 0), (40, 32), (64, 64)):
         before = in_place(dual)
-        st, _, raw = request("POST", "/v1/completions", {
+        st, _, raw = request("POST", "/v1/completions", base=dual, body={
             "prompt": prompt, "max_tokens": 4, "temperature": 0, "dualpath": {"keep_prefix": asked}})
         assert st == 200, raw
         assert in_place(dual) - before == want, asked
     # An explicit prefix wins over keep_system on chat.
     before = in_place(dual)
-    chat(QUESTIONS[1], dualpath={"keep_prefix": 16, "keep_system": True})
+    chat(QUESTIONS[1], dualpath={"keep_prefix": 16, "keep_system": True}, base=dual)
     assert in_place(dual) - before == 16
 
 
 def test_no_system_prompt_nothing_in_place(dual):
     before = in_place(dual)
-    chat(SYSTEM + " " + QUESTIONS[2], system=None)
+    chat(SYSTEM + " " + QUESTIONS[2], system=None, base=dual)
     assert in_place(dual) == before
 
 
 def test_sharing_never_changes_output(dual):
     """Each question alone, then all eight at once (their system prompt's
     blocks shared by every one of them): the same greedy answers."""
-    alone = [chat(q)["choices"][0]["message"]["content"] for q in QUESTIONS]
-    together = parallel(lambda i: chat(QUESTIONS[i])["choices"][0]["message"]["content"],
+    alone = [chat(q, base=dual)["choices"][0]["message"]["content"] for q in QUESTIONS]
+    together = parallel(lambda i: chat(QUESTIONS[i], base=dual)["choices"][0]["message"]["content"],
                         len(QUESTIONS))
     assert together == alone
+
+
+def _decode_block_tokens(base):
+    m = metrics(base)
+    if 'dualpath_kv_blocks_capacity{pool="decode"}' not in m:
+        pytest.skip("the shared daemon runs without dualpath")
+    return int(m.get("dualpath_kv_block_tokens{pool=\"decode\"}", 0))
+
+
+def test_system_prompt_shared_in_decode_blocks(server):
+    """The default decode path (q8_0 on the CPU) cannot hold the prefill
+    path's f16 blocks: the first request copies the system prompt's whole
+    decode blocks, and a request that starts with the same system prompt
+    while the first still decodes takes those blocks instead of copying. The
+    first runs until the second is done (it is cancelled then), so the order
+    is fixed by events, not by speed."""
+    dbt = _decode_block_tokens(server)
+    if dbt <= 16:
+        pytest.skip("the shared daemon's decode path holds prefill blocks by reference")
+    u = urllib.parse.urlparse(server)
+    holder = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    body = {"messages": [{"role": "system", "content": SYSTEM},
+                         {"role": "user", "content": QUESTIONS[0]}],
+            "temperature": 0, "max_tokens": 4000, "ignore_eos": True, "stream": True}
+    holder.request("POST", "/v1/chat/completions", json.dumps(body),
+                   {"Content-Type": "application/json"})
+    r = holder.getresponse()
+    assert r.status == 200
+    while True:  # its first token: it has migrated and named its copy
+        line = r.readline()
+        assert line, "the stream ended early"
+        if line.startswith(b"data: ") and b'"content"' in line:
+            break
+    before = in_place(server)
+    o = chat(QUESTIONS[3], base=server)
+    got = in_place(server) - before
+    holder.close()
+    assert got > 0 and got % dbt == 0, (got, dbt)
+    assert o["usage"]["dualpath"]["tokens_kept"] > got
+    # Sharing never changes an output: the same question alone.
+    assert chat(QUESTIONS[3], base=server)["choices"][0]["message"]["content"] == \
+        o["choices"][0]["message"]["content"]

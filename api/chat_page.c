@@ -39,7 +39,7 @@ const char dp_chat_page[] =
     "<div class=\"controls\">\n"
     "<label><input id=\"dual\" type=\"checkbox\" checked> dual path</label>\n"
     "<label>keep ratio <input id=\"keep\" type=\"range\" min=\"0.1\" max=\"1\" step=\"0.05\" "
-    "value=\"0.5\"> <output id=\"keepv\">0.50</output></label>\n"
+    "value=\"0.9\"> <output id=\"keepv\">0.90</output></label>\n"
     "<label>scorer <select id=\"scorer\"><option>snapkv</option><option>knorm</option>"
     "<option>recent</option><option>random</option><option>knorm_high</option></select>"
     "</label>\n"

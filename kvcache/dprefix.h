@@ -38,8 +38,6 @@ typedef struct dp_dprefix {
     dp_u64map map;        /* name -> entry index */
     dp_hash_key key;
     int32_t live_blocks;  /* blocks of the entries now */
-    int64_t hits;         /* sequences that took an entry's blocks */
-    int64_t hit_tokens;   /* tokens so shared instead of copied */
 } dp_dprefix;
 
 /* At most max_entries prefixes at once (the decode pool's block count

@@ -268,8 +268,9 @@ static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slot
         return front_slots(m, kv, n_keep);
     if (!m->share_front)
         return 0;
-    int32_t r = kv->path == DP_PATH_DECODE ? (kv->dshare ? kv->ref_blocks * m->dbt : 0)
-                                           : kv->share_hint;
+    int32_t r = !kv->dshare                  ? 0
+                : kv->path == DP_PATH_DECODE ? kv->ref_blocks * m->dbt
+                                             : dprefix_tokens(&m->dpx, kv->dshare - 1);
     return r < n_keep && r <= compress_front(&kv->copts, n_keep) ? r : 0;
 }
 
@@ -397,7 +398,6 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     unprotect_prompt(m, kv);
     leave_share(m, kv);
-    kv->share_hint = 0;
     kv->mig_pos = kv->mig_keep = 0;
     kv->ref_blocks = 0;
     kv->recompressed = false;
@@ -426,14 +426,16 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv->chain = last;
     }
     /* A share of its prefix that others hold now is blocks it will not take:
-     * admitted, it becomes one of the share's users, so the share outlives
-     * whoever holds it now until this sequence migrates. */
-    kv->share_hint = 0;
-    int32_t share = -1;
+     * it becomes one of the share's users (left again if not admitted, or
+     * if it runs whole), so the share outlives whoever holds it now until
+     * this sequence migrates. */
     if (m->share_front && kv->dual && !kv->dshare) {
         int32_t s = front_slots(m, kv, compress_n_keep(&kv->copts, n_tokens));
-        share = s > 0 ? dprefix_find(&m->dpx, tokens, s) : -1;
-        kv->share_hint = share >= 0 ? s : 0;
+        int32_t share = s > 0 ? dprefix_find(&m->dpx, tokens, s) : -1;
+        if (share >= 0) {
+            dprefix_join(&m->dpx, share);
+            kv->dshare = share + 1;
+        }
     }
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
@@ -443,6 +445,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         /* Its prompt and its compressed copy never fit at once: it runs
          * whole, as with dualpath off (kv_mgr_can_fit). */
         kv->dual = false;
+        leave_share(m, kv);
         dp_log(DP_LOG_DEBUG, "kvcache: a %d-token sequence runs whole: too long to migrate in "
                "this memory", n_tokens);
     }
@@ -464,12 +467,8 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv_table_release(&kv->table, &m->pool);
         kv->hashed_blocks = 0;
         kv->chain = 0;
-        kv->share_hint = 0;
+        leave_share(m, kv);
         return DP_ENOSPC;
-    }
-    if (share >= 0) {
-        dprefix_join(&m->dpx, share);
-        kv->dshare = share + 1;
     }
     kv->path = DP_PATH_PREFILL;
     kv->n_slots = got;
@@ -715,7 +714,6 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 protect_prompt(m, kv);
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
-            kv->share_hint = 0;
         } else {
             kv->recompressed = true;
             if (g->n_ref == 0)
@@ -783,7 +781,6 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
             mg[i].kv->dual = false;
             drop_promise(m, mg[i].kv);
             leave_share(m, mg[i].kv);
-            mg[i].kv->share_hint = 0;
         }
     return moved;
 }

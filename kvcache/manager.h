@@ -46,8 +46,9 @@ typedef struct dp_kv_seq {
     int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate), or
                                * to a decode-pool share (dshare) */
-    int32_t dshare;           /* the decode-pool share it holds (dprefix.h): id + 1, 0: none */
-    int32_t share_hint;       /* admission found a share for its prefix: slots it need not take */
+    int32_t dshare;           /* the decode-pool share it holds (dprefix.h): id + 1, 0: none;
+                               * on the prefill path, the one admission joined: slots its
+                               * migration will not take */
     bool recompressed;        /* compacted again on the decode path since */
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */

@@ -363,6 +363,29 @@ static int32_t urand(int32_t n)
     return (int32_t)((rs >> 33) % (uint64_t)n);
 }
 
+/* Whether two results hold the same tokens. */
+static bool same_tokens(const result *a, const result *b)
+{
+    return a->n == b->n && memcmp(a->toks, b->toks, (size_t)b->n * sizeof(int32_t)) == 0;
+}
+
+/* n greedy requests of sys + tail random tokens whose first sys tokens are
+ * the same (a system prompt, kept whole), from their own random stream
+ * (seed), so the tests after them keep the prompts they were sized for. */
+static void shared_prefix_specs(world *w, req_spec *sp, int n, int32_t sys, int32_t tail,
+                                int32_t max_tokens, uint64_t seed)
+{
+    const uint64_t saved = rs;
+    rs = seed;
+    for (int i = 0; i < n; i++) {
+        sp[i] = (req_spec){.n_prompt = sys + tail, .max_tokens = max_tokens, .ignore_eos = true,
+                           .keep_prefix = sys};
+        for (int32_t k = 0; k < sys + tail; k++)
+            sp[i].prompt[k] = k < sys && i > 0 ? sp[0].prompt[k] : urand(w->vocab);
+    }
+    rs = saved;
+}
+
 static void encode(world *w, const char *text, req_spec *sp)
 {
     int32_t *ids;
@@ -660,7 +683,7 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     int differ = 0;
     for (int i = 0; i < n; i++) {
         CHECK_EQ_INT(together[i].n, alone[i].n);
-        bool same = memcmp(together[i].toks, alone[i].toks, (size_t)alone[i].n * sizeof(int32_t)) == 0;
+        bool same = same_tokens(&together[i], &alone[i]);
         differ += !same;
         CHECK_MSG(same || portable, "%s: request %d differs under memory pressure", what, i);
     }
@@ -871,8 +894,7 @@ static void test_step_failure(world *w)
         if (i < 2) {
             CHECK_MSG(res[i].finish == DP_FINISH_ERROR, "request %d: finish %d", i, res[i].finish);
         } else {
-            CHECK_MSG(res[i].finish == DP_FINISH_LENGTH && res[i].n == ref[i].n &&
-                          memcmp(res[i].toks, ref[i].toks, (size_t)ref[i].n * sizeof(int32_t)) == 0,
+            CHECK_MSG(res[i].finish == DP_FINISH_LENGTH && same_tokens(&res[i], &ref[i]),
                       "request %d: changed by another's failed step", i);
         }
     }
@@ -906,17 +928,7 @@ static void test_system_prompt(world *w)
     enum { N = 12, SYS = 100, TAIL = 20 };
     static req_spec sp[N];
     static result ref[N], res[N];
-    /* Its own random stream: the tests after it keep the prompts (and the
-     * memory pressure) they were sized for. */
-    const uint64_t saved = rs;
-    rs = 99;
-    for (int i = 0; i < N; i++) {
-        sp[i] = (req_spec){.n_prompt = SYS + TAIL, .max_tokens = 120, .ignore_eos = true,
-                           .keep_prefix = SYS};
-        for (int k = 0; k < SYS + TAIL; k++)
-            sp[i].prompt[k] = k < SYS && i > 0 ? sp[0].prompt[k] : urand(w->vocab);
-    }
-    rs = saved;
+    shared_prefix_specs(w, sp, N, SYS, TAIL, 120, 99);
     dp_engine_opts o;
     engine_opts_default(&o);
     o.compress.keep_ratio = 0.5f;
@@ -937,17 +949,14 @@ static void test_system_prompt(world *w)
     CHECK_EQ_INT(shared.tokens_kept, split.tokens_kept);
     CHECK_EQ_INT(shared.tokens_in_place, N * 96);
     for (int i = 0; i < N; i++)
-        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
-                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
-                  "request %d: the shared prefix changed its output", i);
+        CHECK_MSG(same_tokens(&res[i], &ref[i]), "request %d: the shared prefix changed its output", i);
     /* At the end 12 x (12 kept + 120 generated) hold 108 decode blocks of
      * their own and the prefix's 6 once: 20 blocks preempt. One alone needs
      * its prompt's 8 blocks, 1 more at its migration and 8 as it grows. */
     o.n_blocks = 20;
     run_with(w, &o, sp, N, res, &small, DP_DUALPATH_DEFAULT);
     for (int i = 0; i < N; i++)
-        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
-                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
+        CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: preemption with a shared prefix changed its output", i);
     CHECK_MSG(small.preemptions >= 5, "%lld preemptions", (long long)small.preemptions);
     CHECK_EQ_INT(small.tokens_kept, split.tokens_kept);
@@ -969,15 +978,7 @@ static void test_system_prompt_typed(world *w)
     enum { N = 8, SYS = 130, TAIL = 20 };
     static req_spec sp[N];
     static result ref[N], res[N];
-    const uint64_t saved = rs;
-    rs = 77;
-    for (int i = 0; i < N; i++) {
-        sp[i] = (req_spec){.n_prompt = SYS + TAIL, .max_tokens = 60, .ignore_eos = true,
-                           .keep_prefix = SYS};
-        for (int k = 0; k < SYS + TAIL; k++)
-            sp[i].prompt[k] = k < SYS && i > 0 ? sp[0].prompt[k] : urand(w->vocab);
-    }
-    rs = saved;
+    shared_prefix_specs(w, sp, N, SYS, TAIL, 60, 77);
     dp_engine_opts o;
     engine_opts_default(&o);
     o.decode_kv_type = DP_KV_Q8_0;
@@ -1001,8 +1002,7 @@ static void test_system_prompt_typed(world *w)
     CHECK_EQ_INT(together.tokens_kept, alone.tokens_kept);
     CHECK_EQ_INT(together.tokens_in_place, (N - 1) * 120);
     for (int i = 0; i < N; i++)
-        CHECK_MSG(res[i].n == ref[i].n && memcmp(res[i].toks, ref[i].toks,
-                                                 (size_t)ref[i].n * sizeof(int32_t)) == 0,
+        CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: the shared q8_0 prefix changed its output", i);
     printf("system prompt kept whole, q8_0 decode path: %d of %d requests take the first one's "
            "copy of its %d whole decode blocks (%lld tokens not copied), the same outputs as "
@@ -1380,9 +1380,7 @@ static void conv_turn(dp_engine *e, int32_t *conv, int32_t *n_conv, int32_t max_
 static void check_same_turns(const result *a, const result *b, int n_turns, const char *what)
 {
     for (int turn = 0; turn < n_turns; turn++)
-        CHECK_MSG(a[turn].n == b[turn].n &&
-                      memcmp(a[turn].toks, b[turn].toks, (size_t)b[turn].n * 4) == 0,
-                  "turn %d differs %s", turn, what);
+        CHECK_MSG(same_tokens(&a[turn], &b[turn]), "turn %d differs %s", turn, what);
 }
 
 /* A 5-turn conversation (each turn resends the whole conversation) with a

@@ -199,7 +199,8 @@ static void test_decode_share(void)
     /* b: promised its compressed size less the share, plus a block. */
     const int32_t before = m.decode_reserved;
     CHECK(kv_mgr_admit(&m, &b, tb, 140, 1, true, &reused) == 0);
-    CHECK_EQ_INT(b.share_hint, s);
+    CHECK(b.dshare > 0);
+    CHECK_EQ_INT(dprefix_tokens(&m.dpx, b.dshare - 1), s);
     CHECK_EQ_INT(m.decode_reserved - before, (keep + dbt + dbt - 1) / dbt - s / dbt);
     CHECK_EQ_INT(b.dshare, a.dshare);
     int32_t shared[8];

@@ -13,6 +13,10 @@ import urllib.parse
 
 import pytest
 
+# A bound on a hang, never a verdict on speed: under ASan on a busy 2-core
+# machine one long request can take minutes.
+HANG_S = 900
+
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 BIN = os.environ.get("DUALPATHD_BIN", os.path.join(ROOT, "build", "daemon", "dualpathd"))
 MODEL = os.environ.get("DUALPATHD_MODEL",
@@ -28,7 +32,7 @@ def free_port():
 class UnixHTTPConnection(http.client.HTTPConnection):
     """http.client over a unix socket (listen = unix:/PATH)."""
 
-    def __init__(self, path, timeout=120):
+    def __init__(self, path, timeout=HANG_S):
         super().__init__("localhost", timeout=timeout)
         self.unix_path = path
 
@@ -53,7 +57,7 @@ class Daemon:
         self.proc = subprocess.Popen(
             [BIN, "--config", "", "--model", MODEL, "--listen", listen, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
+        deadline = time.time() + HANG_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
@@ -67,7 +71,7 @@ class Daemon:
         self.proc.kill()
         raise RuntimeError("dualpathd did not become healthy")
 
-    def request(self, method, path, body=None, headers=None, timeout=120):
+    def request(self, method, path, body=None, headers=None, timeout=HANG_S):
         if not self.unix_path:
             return request(method, path, body, headers, base=self.url, timeout=timeout)
         return exchange(UnixHTTPConnection(self.unix_path, timeout=timeout), method, path, body,
@@ -91,7 +95,7 @@ class Daemon:
         return rc
 
 
-def request(method, path, body=None, headers=None, base=None, timeout=120):
+def request(method, path, body=None, headers=None, base=None, timeout=HANG_S):
     """One HTTP request on a fresh connection; returns (status, headers, body bytes)."""
     u = urllib.parse.urlparse(base or os.environ["DUALPATHD_URL"])
     return exchange(http.client.HTTPConnection(u.hostname, u.port, timeout=timeout), method, path,
@@ -144,6 +148,12 @@ def metrics(base=None):
     return out
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "heavy: many or long requests; run against the release daemon only "
+        "(test.sh deselects them for the ASan daemon, whose unit tests cover the same engine paths)")
+
+
 @pytest.fixture(scope="session")
 def server():
     """Base URL of the shared daemon."""
@@ -159,7 +169,7 @@ def server():
 @pytest.fixture(scope="session")
 def client(server):
     import openai
-    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=HANG_S)
 
 
 @pytest.fixture(scope="session")

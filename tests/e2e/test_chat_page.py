@@ -40,6 +40,7 @@ def _driver():
     return webdriver.Chrome(service=Service(drv), options=o)
 
 
+@pytest.mark.heavy
 def test_chat_in_the_browser(server):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait

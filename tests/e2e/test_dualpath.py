@@ -385,6 +385,7 @@ def _rebuild_tokens(m):
             + m['dualpath_rebuild_tokens_total{source="host"}'])
 
 
+@pytest.mark.heavy
 def test_multi_turn_chat_rebuilds(server):
     messages, answers = [], []
     prev_prompt = 0
@@ -439,6 +440,7 @@ def budget_daemon():
     assert d.stop() == 0
 
 
+@pytest.mark.heavy
 def test_decode_budget_recompresses_with_snapkv_and_keeps_outputs(budget_daemon):
     """Under a decode budget long greedy replies are recompressed every 16
     tokens, each recompression scored by SnapKV over the sequence's own

@@ -69,6 +69,7 @@ def test_usage_reports_bytes(quantized):
     assert uf["kv_bytes"] < uf["kv_bytes_full"] * (0.55 if kind == "q8_0" else 0.3)
 
 
+@pytest.mark.heavy
 def test_long_replies_fit_quantized():
     """Eight replies of 200 tokens after short prompts in a 28 MiB arena
     (79 blocks of 16 f16 tokens): at the end each holds 8 blocks in q8_0,

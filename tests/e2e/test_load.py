@@ -6,6 +6,8 @@ import threading
 import time
 import urllib.parse
 
+import pytest
+
 from conftest import metrics, request
 
 
@@ -59,6 +61,7 @@ def _dechunk(raw):
         i = j + 2 + n + 2
 
 
+@pytest.mark.heavy
 def test_64_concurrent_streams(server):
     results, errors = {}, []
 

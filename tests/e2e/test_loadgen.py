@@ -6,6 +6,8 @@ import os
 import subprocess
 import tempfile
 
+import pytest
+
 from conftest import BIN, Daemon
 
 LOADGEN = os.environ.get(
@@ -31,6 +33,7 @@ def counter(scrape, name):
     return scrape["delta"].get(name, 0.0)
 
 
+@pytest.mark.heavy
 def test_loadgen_counts_match_server():
     assert os.access(LOADGEN, os.X_OK), f"{LOADGEN} is not built"
     d = Daemon(log_name="dualpathd-loadgen")

@@ -5,6 +5,8 @@ same settings, more memory), because a preempted compact cache is swapped out
 and restored as it was. n = 4 prefills its prompt once."""
 import json
 
+import pytest
+
 from conftest import Daemon, metrics, parallel, request
 
 PROMPTS = [f"Request {i}: " + "The history of the river valley is long and varied, and " * 6
@@ -21,6 +23,7 @@ def complete(p, base=None):
     return json.loads(b)
 
 
+@pytest.mark.heavy
 def test_outputs_equal_alone_under_preemption():
     # Both daemons keep the exact f32 cache: with f16, a last-bit difference
     # between batch compositions (the matmul is not batch-invariant) can

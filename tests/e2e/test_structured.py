@@ -42,6 +42,7 @@ def ask(schema, name, i=0):
     return d["choices"][0]
 
 
+@pytest.mark.heavy
 def test_every_schema_validates():
     def one(i):
         s = SCHEMAS[i]
@@ -130,6 +131,7 @@ def test_choice_regex_and_grammars():
     jsonschema.validate(json.loads(json.loads(raw)["choices"][0]["text"]), schema)
 
 
+@pytest.mark.heavy
 def test_batched_with_free_text():
     # 32 constrained sequences at once beside free-text ones: all valid, and
     # the free text is what it is alone (the masks touch only their rows).

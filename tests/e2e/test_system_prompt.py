@@ -96,6 +96,7 @@ def test_no_system_prompt_nothing_in_place(dual):
     assert in_place(dual) == before
 
 
+@pytest.mark.heavy
 def test_sharing_never_changes_output(dual):
     """Each question alone, then all eight at once (their system prompt's
     blocks shared by every one of them): the same greedy answers."""

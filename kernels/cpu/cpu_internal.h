@@ -107,6 +107,12 @@ typedef struct cpu_kern {
                         int32_t n, const float *q, float scale, float *sc);
     /* sc[i] = exp(sc[i] - mx) for i < n; returns their sum. */
     double (*exp_sum)(float *sc, int32_t n, float mx);
+    /* The migration copy: rows [0, n) of one head of one block as f32 rows
+     * ([n][head_dim], K into kr and V into vr), and one f32 row into a
+     * quantized store's row (bit-identical to quant_quantize_row). */
+    void (*kv_rows)(const dp_kv_store *kv, int32_t layer, int32_t blk, int32_t head, int32_t n,
+                    float *kr, float *vr);
+    void (*kv_quant_row)(uint32_t qtype, const float *x, uint8_t *dst, int32_t n);
     /* kernels/topk.h's host functions (dp_topk_row, _argmax, _weights). */
     void (*topk_row)(const float *x, int32_t vocab, int32_t k, float inv_t, int32_t *ids,
                      float *vals, float *max, float *sum);

@@ -661,13 +661,29 @@ static inline vf kv_loadv(const void *base, size_t es, size_t i, int32_t n)
 /* Where a chunk of at most VW keys of one head is read from: K transposed
  * (element (d, t) at k + d * kd + t) and V rows (element (t, d) at
  * v + t * hd + d), es bytes per element. An f32 / f16 store is read in
- * place; a quantized one is first dequantized into the tile's buffers (its
- * rows are quantized per token, so it cannot be read transposed). */
+ * place. A quantized store's rows are quantized per token, so its K cannot
+ * be read transposed: the chunk's K and V rows are dequantized into the
+ * tile's buffers (rows: K as rows too, scored one token at a time). */
 typedef struct kv_chunk {
     const void *k, *v;
     size_t es, kd;
-    float kt[256 * VW], vt[VW * 256]; /* quantized stores: head_dim <= 256 */
+    bool rows;                        /* K rows at kr (quantized stores) */
+    float kr[VW * 256], vt[VW * 256]; /* quantized stores: head_dim <= 256 */
 } kv_chunk;
+
+/* One quantized row of head_dim values (q8_0 or q4_0 blocks) as f32. */
+static inline void qrow_load(uint32_t qtype, const uint8_t *src, int32_t hd, float *dst)
+{
+    vf w[NBV];
+    for (int32_t b = 0; b < hd / 32; b++) {
+        if (qtype == DP_TYPE_Q8_0)
+            blk_q8_0(src + (size_t)b * 34, w);
+        else
+            blk_q4_0(src + (size_t)b * 18, w);
+        for (int j = 0; j < NBV; j++)
+            vf_store(dst + (size_t)b * 32 + (size_t)j * VW, w[j]);
+    }
+}
 
 static inline void chunk_load(kv_chunk *ch, const dp_kv_store *kv, int32_t layer, int32_t blk,
                               int32_t kvh, int32_t c0, int32_t nl)
@@ -679,28 +695,42 @@ static inline void chunk_load(kv_chunk *ch, const dp_kv_store *kv, int32_t layer
         ch->v = (const uint8_t *)kv->v + (ho + (size_t)c0 * (size_t)hd) * kv->es;
         ch->es = kv->es;
         ch->kd = (size_t)bt;
+        ch->rows = false;
         return;
     }
-    float row[256];
-    for (int32_t t = 0; t < VW; t++) {
-        if (t < nl)
-            kv_kget(kv, layer, blk, kvh, c0 + t, row);
-        else
-            memset(row, 0, (size_t)hd * sizeof *row);
-        for (int32_t d = 0; d < hd; d++)
-            ch->kt[(size_t)d * VW + (size_t)t] = row[d];
-        if (t < nl)
-            kv_vget(kv, layer, blk, kvh, c0 + t, ch->vt + (size_t)t * (size_t)hd);
+    /* A head's rows of one block are consecutive (kv_qrow_off). */
+    const size_t o = kv_qrow_off(kv, layer, blk, kvh, c0);
+    const uint8_t *kq = (const uint8_t *)kv->k + o, *vq = (const uint8_t *)kv->v + o;
+    for (int32_t t = 0; t < nl; t++) {
+        qrow_load(kv->qtype, kq + (size_t)t * kv->row_bytes, hd, ch->kr + (size_t)t * (size_t)hd);
+        qrow_load(kv->qtype, vq + (size_t)t * kv->row_bytes, hd, ch->vt + (size_t)t * (size_t)hd);
     }
-    ch->k = ch->kt;
+    ch->k = ch->kr;
     ch->v = ch->vt;
     ch->es = 4;
-    ch->kd = VW;
+    ch->kd = (size_t)hd;
+    ch->rows = true;
 }
 
-/* VW scores (scaled) of q against the chunk's first nl keys. */
+/* VW scores (scaled) of q against the chunk's first nl keys (lanes past nl:
+ * unspecified, the callers mask them). */
 static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const float *q, float scale)
 {
+    if (ch->rows) {
+        /* head_dim is a multiple of 32 here (the quantized row types'
+         * blocks), hence of VW. */
+        float sc[VW] = {0};
+        for (int32_t t = 0; t < nl; t++) {
+            const float *kr = ch->kr + (size_t)t * (size_t)hd;
+            vf a0 = vf_zero(), a1 = vf_zero();
+            for (int32_t d = 0; d < hd; d += 2 * VW) {
+                a0 = vf_fma(vf_load(q + d), vf_load(kr + d), a0);
+                a1 = vf_fma(vf_load(q + d + VW), vf_load(kr + d + VW), a1);
+            }
+            sc[t] = vf_hsum(vf_add(a0, a1));
+        }
+        return vf_mul(vf_load(sc), vf_set1(scale));
+    }
     vf s0 = vf_zero(), s1 = vf_zero();
     int32_t d = 0;
     for (; d + 2 <= hd; d += 2) {
@@ -804,6 +834,98 @@ static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
     }
 }
 
+/* ---- The migration copy (kv_compact): rows out of one store, into another. ---- */
+
+/* Rows [0, n) of one head of one block as f32 rows [n][head_dim], K and V:
+ * the transposed K of an f32 / f16 store is widened a vector of tokens at a
+ * time (the scalar gather converted one element per load). */
+static void k_kv_rows(const dp_kv_store *kv, int32_t layer, int32_t blk, int32_t head, int32_t n,
+                      float *kr, float *vr)
+{
+    const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens;
+    if (kv->qtype) {
+        const uint8_t *k = (const uint8_t *)kv->k + kv_qrow_off(kv, layer, blk, head, 0);
+        const uint8_t *v = (const uint8_t *)kv->v + kv_qrow_off(kv, layer, blk, head, 0);
+        for (int32_t t = 0; t < n; t++) {
+            qrow_load(kv->qtype, k + (size_t)t * kv->row_bytes, hd, kr + (size_t)t * (size_t)hd);
+            qrow_load(kv->qtype, v + (size_t)t * kv->row_bytes, hd, vr + (size_t)t * (size_t)hd);
+        }
+        return;
+    }
+    const size_t ho = kv_head_off(kv, layer, blk, head);
+    const uint8_t *kb = (const uint8_t *)kv->k + ho * kv->es, *vb = (const uint8_t *)kv->v + ho * kv->es;
+    float lanes[VW];
+    for (int32_t t0 = 0; t0 < n; t0 += VW) {
+        const int32_t nl = n - t0 < VW ? n - t0 : VW;
+        for (int32_t d = 0; d < hd; d++) {
+            vf_store(lanes, kv_loadv(kb, kv->es, (size_t)d * (size_t)bt + (size_t)t0, nl));
+            for (int32_t t = 0; t < nl; t++)
+                kr[(size_t)(t0 + t) * (size_t)hd + (size_t)d] = lanes[t];
+        }
+    }
+    for (int32_t t = 0; t < n; t++)
+        for (int32_t d = 0; d < hd; d += VW) {
+            const int32_t nd = hd - d < VW ? hd - d : VW;
+            const vf x = kv_loadv(vb, kv->es, (size_t)t * (size_t)hd + (size_t)d, nd);
+            if (nd == VW)
+                vf_store(vr + (size_t)t * (size_t)hd + (size_t)d, x);
+            else
+                vf_storen(vr + (size_t)t * (size_t)hd + (size_t)d, x, nd);
+        }
+}
+
+#if defined(__AVX2__) && defined(__F16C__)
+/* One q8_0 block of 32 values, bit-identical to kernels/quant.c's scalar
+ * quantizer: the same IEEE operations in lanes (|x| maximum ignoring NaN,
+ * d through f16, x * (1 / d) clamped to +-127, rounded half away from zero
+ * by adding +-0.5 and truncating, NaN to 0). The decode path's rows are
+ * then the same bytes at every level. */
+static void q8_0_block(const float *x, uint8_t *b)
+{
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 v[4], m = _mm256_setzero_ps();
+    for (int j = 0; j < 4; j++) {
+        v[j] = _mm256_loadu_ps(x + 8 * j);
+        m = _mm256_max_ps(_mm256_andnot_ps(sign, v[j]), m); /* a NaN lane keeps m */
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const uint16_t dh = dp_f32_to_fp16(_mm_cvtss_f32(h) / 127.0f);
+    b[0] = (uint8_t)(dh & 0xff);
+    b[1] = (uint8_t)(dh >> 8);
+    const float d = _cvtsh_ss(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+    const __m256 vid = _mm256_set1_ps(id), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256 zero = _mm256_setzero_ps(), half = _mm256_set1_ps(0.5f), nhalf = _mm256_set1_ps(-0.5f);
+    int32_t q[32];
+    for (int j = 0; j < 4; j++) {
+        const __m256 p = _mm256_mul_ps(v[j], vid);
+        const __m256 num = _mm256_cmp_ps(p, p, _CMP_ORD_Q);
+        const __m256 c = _mm256_min_ps(_mm256_max_ps(p, lo), hi);
+        const __m256 r = _mm256_add_ps(c, _mm256_blendv_ps(half, nhalf, _mm256_cmp_ps(c, zero, _CMP_LT_OQ)));
+        _mm256_storeu_si256((__m256i *)(q + 8 * j),
+                            _mm256_and_si256(_mm256_cvttps_epi32(r), _mm256_castps_si256(num)));
+    }
+    int8_t *qs = (int8_t *)(b + 2);
+    for (int j = 0; j < 32; j++)
+        qs[j] = (int8_t)q[j];
+}
+#endif
+
+/* One row of n values into a quantized store's row (q8_0 in lanes where the
+ * level has them; otherwise, and for q4_0, kernels/quant.c's quantizer). */
+static void k_kv_quant_row(uint32_t qtype, const float *x, uint8_t *dst, int32_t n)
+{
+#if defined(__AVX2__) && defined(__F16C__)
+    if (qtype == DP_TYPE_Q8_0) {
+        for (int32_t b = 0; b < n / 32; b++)
+            q8_0_block(x + (size_t)b * 32, dst + (size_t)b * 34);
+        return;
+    }
+#endif
+    quant_quantize_row(qtype, x, dst, n);
+}
+
 static double k_exp_sum(float *sc, int32_t n, float mx)
 {
     int32_t i = 0;
@@ -832,6 +954,8 @@ const cpu_kern KERN_TABLE = {
     .attend = k_attend,
     .head_scores = k_head_scores,
     .exp_sum = k_exp_sum,
+    .kv_rows = k_kv_rows,
+    .kv_quant_row = k_kv_quant_row,
     .topk_row = topk_row_impl,
     .topk_argmax = topk_argmax_impl,
     .topk_weights = topk_weights_impl,

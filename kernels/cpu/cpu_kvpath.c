@@ -121,38 +121,116 @@ typedef struct compact_job {
     int32_t n_seqs;
 } compact_job;
 
-/* One task per (sequence, layer): copies each head's kept rows. */
-static void compact_task(void *ctx, int64_t t, int thread)
+/* Elements of one block's widened rows (K and V each) that compact_task
+ * keeps on its stack: 16 tokens of head_dim 256, or 64 of head_dim 64. */
+#define COMPACT_TILE 4096
+
+/* Quantized rows of one type move as bytes: a recompression on the decode
+ * path keeps each row's scale and values exactly. */
+static void compact_bytes(const dp_kv_store *src, dp_kv_store *dst, const dp_compact_seq *q, int32_t layer)
 {
-    compact_job *j = ctx;
-    const dp_kv_layout *ls = &j->src->l, *ld = &j->dst->l;
-    const dp_compact_seq *q = &j->seqs[t / ls->n_layers];
-    const int32_t layer = (int32_t)(t % ls->n_layers);
-    float k[1024], v[1024];
-    /* Quantized rows of one type move as bytes: a recompression on the
-     * decode path keeps each row's scale and values exactly. */
-    const bool bytes = j->src->qtype && j->src->qtype == j->dst->qtype;
-    const size_t rb = j->src->row_bytes;
+    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
+    const size_t rb = src->row_bytes;
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         for (int32_t s = 0; s < q->n_keep; s++) {
-            int32_t from = keep[s];
-            int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
-            if (bytes) {
-                size_t so = kv_qrow_off(j->src, layer, sb, h, from % ls->block_tokens);
-                size_t dof = kv_qrow_off(j->dst, layer, db, h, s % ld->block_tokens);
-                memmove((uint8_t *)j->dst->k + dof, (const uint8_t *)j->src->k + so, rb);
-                memmove((uint8_t *)j->dst->v + dof, (const uint8_t *)j->src->v + so, rb);
-                continue;
-            }
-            /* Through f32 (exact when widening; quantized on the way into a
-             * q8_0 / q4_0 store): the stores may differ in type. */
-            kv_kget(j->src, layer, sb, h, from % ls->block_tokens, k);
-            kv_kput(j->dst, layer, db, h, s % ld->block_tokens, k);
-            kv_vget(j->src, layer, sb, h, from % ls->block_tokens, v);
-            kv_vput(j->dst, layer, db, h, s % ld->block_tokens, v);
+            const int32_t from = keep[s];
+            const int32_t sb = q->src_table[from / ls->block_tokens], db = q->dst_table[s / ld->block_tokens];
+            size_t so = kv_qrow_off(src, layer, sb, h, from % ls->block_tokens);
+            size_t dof = kv_qrow_off(dst, layer, db, h, s % ld->block_tokens);
+            memmove((uint8_t *)dst->k + dof, (const uint8_t *)src->k + so, rb);
+            memmove((uint8_t *)dst->v + dof, (const uint8_t *)src->v + so, rb);
         }
     }
+}
+
+/* f32 to f32 or f16 to f16: elements move as they are (K one element per
+ * dimension of the transposed block, V a row). */
+static void compact_same(const dp_kv_store *src, dp_kv_store *dst, const dp_compact_seq *q, int32_t layer)
+{
+    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
+    const int32_t hd = ls->head_dim;
+    const size_t es = src->es, sbt = (size_t)ls->block_tokens, dbt = (size_t)ld->block_tokens;
+    for (int32_t h = 0; h < ls->n_kv_heads; h++) {
+        const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
+        for (int32_t s = 0; s < q->n_keep; s++) {
+            const int32_t from = keep[s];
+            const size_t so = kv_head_off(src, layer, q->src_table[from / ls->block_tokens], h);
+            const size_t dof = kv_head_off(dst, layer, q->dst_table[s / ld->block_tokens], h);
+            const size_t st = (size_t)(from % ls->block_tokens), dt = (size_t)(s % ld->block_tokens);
+            /* Element by element (a recompression within one store may
+             * copy a row onto itself). */
+            if (es == 2) {
+                const uint16_t *sk = (const uint16_t *)src->k + so + st;
+                uint16_t *dk = (uint16_t *)dst->k + dof + dt;
+                for (int32_t d = 0; d < hd; d++)
+                    dk[(size_t)d * dbt] = sk[(size_t)d * sbt];
+            } else {
+                const float *sk = (const float *)src->k + so + st;
+                float *dk = (float *)dst->k + dof + dt;
+                for (int32_t d = 0; d < hd; d++)
+                    dk[(size_t)d * dbt] = sk[(size_t)d * sbt];
+            }
+            memmove((uint8_t *)dst->v + (dof + dt * (size_t)hd) * es,
+                    (const uint8_t *)src->v + (so + st * (size_t)hd) * es, (size_t)hd * es);
+        }
+    }
+}
+
+/* Any other pair of types: through f32 rows (exact when widening; quantized
+ * on the way into a q8_0 / q4_0 store). A source block's rows are widened
+ * once by the level's kernel, for every kept row it holds. */
+static void compact_convert(const dp_kv_store *src, dp_kv_store *dst, const dp_compact_seq *q, int32_t layer)
+{
+    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
+    const int32_t hd = ls->head_dim, sbt = ls->block_tokens;
+    const cpu_kern *kern = cpu_kern_get();
+    const bool tile = (size_t)sbt * (size_t)hd <= COMPACT_TILE;
+    float kt[COMPACT_TILE], vt[COMPACT_TILE];
+    for (int32_t h = 0; h < ls->n_kv_heads; h++) {
+        const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
+        int32_t cur = -1; /* the source block whose rows kt / vt hold */
+        for (int32_t s = 0; s < q->n_keep; s++) {
+            const int32_t from = keep[s];
+            const int32_t sb = q->src_table[from / sbt], db = q->dst_table[s / ld->block_tokens];
+            const int32_t st = from % sbt, dt = s % ld->block_tokens;
+            const float *k = kt, *v = vt;
+            if (tile) {
+                if (from / sbt != cur) {
+                    kern->kv_rows(src, layer, sb, h, sbt, kt, vt);
+                    cur = from / sbt;
+                }
+                k = kt + (size_t)st * (size_t)hd;
+                v = vt + (size_t)st * (size_t)hd;
+            } else {
+                kv_kget(src, layer, sb, h, st, kt);
+                kv_vget(src, layer, sb, h, st, vt);
+            }
+            if (dst->qtype) {
+                const size_t o = kv_qrow_off(dst, layer, db, h, dt);
+                kern->kv_quant_row(dst->qtype, k, (uint8_t *)dst->k + o, hd);
+                kern->kv_quant_row(dst->qtype, v, (uint8_t *)dst->v + o, hd);
+            } else {
+                kv_kput(dst, layer, db, h, dt, k);
+                kv_vput(dst, layer, db, h, dt, v);
+            }
+        }
+    }
+}
+
+/* One task per (sequence, layer): copies each head's kept rows. */
+static void compact_task(void *ctx, int64_t t, int thread)
+{
+    (void)thread;
+    compact_job *j = ctx;
+    const dp_compact_seq *q = &j->seqs[t / j->src->l.n_layers];
+    const int32_t layer = (int32_t)(t % j->src->l.n_layers);
+    if (j->src->qtype && j->src->qtype == j->dst->qtype)
+        compact_bytes(j->src, j->dst, q, layer);
+    else if (!j->src->qtype && !j->dst->qtype && j->src->es == j->dst->es)
+        compact_same(j->src, j->dst, q, layer);
+    else
+        compact_convert(j->src, j->dst, q, layer);
 }
 
 int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,

@@ -422,6 +422,17 @@ static void test_kv_views(dp_backend *be)
                 for (int e = 0; e < NKV * HD; e++) {
                     K[l][i][e] = frand() * 3;
                     V[l][i][e] = frand();
+                    /* Rows the vector quantizers must round as the scalar
+                     * one does: all zeros (d = 0); a scale of exactly 1 with
+                     * every other value halfway between two levels (half
+                     * away from zero, not to even); a NaN among them. */
+                    if (i == 0)
+                        K[l][i][e] = V[l][i][e] = 0.0f;
+                    else if (i == 1 || i == 2)
+                        K[l][i][e] = V[l][i][e] =
+                            e % HD == 0 ? 127.0f : (float)((e * 37) % 253 - 126) + 0.5f;
+                    if (i == 2 && e % HD == 5)
+                        K[l][i][e] = V[l][i][e] = NAN;
                 }
             be->ops->kv_write(be, stores, l, &K[l][0][0], &V[l][0][0]);
         }

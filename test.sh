@@ -63,6 +63,8 @@ MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits
 DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits --teacher-only
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
+echo "test: chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
+"$PY" tests/model/test_templates.py --bin build/tools/dp-template
 echo "test: end-to-end API tests (openai client, raw HTTP, Prometheus)"
 tests/e2e/run.sh build/daemon/dualpathd
 # The ASan daemon runs every test except those marked heavy (many or long

@@ -723,8 +723,9 @@ static int content_text(const cJSON *m, int idx, char **out, dp_api_err *e)
  * longest common prefix of the prompt and those messages rendered alone (a
  * template that folds the system prompt into the first user turn shares
  * less, or nothing). */
-static int system_tokens(const dp_oai_ctx *c, const dp_chat_msg *msgs, int n,
-                         const dp_oai_prompt *pr, int32_t *out, dp_api_err *e)
+static int system_tokens(const dp_oai_ctx *c, const dp_chat_template *tmpl, const jv *kwargs,
+                         const dp_chat_msg *msgs, int n, const dp_oai_prompt *pr, int32_t *out,
+                         dp_api_err *e)
 {
     int n_sys = 0;
     while (n_sys < n && !strcmp(msgs[n_sys].role, "system"))
@@ -735,7 +736,13 @@ static int system_tokens(const dp_oai_ctx *c, const dp_chat_msg *msgs, int n,
     char *text = NULL, err[DP_ERRLEN];
     int32_t *ids = NULL;
     size_t nid = 0;
-    if (chat_template_apply(c->tmpl, msgs, (size_t)n_sys, DP_CHAT_END_NONE, &text, err, sizeof err) ||
+    /* A template may refuse a conversation of system messages alone (no
+     * user turn): then nothing is counted as shared. */
+    int rc = chat_template_apply_kw(tmpl, msgs, (size_t)n_sys, DP_CHAT_END_NONE, kwargs, &text, err,
+                                    sizeof err);
+    if (rc == DP_EINVAL || rc == DP_ERANGE)
+        return 0;
+    if (rc ||
         tokenizer_encode(c->tok, text, strlen(text), tokenizer_add_bos(c->tok), true, &ids, &nid)) {
         free(text);
         return api_err_set(e, 500, "server_error", NULL, NULL, "cannot render the system prompt");
@@ -773,12 +780,12 @@ static int parse_tools(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp
 /* The system message the tools are described in: the conversation's first
  * (the description appended), else a new one (after the template's default
  * system prompt, which it would otherwise replace). */
-static int add_tools_system(const dp_oai_ctx *c, const dp_oai_req *r, dp_chat_msg *msgs, int *n,
-                            char **texts, dp_api_err *e)
+static int add_tools_system(const dp_chat_template *tmpl, const dp_oai_req *r, dp_chat_msg *msgs,
+                            int *n, char **texts, dp_api_err *e)
 {
     const char *sys = r->tools.system_text;
     bool first_sys = *n > 0 && !strcmp(msgs[0].role, "system");
-    const char *base = first_sys ? msgs[0].content : c->tmpl->default_system;
+    const char *base = first_sys ? msgs[0].content : tmpl->default_system;
     size_t len = (base ? strlen(base) + 2 : 0) + strlen(sys) + 1;
     char *t = malloc(len);
     if (!t)
@@ -796,8 +803,83 @@ static int add_tools_system(const dp_oai_ctx *c, const dp_oai_req *r, dp_chat_ms
     return 0;
 }
 
+/* JSON as the values a chat template reads (model/jinja.h). */
+/* *left bounds the values: dicts are searched linearly, so 60000 keys in
+ * one object (768 KB) took minutes to convert. */
+static jv *json_to_jv(const cJSON *j, int depth, long *left)
+{
+    if (depth > 64 || --*left < 0)
+        return NULL;
+    if (cJSON_IsNull(j))
+        return jv_none();
+    if (cJSON_IsBool(j))
+        return jv_bool(cJSON_IsTrue(j));
+    if (cJSON_IsString(j))
+        return jv_str(j->valuestring);
+    if (cJSON_IsNumber(j)) {
+        /* cJSON keeps no int/float distinction: a whole number is an int. */
+        double d = j->valuedouble;
+        if (d > -9e15 && d < 9e15 && d == (double)(int64_t)d) /* range first: the cast of 1e20 is UB */
+            return jv_int((int64_t)d);
+        return jv_float(d);
+    }
+    jv *o = cJSON_IsArray(j) ? jv_list() : cJSON_IsObject(j) ? jv_dict() : NULL;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, j) {
+        jv *v = json_to_jv(it, depth + 1, left);
+        if (cJSON_IsArray(j) ? jv_list_push(o, v) : jv_dict_set(o, it->string, v)) {
+            jv_unref(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
+/* chat_template (compiled for this request) and chat_template_kwargs. */
+static int request_template(const dp_oai_ctx *c, const cJSON *root, dp_chat_template *own,
+                            const dp_chat_template **tmpl, jv **kwargs, dp_api_err *e)
+{
+    *tmpl = c->tmpl;
+    *kwargs = NULL;
+    const cJSON *kw = field(root, "chat_template_kwargs");
+    if (kw && !cJSON_IsNull(kw)) {
+        if (!cJSON_IsObject(kw))
+            return api_err_invalid(e, "chat_template_kwargs", "'chat_template_kwargs' must be an "
+                                   "object");
+        long left = 4096;
+        if (!(*kwargs = json_to_jv(kw, 0, &left)))
+            return api_err_invalid(e, "chat_template_kwargs", "'chat_template_kwargs' is nested "
+                                   "deeper than 64 levels or has more than 4096 values");
+    }
+    const cJSON *ts = field(root, "chat_template");
+    if (!ts || cJSON_IsNull(ts))
+        return 0;
+    if (!cJSON_IsString(ts) || !ts->valuestring[0]) {
+        jv_unref(*kwargs);
+        *kwargs = NULL;
+        return api_err_invalid(e, "chat_template", "'chat_template' must be a non-empty string "
+                               "(a Jinja template)");
+    }
+    char err[DP_ERRLEN];
+    int rc = chat_template_init(own, ts->valuestring, strlen(ts->valuestring), c->tmpl->bos_text,
+                                c->tmpl->eos_text, err, sizeof err);
+    if (rc) {
+        jv_unref(*kwargs);
+        *kwargs = NULL;
+        if (rc == DP_ENOMEM)
+            return api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
+        return api_err_invalid(e, "chat_template", "'chat_template': %s", err);
+    }
+    own->keep_bos = c->tmpl->keep_bos; /* it depends on the tokenizer, not the template */
+    *tmpl = own;
+    return 0;
+}
+
 static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
+    dp_chat_template own = {0};
+    const dp_chat_template *tmpl = c->tmpl;
+    jv *kwargs = NULL;
     cJSON *ms = field(root, "messages");
     if (!ms)
         return api_err_invalid(e, "messages", "'messages' is required");
@@ -817,6 +899,8 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         api_err_set(e, 500, "server_error", NULL, NULL, "out of memory");
         goto out;
     }
+    if (request_template(c, root, &own, &tmpl, &kwargs, e))
+        goto out;
     cJSON *m;
     cJSON_ArrayForEach(m, ms) {
         char param[64];
@@ -879,7 +963,7 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         msgs[i].content = texts[i];
         i++;
     }
-    if (r->tools.mode != DP_TOOLS_OFF && add_tools_system(c, r, msgs, &n, texts, e))
+    if (r->tools.mode != DP_TOOLS_OFF && add_tools_system(tmpl, r, msgs, &n, texts, e))
         goto out;
     /* How the prompt ends. A last message from the assistant is continued
      * (assistant prefill, llama.cpp's default) unless add_generation_prompt
@@ -904,8 +988,14 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
                       : agp                                            ? DP_CHAT_END_GENERATE
                                                                        : DP_CHAT_END_NONE;
     char err[DP_ERRLEN];
-    if (chat_template_apply(c->tmpl, msgs, (size_t)n, end, &prompt, err, sizeof err)) {
-        api_err_invalid(e, "messages", "%s", err);
+    int trc = chat_template_apply_kw(tmpl, msgs, (size_t)n, end, kwargs, &prompt, err, sizeof err);
+    if (trc) {
+        /* The template's own error (raise_exception, a limit) is the client's
+         * 400; running out of memory is the server's. */
+        if (trc == DP_ENOMEM)
+            api_err_set(e, 500, "server_error", NULL, NULL, "out of memory rendering the chat template");
+        else
+            api_err_invalid(e, "messages", "%s", err);
         goto out;
     }
     r->prompts = calloc(1, sizeof *r->prompts);
@@ -918,8 +1008,10 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
     /* Counted only where it is kept (an explicit keep_prefix wins). */
     bool keep_sys = r->keep_system >= 0 ? r->keep_system : c->keep_system;
     if (rc == 0 && keep_sys && r->keep_prefix < 0)
-        rc = system_tokens(c, msgs, n, &r->prompts[0], &r->system_tokens, e);
+        rc = system_tokens(c, tmpl, kwargs, msgs, n, &r->prompts[0], &r->system_tokens, e);
 out:
+    chat_template_destroy(&own);
+    jv_unref(kwargs);
     for (int k = 0; texts && k < n; k++)
         free(texts[k]);
     free(texts);
@@ -1014,8 +1106,8 @@ static const field_rule field_rules[] = {
     {"web_search_options", F_REFUSE, F_CHAT, "web search"},
     {"add_generation_prompt", F_IMPL, F_CHAT, NULL},
     {"continue_final_message", F_IMPL, F_CHAT, NULL},
-    {"chat_template", F_REFUSE, F_CHAT, "a custom chat template"},
-    {"chat_template_kwargs", F_REFUSE, F_CHAT, "chat template arguments"},
+    {"chat_template", F_IMPL, F_CHAT, NULL},
+    {"chat_template_kwargs", F_IMPL, F_CHAT, NULL},
 };
 
 /* Values that ask for nothing, per field. */

@@ -71,6 +71,8 @@ static const opt_desc options[] = {
      NULL, 0, GROUP_MODEL, "PATH", "GGUF model file, LLaMA family [model]"},
     {"model_name", DP_CONF_STRING, F(model_name), "\"\"", 0, 0, NULL, NULL, 0, GROUP_MODEL,
      "NAME", "name served as the OpenAI \"model\"; \"\" = the model file's name [api]"},
+    {"chat_template", DP_CONF_STRING, F(chat_template), "\"\"", 0, 0, NULL, NULL, 0, GROUP_MODEL,
+     "PATH|TEMPLATE", "chat template file, or Jinja text (with \"{%\" or \"{{\"); \"\" = the model's [model]"},
     {"device", DP_CONF_STRING, F(device), "\"auto\"", 0, 0, NULL, check_device, 0, GROUP_MODEL,
      "auto|cpu|cuda|cuda:N", "compute device; auto = the first GPU, else the CPU [kernels]"},
     {"threads", DP_CONF_INT, F(threads), "0", 0, 1024, NULL, NULL, 0, GROUP_MODEL, NULL,

@@ -33,6 +33,7 @@ typedef struct dp_config {
     /* Model (model/, kernels/) */
     char *model;
     char *model_name;       /* "" = derived from the model file: config_model_name() */
+    char *chat_template;    /* "" = the model's; else a file, or the Jinja text itself */
     char *device;           /* auto | cpu | cuda | cuda:N */
     int threads;            /* 0 = all cores */
     bool cuda_graphs;       /* record and replay decode steps (CUDA) */

@@ -88,6 +88,7 @@ static int serve_from_config(const dp_config *c, bool verbose)
     so.verbose = verbose;
     so.log_level = verbose ? DP_LOG_DEBUG : c->log_level;
     so.model_name = c->model_name[0] ? c->model_name : NULL;
+    so.chat_template = c->chat_template;
     so.drain_timeout_s = (double)c->drain_timeout_ms / 1000.0;
     so.watchdog = c->watchdog;
     api_from_config(c, host, port, unix_path, &so.api);

@@ -13,6 +13,7 @@
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "sched/generate.h"
+#include "serve.h"
 
 typedef struct print_ctx {
     const dp_tokenizer *tok;
@@ -62,9 +63,10 @@ int oneshot_run(const dp_oneshot_opts *o)
     const char *prompt = o->prompt;
     if (o->chat) {
         dp_chat_template ct;
-        dp_gguf_str src = {0};
-        gguf_get_str(&g, "tokenizer.chat_template", &src);
-        chat_template_init(&ct, src.ptr, src.len);
+        if (serve_chat_template(&ct, NULL, &g, tok, err, sizeof err)) {
+            fprintf(stderr, "dualpathd: chat template: %s\n", err);
+            goto done;
+        }
         dp_chat_msg msg = {"user", o->prompt};
         int rc = chat_template_apply(&ct, &msg, 1, true, &text, err, sizeof err);
         chat_template_destroy(&ct);

@@ -5,6 +5,7 @@
  * engine's heartbeat, STOPPING=1 when draining starts. */
 #include "serve.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -355,6 +356,59 @@ static char *default_name(const char *path)
     return s;
 }
 
+int serve_chat_template(dp_chat_template *ct, const char *conf, const dp_gguf *g,
+                        const dp_tokenizer *tok, char *err, size_t errsz)
+{
+    const char *src = NULL, *from = "the model";
+    size_t len = 0;
+    char *file = NULL;
+    if (conf && conf[0] && (strstr(conf, "{%") || strstr(conf, "{{"))) {
+        src = conf;
+        len = strlen(conf);
+        from = "the configuration";
+    } else if (conf && conf[0]) {
+        FILE *f = fopen(conf, "rb");
+        if (!f)
+            return dp_err(err, errsz, DP_EIO, "cannot open %s: %s", conf, strerror(errno));
+        size_t cap = 0;
+        for (;;) {
+            char *nb = len + 4096 > cap ? realloc(file, cap = (cap + 4096) * 2) : file;
+            if (!nb) {
+                fclose(f);
+                free(file);
+                return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            }
+            file = nb;
+            size_t r = fread(file + len, 1, cap - len, f);
+            len += r;
+            if (r == 0)
+                break;
+        }
+        bool bad = ferror(f);
+        fclose(f);
+        if (bad) {
+            free(file);
+            return dp_err(err, errsz, DP_EIO, "cannot read %s", conf);
+        }
+        src = file;
+        from = conf;
+    } else {
+        dp_gguf_str s = {0};
+        gguf_get_str(g, "tokenizer.chat_template", &s);
+        src = s.ptr;
+        len = s.len;
+    }
+    char perr[DP_ERRLEN];
+    int rc = chat_template_init_model(ct, src ? src : "", len, g, tok, perr, sizeof perr);
+    free(file);
+    if (rc)
+        return dp_err(err, errsz, rc, "%s (from %s)", perr, from);
+    if (len)
+        dp_log(DP_LOG_INFO, "chat template from %s (%zu bytes, %s family)", from, len,
+               chat_format_name(ct->format));
+    return 0;
+}
+
 int serve_run(const dp_serve_opts *o)
 {
     char err[DP_ERRLEN];
@@ -386,10 +440,8 @@ int serve_run(const dp_serve_opts *o)
         fprintf(stderr, "dualpathd: model %s: tokenizer: %s\n", o->model, err);
         goto done;
     }
-    dp_gguf_str src = {0};
-    gguf_get_str(&g, "tokenizer.chat_template", &src);
-    if (chat_template_init(&ct, src.ptr, src.len)) {
-        fprintf(stderr, "dualpathd: model %s: cannot set up the chat template\n", o->model);
+    if (serve_chat_template(&ct, o->chat_template, &g, tok, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: model %s: chat template: %s\n", o->model, err);
         goto done;
     }
     ct_ok = true;

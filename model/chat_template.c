@@ -1,18 +1,24 @@
-/* chat_template.c: recognises ChatML, Llama-3 and Llama-2 chat templates and
- * renders conversations exactly as their Jinja sources would. */
+/* chat_template.c: compiles a model's Jinja chat template once and renders
+ * conversations with it, as Hugging Face's apply_chat_template does. */
 #include "chat_template.h"
 
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/dp.h"
-#include "unicode.h"
 
-/* The leading BOS a template spells (Llama-2/3's bos_token) is NOT rendered:
- * the tokenizer adds it (tokenizer_add_bos), as llama.cpp does, so it is never
- * doubled. A BOS later in the text (Llama-2, before each [INST] after the
- * first) is rendered as bos_text, which encoding with parse_special maps to
- * the BOS id: the token sequence is then exactly the template's. */
+/* The leading BOS a template spells (Llama-2/3's bos_token) is removed from
+ * the rendering: the tokenizer adds it (tokenizer_add_bos), as llama.cpp
+ * does, so it is never doubled. A BOS later in the text (Llama-2, before
+ * each [INST] after the first) stays as text, which encoding with
+ * parse_special maps to the BOS id: the token sequence is then exactly the
+ * template's. */
+
+/* What a model without a template gets (SmolLM2's format without its
+ * default system prompt). */
+static const char chatml_src[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
 typedef struct sbuf {
     char *p;
@@ -37,37 +43,6 @@ static void sb_add(sbuf *b, const char *s, size_t n)
     memcpy(b->p + b->n, s, n);
     b->n += n;
     b->p[b->n] = '\0';
-}
-
-static void sb_str(sbuf *b, const char *s)
-{
-    sb_add(b, s, strlen(s));
-}
-
-/* Python's str.isspace(), which Jinja's trim filter and .strip() use:
- * White_Space plus the information separators U+001C..U+001F. */
-static bool py_space(uint32_t cp)
-{
-    return unicode_is_space(cp) || (cp >= 0x1C && cp <= 0x1F);
-}
-
-/* s with leading and trailing whitespace removed, as Python's strip(). */
-static void sb_strip(sbuf *b, const char *s)
-{
-    const unsigned char *u = (const unsigned char *)s;
-    size_t n = strlen(s), start = 0, end = 0, i = 0;
-    bool seen = false;
-    while (i < n) {
-        uint32_t cp;
-        size_t l = unicode_utf8_decode(u + i, n - i, &cp);
-        if (DP_UNI_IS_INVALID(cp) || !py_space(cp)) {
-            if (!seen) start = i;
-            seen = true;
-            end = i + l;
-        }
-        i += l;
-    }
-    if (seen) sb_add(b, s + start, end - start);
 }
 
 static bool contains(const char *src, size_t len, const char *needle)
@@ -117,27 +92,60 @@ static char *chatml_default_system(const char *src, size_t len)
     return NULL;
 }
 
-int chat_template_init(dp_chat_template *ct, const char *src, size_t len)
+int chat_template_init(dp_chat_template *ct, const char *src, size_t len, const char *bos,
+                       const char *eos, char *err, size_t errsz)
 {
     memset(ct, 0, sizeof *ct);
-    if (!src) len = 0;
-    if (contains(src, len, "<|im_start|>")) {
-        ct->format = DP_CHAT_CHATML;
-        ct->default_system = chatml_default_system(src, len);
-    } else if (contains(src, len, "<|start_header_id|>")) {
-        ct->format = DP_CHAT_LLAMA3;
-        ct->bos_text = strdup("<|begin_of_text|>");
-        if (!ct->bos_text) return DP_ENOMEM;
-    } else if (contains(src, len, "[INST]")) {
-        ct->format = DP_CHAT_LLAMA2;
-        ct->bos_text = strdup("<s>");
-        if (!ct->bos_text) return DP_ENOMEM;
-    } else {
-        ct->format = DP_CHAT_CHATML;
-        if (len > 0)
-            dp_log(DP_LOG_WARN, "chat template not recognised (%zu bytes); falling back to ChatML", len);
+    if (!src || len == 0) {
+        dp_log(DP_LOG_INFO, "no chat template in the model or the configuration: using ChatML");
+        src = chatml_src;
+        len = sizeof chatml_src - 1;
     }
+    if (contains(src, len, "<|im_start|>")) ct->format = DP_CHAT_CHATML;
+    else if (contains(src, len, "<|start_header_id|>")) ct->format = DP_CHAT_LLAMA3;
+    else if (contains(src, len, "[INST]")) ct->format = DP_CHAT_LLAMA2;
+    else ct->format = DP_CHAT_OTHER;
+    ct->bos_text = strdup(bos ? bos : "");
+    ct->eos_text = strdup(eos ? eos : "");
+    if (!ct->bos_text || !ct->eos_text) {
+        chat_template_destroy(ct);
+        return dp_err(err, errsz, DP_ENOMEM, "chat template: out of memory");
+    }
+    int rc = jinja_parse(src, len, &ct->tmpl, err, errsz);
+    if (rc) {
+        chat_template_destroy(ct);
+        return rc;
+    }
+    if (ct->format == DP_CHAT_CHATML) ct->default_system = chatml_default_system(src, len);
     return 0;
+}
+
+/* A special token's text ("" if the vocabulary has none). */
+static void token_text(const dp_tokenizer *tok, int32_t id, char *buf, size_t cap)
+{
+    buf[0] = '\0';
+    if (id < 0) return;
+    int n = tokenizer_token_bytes(tok, id, true, buf, cap - 1);
+    buf[n > 0 && (size_t)n < cap ? n : 0] = '\0';
+}
+
+int chat_template_init_model(dp_chat_template *ct, const char *src, size_t len, const dp_gguf *g,
+                             const dp_tokenizer *tok, char *err, size_t errsz)
+{
+    char bos[256], eos[256];
+    token_text(tok, tokenizer_bos(tok), bos, sizeof bos);
+    token_text(tok, tokenizer_eos(tok), eos, sizeof eos);
+    if (!src) {
+        dp_gguf_str s = {0};
+        gguf_get_str(g, "tokenizer.chat_template", &s);
+        src = s.ptr;
+        len = s.len;
+    }
+    int rc = chat_template_init(ct, src, len, bos, eos, err, errsz);
+    /* Only a BOS the tokenizer adds is taken out of the text: SmolLM2's BOS
+     * is <|im_start|>, which its renderings begin with, and it adds none. */
+    if (!rc) ct->keep_bos = !tokenizer_add_bos(tok);
+    return rc;
 }
 
 void chat_template_destroy(dp_chat_template *ct)
@@ -145,8 +153,10 @@ void chat_template_destroy(dp_chat_template *ct)
     if (!ct) return;
     free(ct->default_system);
     free(ct->bos_text);
-    ct->default_system = NULL;
-    ct->bos_text = NULL;
+    free(ct->eos_text);
+    jinja_free(ct->tmpl);
+    ct->default_system = ct->bos_text = ct->eos_text = NULL;
+    ct->tmpl = NULL;
 }
 
 const char *chat_format_name(dp_chat_format f)
@@ -155,94 +165,106 @@ const char *chat_format_name(dp_chat_format f)
     case DP_CHAT_CHATML: return "chatml";
     case DP_CHAT_LLAMA3: return "llama3";
     case DP_CHAT_LLAMA2: return "llama2";
+    case DP_CHAT_OTHER: return "other";
     }
     return "unknown";
 }
 
-static void render_chatml(const dp_chat_template *ct, const dp_chat_msg *m, size_t n,
-                          dp_chat_end end, sbuf *b)
+static int render_once(const dp_chat_template *ct, const jv *messages, bool agp, const jv *kwargs,
+                       const jv *tools, char **out, size_t *out_len, char *err, size_t errsz)
 {
-    if (ct->default_system && strcmp(m[0].role, "system") != 0) {
-        sb_str(b, "<|im_start|>system\n");
-        sb_str(b, ct->default_system);
-        sb_str(b, "<|im_end|>\n");
+    jv *ctx = jv_dict();
+    int rc = ctx ? 0 : DP_ENOMEM;
+    /* The caller's kwargs first: the names below are the renderer's own. */
+    if (!rc && kwargs) rc = jv_dict_merge(ctx, kwargs);
+    if (!rc) rc = jv_dict_set(ctx, "messages", jv_ref((jv *)messages));
+    if (!rc) rc = jv_dict_set(ctx, "add_generation_prompt", jv_bool(agp));
+    if (!rc) rc = jv_dict_set(ctx, "bos_token", jv_str(ct->bos_text));
+    if (!rc) rc = jv_dict_set(ctx, "eos_token", jv_str(ct->eos_text));
+    if (!rc && tools) rc = jv_dict_set(ctx, "tools", jv_ref((jv *)tools));
+    if (rc) {
+        jv_unref(ctx);
+        return dp_err(err, errsz, rc, "chat template: out of memory");
     }
-    for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|im_start|>");
-        sb_str(b, m[i].role);
-        sb_str(b, "\n");
-        sb_str(b, m[i].content);
-        if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
-            sb_str(b, "<|im_end|>\n");
-    }
-    if (end == DP_CHAT_END_GENERATE) sb_str(b, "<|im_start|>assistant\n");
+    /* Room for what the conversation brings, and a fixed margin for what
+     * the template adds. */
+    size_t in = jv_string_bytes(ctx);
+    /* A template from a request renders on the HTTP thread: 2 s bounds what
+     * the count limits do not (renderings of real templates take
+     * microseconds). */
+    jinja_opts o = {.max_output = ((size_t)1 << 20) + 4 * in, .now = ct->now, .max_ms = 2000};
+    rc = jinja_render_opts(ct->tmpl, ctx, &o, out, out_len, err, errsz);
+    jv_unref(ctx);
+    return rc;
 }
 
-/* Meta's Llama-3 Instruct template: header, trimmed content, <|eot_id|>. */
-static void render_llama3(const dp_chat_msg *m, size_t n, dp_chat_end end, sbuf *b)
+int chat_template_render(const dp_chat_template *ct, const jv *messages, dp_chat_end end,
+                         const jv *kwargs, const jv *tools, char **out, char *err, size_t errsz)
 {
-    for (size_t i = 0; i < n; i++) {
-        sb_str(b, "<|start_header_id|>");
-        /* Llama 3.1 names a tool's result "ipython". */
-        sb_str(b, strcmp(m[i].role, "tool") ? m[i].role : "ipython");
-        sb_str(b, "<|end_header_id|>\n\n");
-        sb_strip(b, m[i].content);
-        if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
-            sb_str(b, "<|eot_id|>");
-    }
-    if (end == DP_CHAT_END_GENERATE) sb_str(b, "<|start_header_id|>assistant<|end_header_id|>\n\n");
-}
-
-/* Meta's Llama-2 chat template: an optional leading system message folds into
- * the first user turn; user and assistant must alternate, user first; the
- * prompt ends with [/INST], so there is no separate generation prompt. */
-static int render_llama2(const dp_chat_template *ct, const dp_chat_msg *m, size_t n, dp_chat_end end,
-                         sbuf *b, char *err, size_t errsz)
-{
-    const char *sys = NULL;
-    size_t first = 0;
-    if (strcmp(m[0].role, "system") == 0) {
-        sys = m[0].content;
-        first = 1;
-    }
-    for (size_t i = first; i < n; i++) {
-        /* No tool role in Llama-2's format: a tool's result is a user turn. */
-        bool user = strcmp(m[i].role, "user") == 0 || strcmp(m[i].role, "tool") == 0;
-        if (user != ((i - first) % 2 == 0))
-            return dp_err(err, errsz, DP_EINVAL,
-                          "chat template: conversation roles must alternate user/assistant/user/...");
-        if (user) {
-            if (i > first) sb_str(b, ct->bos_text ? ct->bos_text : "<s>");
-            sb_str(b, "[INST] ");
-            if (i == first && sys) {
-                sbuf c = {0};
-                sb_str(&c, "<<SYS>>\n");
-                sb_str(&c, sys);
-                sb_str(&c, "\n<</SYS>>\n\n");
-                sb_str(&c, m[i].content);
-                if (c.oom) {
-                    free(c.p);
-                    b->oom = true;
-                    break;
-                }
-                sb_strip(b, c.p);
-                free(c.p);
-            } else {
-                sb_strip(b, m[i].content);
+    *out = NULL;
+    if (!ct || !ct->tmpl) return dp_err(err, errsz, DP_EINVAL, "chat template: not initialised");
+    if (jv_kind_of(messages) != JV_LIST) return dp_err(err, errsz, DP_EINVAL, "chat template: messages must be a list");
+    if (kwargs && jv_kind_of(kwargs) != JV_DICT)
+        return dp_err(err, errsz, DP_EINVAL, "chat template: chat_template_kwargs must be an object");
+    size_t n = jv_len(messages), len = 0;
+    char *text = NULL;
+    int rc;
+    if (end != DP_CHAT_END_CONTINUE) {
+        rc = render_once(ct, messages, end == DP_CHAT_END_GENERATE, kwargs, tools, &text, &len, err, errsz);
+    } else {
+        /* Continue the final message: render it closed, then cut right after
+         * its text, as transformers' continue_final_message does. */
+        const jv *last = n ? jv_dict_get(jv_list_get(messages, n - 1), "content") : NULL;
+        size_t cl = 0;
+        const char *c = jv_string(last, &cl);
+        if (!c) return dp_err(err, errsz, DP_EINVAL, "chat template: the final message has no text to continue");
+        size_t s0 = 0, s1 = cl;
+        while (s0 < cl && c[s0] && strchr(" \t\n\r\v\f", c[s0])) s0++;
+        while (s1 > s0 && c[s1 - 1] && strchr(" \t\n\r\v\f", c[s1 - 1])) s1--;
+        if (s1 == s0) {
+            /* Nothing to find: an empty prefill is a new assistant turn. */
+            jv *head = jv_list();
+            rc = head ? 0 : DP_ENOMEM;
+            for (size_t i = 0; !rc && i + 1 < n; i++) rc = jv_list_push(head, jv_ref(jv_list_get(messages, i)));
+            if (rc) {
+                jv_unref(head);
+                return dp_err(err, errsz, rc, "chat template: out of memory");
             }
-            sb_str(b, " [/INST]");
+            rc = render_once(ct, head, true, kwargs, tools, &text, &len, err, errsz);
+            jv_unref(head);
         } else {
-            sb_str(b, " ");
-            sb_strip(b, m[i].content);
-            if (i + 1 < n || end != DP_CHAT_END_CONTINUE)
-                sb_str(b, " </s>");
+            rc = render_once(ct, messages, false, kwargs, tools, &text, &len, err, errsz);
+            if (!rc) {
+                /* The whole text where the template keeps it as is; its
+                 * stripped form where the template trims it. */
+                const char *at = NULL;
+                for (const char *p = text; (p = memmem(p, len - (size_t)(p - text), c, cl)); p++) at = p;
+                size_t keep = 0;
+                if (at) {
+                    keep = (size_t)(at - text) + cl;
+                } else {
+                    for (const char *p = text; (p = memmem(p, len - (size_t)(p - text), c + s0, s1 - s0)); p++) at = p;
+                    if (at) keep = (size_t)(at - text) + (s1 - s0);
+                }
+                if (!at) {
+                    free(text);
+                    return dp_err(err, errsz, DP_EINVAL, "chat template: the final message does not appear "
+                                  "in the rendering, so it cannot be continued");
+                }
+                text[keep] = '\0';
+                len = keep;
+            }
         }
     }
+    if (rc) return rc;
+    size_t bl = strlen(ct->bos_text);
+    if (!ct->keep_bos && bl && len >= bl && memcmp(text, ct->bos_text, bl) == 0) memmove(text, text + bl, len - bl + 1);
+    *out = text;
     return 0;
 }
 
-int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, size_t n,
-                        dp_chat_end end, char **out, char *err, size_t errsz)
+int chat_template_apply_kw(const dp_chat_template *ct, const dp_chat_msg *msgs, size_t n,
+                           dp_chat_end end, const jv *kwargs, char **out, char *err, size_t errsz)
 {
     *out = NULL;
     if (n == 0 || !msgs) return dp_err(err, errsz, DP_EINVAL, "chat template: no messages");
@@ -258,19 +280,27 @@ int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, siz
     if (end == DP_CHAT_END_CONTINUE && strcmp(msgs[n - 1].role, "assistant") != 0)
         return dp_err(err, errsz, DP_EINVAL, "chat template: only an assistant message can be "
                       "continued (the last message is the %s's)", msgs[n - 1].role);
-    sbuf b = {0};
-    sb_add(&b, "", 0);  /* an empty rendering is still a string */
-    int rc = 0;
-    switch (ct->format) {
-    case DP_CHAT_LLAMA3: render_llama3(msgs, n, end, &b); break;
-    case DP_CHAT_LLAMA2: rc = render_llama2(ct, msgs, n, end, &b, err, errsz); break;
-    default: render_chatml(ct, msgs, n, end, &b); break;
+    jv *list = jv_list();
+    int rc = list ? 0 : DP_ENOMEM;
+    for (size_t i = 0; !rc && i < n; i++) {
+        jv *m = jv_dict();
+        rc = m ? 0 : DP_ENOMEM;
+        if (!rc) rc = jv_dict_set(m, "role", jv_str(msgs[i].role));
+        if (!rc) rc = jv_dict_set(m, "content", jv_str(msgs[i].content));
+        if (rc) jv_unref(m);
+        else rc = jv_list_push(list, m);
     }
-    if (rc == 0 && b.oom) rc = dp_err(err, errsz, DP_ENOMEM, "chat template: out of memory");
     if (rc) {
-        free(b.p);
-        return rc;
+        jv_unref(list);
+        return dp_err(err, errsz, DP_ENOMEM, "chat template: out of memory");
     }
-    *out = b.p;
-    return 0;
+    rc = chat_template_render(ct, list, end, kwargs, NULL, out, err, errsz);
+    jv_unref(list);
+    return rc;
+}
+
+int chat_template_apply(const dp_chat_template *ct, const dp_chat_msg *msgs, size_t n,
+                        dp_chat_end end, char **out, char *err, size_t errsz)
+{
+    return chat_template_apply_kw(ct, msgs, n, end, NULL, out, err, errsz);
 }

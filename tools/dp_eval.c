@@ -703,9 +703,9 @@ static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btyp
     if (!cs->len || !cs->base_a || !cs->base_b || !cs->first || !cs->prompt || !cs->q)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
     dp_chat_template ct;
-    dp_gguf_str src = {0};
-    gguf_get_str(&e->g, "tokenizer.chat_template", &src);
-    chat_template_init(&ct, src.ptr, src.len);
+    int ct_rc = chat_template_init_model(&ct, NULL, 0, &e->g, e->tok, err, errsz);
+    if (ct_rc)
+        return ct_rc;
     int32_t blocks_a = 0, blocks_b = 0;
     int rc = 0;
     for (int i = 0; i < n && !rc; i++) {

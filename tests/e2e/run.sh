@@ -46,7 +46,7 @@ echo "e2e: dualpathd (pid $PID) healthy at $URL; log $LOG"
 
 set +e
 DUALPATHD_URL="$URL" DUALPATHD_BIN="$BIN" DUALPATHD_MODEL="$MODEL" DUALPATHD_LOGDIR="$LOGDIR" \
-    "$PY" -m pytest -q -p no:cacheprovider tests/e2e "$@"
+    "$PY" -m pytest -q -p no:cacheprovider --durations=12 tests/e2e "$@"
 RC=$?
 set -e
 

@@ -33,9 +33,7 @@ static void fuzz_model_init(void)
         abort();
     }
     gguf_writer_destroy(&w);
-    dp_gguf_str src = {0};
-    gguf_get_str(&g, "tokenizer.chat_template", &src);
-    if (chat_template_init(&fuzz_tmpl, src.ptr, src.len))
+    if (chat_template_init_model(&fuzz_tmpl, NULL, 0, &g, fuzz_tok, err, sizeof err))
         abort();
 }
 

@@ -5,15 +5,15 @@
 # prints executions, corpus size and coverage per target. Exits non-zero on
 # the first crash, leak or failed check, naming the input that caused it.
 #   usage: tests/fuzz/run.sh [SECONDS_PER_TARGET (default 60)] [TARGET ...]
-#   targets: request tokenizer config loadgen gguf (default: all)
+#   targets: request tokenizer config loadgen gguf jinja (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SECS="${1:-60}"
 [ $# -gt 0 ] && shift
-TARGETS="${*:-request tokenizer config loadgen gguf}"
+TARGETS="${*:-request tokenizer config loadgen gguf jinja}"
 CACHE="${DP_CACHE:-$HOME/.cache/dualpath}"
 WORK="$CACHE/fuzz"
-BUILD=build-fuzz
+BUILD="${DP_FUZZ_BUILD:-build-fuzz}"
 
 if ! echo 'int LLVMFuzzerTestOneInput(const char *d, long n) { return 0; }' |
         clang -fsanitize=fuzzer -x c - -o /dev/null 2>/dev/null; then

@@ -97,6 +97,7 @@ static void test_table_and_defaults(void)
     CHECK(config_defaults(&c) == 0);
     CHECK(!strcmp(c.model, "/var/lib/dualpath/models/model.gguf"));
     CHECK(!strcmp(c.model_name, ""));
+    CHECK(!strcmp(c.chat_template, ""));
     CHECK(!strcmp(c.device, "auto"));
     CHECK(!strcmp(c.listen, "127.0.0.1:8080"));
     CHECK(c.prefix_cache);
@@ -190,6 +191,15 @@ static void test_file_syntax(void)
     CHECK_EQ_INT(c.drain_timeout_ms, 5000);
     CHECK_EQ_INT(c.threads, 6);
     CHECK_EQ_INT(c.context_length, 4096);
+    config_destroy(&c);
+
+    /* chat_template: a path, or the template itself (quoted: it may hold '#'). */
+    CHECK_MSG(load_text(&c, "chat_template = \"{%- for m in messages %}{{ m.content }}{# c #}{% endfor %}\"\n",
+                        err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(c.chat_template, "{%- for m in messages %}{{ m.content }}{# c #}{% endfor %}"));
+    config_destroy(&c);
+    CHECK_MSG(load_text(&c, "chat_template = /etc/dualpath/chat.jinja\n", err, sizeof err) == 0, "%s", err);
+    CHECK(!strcmp(c.chat_template, "/etc/dualpath/chat.jinja"));
     config_destroy(&c);
 
     /* An unquoted value ends at '#'; an empty string is allowed. */

@@ -1,7 +1,8 @@
 /* dp_bench.c: forward-pass throughput of a model on one backend: prefill
  * tokens/s and decode tokens/s at several batch sizes, beside the machine's
  * measured memory bandwidth and GEMM rate, so each figure's ratio to its
- * physical limit is visible. Not a test: timings vary run to run. */
+ * physical limit is visible; and the migration copy of a prompt into the
+ * decode path. Not a test: timings vary run to run. */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "common/dp.h"
+#include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "sched/generate.h"
@@ -88,6 +90,83 @@ static double measure_gemm(int threads)
     free(b);
     free(c);
     return best;
+}
+
+/* The migration copy (kv_compact, the daemon's prefill -> decode path) of
+ * one MIG_TOKENS-token prompt at keep 0.9, from an f16 prefill arena into a
+ * q8_0 decode view (the CPU's default) and into an f16 one, timed against
+ * the bytes it reads and writes at the machine's read bandwidth (CPU only). */
+#define MIG_TOKENS 1024
+static void bench_migration(dp_backend *be, const dp_llama *m, double bw)
+{
+    /* The CPU's kv_compact returns when the copy is done; a device's may not. */
+    if (strcmp(be->ops->name, "cpu") != 0)
+        return;
+    const dp_hparams *hp = llama_hparams(m);
+    const int32_t bt = 16, nb = 2 * MIG_TOKENS / bt + 8, n_src = MIG_TOKENS / bt;
+    const int32_t nkeep = MIG_TOKENS * 9 / 10, rows = hp->n_layers * hp->n_kv_heads;
+    dp_kv_layout al = llama_kv_layout(m, bt, nb);
+    al.type = DP_KV_F16;
+    dp_kv_store *arena = NULL;
+    const size_t ab = be->ops->kv_bytes_per_block(be, &al);
+    uint16_t *blk = malloc(ab);
+    int32_t *keep = malloc((size_t)rows * nkeep * sizeof *keep), *src = malloc((size_t)n_src * sizeof *src);
+    int32_t *dst = malloc((size_t)(nb - n_src) * sizeof *dst);
+    if (!blk || !keep || !src || !dst || be->ops->kv_create(be, &al, &arena)) {
+        fprintf(stderr, "dp-bench: migration: out of memory\n");
+        goto out;
+    }
+    uint32_t x = 12345;
+    for (int32_t b = 0; b < nb; b++) {
+        for (size_t i = 0; i < ab / 2; i++) {
+            x = x * 1664525u + 1013904223u;
+            blk[i] = dp_f32_to_fp16(((float)(x >> 8) / 16777216.0f - 0.5f) * 4.0f);
+        }
+        be->ops->kv_block_write(be, arena, b, blk);
+    }
+    /* Each (layer, head) keeps its own 9 of every 10 tokens, in order. */
+    for (int32_t r = 0; r < rows; r++)
+        for (int32_t t = 0, c = 0; t < MIG_TOKENS && c < nkeep; t++)
+            if ((t * 7 + r) % 10 != 3)
+                keep[(size_t)r * nkeep + c++] = t;
+    for (int32_t i = 0; i < n_src; i++)
+        src[i] = i;
+    for (int32_t i = 0; i < nb - n_src; i++)
+        dst[i] = n_src + i;
+    const int32_t types[2] = {DP_KV_Q8_0, DP_KV_F16};
+    for (int k = 0; k < 2; k++) {
+        dp_kv_layout vl = al;
+        vl.type = types[k];
+        /* As the KV manager's views: as many tokens as fit in an arena block. */
+        const size_t row = types[k] == DP_KV_Q8_0 ? (size_t)hp->head_dim / 32 * 34 : (size_t)hp->head_dim * 2;
+        vl.block_tokens = (int32_t)(ab / (2 * (size_t)rows * row));
+        dp_kv_store *view = NULL;
+        if (be->ops->kv_view(be, arena, &vl, &view))
+            continue;
+        dp_compact_seq cs = {src, n_src, dst, (nkeep + vl.block_tokens - 1) / vl.block_tokens, nkeep, keep};
+        double best = 1e9;
+        for (int it = 0; it < 10; it++) {
+            double t0 = dp_now();
+            if (be->ops->kv_compact(be, arena, view, &cs, 1))
+                break;
+            double t = dp_now() - t0;
+            best = t < best ? t : best;
+        }
+        const double bytes = 2.0 * rows * nkeep * ((double)hp->head_dim * 2 + (double)row);
+        const double limit = bw / bytes;
+        char name[40];
+        snprintf(name, sizeof name, "migrate f16->%s", dp_kv_type_name(types[k]));
+        printf("%-22s %12.1f %14.1f %9.1f%%  %s (%.2f ms per %d-token prompt, keep 0.9)\n", name,
+               1.0 / best, limit, 100 * (1.0 / best) / limit, "memory", best * 1e3, MIG_TOKENS);
+        be->ops->kv_destroy(be, view);
+    }
+out:
+    if (arena)
+        be->ops->kv_destroy(be, arena);
+    free(blk);
+    free(keep);
+    free(src);
+    free(dst);
 }
 
 int main(int argc, char **argv)
@@ -205,6 +284,7 @@ int main(int argc, char **argv)
         free(prompts);
         free(outs);
     }
+    bench_migration(be, m, bw);
     llama_destroy(m);
     backend_destroy(be);
     gguf_close(&g);

@@ -170,6 +170,7 @@ int main(int argc, char **argv)
             .model = cfg.model, .prompt = prompt, .device = cfg.device,
             .max_tokens = max_tokens, .temperature = (float)temperature, .top_k = top_k,
             .top_p = (float)top_p, .min_p = (float)min_p, .seed = seed, .chat = chat,
+            .chat_template = cfg.chat_template,
             .threads = cfg.threads, .exact_matmul = cfg.exact_matmul, .verbose = verbose,
         };
         status = oneshot_run(&o);

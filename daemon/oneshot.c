@@ -63,7 +63,7 @@ int oneshot_run(const dp_oneshot_opts *o)
     const char *prompt = o->prompt;
     if (o->chat) {
         dp_chat_template ct;
-        if (serve_chat_template(&ct, NULL, &g, tok, err, sizeof err)) {
+        if (serve_chat_template(&ct, o->chat_template, &g, tok, err, sizeof err)) {
             fprintf(stderr, "dualpathd: chat template: %s\n", err);
             goto done;
         }

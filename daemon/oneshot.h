@@ -17,6 +17,7 @@ typedef struct dp_oneshot_opts {
     float min_p;
     uint64_t seed;
     bool chat;
+    const char *chat_template; /* as serve's: NULL or "": the model's */
     int threads;
     bool exact_matmul;
     bool verbose;

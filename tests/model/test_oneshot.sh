@@ -36,4 +36,26 @@ if "$BIN" --model "$MODEL" --prompt hi --max-tokens abc 2> "$tmp/err"; then
     echo "oneshot: FAIL: bad --max-tokens accepted" >&2; exit 1
 fi
 echo "oneshot: bad option rejected: $(cat "$tmp/err")"
+# The chat_template key's template is the one rendered, one-shot and served;
+# one the engine cannot parse stops start-up with its construct and line.
+printf '{%% for m in messages %%}{{ m.content | upper }}{%% endfor %%}' > "$tmp/upper.jinja"
+printf 'line one\n{{ messages[0].content | wordwrap }}' > "$tmp/bad.jinja"
+"$BIN" --model "$MODEL" --chat --chat-template "$tmp/upper.jinja" --prompt "Hi there" --max-tokens 1 \
+    --temperature 0 2> "$tmp/err" > /dev/null || { cat "$tmp/err" >&2; exit 1; }
+grep -q "chat template from $tmp/upper.jinja" "$tmp/err" ||
+    { echo "oneshot: FAIL: --chat-template not used:" >&2; cat "$tmp/err" >&2; exit 1; }
+for mode in oneshot serve; do
+    if [ "$mode" = oneshot ]; then
+        set -- --chat --prompt hi --max-tokens 1
+    else
+        set -- --listen 127.0.0.1:0
+    fi
+    # (timeout: a bound on a hang should the bad template be accepted and served)
+    if timeout 300 "$BIN" --config "" --model "$MODEL" --chat-template "$tmp/bad.jinja" "$@" 2> "$tmp/err" > /dev/null; then
+        echo "oneshot: FAIL: a bad chat template was accepted ($mode)" >&2; exit 1
+    fi
+    grep -q "line 2: unknown filter 'wordwrap'" "$tmp/err" ||
+        { echo "oneshot: FAIL: the error does not name the construct ($mode):" >&2; cat "$tmp/err" >&2; exit 1; }
+    echo "oneshot: bad chat template refused ($mode): $(grep wordwrap "$tmp/err")"
+done
 echo "oneshot: all checks passed"

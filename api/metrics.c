@@ -321,11 +321,14 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
     family(&b, "dualpath_grammar_masks_total", "counter",
            "Constrained decoding: token masks by source (computed: a walk of the vocabulary "
-           "trie; cached: a mask of the same state, from any request with the same grammar)");
+           "trie; cached: a mask of the same state, from any request with the same grammar; "
+           "skipped: the token sampled from the unmasked row continued the grammar)");
     tb_printf(&b, "dualpath_grammar_masks_total{source=\"computed\"} %lld\n",
               (long long)st->grammar_masks_computed);
     tb_printf(&b, "dualpath_grammar_masks_total{source=\"cached\"} %lld\n",
               (long long)st->grammar_masks_cached);
+    tb_printf(&b, "dualpath_grammar_masks_total{source=\"skipped\"} %lld\n",
+              (long long)st->grammar_masks_skipped);
     family(&b, "dualpath_grammar_seconds_total", "counter",
            "Constrained decoding: time spent masking logits");
     tb_printf(&b, "dualpath_grammar_seconds_total %.6f\n", st->grammar_seconds);

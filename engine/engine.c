@@ -412,6 +412,20 @@ static void constrain_row(dp_engine *e, eng_seq *es, float *row)
 
 static bool is_stop_id(const dp_request_params *p, int32_t tok);
 
+/* Whether the grammar's mask would allow tok (gstate_mask_logits' rule): an
+ * end of generation where the text is a whole sentence, a token whose bytes
+ * continue it; never a control token without bytes. */
+static bool grammar_allows_token(const dp_engine *e, eng_seq *es, int32_t tok)
+{
+    if (tok < 0)
+        return false;
+    if (tokenizer_is_eog(e->tok, tok))
+        return gstate_accepting(es->gs);
+    char piece[512];
+    const int nb = tokenizer_token_bytes(e->tok, tok, false, piece, sizeof piece);
+    return nb > 0 && nb <= (int)sizeof piece && gstate_allows(es->gs, piece, (size_t)nb);
+}
+
 /* ignore_eos: no end-of-generation token is sampled, except one the request
  * names as a stop token (it asked to stop there). */
 static void mask_eog(const dp_engine *e, const dp_request_params *p, float *row)
@@ -485,8 +499,6 @@ static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
         sampler_apply_bias(row, e->vocab, es->bias_ids, es->bias_vals, p->n_logit_bias);
     sampler_apply_penalties(&e->sampler, &p->sampling, row, q->tokens, q->n_prompt,
                             q->tokens + q->n_prompt, q->n_tokens - q->n_prompt);
-    if (es->gs)
-        constrain_row(e, es, row);
     if (es->n_gen < p->min_tokens) { /* no end, nor a stop token, before min_tokens */
         for (int32_t i = 0; i < e->n_eog; i++)
             row[e->eog[i]] = -INFINITY;
@@ -496,6 +508,25 @@ static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
         mask_eog(e, p, row);
     }
     e->n_full++;
+    if (es->gs) {
+        /* Constrained decoding without a mask where it can: a token sampled
+         * from the row as it is, when the grammar allows it, is drawn with
+         * the masked row's probabilities (p(t) + (1 - Z) p(t) / Z = p(t) / Z,
+         * Z the allowed tokens' mass; greedy: the allowed argmax). Only a
+         * rejected draw computes the mask and draws again. Truncation (top_k,
+         * top_p, min_p) over the masked row differs from it over the row, so
+         * those requests mask first. */
+        if (sampling_exact_unmasked(&p->sampling, e->vocab)) {
+            const int32_t t = sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
+            if (grammar_allows_token(e, es, t)) {
+                pthread_mutex_lock(&e->stats_mu);
+                e->stats.grammar_masks_skipped++;
+                pthread_mutex_unlock(&e->stats_mu);
+                return t;
+            }
+        }
+        constrain_row(e, es, row);
+    }
     return sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
 }
 

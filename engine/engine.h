@@ -120,6 +120,7 @@ typedef struct dp_engine_stats {
     /* Constrained decoding: token masks computed (a walk of the vocabulary
      * trie) and served from a state's cache, and the time spent on both. */
     int64_t grammar_masks_computed, grammar_masks_cached;
+    int64_t grammar_masks_skipped; /* the token sampled from the unmasked row was allowed */
     double grammar_seconds;
     int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
     int64_t swap_bytes;       /* host memory the swapped caches hold now */

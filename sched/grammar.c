@@ -1356,31 +1356,47 @@ void gstate_free(dp_gstate *s)
     free(s);
 }
 
-int gstate_advance(dp_gstate *s, const char *bytes, size_t n)
+/* The state's stacks advanced over n bytes, into *a (a copy: the state is
+ * unchanged; the caller frees *a, also on failure). */
+static int advance_copy(dp_gstate *s, const char *bytes, size_t n, gset *a)
 {
     gset_clear(&s->tmp);
-    gset a = {0};
-    /* Work on copies so that a rejected text leaves the state as it was. */
     for (int32_t i = 0; i < s->cur.n; i++)
-        if (gset_add(&a, s->cur.data + s->cur.off[i], s->cur.len[i])) {
-            gset_free(&a);
+        if (gset_add(a, s->cur.data + s->cur.off[i], s->cur.len[i]))
             return DP_ENOMEM;
-        }
     for (size_t i = 0; i < n; i++) {
-        int rc = set_advance(s->g, &a, (unsigned char)bytes[i], &s->tmp, &s->sc);
+        int rc = set_advance(s->g, a, (unsigned char)bytes[i], &s->tmp, &s->sc);
         if (!rc && s->tmp.overflow)
             rc = DP_ENOSPC; /* the parse outgrew its limits: nothing is dropped silently */
-        if (rc || s->tmp.n == 0) {
-            gset_free(&a);
+        if (rc || s->tmp.n == 0)
             return rc ? rc : DP_EINVAL;
-        }
-        gset t = a;
-        a = s->tmp;
+        gset t = *a;
+        *a = s->tmp;
         s->tmp = t;
+    }
+    return 0;
+}
+
+int gstate_advance(dp_gstate *s, const char *bytes, size_t n)
+{
+    /* Work on a copy so that a rejected text leaves the state as it was. */
+    gset a = {0};
+    int rc = advance_copy(s, bytes, n, &a);
+    if (rc) {
+        gset_free(&a);
+        return rc;
     }
     gset_free(&s->cur);
     s->cur = a;
     return 0;
+}
+
+bool gstate_allows(dp_gstate *s, const char *bytes, size_t n)
+{
+    gset a = {0};
+    int rc = advance_copy(s, bytes, n, &a);
+    gset_free(&a);
+    return rc == 0;
 }
 
 bool gstate_accepting(const dp_gstate *s) { return set_accepting(&s->cur); }

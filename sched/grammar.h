@@ -43,6 +43,10 @@ void gstate_free(dp_gstate *s);
  * or DP_ENOSPC when the parse would outgrow its limits (more than 1024
  * stacks or 4096 deep); the state is then unchanged. */
 int gstate_advance(dp_gstate *s, const char *bytes, size_t n);
+/* Whether n bytes (n > 0) continue the text: what gstate_advance would
+ * accept, without changing the state; a token is allowed by
+ * gstate_mask_logits exactly when its bytes are. */
+bool gstate_allows(dp_gstate *s, const char *bytes, size_t n);
 /* The text so far is a whole sentence (end of generation is allowed). */
 bool gstate_accepting(const dp_gstate *s);
 /* ... and nothing can follow it: generation ends here. */

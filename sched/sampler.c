@@ -75,6 +75,13 @@ void sampler_destroy(dp_sampler *s)
 
 int32_t sampler_argmax(const float *logits, int32_t vocab) { return dp_topk_argmax(logits, vocab); }
 
+bool sampling_exact_unmasked(const dp_sampling *sp, int32_t vocab)
+{
+    if (sp->temperature <= 0.0f || sp->top_k == 1)
+        return true;
+    return (sp->top_k <= 0 || sp->top_k >= vocab) && sp->top_p >= 1.0f && sp->min_p <= 0.0f;
+}
+
 bool sampling_needs_row(const dp_sampling *sp)
 {
     const float rep = sp->repetition_penalty;

@@ -21,6 +21,10 @@ typedef struct dp_sampling {
 } dp_sampling;
 
 void sampling_default(dp_sampling *sp);
+/* Sampling draws from the whole temperature-scaled row (greedy, or no
+ * top_k / top_p / min_p truncation): then a draw restricted to a subset
+ * afterwards has the subset's renormalized probabilities. */
+bool sampling_exact_unmasked(const dp_sampling *sp, int32_t vocab);
 
 
 typedef struct dp_sampler {

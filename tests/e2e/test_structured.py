@@ -65,16 +65,45 @@ def test_every_schema_validates():
         before['dualpath_grammar_masks_total{source="computed"}']
     cached = after['dualpath_grammar_masks_total{source="cached"}'] - \
         before['dualpath_grammar_masks_total{source="cached"}']
+    skipped = after['dualpath_grammar_masks_total{source="skipped"}'] - \
+        before['dualpath_grammar_masks_total{source="skipped"}']
     secs = after["dualpath_grammar_seconds_total"] - before["dualpath_grammar_seconds_total"]
     print(f"structured output: {valid} of {len(SCHEMAS)} schemas valid, {stopped} ended by the "
           f"grammar (the rest cut at max_tokens in a string the model did not close); "
-          f"{int(computed + cached)} constrained tokens, {int(computed)} masks computed, "
-          f"{secs * 1e3 / max(1, computed + cached):.3f} ms of masking per token")
+          f"{int(computed + cached + skipped)} constrained tokens, {int(skipped)} sampled without "
+          f"a mask, {int(computed)} masks computed, "
+          f"{secs * 1e3 / max(1, computed + cached + skipped):.3f} ms of masking per token")
     # Every answer the grammar ended is valid JSON of its schema. One cut at
     # max_tokens cannot be whole JSON; a small model at temperature 0.7 runs
     # on in a free string now and then, so those are counted, not failed.
     assert all(ok for ok, fr in res if fr == "stop")
     assert stopped >= 0.85 * len(SCHEMAS), [fr for _, fr in res]
+
+
+def test_sampled_tokens_skip_the_mask():
+    """At temperature 1 without truncation a token drawn from the unmasked
+    row that the grammar allows is taken as it is (drawn with the masked
+    row's probabilities); only rejected draws compute a mask. Every token is
+    one of the three, and the answer is the schema's JSON."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}
+    before = metrics()
+    st, d = chat({"messages": [{"role": "user", "content": "Give an example of a person as JSON."}],
+                  "response_format": {"type": "json_schema",
+                                      "json_schema": {"name": "p", "schema": schema}},
+                  "temperature": 1.0, "seed": 5, "max_tokens": 200})
+    after = metrics()
+    assert st == 200, d
+    c = d["choices"][0]
+    assert c["finish_reason"] == "stop", c
+    jsonschema.validate(json.loads(c["message"]["content"]), schema)
+    n = {k: after[f'dualpath_grammar_masks_total{{source="{k}"}}'] -
+         before[f'dualpath_grammar_masks_total{{source="{k}"}}'] for k in ("computed", "cached", "skipped")}
+    assert n["skipped"] > 0, n
+    # Each token took the sampled draw or a mask (a rejected draw's mask,
+    # computed or cached); nothing else ran in between.
+    assert n["skipped"] + n["computed"] + n["cached"] == d["usage"]["completion_tokens"], (n, d["usage"])
 
 
 def test_json_object_and_streaming():

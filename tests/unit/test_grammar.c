@@ -235,6 +235,10 @@ static void walk_grammar(const dp_tokenizer *tok, const dp_gvocab *v, const char
                     continue;
                 dp_gstate *c = gstate_new(g);
                 CHECK(gstate_advance(c, text, len) == 0);
+                /* gstate_allows (the engine's check of a token sampled
+                 * from the unmasked row) agrees with the mask too. */
+                CHECK_MSG(gstate_allows(s, piece, (size_t)pn) == (row[t] == 0.0f),
+                          "%s: token %d: gstate_allows disagrees with the mask", what, t);
                 bool ok = gstate_advance(c, piece, (size_t)pn) == 0;
                 CHECK_MSG(ok == (row[t] == 0.0f), "%s: token %d '%.*s' after '%.*s': mask %d, "
                           "advance %d", what, t, pn, piece, (int)len, text, row[t] == 0.0f, ok);

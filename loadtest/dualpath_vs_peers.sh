@@ -84,7 +84,9 @@ poll_peak() { # url file: "max mean" of the gauge so far, until killed
         if [ -n "$v" ]; then
             [ "$v" -gt "$peak" ] && peak=$v
             sum=$(( sum + v )); n=$(( n + 1 ))
-            echo "$peak $(( sum * 10 / n ))" > "$2"
+            # Written aside and renamed: the poller is killed at any moment,
+            # and a truncated file lost the cell's row.
+            echo "$peak $(( sum * 10 / n ))" > "$2.tmp" && mv -f "$2.tmp" "$2"
         fi
         sleep 0.2
     done

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "common/dp.h"
+#include "jv_json.h"
 #include "kvcache/compress.h"
 #include "schema.h"
 
@@ -803,38 +804,6 @@ static int add_tools_system(const dp_chat_template *tmpl, const dp_oai_req *r, d
     return 0;
 }
 
-/* JSON as the values a chat template reads (model/jinja.h). */
-/* *left bounds the values: dicts are searched linearly, so 60000 keys in
- * one object (768 KB) took minutes to convert. */
-static jv *json_to_jv(const cJSON *j, int depth, long *left)
-{
-    if (depth > 64 || --*left < 0)
-        return NULL;
-    if (cJSON_IsNull(j))
-        return jv_none();
-    if (cJSON_IsBool(j))
-        return jv_bool(cJSON_IsTrue(j));
-    if (cJSON_IsString(j))
-        return jv_str(j->valuestring);
-    if (cJSON_IsNumber(j)) {
-        /* cJSON keeps no int/float distinction: a whole number is an int. */
-        double d = j->valuedouble;
-        if (d > -9e15 && d < 9e15 && d == (double)(int64_t)d) /* range first: the cast of 1e20 is UB */
-            return jv_int((int64_t)d);
-        return jv_float(d);
-    }
-    jv *o = cJSON_IsArray(j) ? jv_list() : cJSON_IsObject(j) ? jv_dict() : NULL;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, j) {
-        jv *v = json_to_jv(it, depth + 1, left);
-        if (cJSON_IsArray(j) ? jv_list_push(o, v) : jv_dict_set(o, it->string, v)) {
-            jv_unref(o);
-            return NULL;
-        }
-    }
-    return o;
-}
-
 /* chat_template (compiled for this request) and chat_template_kwargs. */
 static int request_template(const dp_oai_ctx *c, const cJSON *root, dp_chat_template *own,
                             const dp_chat_template **tmpl, jv **kwargs, dp_api_err *e)
@@ -846,8 +815,10 @@ static int request_template(const dp_oai_ctx *c, const cJSON *root, dp_chat_temp
         if (!cJSON_IsObject(kw))
             return api_err_invalid(e, "chat_template_kwargs", "'chat_template_kwargs' must be an "
                                    "object");
+        /* Values are bounded: dicts are searched linearly, so 60000 keys in
+         * one object (768 KB) took minutes to convert. */
         long left = 4096;
-        if (!(*kwargs = json_to_jv(kw, 0, &left)))
+        if (!(*kwargs = jv_from_json(kw, 64, &left)))
             return api_err_invalid(e, "chat_template_kwargs", "'chat_template_kwargs' is nested "
                                    "deeper than 64 levels or has more than 4096 values");
     }

@@ -1,12 +1,14 @@
 /* dp_template.c: renders a chat template file with messages from JSON, as the
  * daemon does; the bridge the golden test (tests/model/test_templates.py) uses. */
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
+#include "api/jv_json.h"
 #include "common/dp.h"
 #include "model/chat_template.h"
 
@@ -56,33 +58,6 @@ static cJSON *json_arg(const char *s)
     cJSON *j = cJSON_Parse(t);
     free(t);
     return j;
-}
-
-static jv *to_jv(const cJSON *j, int depth)
-{
-    if (depth > 64) return NULL;
-    if (cJSON_IsNull(j)) return jv_none();
-    if (cJSON_IsBool(j)) return jv_bool(cJSON_IsTrue(j));
-    if (cJSON_IsString(j)) return jv_str(j->valuestring);
-    if (cJSON_IsNumber(j)) {
-        double d = j->valuedouble;
-        /* cJSON keeps no int/float distinction: a whole number is an int
-         * (Python's json makes 1.0 a float; messages rarely hold one). */
-        if (d == (double)(int64_t)d && d > -9e15 && d < 9e15) return jv_int((int64_t)d);
-        return jv_float(d);
-    }
-    jv *o = cJSON_IsArray(j) ? jv_list() : cJSON_IsObject(j) ? jv_dict() : NULL;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, j)
-    {
-        jv *v = to_jv(it, depth + 1);
-        int rc = cJSON_IsArray(j) ? jv_list_push(o, v) : jv_dict_set(o, it->string, v);
-        if (rc) {
-            jv_unref(o);
-            return NULL;
-        }
-    }
-    return o;
 }
 
 int main(int argc, char **argv)
@@ -144,7 +119,11 @@ int main(int argc, char **argv)
     ct.now = (time_t)now;
     int status = 1;
     cJSON *jm = json_arg(mjson), *jk = kwargs ? json_arg(kwargs) : NULL, *jt = tools ? json_arg(tools) : NULL;
-    jv *m = jm ? to_jv(jm, 0) : NULL, *k = jk ? to_jv(jk, 0) : NULL, *t = jt ? to_jv(jt, 0) : NULL;
+    /* The daemon's conversion (api/jv_json.c), at its depth and without its
+     * bound on the number of values: these files are the test's own. */
+    long left = LONG_MAX;
+    jv *m = jm ? jv_from_json(jm, 64, &left) : NULL, *k = jk ? jv_from_json(jk, 64, &left) : NULL,
+       *t = jt ? jv_from_json(jt, 64, &left) : NULL;
     if (!m || (kwargs && !k) || (tools && !t)) {
         fprintf(stderr, "dp-template: bad JSON in the messages, --kwargs or --tools\n");
         goto out;

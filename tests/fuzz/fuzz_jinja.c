@@ -3,42 +3,20 @@
  * "\n@@ctx\n" and a JSON object for the context (else a fixed conversation).
  * Parse and render under tight limits must never crash, leak or overrun;
  * an error must name itself in one non-empty message. */
+#include <limits.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <cjson/cJSON.h>
 
+#include "api/jv_json.h"
 #include "common/dp.h"
 #include "model/jinja.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char sep[] = "\n@@ctx\n";
-
-/* JSON -> values, as api/openai.c's json_to_jv (depth-bounded). */
-static jv *from_json(const cJSON *j, int depth)
-{
-    if (depth > 16) return NULL;
-    if (cJSON_IsNull(j)) return jv_none();
-    if (cJSON_IsBool(j)) return jv_bool(cJSON_IsTrue(j));
-    if (cJSON_IsString(j)) return jv_str(j->valuestring);
-    if (cJSON_IsNumber(j)) {
-        double d = j->valuedouble;
-        if (d > -9e15 && d < 9e15 && d == (double)(int64_t)d) /* range first: the cast of 1e20 is UB */ return jv_int((int64_t)d);
-        return jv_float(d);
-    }
-    jv *o = cJSON_IsArray(j) ? jv_list() : cJSON_IsObject(j) ? jv_dict() : NULL;
-    const cJSON *it;
-    cJSON_ArrayForEach(it, j) {
-        jv *v = from_json(it, depth + 1);
-        if (cJSON_IsArray(j) ? jv_list_push(o, v) : jv_dict_set(o, it->string, v)) {
-            jv_unref(o);
-            return NULL;
-        }
-    }
-    return o;
-}
 
 static jv *msg(const char *role, const char *content)
 {
@@ -72,7 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         tlen = (size_t)(at - src);
         size_t off = tlen + sizeof sep - 1;
         cJSON *j = cJSON_ParseWithLength(src + off, size - off);
-        if (cJSON_IsObject(j)) ctx = from_json(j, 0);
+        long left = LONG_MAX;
+        if (cJSON_IsObject(j)) ctx = jv_from_json(j, 16, &left);
         cJSON_Delete(j);
     }
     if (!ctx) ctx = fixed_ctx();

@@ -148,6 +148,20 @@ def metrics(base=None):
     return out
 
 
+def chat(body):
+    """POST /v1/chat/completions on the shared daemon: (status, decoded body)."""
+    st, _, raw = request("POST", "/v1/chat/completions", body)
+    return st, json.loads(raw)
+
+
+def complete_greedy(prompt, n):
+    """A greedy completion of n tokens of prompt (must succeed), decoded."""
+    st, _, raw = request("POST", "/v1/completions",
+                         {"prompt": prompt, "max_tokens": n, "temperature": 0})
+    assert st == 200, raw
+    return json.loads(raw)
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "heavy: many or long requests; run against the release daemon only "

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from conftest import request
+from conftest import chat, complete_greedy, request
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -22,18 +22,6 @@ def chatml(msgs, end):
     if end == "generate":
         text += "<|im_start|>assistant\n"
     return text
-
-
-def chat(body):
-    st, _, raw = request("POST", "/v1/chat/completions", body)
-    return st, json.loads(raw)
-
-
-def complete(prompt, n):
-    st, _, raw = request("POST", "/v1/completions",
-                         {"prompt": prompt, "max_tokens": n, "temperature": 0})
-    assert st == 200, raw
-    return json.loads(raw)
 
 
 MSGS = [("user", "What is the capital of France?"), ("assistant", "The capital of France is")]
@@ -50,7 +38,7 @@ def test_prompt_endings(extra, end):
             "temperature": 0, **extra}
     st, d = chat(body)
     assert st == 200, d
-    want = complete(chatml(MSGS, end), 8)
+    want = complete_greedy(chatml(MSGS, end), 8)
     assert d["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"], (end, d["usage"])
     assert d["choices"][0]["message"]["content"] == want["choices"][0]["text"]
 
@@ -71,7 +59,7 @@ def test_user_last_without_generation_prompt():
     st, d = chat({"messages": [{"role": r, "content": c} for r, c in msgs],
                   "add_generation_prompt": False, "max_tokens": 4, "temperature": 0})
     assert st == 200, d
-    want = complete(chatml(msgs, "none"), 4)
+    want = complete_greedy(chatml(msgs, "none"), 4)
     assert d["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"]
 
 

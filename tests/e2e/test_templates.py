@@ -4,9 +4,7 @@ vLLM takes them). Each rendering is checked against a completion of the text
 the template gives (greedy: the same tokens, the same prompt length); a
 construct the engine lacks, a template's raise_exception and a malformed
 field are 400s naming the problem, and the daemon keeps serving."""
-import json
-
-from conftest import request
+from conftest import chat, complete_greedy
 
 PLAIN = ("{% for m in messages %}{{ m.role | upper }}: {{ m.content | trim }}\n{% endfor %}"
          "{% if add_generation_prompt %}ASSISTANT:{% endif %}")
@@ -16,22 +14,10 @@ KWARGS = ("{% if persona is defined %}[{{ persona }}]{% endif %}"
           "{% endif %}")
 
 
-def chat(body):
-    st, _, raw = request("POST", "/v1/chat/completions", body)
-    return st, json.loads(raw)
-
-
-def complete(prompt, n):
-    st, _, raw = request("POST", "/v1/completions",
-                         {"prompt": prompt, "max_tokens": n, "temperature": 0})
-    assert st == 200, raw
-    return json.loads(raw)
-
-
 def same_as_completion(body, text, n=8):
     st, got = chat({**body, "max_tokens": n, "temperature": 0})
     assert st == 200, got
-    want = complete(text, n)
+    want = complete_greedy(text, n)
     assert got["usage"]["prompt_tokens"] == want["usage"]["prompt_tokens"]
     assert got["choices"][0]["message"]["content"] == want["choices"][0]["text"]
 

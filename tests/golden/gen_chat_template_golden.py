@@ -16,6 +16,8 @@ import sys
 import jinja2
 from gguf import GGUFReader
 
+from gen_jinja_golden import c_lit
+
 LLAMA3 = ("{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = "
           "'<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + "
           "'<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}"
@@ -42,24 +44,6 @@ CONVS = {
     "C": ([("user", "a"), ("assistant", " b \t")], False),
     "D": ([("system", " S "), ("user", " u1 "), ("assistant", "a1"), ("user", "u2\u3000")], False),
 }
-
-
-def c_lit(s):
-    out = '"'
-    for ch in s:
-        if ch == "\n":
-            out += "\\n"
-        elif ch == "\t":
-            out += "\\t"
-        elif ch == '"':
-            out += '\\"'
-        elif ch == "\\":
-            out += "\\\\"
-        elif ord(ch) >= 0x80:
-            out += "".join("\\x%02X" % b for b in ch.encode()) + '" "'
-        else:
-            out += ch
-    return out + '"'
 
 
 def main():

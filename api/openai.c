@@ -1464,10 +1464,21 @@ static void completion_entry(cJSON *lp, const dp_tokenizer *tok, const char *s, 
         *text_offset += (size_t)nraw;
 }
 
+bool oai_logprobs_takes(dp_oai_kind kind, const dp_tokenizer *tok, int32_t token)
+{
+    /* A completion's logprobs have an entry for every generated token, the
+     * end-of-generation token included (its text is empty, so the tokens
+     * still spell the text), as vLLM's do: lm-evaluation-harness scores
+     * echo + max_tokens 1 as token_logprobs[ctxlen:-1], which drops the
+     * generated token and would drop a real one without it. A chat's
+     * content list ends with the content. */
+    return kind != DP_OAI_CHAT || !tokenizer_is_eog(tok, token);
+}
+
 void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
                       size_t *text_offset)
 {
-    if (!lp || tokenizer_is_eog(tok, ev->token))
+    if (!lp || !oai_logprobs_takes(kind, tok, ev->token))
         return;
     char raw[256], s[1100];
     int nraw;

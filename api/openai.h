@@ -111,7 +111,11 @@ int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n);
 void oai_choice_free(dp_oai_choice *ch);
 /* An empty logprobs container of the kind's shape. */
 cJSON *oai_logprobs_new(dp_oai_kind kind);
-/* Adds one TOKEN event's entry (nothing for end-of-generation tokens). */
+/* Whether a generated token has a logprobs entry: every one in a
+ * completion (the end-of-generation token too, with empty text, as vLLM
+ * gives it), all but end-of-generation in a chat. */
+bool oai_logprobs_takes(dp_oai_kind kind, const dp_tokenizer *tok, int32_t token);
+/* Adds one TOKEN event's entry where oai_logprobs_takes says so. */
 void oai_logprobs_add(cJSON *lp, dp_oai_kind kind, const dp_tokenizer *tok, const dp_event *ev,
                       size_t *text_offset);
 /* Completions with echo and logprobs: one prompt token's entry (ev NULL for

@@ -1,6 +1,6 @@
 /* routes.c: URL + method dispatch (404 for unknown paths, 405 with Allow for
  * a known path and the wrong method) and the small endpoints: /health,
- * /v1/models, /metrics, /tokenize, /detokenize. */
+ * /v1/models, /metrics, /tokenize, /detokenize, /tokenizer_info. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,11 +151,17 @@ static enum MHD_Result on_tokenize(dp_server *s, dp_hreq *h)
         c = cJSON_GetObjectItemCaseSensitive(root, "prompt");
         pname = "prompt";
     }
-    cJSON *as = cJSON_GetObjectItemCaseSensitive(root, "add_special");
+    /* llama.cpp names the flag add_special, vLLM add_special_tokens. */
+    const char *aname = "add_special";
+    cJSON *as = cJSON_GetObjectItemCaseSensitive(root, aname);
+    if (!as) {
+        aname = "add_special_tokens";
+        as = cJSON_GetObjectItemCaseSensitive(root, aname);
+    }
     if (!c || !cJSON_IsString(c) || (as && !cJSON_IsBool(as))) {
         cJSON_Delete(root);
-        api_err_invalid(&e, c ? (as && !cJSON_IsBool(as) ? "add_special" : pname) : "content",
-                        "'content' (or 'prompt') must be a string and 'add_special' a boolean");
+        api_err_invalid(&e, c ? (as && !cJSON_IsBool(as) ? aname : pname) : "content",
+                        "'content' (or 'prompt') must be a string and '%s' a boolean", aname);
         return http_send_error(h, &e);
     }
     bool add_bos = as ? cJSON_IsTrue(as) : tokenizer_add_bos(s->tok);
@@ -221,12 +227,46 @@ static enum MHD_Result on_detokenize(dp_server *s, dp_hreq *h)
     return send_json(h, 200, o);
 }
 
+/* A special token's text, or JSON null where the vocabulary has none. */
+static void add_token_text(cJSON *o, const char *name, const dp_tokenizer *tok, int32_t id)
+{
+    char buf[256];
+    int n = id >= 0 ? tokenizer_token_bytes(tok, id, true, buf, sizeof buf - 1) : -1;
+    if (n < 0 || (size_t)n >= sizeof buf || !oai_utf8_valid(buf, (size_t)n)) {
+        cJSON_AddNullToObject(o, name);
+        return;
+    }
+    buf[n] = '\0';
+    cJSON_AddStringToObject(o, name, buf);
+}
+
+/* /tokenizer_info: what vLLM answers there (the tokenizer's configuration,
+ * with the chat template in use), so that clients which tokenize through the
+ * server (lm-evaluation-harness's tokenizer_backend=remote) need no copy of
+ * the model's tokenizer. The daemon's tokenizer has no pad token. */
+static enum MHD_Result on_tokenizer_info(dp_server *s, dp_hreq *h)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "tokenizer_class",
+                            tokenizer_kind(s->tok) == DP_TOK_SPM ? "gguf-llama" : "gguf-gpt2");
+    add_token_text(o, "bos_token", s->tok, tokenizer_bos(s->tok));
+    add_token_text(o, "eos_token", s->tok, tokenizer_eos(s->tok));
+    cJSON_AddNullToObject(o, "pad_token");
+    cJSON_AddBoolToObject(o, "add_bos_token", tokenizer_add_bos(s->tok));
+    cJSON_AddNumberToObject(o, "vocab_size", tokenizer_n_vocab(s->tok));
+    cJSON_AddNumberToObject(o, "model_max_length", s->oai.context_length);
+    if (s->tmpl && s->tmpl->src)
+        cJSON_AddStringToObject(o, "chat_template", s->tmpl->src);
+    return send_json(h, 200, o);
+}
+
 typedef enum route_kind { R_NONE, R_GET, R_POST } route_kind;
 
 static route_kind route_of(const char *u)
 {
     if (!strcmp(u, "/health") || !strcmp(u, "/v1/models") || !strcmp(u, "/metrics") ||
-        !strcmp(u, "/version") || !strncmp(u, "/v1/models/", 11) || !strcmp(u, "/"))
+        !strcmp(u, "/version") || !strcmp(u, "/tokenizer_info") ||
+        !strncmp(u, "/v1/models/", 11) || !strcmp(u, "/"))
         return R_GET;
     if (!strcmp(u, "/v1/completions") || !strcmp(u, "/v1/chat/completions") ||
         !strcmp(u, "/tokenize") || !strcmp(u, "/detokenize"))
@@ -322,6 +362,8 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
             return on_models(s, h);
         if (!strcmp(u, "/version"))
             return on_version(s, h);
+        if (!strcmp(u, "/tokenizer_info"))
+            return on_tokenizer_info(s, h);
         if (!strcmp(u, "/"))
             return on_page(s, h);
         return on_model(s, h, u + 11);

@@ -508,7 +508,8 @@ static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
 {
     dp_oai_kind kind = j->req.kind;
     cJSON *lp = NULL;
-    if (j->req.params.logprobs >= 0 && !tokenizer_is_eog(s->tok, ev->token) && !ev->past_end) {
+    if (j->req.params.logprobs >= 0 && oai_logprobs_takes(kind, s->tok, ev->token) &&
+        !ev->past_end) {
         lp = oai_logprobs_new(kind);
         oai_logprobs_add(lp, kind, s->tok, ev, &j->choices[k].text_offset);
     }

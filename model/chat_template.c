@@ -107,7 +107,12 @@ int chat_template_init(dp_chat_template *ct, const char *src, size_t len, const 
     else ct->format = DP_CHAT_OTHER;
     ct->bos_text = strdup(bos ? bos : "");
     ct->eos_text = strdup(eos ? eos : "");
-    if (!ct->bos_text || !ct->eos_text) {
+    ct->src = malloc(len + 1);
+    if (ct->src) {
+        memcpy(ct->src, src, len);
+        ct->src[len] = '\0';
+    }
+    if (!ct->bos_text || !ct->eos_text || !ct->src) {
         chat_template_destroy(ct);
         return dp_err(err, errsz, DP_ENOMEM, "chat template: out of memory");
     }
@@ -154,8 +159,9 @@ void chat_template_destroy(dp_chat_template *ct)
     free(ct->default_system);
     free(ct->bos_text);
     free(ct->eos_text);
+    free(ct->src);
     jinja_free(ct->tmpl);
-    ct->default_system = ct->bos_text = ct->eos_text = NULL;
+    ct->default_system = ct->bos_text = ct->eos_text = ct->src = NULL;
     ct->tmpl = NULL;
 }
 

@@ -33,6 +33,7 @@ typedef struct dp_chat_template {
     char *default_system;
     char *bos_text;  /* the tokenizer's BOS and EOS texts (bos_token, eos_token); "" if none */
     char *eos_text;
+    char *src;       /* the template's text (what /tokenizer_info shows), NUL-terminated */
     jinja_tmpl *tmpl;
     time_t now;      /* strftime_now's time; 0: the clock */
     bool keep_bos;   /* leave a leading bos_text in the rendering: the tokenizer adds no BOS */

@@ -222,3 +222,75 @@ def test_chat_prompt_logprobs():
     plp = d["prompt_logprobs"]
     assert plp[0] is None and len(plp) == d["usage"]["prompt_tokens"]
     assert all(math.isfinite(next(iter(e.values()))["logprob"]) for e in plp[1:])
+
+
+def test_remote_tokenizer_endpoints():
+    # vLLM's tokenizer endpoints, as lm-evaluation-harness's
+    # tokenizer_backend=remote calls them: /tokenizer_info, then /tokenize
+    # {"prompt", "add_special_tokens": false} and /detokenize {"tokens"} ->
+    # {"prompt"}; its eos_token_id is the first id of encode(eos_token).
+    import gguf
+    st, _, raw = request("GET", "/tokenizer_info")
+    assert st == 200
+    info = json.loads(raw)
+    r = gguf.GGUFReader(MODEL)
+    vocab = ref_llama_vocab()
+    eos_id = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
+    assert info["eos_token"] == vocab.tokens[eos_id]
+    assert info["pad_token"] is None and isinstance(info["add_bos_token"], bool)
+    assert info["vocab_size"] == len(vocab.tokens) and info["model_max_length"] > 0
+    assert info["chat_template"] == r.fields["tokenizer.chat_template"].contents()
+
+    def post(path, body):
+        st, _, raw = request("POST", path, body)
+        assert st == 200, raw
+        return json.loads(raw)
+
+    assert post("/tokenize", {"prompt": info["eos_token"], "add_special_tokens": False})[
+        "tokens"] == [eos_id]
+    ids = post("/tokenize", {"prompt": TEXT, "add_special_tokens": False})["tokens"]
+    assert ids == vocab.encode(TEXT)
+    assert post("/detokenize", {"tokens": ids})["prompt"] == TEXT
+    st, _, raw = request("POST", "/tokenize", {"prompt": TEXT, "add_special_tokens": 1})
+    assert st == 400 and json.loads(raw)["error"]["param"] == "add_special_tokens"
+    st, _, _ = request("POST", "/tokenizer_info", {})
+    assert st == 405
+
+
+def ref_llama_vocab():
+    import ref_llama
+    return ref_llama.Vocab(MODEL)
+
+
+def test_generated_end_token_has_its_logprob():
+    # lm-evaluation-harness sums token_logprobs[ctxlen:-1] of echo +
+    # max_tokens 1, taking the last entry for the generated token: when that
+    # token ends the generation (EOS), it must still have its entry, with
+    # empty text, or the sum loses the continuation's last token.
+    st, _, raw = request("GET", "/tokenizer_info")
+    eos = json.loads(raw)["eos_token"]
+    st, _, raw = request("POST", "/tokenize", {"prompt": eos, "add_special_tokens": False})
+    eos_id = json.loads(raw)["tokens"][0]
+    text = "The capital of France is Paris"
+    for stream in (False, True):
+        body = {"prompt": text, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0,
+                "logit_bias": {str(eos_id): 100}, "stream": stream}
+        st, _, raw = request("POST", "/v1/completions", body)
+        assert st == 200, raw
+        if stream:
+            events = [json.loads(l[6:]) for l in raw.decode().split("\n")
+                      if l.startswith("data: {")]
+            lps = [e["choices"][0]["logprobs"] for e in events if e["choices"][0].get("logprobs")]
+            toks = sum((x["tokens"] for x in lps), [])
+            lp = sum((x["token_logprobs"] for x in lps), [])
+            fin = events[-1]["choices"][0]["finish_reason"]
+            out = "".join(e["choices"][0]["text"] for e in events)
+        else:
+            c = json.loads(raw)["choices"][0]
+            toks, lp, fin, out = (c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"],
+                                  c["finish_reason"], c["text"])
+        assert fin == "stop" and out == text, (fin, out)
+        n_prompt = len(tokenize(text)["choices"][0]["logprobs"]["tokens"])
+        # (its logprob is the model's, before logit_bias, as vLLM reports it)
+        assert len(lp) == n_prompt + 1 and toks[-1] == "" and isinstance(lp[-1], float)
+        assert "".join(toks) == text

@@ -4,6 +4,7 @@
  * physical limit is visible; and the migration copy of a prompt into the
  * decode path. Not a test: timings vary run to run. */
 #include <cblas.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -97,6 +98,45 @@ static double measure_gemm(int threads)
  * q8_0 decode view (the CPU's default) and into an f16 one, timed against
  * the bytes it reads and writes at the machine's read bandwidth (CPU only). */
 #define MIG_TOKENS 1024
+/* SnapKV's scoring at a migration (kv_score_attn): the last DP_SNAPKV_WINDOW
+ * prompt positions' queries (every head, every layer) against the whole
+ * n-token prompt in the f16 arena. Reported as ms per prompt, and as the
+ * rate of its multiply-adds (queries x keys x head_dim, summed over heads
+ * and layers; the causal triangle of the window counted whole). */
+static void bench_snapkv(dp_backend *be, const dp_hparams *hp, const dp_kv_store *arena,
+                         const int32_t *table, int32_t n)
+{
+    const int32_t nq = 32, nh = hp->n_heads, hd = hp->head_dim;
+    const int64_t qls = (int64_t)nq * nh * hd;
+    float *q = malloc((size_t)qls * (size_t)hp->n_layers * sizeof *q);
+    float *out = malloc((size_t)hp->n_layers * (size_t)hp->n_kv_heads * (size_t)n * sizeof *out);
+    int32_t slot[32];
+    if (!q || !out) {
+        free(q);
+        free(out);
+        return;
+    }
+    uint32_t x = 777;
+    for (int64_t i = 0; i < qls * hp->n_layers; i++) {
+        x = x * 1664525u + 1013904223u;
+        q[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 2.0f;
+    }
+    for (int32_t i = 0; i < nq; i++)
+        slot[i] = n - nq + i;
+    double best = 1e9;
+    for (int it = 0; it < 10; it++) {
+        double t0 = dp_now();
+        be->ops->kv_score_attn(be, arena, table, n, q, qls, slot, nq, nh, 1.0f / sqrtf((float)hd), out);
+        double t = dp_now() - t0;
+        best = t < best ? t : best;
+    }
+    const double fma = (double)nq * n * hd * nh * hp->n_layers;
+    printf("%-22s %12.1f %14s %10s  %s (%.2f ms per %d-token prompt, %d queries, %.1f GFMA/s)\n",
+           "snapkv score", 1.0 / best, "-", "-", "compute", best * 1e3, n, nq, fma / best / 1e9);
+    free(q);
+    free(out);
+}
+
 static void bench_migration(dp_backend *be, const dp_llama *m, double bw)
 {
     /* The CPU's kv_compact returns when the copy is done; a device's may not. */
@@ -160,6 +200,7 @@ static void bench_migration(dp_backend *be, const dp_llama *m, double bw)
                1.0 / best, limit, 100 * (1.0 / best) / limit, "memory", best * 1e3, MIG_TOKENS);
         be->ops->kv_destroy(be, view);
     }
+    bench_snapkv(be, hp, arena, src, n_src * bt);
 out:
     if (arena)
         be->ops->kv_destroy(be, arena);

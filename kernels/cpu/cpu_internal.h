@@ -102,11 +102,12 @@ typedef struct cpu_kern {
     void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                    int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
                    float scale);
-    /* Scaled scores of q against slots [0, n) of one head, into sc. */
+    /* Scaled scores of nq queries against slots [0, n) of one head, query
+     * j's into sc[j] (each independent of the others). */
     void (*head_scores)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
-                        int32_t n, const float *q, float scale, float *sc);
-    /* sc[i] = exp(sc[i] - mx) for i < n; returns their sum. */
-    double (*exp_sum)(float *sc, int32_t n, float mx);
+                        int32_t n, const float *const *qs, int32_t nq, float scale, float *const *sc);
+    /* o[i] += softmax(sc[0, n))[i]; sc is overwritten. */
+    void (*softmax_add)(float *sc, int32_t n, float *o);
     /* The migration copy: rows [0, n) of one head of one block as f32 rows
      * ([n][head_dim], K into kr and V into vr), and one f32 row into a
      * quantized store's row (bit-identical to quant_quantize_row). */

@@ -813,23 +813,70 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
     }
 }
 
+/* Scaled scores of nq queries against slots [0, n) of one head: row j into
+ * sc[j], each the sums chunk_scores makes, in its order (so one query's
+ * scores do not depend on the others). A chunk of keys is loaded once for
+ * all of them and, from an f32 / f16 store, read HS_TILE queries at a time:
+ * each widened pair of K columns feeds 2 x HS_TILE multiply-adds where one
+ * query at a time paid a widening and a load per multiply-add. */
+#if VW == 16
+#define HS_TILE 8 /* 32 vector registers: 16 sums, 2 K columns */
+#else
+#define HS_TILE 4 /* 16 registers: 8 sums, 2 K columns */
+#endif
 static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
-                          int32_t n, const float *q, float scale, float *sc)
+                          int32_t n, const float *const *qs, int32_t nq, float scale, float *const *sc)
 {
     const dp_kv_layout *l = &kv->l;
     const int32_t hd = l->head_dim, bt = l->block_tokens;
+    const vf vs = vf_set1(scale);
     kv_chunk ch;
     for (int32_t base = 0; base < n; base += bt) {
         const int32_t blk = table[base / bt];
         const int32_t nb = n - base < bt ? n - base : bt;
         for (int32_t c0 = 0; c0 < nb; c0 += VW) {
             const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
+            const size_t at = (size_t)base + (size_t)c0;
             chunk_load(&ch, kv, layer, blk, kvh, c0, nl);
-            vf s = chunk_scores(&ch, hd, nl, q, scale);
-            if (nl == VW)
-                vf_store(sc + base + c0, s);
-            else
-                vf_storen(sc + base + c0, s, nl);
+            int32_t j0 = 0;
+            if (!ch.rows)
+                for (; j0 + HS_TILE <= nq; j0 += HS_TILE) {
+                    const float *q[HS_TILE];
+                    vf a0[HS_TILE], a1[HS_TILE];
+                    for (int t = 0; t < HS_TILE; t++) {
+                        q[t] = qs[j0 + t];
+                        a0[t] = vf_zero();
+                        a1[t] = vf_zero();
+                    }
+                    int32_t d = 0;
+                    for (; d + 2 <= hd; d += 2) {
+                        const vf k0 = kv_loadv(ch.k, ch.es, (size_t)d * ch.kd, nl);
+                        const vf k1 = kv_loadv(ch.k, ch.es, (size_t)(d + 1) * ch.kd, nl);
+                        for (int t = 0; t < HS_TILE; t++) {
+                            a0[t] = vf_fma(vf_set1(q[t][d]), k0, a0[t]);
+                            a1[t] = vf_fma(vf_set1(q[t][d + 1]), k1, a1[t]);
+                        }
+                    }
+                    for (; d < hd; d++) {
+                        const vf k0 = kv_loadv(ch.k, ch.es, (size_t)d * ch.kd, nl);
+                        for (int t = 0; t < HS_TILE; t++)
+                            a0[t] = vf_fma(vf_set1(q[t][d]), k0, a0[t]);
+                    }
+                    for (int t = 0; t < HS_TILE; t++) {
+                        const vf s = vf_mul(vf_add(a0[t], a1[t]), vs);
+                        if (nl == VW)
+                            vf_store(sc[j0 + t] + at, s);
+                        else
+                            vf_storen(sc[j0 + t] + at, s, nl);
+                    }
+                }
+            for (int32_t j = j0; j < nq; j++) {
+                const vf s = chunk_scores(&ch, hd, nl, qs[j], scale);
+                if (nl == VW)
+                    vf_store(sc[j] + at, s);
+                else
+                    vf_storen(sc[j] + at, s, nl);
+            }
         }
     }
 }
@@ -942,6 +989,25 @@ static double k_exp_sum(float *sc, int32_t n, float mx)
     return sum;
 }
 
+/* o[i] += softmax(sc[0, n))[i], sc overwritten with its exponentials: one
+ * query head's attention row added to a score row, at the level's width. */
+static void k_softmax_add(float *sc, int32_t n, float *o)
+{
+    int32_t i = 0;
+    vf vm = vf_set1(-INFINITY);
+    for (; i + VW <= n; i += VW)
+        vm = vf_max(vf_load(sc + i), vm); /* a NaN score is passed over, as below */
+    float mx = vf_hmax(vm);
+    for (; i < n; i++)
+        mx = sc[i] > mx ? sc[i] : mx;
+    const float inv = (float)(1.0 / k_exp_sum(sc, n, mx));
+    const vf vi = vf_set1(inv);
+    for (i = 0; i + VW <= n; i += VW)
+        vf_store(o + i, vf_add(vf_load(o + i), vf_mul(vf_load(sc + i), vi)));
+    for (; i < n; i++)
+        o[i] += sc[i] * inv;
+}
+
 const cpu_kern KERN_TABLE = {
     .name = KERN_STR(CPU_KERN_NAME),
     .dot = k_dot,
@@ -953,7 +1019,7 @@ const cpu_kern KERN_TABLE = {
     .decode_rows = k_decode_rows,
     .attend = k_attend,
     .head_scores = k_head_scores,
-    .exp_sum = k_exp_sum,
+    .softmax_add = k_softmax_add,
     .kv_rows = k_kv_rows,
     .kv_quant_row = k_kv_quant_row,
     .topk_row = topk_row_impl,

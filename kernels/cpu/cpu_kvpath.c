@@ -70,8 +70,15 @@ typedef struct sattn_job {
     float *out;
 } sattn_job;
 
+/* Query heads scored together: the kernel reads each chunk of keys once for
+ * all of them (cpu_kern.c's head_scores). */
+#define SATTN_GROUP 8
+
 /* One task per (layer, KV head): sums the softmax rows of every captured
- * query of every head in the group into that head's score row. */
+ * query of every head in the group into that head's score row. The
+ * (query, head) pairs go to the kernel SATTN_GROUP at a time, scored up to
+ * the furthest of their causal limits; each row is then normalized over
+ * its own limit only, so the sums are those of one pair at a time. */
 static void sattn_task(void *ctx, int64_t t, int thread)
 {
     sattn_job *j = ctx;
@@ -79,22 +86,25 @@ static void sattn_task(void *ctx, int64_t t, int thread)
     const int32_t layer = (int32_t)(t / l->n_kv_heads), kvh = (int32_t)(t % l->n_kv_heads);
     const int32_t group = j->n_heads / l->n_kv_heads, hd = l->head_dim;
     float *o = j->out + (size_t)t * (size_t)j->n_slots;
-    float *sc = j->c->sscratch[thread];
+    float *scratch = j->c->sscratch[thread];
     memset(o, 0, (size_t)j->n_slots * sizeof *o);
-    for (int32_t i = 0; i < j->n_q; i++) {
-        int32_t n = j->q_slot[i] + 1 < j->n_slots ? j->q_slot[i] + 1 : j->n_slots;
-        for (int32_t g = 0; g < group; g++) {
-            const float *qh = j->q + (size_t)layer * (size_t)j->q_layer_stride +
-                              ((size_t)i * (size_t)j->n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
-            j->c->k->head_scores(j->kv, layer, kvh, j->table, n, qh, j->scale, sc);
-            float mx = -INFINITY;
-            for (int32_t s2 = 0; s2 < n; s2++)
-                mx = sc[s2] > mx ? sc[s2] : mx;
-            double sum = j->c->k->exp_sum(sc, n, mx);
-            float inv = (float)(1.0 / sum);
-            for (int32_t s3 = 0; s3 < n; s3++)
-                o[s3] += sc[s3] * inv;
+    const int32_t pairs = j->n_q * group;
+    for (int32_t p0 = 0; p0 < pairs; p0 += SATTN_GROUP) {
+        const int32_t np = pairs - p0 < SATTN_GROUP ? pairs - p0 : SATTN_GROUP;
+        const float *qs[SATTN_GROUP];
+        float *sc[SATTN_GROUP];
+        int32_t lim[SATTN_GROUP], nmax = 0;
+        for (int32_t k = 0; k < np; k++) {
+            const int32_t i = (p0 + k) / group, g = (p0 + k) % group;
+            lim[k] = j->q_slot[i] + 1 < j->n_slots ? j->q_slot[i] + 1 : j->n_slots;
+            nmax = lim[k] > nmax ? lim[k] : nmax;
+            qs[k] = j->q + (size_t)layer * (size_t)j->q_layer_stride +
+                    ((size_t)i * (size_t)j->n_heads + (size_t)(kvh * group + g)) * (size_t)hd;
+            sc[k] = scratch + (size_t)k * (size_t)j->n_slots;
         }
+        j->c->k->head_scores(j->kv, layer, kvh, j->table, nmax, qs, np, j->scale, sc);
+        for (int32_t k = 0; k < np; k++)
+            j->c->k->softmax_add(sc[k], lim[k], o);
     }
 }
 
@@ -103,8 +113,8 @@ void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *tab
                        int32_t n_heads, float scale, float *out)
 {
     cpu_backend *c = cpu_of(be);
-    if ((size_t)n_slots > c->sscratch_elems &&
-        cpu_scratch_reserve(c, c->wscratch_elems, (size_t)n_slots * 2)) {
+    if ((size_t)n_slots * SATTN_GROUP > c->sscratch_elems &&
+        cpu_scratch_reserve(c, c->wscratch_elems, (size_t)n_slots * SATTN_GROUP)) {
         /* No scratch: report "no information" (zeros), callers keep sinks and
          * the window regardless. */
         memset(out, 0, (size_t)kv->l.n_layers * kv->l.n_kv_heads * n_slots * sizeof *out);

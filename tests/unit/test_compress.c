@@ -131,21 +131,24 @@ static void fill_random(dp_kv_store *kv, const int32_t *table, int32_t n)
     for (int32_t l = 0; l < L; l++)
         for (int32_t h = 0; h < HKV; h++)
             for (int32_t s = 0; s < n; s++) {
-                float k[HD];
-                float *v = vrow_f32(kv, l, table[s / BTK], h, s % BTK);
+                float k[HD], v[HD];
                 float scale = 0.2f + 2.0f * (float)urand(1000) / 1000.0f; /* spread the norms */
                 for (int32_t d = 0; d < HD; d++) {
                     k[d] = scale * frand();
                     v[d] = frand();
                 }
                 kv_kput(kv, l, table[s / BTK], h, s % BTK, k);
+                kv_vput(kv, l, table[s / BTK], h, s % BTK, v);
             }
 }
 
-static void check_selection(dp_backend *be)
+/* For an f32 and an f16 store: the kernels read either in place, and score
+ * the 5 x 2 (query, head) pairs in tiles (4 or 8 with a remainder, one
+ * pair with a shorter causal limit among them). */
+static void check_selection(dp_backend *be, dp_kv_type type)
 {
     const int32_t n = 37, NB = 16;
-    dp_kv_layout lay = {L, HKV, HD, BTK, NB, DP_KV_F32};
+    dp_kv_layout lay = {L, HKV, HD, BTK, NB, type};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &lay, &kv) == 0);
     int32_t perm[16], table[16];
@@ -356,8 +359,9 @@ static void check_selection(dp_backend *be)
     attn_acc_destroy(&acc);
     compressor_destroy(&c);
     be->ops->kv_destroy(be, kv);
-    printf("selection: knorm, knorm_high, snapkv, recent match the references for every n_keep; "
-           "random is seeded; decode queries summed one by one match SnapKV's mass\n");
+    printf("selection (%s store): knorm, knorm_high, snapkv, recent match the references for "
+           "every n_keep; random is seeded; decode queries summed one by one match SnapKV's mass\n",
+           dp_kv_type_name(type));
 }
 
 static const float POISON = -777.25f;
@@ -536,7 +540,8 @@ int main(void)
     char err[DP_ERRLEN];
     dp_backend *be;
     CHECK(backend_create(&be, "cpu", 2, err, sizeof err) == 0);
-    check_selection(be);
+    check_selection(be, DP_KV_F32);
+    check_selection(be, DP_KV_F16);
     check_compact(be);
     backend_destroy(be);
     check_keep_all_logits();

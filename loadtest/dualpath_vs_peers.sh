@@ -7,7 +7,8 @@
 # Workloads (realistic chat): "chat": /v1/chat/completions without max_tokens
 # (replies end where the model stops, or at the context), a shared system
 # prompt of PREFIX words plus a user turn of 20-120 words; "multiturn":
-# sessions of TURNS turns, each resending the conversation, 64-token replies.
+# sessions of TURNS turns, each resending the conversation, replies of at
+# most 64 tokens; "multiturn-64": the same with every reply 64 tokens long.
 #
 # Reported per server and workload: peak and mean concurrent sequences (the
 # server's running gauge, polled every 0.2 s while the load runs), output
@@ -121,6 +122,11 @@ serve_and_run() { # name command...
         --no-max-tokens -n "$REQS" -c "$CONC"
     run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
         --output-len 64 -n "$(( TURNS * 8 ))" -c 8
+    # The same sessions with every reply 64 tokens long (ignore_eos): the
+    # servers' replies differ (eviction changes the text), and where one
+    # stops earlier its tok/s counts more prompt work per token.
+    run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
+        --output-len 64 --ignore-eos -n "$(( TURNS * 8 ))" -c 8
     kill -TERM $pid; wait $pid 2>/dev/null
 }
 : > "$work/rows"
@@ -142,7 +148,7 @@ done
 {
     echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
-    echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, 64-token replies. Time limit ${CELL_S} s per run."
+    echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
     echo
     echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) |"
     echo "|---|---|---|---|---|---|---|---|---|---|"

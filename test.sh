@@ -4,27 +4,31 @@
 # model and an independent NumPy reference.
 set -euo pipefail
 cd "$(dirname "$0")"
+# Each stage says when it starts, in seconds from here (where the time goes).
+T0=$SECONDS
+stage() { echo "test: $* (at $((SECONDS - T0)) s)"; }
+stage "dependencies and the default model"
 scripts/deps.sh --python
 scripts/fetch-model.sh
 PY="${DP_CACHE:-$HOME/.cache/dualpath}/venv/bin/python"
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 
 if [ ! -f build/build.ninja ]; then
-    echo "test: configuring build/ (release)"
+    stage "configuring build/ (release)"
     meson setup build --buildtype=release
 fi
-echo "test: building build/"
+stage "building build/"
 ninja -C build
-echo "test: unit tests (release)"
+stage "unit tests (release)"
 meson test -C build --print-errorlogs
 
 if [ ! -f build-asan/build.ninja ]; then
-    echo "test: configuring build-asan/ (ASan + UBSan)"
+    stage "configuring build-asan/ (ASan + UBSan)"
     meson setup build-asan --buildtype=debugoptimized -Db_sanitize=address,undefined -Dcuda=disabled
 fi
-echo "test: building build-asan/"
+stage "building build-asan/"
 ninja -C build-asan
-echo "test: unit tests (ASan + UBSan)"
+stage "unit tests (ASan + UBSan)"
 export ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 meson test -C build-asan --print-errorlogs --timeout-multiplier 4 --no-suite engine
 # The engine test under ASan runs its synthetic models only (they drive
@@ -43,11 +47,11 @@ unset ASAN_OPTIONS UBSAN_OPTIONS
 # and 14 at the portable one, so there the kernels' own tests suffice (the
 # release suite above still runs the forward test at every level).
 for l in avx2 baseline; do
-    echo "test: unit tests (CPU kernels forced to the $l level)"
+    stage "unit tests (CPU kernels forced to the $l level)"
     # The emulated CUDA kernels' checks (suite emu) do not change with the
     # CPU level: they ran once above.
     DP_CPU_LEVEL=$l meson test -C build --print-errorlogs --no-rebuild --no-suite emu
-    echo "test: kernel unit tests under ASan + UBSan ($l level)"
+    stage "kernel unit tests under ASan + UBSan ($l level)"
     kt="cpu_backend sampler"
     [ "$l" = avx2 ] && kt="$kt forward"
     # shellcheck disable=SC2086
@@ -55,30 +59,30 @@ for l in avx2 baseline; do
         meson test -C build-asan --print-errorlogs --no-rebuild --timeout-multiplier 4 $kt
 done
 
-echo "test: fuzz targets, 20 s each with libFuzzer from their corpus (tests/fuzz/run.sh)"
+stage "fuzz targets, 20 s each with libFuzzer from their corpus (tests/fuzz/run.sh)"
 tests/fuzz/run.sh 20
 
-echo "test: model tests"
+stage "model tests"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits
 DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits --teacher-only
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
-echo "test: chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
+stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template
-echo "test: end-to-end API tests (openai client, raw HTTP, Prometheus)"
+stage "end-to-end API tests (openai client, raw HTTP, Prometheus)"
 tests/e2e/run.sh build/daemon/dualpathd
 # The ASan daemon runs every test except those marked heavy (many or long
 # requests: 64 streams, preemption under a small arena, every JSON schema,
 # long quantized replies, dp-loadgen), which take 30 of its 45 minutes; they
 # ran against the release daemon above, and the engine paths they drive
 # (preemption, swap, growth, recompression) ran under ASan in test_engine.
-echo "test: end-to-end API tests against the ASan + UBSan daemon (leaks checked; heavy tests deselected)"
+stage "end-to-end API tests against the ASan + UBSan daemon (leaks checked; heavy tests deselected)"
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     tests/e2e/run.sh build-asan/daemon/dualpathd -- -m "not heavy"
-echo "test: operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
+stage "operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
 tests/ops/run.sh build
-echo "test: the GPU check's offline build (system dev packages hidden; stops at the first CUDA call)"
+stage "the GPU check's offline build (system dev packages hidden; stops at the first CUDA call)"
 tests/gpu/offline_test.sh || [ $? -eq 77 ]
-echo "test: the portable build on aarch64 (cross-compiled; unit tests under qemu-user)"
+stage "the portable build on aarch64 (cross-compiled; unit tests under qemu-user)"
 tests/cross/aarch64.sh build-aarch64
-echo "test: all tests passed"
+stage "all tests passed"

@@ -38,6 +38,14 @@ def ref():
     return ref_llama.load(MODEL)
 
 
+@pytest.fixture(scope="module")
+def vocab():
+    """The reference's own tokenizer, built from the GGUF (once: it parses
+    the file and 49k merges)."""
+    import ref_llama
+    return ref_llama.Vocab(MODEL)
+
+
 def log_softmax(x):
     m = x.max(axis=-1, keepdims=True)
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
@@ -51,7 +59,7 @@ def prompt_ids(text):
     return d["choices"][0]["prompt_logprobs"]
 
 
-def test_echo_logprobs_match_the_reference(ref):
+def test_echo_logprobs_match_the_reference(ref, vocab):
     import ref_llama
     # Token ids in, so that both sides score exactly the same tokens.
     st, _, raw = request("POST", "/tokenize", {"content": TEXT})
@@ -79,7 +87,6 @@ def test_echo_logprobs_match_the_reference(ref):
     assert diff.mean() < 0.15 and diff.max() < 1.0
     # Greedy agreement where the reference's choice is clear (lm-eval's
     # is_greedy): the reported top token is the reference's argmax.
-    vocab = ref_llama.Vocab(MODEL)
     agree = n = 0
     for p in range(1, len(ids)):
         row = want[p - 1]
@@ -224,7 +231,7 @@ def test_chat_prompt_logprobs():
     assert all(math.isfinite(next(iter(e.values()))["logprob"]) for e in plp[1:])
 
 
-def test_remote_tokenizer_endpoints():
+def test_remote_tokenizer_endpoints(vocab):
     # vLLM's tokenizer endpoints, as lm-evaluation-harness's
     # tokenizer_backend=remote calls them: /tokenizer_info, then /tokenize
     # {"prompt", "add_special_tokens": false} and /detokenize {"tokens"} ->
@@ -234,8 +241,7 @@ def test_remote_tokenizer_endpoints():
     assert st == 200
     info = json.loads(raw)
     r = gguf.GGUFReader(MODEL)
-    vocab = ref_llama_vocab()
-    eos_id = int(r.fields["tokenizer.ggml.eos_token_id"].contents())
+    eos_id = vocab.eos
     assert info["eos_token"] == vocab.tokens[eos_id]
     assert info["pad_token"] is None and isinstance(info["add_bos_token"], bool)
     assert info["vocab_size"] == len(vocab.tokens) and info["model_max_length"] > 0
@@ -255,11 +261,6 @@ def test_remote_tokenizer_endpoints():
     assert st == 400 and json.loads(raw)["error"]["param"] == "add_special_tokens"
     st, _, _ = request("POST", "/tokenizer_info", {})
     assert st == 405
-
-
-def ref_llama_vocab():
-    import ref_llama
-    return ref_llama.Vocab(MODEL)
 
 
 def test_generated_end_token_has_its_logprob():

@@ -31,12 +31,13 @@ for t in $TARGETS; do bins="$bins tests/fuzz/fuzz_$t"; done
 ninja -C "$BUILD" $bins tools/dp-synth >/dev/null
 
 OUT=$(mktemp -d /tmp/dualpath-fuzz.XXXXXX)
-printf '%-10s %8s %12s %8s %8s %8s\n' target seconds executions corpus cov ft
-for t in $TARGETS; do
-    dir="$WORK/$t"
+# Each libFuzzer run is one thread: as many run at once as there are CPUs
+# (each still gets SECS seconds), and the table is printed in target order.
+JOBS="${DP_FUZZ_JOBS:-$(nproc)}"
+prepare() { # target -> its corpus dir ready; prints its -max_len
+    local t=$1 dir="$WORK/$1" maxlen=8192
     mkdir -p "$dir"
     cp -n tests/fuzz/corpus/"$t"/* "$dir"/ 2>/dev/null || true
-    maxlen=8192
     case "$t" in
         config) cp -n conf/dualpathd.conf "$dir/example.conf" ;;
         gguf)
@@ -46,13 +47,34 @@ for t in $TARGETS; do
                     >/dev/null 2>&1
             ;;
     esac
-    log="$OUT/$t.log"
+    echo "$maxlen"
+}
+fuzz_one() { # target: runs it, its exit status in $OUT/$t.rc
+    local t=$1 maxlen rc
+    maxlen=$(prepare "$t")
     set +e
     ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
         "$BUILD/tests/fuzz/fuzz_$t" -max_total_time="$SECS" -max_len="$maxlen" \
-        -print_final_stats=1 -artifact_prefix="$OUT/$t-" "$dir" >"$log" 2>&1
+        -print_final_stats=1 -artifact_prefix="$OUT/$t-" "$WORK/$t" >"$OUT/$t.log" 2>&1
     rc=$?
     set -e
+    echo "$rc" >"$OUT/$t.rc"
+}
+running=0
+for t in $TARGETS; do
+    fuzz_one "$t" &
+    running=$((running + 1))
+    if [ "$running" -ge "$JOBS" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
+printf '%-10s %8s %12s %8s %8s %8s\n' target seconds executions corpus cov ft
+for t in $TARGETS; do
+    dir="$WORK/$t"
+    log="$OUT/$t.log"
+    rc=$(cat "$OUT/$t.rc" 2>/dev/null || echo 1)
     if [ "$rc" -ne 0 ]; then
         echo "fuzz: $t failed (exit $rc); input and log in $OUT:" >&2
         grep -E "ERROR|SUMMARY|not one line|runtime error|check" "$log" | head -20 >&2

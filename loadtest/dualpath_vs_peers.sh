@@ -23,12 +23,15 @@
 # BUDGET, default 256: replies are recompressed too), llama (llama-server,
 # f16 KV) and llama-q8_0
 # (-ctk q8_0 -ctv q8_0 with flash attention, its context raised to the same
-# bytes).
+# bytes), llama-slots (llama-server with LLAMA_NP slots, default 4, each with
+# its share of the same context: llama-server does not preempt, so with one
+# unified context a chat without max_tokens fails once the sequences outgrow
+# it, while slots of their own stop each reply at its slot's end).
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
 #   TURNS (default 10), PREFIX (default 200), THREADS (default nproc),
-#   CELL_S (time limit per run, default 120), SERVERS, BUDGET, DP_MODEL_PATH,
+#   CELL_S (time limit per run, default 120), SERVERS, BUDGET, LLAMA_NP, DP_MODEL_PATH,
 #   DP_DAEMON, LLAMA_BIN (directory of llama-server; default:
 #   tools/llama-cpp.sh's).
 set -u -o pipefail
@@ -53,6 +56,7 @@ PORT=${DP_PORT:-8097}
 URL=http://127.0.0.1:$PORT
 work=$(mktemp -d /tmp/dp-vs-peers.XXXXXX)
 
+LLAMA_NP=${LLAMA_NP:-4}
 # llama-server's KV is f16 by default: bytes per token from the model's shape
 # (2 x layers x kv_heads x head_dim x 2 bytes); its context gets the same bytes.
 PY=${DP_CACHE:-$HOME/.cache/dualpath}/venv/bin/python
@@ -142,11 +146,13 @@ for s in $SERVERS; do
         on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
         llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;
         llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;
+        llama-slots) serve_and_run "llama-server-np$LLAMA_NP" "$LLAMA_BIN/llama-server" -m "$MODEL" \
+            --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$LLAMA_NP" --metrics -c "$LLAMA_CTX" ;;
         *) echo "unknown server $s" >&2; exit 2 ;;
     esac
 done
 {
-    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified);"
+    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
     echo

@@ -24,10 +24,12 @@ if [ -z "$(ls "$SRC"/*.tar.gz 2>/dev/null)" ]; then
 fi
 TAR=$(ls -t "$SRC"/llama_cpp_python-*.tar.gz | head -1)
 NAME=$(basename "$TAR" .tar.gz)
-if [ ! -d "$SRC/$NAME" ]; then
+TREE="$SRC/$NAME/vendor/llama.cpp"
+# The tree may be there in part: tests/model/test_templates.py extracts only
+# its chat templates into the same place.
+if [ ! -f "$TREE/CMakeLists.txt" ]; then
     tar -xzf "$TAR" -C "$SRC"
 fi
-TREE="$SRC/$NAME/vendor/llama.cpp"
 [ -f "$TREE/CMakeLists.txt" ] || { echo "llama-cpp: $TREE has no CMakeLists.txt" >&2; exit 1; }
 NATIVE="${LLAMA_CPP_NATIVE:-1}"
 LEVEL="${LLAMA_CPP_LEVEL:-}"

@@ -112,10 +112,10 @@ run_cell() { # label workload-args...
 import json, sys
 r = json.load(open(sys.argv[1]))
 peak, mean10 = sys.argv[3].split()
-print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d |" % (sys.argv[2], peak,
+print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %d | %.0f |" % (sys.argv[2], peak,
       int(mean10) / 10, r["streamed_output_throughput"], r["output_throughput"],
       r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
-      r["total_output_tokens"]))
+      r["total_output_tokens"], r["failed"], r["duration"]))
 PY
 }
 serve_and_run() { # name command...
@@ -156,8 +156,8 @@ done
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
     echo
-    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) |"
-    echo "|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | failed | run s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

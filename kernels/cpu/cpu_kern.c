@@ -712,6 +712,47 @@ static inline void chunk_load(kv_chunk *ch, const dp_kv_store *kv, int32_t layer
     ch->rows = true;
 }
 
+/* Queries scored together against one chunk of an f32 / f16 store's keys
+ * (k_head_scores). */
+#if VW == 16
+#define HS_TILE 8 /* 32 vector registers: 16 sums, 2 K columns */
+#else
+#define HS_TILE 4 /* 16 registers: 8 sums, 2 K columns */
+#endif
+
+/* VW scores (scaled) of each of nt queries against a transposed K chunk's
+ * first nl keys, into out[0, nt): the even and odd dimensions summed apart,
+ * then added. One pair of K columns is loaded and widened for all nt
+ * queries (nt is a constant at each call, so the sums stay in registers). */
+static inline void chunk_scores_cols(const kv_chunk *ch, int32_t hd, int32_t nl,
+                                     const float *const *q, int nt, float scale, vf *out)
+{
+    const float *qt[HS_TILE]; /* held in registers, not read through q each step */
+    vf a0[HS_TILE], a1[HS_TILE];
+    for (int t = 0; t < nt; t++) {
+        qt[t] = q[t];
+        a0[t] = vf_zero();
+        a1[t] = vf_zero();
+    }
+    int32_t d = 0;
+    for (; d + 2 <= hd; d += 2) {
+        const vf k0 = kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl);
+        const vf k1 = kv_loadv(ch->k, ch->es, (size_t)(d + 1) * ch->kd, nl);
+        for (int t = 0; t < nt; t++) {
+            a0[t] = vf_fma(vf_set1(qt[t][d]), k0, a0[t]);
+            a1[t] = vf_fma(vf_set1(qt[t][d + 1]), k1, a1[t]);
+        }
+    }
+    for (; d < hd; d++) {
+        const vf k0 = kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl);
+        for (int t = 0; t < nt; t++)
+            a0[t] = vf_fma(vf_set1(qt[t][d]), k0, a0[t]);
+    }
+    const vf vs = vf_set1(scale);
+    for (int t = 0; t < nt; t++)
+        out[t] = vf_mul(vf_add(a0[t], a1[t]), vs);
+}
+
 /* VW scores (scaled) of q against the chunk's first nl keys (lanes past nl:
  * unspecified, the callers mask them). */
 static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const float *q, float scale)
@@ -731,15 +772,9 @@ static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const 
         }
         return vf_mul(vf_load(sc), vf_set1(scale));
     }
-    vf s0 = vf_zero(), s1 = vf_zero();
-    int32_t d = 0;
-    for (; d + 2 <= hd; d += 2) {
-        s0 = vf_fma(vf_set1(q[d]), kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl), s0);
-        s1 = vf_fma(vf_set1(q[d + 1]), kv_loadv(ch->k, ch->es, (size_t)(d + 1) * ch->kd, nl), s1);
-    }
-    for (; d < hd; d++)
-        s0 = vf_fma(vf_set1(q[d]), kv_loadv(ch->k, ch->es, (size_t)d * ch->kd, nl), s0);
-    return vf_mul(vf_add(s0, s1), vf_set1(scale));
+    vf s;
+    chunk_scores_cols(ch, hd, nl, &q, 1, scale, &s);
+    return s;
 }
 
 static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
@@ -819,17 +854,11 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
  * all of them and, from an f32 / f16 store, read HS_TILE queries at a time:
  * each widened pair of K columns feeds 2 x HS_TILE multiply-adds where one
  * query at a time paid a widening and a load per multiply-add. */
-#if VW == 16
-#define HS_TILE 8 /* 32 vector registers: 16 sums, 2 K columns */
-#else
-#define HS_TILE 4 /* 16 registers: 8 sums, 2 K columns */
-#endif
 static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                           int32_t n, const float *const *qs, int32_t nq, float scale, float *const *sc)
 {
     const dp_kv_layout *l = &kv->l;
     const int32_t hd = l->head_dim, bt = l->block_tokens;
-    const vf vs = vf_set1(scale);
     kv_chunk ch;
     for (int32_t base = 0; base < n; base += bt) {
         const int32_t blk = table[base / bt];
@@ -841,33 +870,13 @@ static void k_head_scores(const dp_kv_store *kv, int32_t layer, int32_t kvh, con
             int32_t j0 = 0;
             if (!ch.rows)
                 for (; j0 + HS_TILE <= nq; j0 += HS_TILE) {
-                    const float *q[HS_TILE];
-                    vf a0[HS_TILE], a1[HS_TILE];
+                    vf s[HS_TILE];
+                    chunk_scores_cols(&ch, hd, nl, qs + j0, HS_TILE, scale, s);
                     for (int t = 0; t < HS_TILE; t++) {
-                        q[t] = qs[j0 + t];
-                        a0[t] = vf_zero();
-                        a1[t] = vf_zero();
-                    }
-                    int32_t d = 0;
-                    for (; d + 2 <= hd; d += 2) {
-                        const vf k0 = kv_loadv(ch.k, ch.es, (size_t)d * ch.kd, nl);
-                        const vf k1 = kv_loadv(ch.k, ch.es, (size_t)(d + 1) * ch.kd, nl);
-                        for (int t = 0; t < HS_TILE; t++) {
-                            a0[t] = vf_fma(vf_set1(q[t][d]), k0, a0[t]);
-                            a1[t] = vf_fma(vf_set1(q[t][d + 1]), k1, a1[t]);
-                        }
-                    }
-                    for (; d < hd; d++) {
-                        const vf k0 = kv_loadv(ch.k, ch.es, (size_t)d * ch.kd, nl);
-                        for (int t = 0; t < HS_TILE; t++)
-                            a0[t] = vf_fma(vf_set1(q[t][d]), k0, a0[t]);
-                    }
-                    for (int t = 0; t < HS_TILE; t++) {
-                        const vf s = vf_mul(vf_add(a0[t], a1[t]), vs);
                         if (nl == VW)
-                            vf_store(sc[j0 + t] + at, s);
+                            vf_store(sc[j0 + t] + at, s[t]);
                         else
-                            vf_storen(sc[j0 + t] + at, s, nl);
+                            vf_storen(sc[j0 + t] + at, s[t], nl);
                     }
                 }
             for (int32_t j = j0; j < nq; j++) {

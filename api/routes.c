@@ -227,17 +227,14 @@ static enum MHD_Result on_detokenize(dp_server *s, dp_hreq *h)
     return send_json(h, 200, o);
 }
 
-/* A special token's text, or JSON null where the vocabulary has none. */
-static void add_token_text(cJSON *o, const char *name, const dp_tokenizer *tok, int32_t id)
+/* A special token's text (the chat template's bos_text / eos_text, taken
+ * from the tokenizer), or JSON null where the vocabulary has none. */
+static void add_token_text(cJSON *o, const char *name, const char *text)
 {
-    char buf[256];
-    int n = id >= 0 ? tokenizer_token_bytes(tok, id, true, buf, sizeof buf - 1) : -1;
-    if (n < 0 || (size_t)n >= sizeof buf || !oai_utf8_valid(buf, (size_t)n)) {
+    if (text && *text && oai_utf8_valid(text, strlen(text)))
+        cJSON_AddStringToObject(o, name, text);
+    else
         cJSON_AddNullToObject(o, name);
-        return;
-    }
-    buf[n] = '\0';
-    cJSON_AddStringToObject(o, name, buf);
 }
 
 /* /tokenizer_info: what vLLM answers there (the tokenizer's configuration,
@@ -249,8 +246,8 @@ static enum MHD_Result on_tokenizer_info(dp_server *s, dp_hreq *h)
     cJSON *o = cJSON_CreateObject();
     cJSON_AddStringToObject(o, "tokenizer_class",
                             tokenizer_kind(s->tok) == DP_TOK_SPM ? "gguf-llama" : "gguf-gpt2");
-    add_token_text(o, "bos_token", s->tok, tokenizer_bos(s->tok));
-    add_token_text(o, "eos_token", s->tok, tokenizer_eos(s->tok));
+    add_token_text(o, "bos_token", s->tmpl ? s->tmpl->bos_text : NULL);
+    add_token_text(o, "eos_token", s->tmpl ? s->tmpl->eos_text : NULL);
     cJSON_AddNullToObject(o, "pad_token");
     cJSON_AddBoolToObject(o, "add_bos_token", tokenizer_add_bos(s->tok));
     cJSON_AddNumberToObject(o, "vocab_size", tokenizer_n_vocab(s->tok));

@@ -98,8 +98,16 @@ static double measure_gemm(int threads)
  * q8_0 decode view (the CPU's default) and into an f16 one, timed against
  * the bytes it reads and writes at the machine's read bandwidth (CPU only). */
 #define MIG_TOKENS 1024
-/* SnapKV's scoring at a migration (kv_score_attn): the last DP_SNAPKV_WINDOW
- * prompt positions' queries (every head, every layer) against the whole
+/* A step of a fixed linear congruential generator: a value in [-0.5, 0.5)
+ * (the benchmarks' inputs, the same at every run). */
+static float lcg_sym(uint32_t *x)
+{
+    *x = *x * 1664525u + 1013904223u;
+    return (float)(*x >> 8) / 16777216.0f - 0.5f;
+}
+
+/* SnapKV's scoring at a migration (kv_score_attn): the last 32 (the default
+ * window) prompt positions' queries (every head, every layer) against the whole
  * n-token prompt in the f16 arena. Reported as ms per prompt, and as the
  * rate of its multiply-adds (queries x keys x head_dim, summed over heads
  * and layers; the causal triangle of the window counted whole). */
@@ -117,10 +125,8 @@ static void bench_snapkv(dp_backend *be, const dp_hparams *hp, const dp_kv_store
         return;
     }
     uint32_t x = 777;
-    for (int64_t i = 0; i < qls * hp->n_layers; i++) {
-        x = x * 1664525u + 1013904223u;
-        q[i] = ((float)(x >> 8) / 16777216.0f - 0.5f) * 2.0f;
-    }
+    for (int64_t i = 0; i < qls * hp->n_layers; i++)
+        q[i] = lcg_sym(&x) * 2.0f;
     for (int32_t i = 0; i < nq; i++)
         slot[i] = n - nq + i;
     double best = 1e9;
@@ -158,10 +164,8 @@ static void bench_migration(dp_backend *be, const dp_llama *m, double bw)
     }
     uint32_t x = 12345;
     for (int32_t b = 0; b < nb; b++) {
-        for (size_t i = 0; i < ab / 2; i++) {
-            x = x * 1664525u + 1013904223u;
-            blk[i] = dp_f32_to_fp16(((float)(x >> 8) / 16777216.0f - 0.5f) * 4.0f);
-        }
+        for (size_t i = 0; i < ab / 2; i++)
+            blk[i] = dp_f32_to_fp16(lcg_sym(&x) * 4.0f);
         be->ops->kv_block_write(be, arena, b, blk);
     }
     /* Each (layer, head) keeps its own 9 of every 10 tokens, in order. */

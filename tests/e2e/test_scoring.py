@@ -273,6 +273,7 @@ def test_generated_end_token_has_its_logprob():
     st, _, raw = request("POST", "/tokenize", {"prompt": eos, "add_special_tokens": False})
     eos_id = json.loads(raw)["tokens"][0]
     text = "The capital of France is Paris"
+    n_prompt = len(tokenize(text)["choices"][0]["logprobs"]["tokens"])
     for stream in (False, True):
         body = {"prompt": text, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0,
                 "logit_bias": {str(eos_id): 100}, "stream": stream}
@@ -291,7 +292,6 @@ def test_generated_end_token_has_its_logprob():
             toks, lp, fin, out = (c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"],
                                   c["finish_reason"], c["text"])
         assert fin == "stop" and out == text, (fin, out)
-        n_prompt = len(tokenize(text)["choices"][0]["logprobs"]["tokens"])
         # (its logprob is the model's, before logit_bias, as vLLM reports it)
         assert len(lp) == n_prompt + 1 and toks[-1] == "" and isinstance(lp[-1], float)
         assert "".join(toks) == text

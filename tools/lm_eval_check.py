@@ -21,7 +21,6 @@ Two daemon configurations run in turn:
 import argparse
 import glob
 import json
-import math
 import os
 import random
 import socket
@@ -165,16 +164,11 @@ def encode_pair(vocab, context, continuation):
     return whole, len(ctx)
 
 
-def log_softmax(x):
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
 def reference_ll(model, vocab, context, continuation, kv_dtype, memo):
     key = (context, continuation, kv_dtype)
     if key not in memo:
         whole, n_ctx = encode_pair(vocab, context, continuation)
-        ls = log_softmax(ref_llama.forward(model, whole, kv_dtype))
+        ls = ref_llama.log_softmax(ref_llama.forward(model, whole, kv_dtype))
         memo[key] = float(sum(ls[p - 1, whole[p]] for p in range(n_ctx, len(whole))))
     return memo[key]
 

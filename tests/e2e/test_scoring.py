@@ -46,11 +46,6 @@ def vocab():
     return ref_llama.Vocab(MODEL)
 
 
-def log_softmax(x):
-    m = x.max(axis=-1, keepdims=True)
-    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
-
-
 def prompt_ids(text):
     """The prompt's token ids, from vLLM's prompt_logprobs (each entry's
     first key is the prompt's own token)."""
@@ -74,7 +69,7 @@ def test_echo_logprobs_match_the_reference(ref, vocab):
     assert got[0] is None and c["logprobs"]["top_logprobs"][0] is None
     assert len(got) == len(ids) and all(isinstance(x, float) for x in got[1:])
 
-    want = log_softmax(ref_llama.forward(ref, ids))
+    want = ref_llama.log_softmax(ref_llama.forward(ref, ids))
     want_lp = np.array([want[p - 1, ids[p]] for p in range(1, len(ids))])
     diff = np.abs(np.array(got[1:]) - want_lp)
     # The CPU backend's fast kernels quantize activations per block for their

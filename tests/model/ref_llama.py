@@ -229,6 +229,12 @@ def softmax(x):
     return e / np.sum(e, axis=-1, keepdims=True)
 
 
+def log_softmax(x):
+    """log(softmax(x)) over the last axis (what scoring compares)."""
+    m = x.max(axis=-1, keepdims=True)
+    return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
+
+
 def rope(x, positions, cfg, mode="norm"):
     """Rotary embedding of x: [T, n_h, head_dim] at the given positions.
 

@@ -170,11 +170,15 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Prompt tokens kept in the decode pool at migrations.");
     tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);
     family(b, "dualpath_tokens_in_place_total", "counter",
-           "Of the kept tokens, those of a prefix kept whole that the decode path took by "
-           "reference, not copied: its prefill blocks (one arena of one type), or the decode "
-           "blocks another request's migration copied it into (shared by every request "
-           "holding them).");
+           "Of the kept tokens, those the decode path took by reference, not copied: a prefix "
+           "kept whole in its prefill blocks (one arena of one type) or in the decode blocks "
+           "another request's migration copied it into, or the whole decode blocks of the "
+           "compaction of the same prompt (n > 1, identical requests).");
     tb_printf(b, "dualpath_tokens_in_place_total %lld\n", (long long)st->tokens_in_place);
+    family(b, "dualpath_kept_shares_total", "counter",
+           "Migrations that took the compaction of a running request with the same prompt "
+           "(n > 1, identical requests) by reference, copying only its last partial block.");
+    tb_printf(b, "dualpath_kept_shares_total %lld\n", (long long)st->kept_shares);
     family(b, "dualpath_tokens_evicted_total", "counter",
            "Prompt tokens dropped from the device at migrations.");
     tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);

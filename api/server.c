@@ -323,21 +323,21 @@ enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind)
             }
         }
     }
-    for (int k = 0; k < j->n_choices; k++) {
-        char err[DP_ERRLEN] = "";
-        int rc = engine_submit(s->engine, j->reqs[k], err, sizeof err);
-        if (rc) {
-            /* Choices not submitted never finish: mark them done. */
-            for (int m = k; m < j->n_choices; m++) {
-                j->choices[m].done = true;
-                j->n_done++;
-            }
-            if (j->n_done == choices_total(j))
-                j->finished = true;
-            return submit_fail(s, h, j, rc, err);
+    /* All choices at once: copies of one prompt are prefilled once and
+     * share its compaction (engine_submit_all). */
+    char err[DP_ERRLEN] = "";
+    int rc = engine_submit_all(s->engine, j->reqs, j->n_choices, err, sizeof err);
+    if (rc) {
+        /* Choices not submitted never finish: mark them done. */
+        for (int m = 0; m < j->n_choices; m++) {
+            j->choices[m].done = true;
+            j->n_done++;
         }
-        j->refs++; /* until its FINISH */
+        if (j->n_done == choices_total(j))
+            j->finished = true;
+        return submit_fail(s, h, j, rc, err);
     }
+    j->refs += j->n_choices; /* each until its FINISH */
     if (hung_up)
         server_client_gone(s, h); /* the hang-up came with the request */
     if (!r->stream) {

@@ -730,6 +730,31 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
     es->kv_bytes_full = (int64_t)((double)(es->tokens_kept + es->tokens_evicted) * pper + 0.5);
 }
 
+/* Whether another live sequence with the same prompt is still on the
+ * prefill path (n > 1 copies, identical requests): it may migrate while this
+ * one decodes, so this one's compaction is named for it to share. */
+static bool has_twin(dp_engine *e, const eng_seq *es)
+{
+    const dp_seq *s = es->seq;
+    for (const eng_seq *o = e->live; o; o = o->next) {
+        const dp_seq *t = o->seq;
+        if (o != es && t->kv.dual && t->kv.path == DP_PATH_PREFILL && !t->kv.swapped.buf &&
+            t->n_prompt == s->n_prompt &&
+            memcmp(t->tokens, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens) == 0)
+            return true;
+    }
+    /* Copies submitted one by one (n > 1) may still be in the inbox. */
+    bool twin = false;
+    pthread_mutex_lock(&e->mu);
+    for (int32_t i = 0; i < e->in_n && !twin; i++) {
+        const dp_request *r = e->in_q[i];
+        twin = r->n_prompt == s->n_prompt &&
+               memcmp(r->prompt, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens) == 0;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return twin;
+}
+
 /* Compacts each sequence's cache into the decode pool through the KV
  * manager (one backend call per source pool), with the queries this step
  * captured where the kind scores with them, and records what happened. */
@@ -744,7 +769,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         eng_seq *es = list[i];
         dp_kv_migration *g = &e->mig[i];
         *g = (dp_kv_migration){.kv = &es->seq->kv, .tokens = es->seq->tokens,
-                               .n_keep = compact_target(e, es, kind)};
+                               .n_keep = compact_target(e, es, kind),
+                               .share_kept = kind == DP_COMPACT_MIGRATION && has_twin(e, es)};
         if (q && es->capture_at >= 0) {
             g->q = q + (size_t)es->capture_at * q_row;
             g->q_stride = q_stride;
@@ -1166,7 +1192,7 @@ static void update_gauges(dp_engine *e)
              * are a decode-pool share's, counted once below. */
             decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks;
         }
-    if (m->share_front)
+    if (m->dual)
         decode_held += m->dpx.live_blocks;
     e->stats.seqs_on_decode_path = on_decode;
     /* One shared arena: each path reports the blocks its tables hold, and
@@ -1182,6 +1208,7 @@ static void update_gauges(dp_engine *e)
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
     e->stats.reply_blocks_kept = m->reply_blocks;
+    e->stats.kept_shares = m->kept_shared;
     e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
@@ -1623,7 +1650,8 @@ void engine_destroy(dp_engine *e)
     free(e);
 }
 
-int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
+/* Whether a request can ever run here (the message says why not). */
+static int check_request(dp_engine *e, const dp_request *req, char *err, size_t errsz)
 {
     const dp_request_params *p = &req->params;
     if (req->n_prompt < 1)
@@ -1659,16 +1687,25 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
                       e->kv.shared || !e->kv.dual ? "" : " (prefill pool)");
     if (atomic_load(&e->device_lost))
         return dp_err(err, errsz, DP_EDEVICE, LOST_MSG);
+    return 0;
+}
+
+int engine_submit_all(dp_engine *e, dp_request *const *reqs, int32_t n, char *err, size_t errsz)
+{
+    int rc;
+    for (int32_t i = 0; i < n; i++)
+        if ((rc = check_request(e, reqs[i], err, errsz)))
+            return rc;
     pthread_mutex_lock(&e->mu);
     if (atomic_load(&e->stopping)) {
         pthread_mutex_unlock(&e->mu);
         return dp_err(err, errsz, DP_ENOSPC, "the engine is stopping");
     }
-    if (e->opts.max_queue > 0 && atomic_load(&e->queued) >= e->opts.max_queue) {
+    if (e->opts.max_queue > 0 && atomic_load(&e->queued) + n > e->opts.max_queue) {
         pthread_mutex_unlock(&e->mu);
         return dp_err(err, errsz, DP_ENOSPC, "too many requests are waiting (%d)", e->opts.max_queue);
     }
-    if (e->in_n == e->in_cap) {
+    while (e->in_n + n > e->in_cap) {
         dp_request **nq = realloc(e->in_q, (size_t)e->in_cap * 2 * sizeof *nq);
         if (!nq) {
             pthread_mutex_unlock(&e->mu);
@@ -1677,13 +1714,21 @@ int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
         e->in_q = nq;
         e->in_cap *= 2;
     }
-    request_ref(req);
-    req->t_arrival = dp_now();
-    e->in_q[e->in_n++] = req;
-    atomic_fetch_add(&e->queued, 1);
+    const double now = dp_now();
+    for (int32_t i = 0; i < n; i++) {
+        request_ref(reqs[i]);
+        reqs[i]->t_arrival = now;
+        e->in_q[e->in_n++] = reqs[i];
+    }
+    atomic_fetch_add(&e->queued, n);
     pthread_cond_signal(&e->cv);
     pthread_mutex_unlock(&e->mu);
     return 0;
+}
+
+int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz)
+{
+    return engine_submit_all(e, &req, 1, err, errsz);
 }
 
 void engine_cancel(dp_engine *e, dp_request *req)

@@ -96,8 +96,9 @@ typedef struct dp_engine_stats {
     int64_t scorer_fallbacks[DP_N_COMPACTIONS];
     int64_t tokens_kept;
     int64_t tokens_evicted;
-    int64_t tokens_in_place;  /* of tokens_kept, kept in their prefill blocks (a prefix
-                               * kept whole, shared with whoever holds them) */
+    int64_t tokens_in_place;  /* of tokens_kept, taken by reference: a prefix kept whole,
+                               * or a kept share (the same prompt's compaction) */
+    int64_t kept_shares;      /* migrations that took a kept share */
     int64_t recompressions;   /* decode-budget compressions */
     int64_t recompressions_by_scorer[DP_N_SCORERS];
     int64_t decode_queries_missed; /* SnapKV decode queries a recompression went without */
@@ -150,6 +151,10 @@ void engine_destroy(dp_engine *e);
  * requests are already waiting, DP_EINVAL when the prompt cannot fit the
  * context (the message says why). */
 int engine_submit(dp_engine *e, dp_request *req, char *err, size_t errsz);
+/* Submits n requests at once (all or none): the choices of one request with
+ * n > 1, which the engine then sees together (they share their prompt's
+ * blocks and its compaction). */
+int engine_submit_all(dp_engine *e, dp_request *const *reqs, int32_t n, char *err, size_t errsz);
 /* Thread-safe: marks req cancelled and wakes the engine. */
 void engine_cancel(dp_engine *e, dp_request *req);
 /* Thread-safe: takes every pending event (in order) and returns the list. */

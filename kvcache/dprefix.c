@@ -28,6 +28,7 @@ static void entry_clear(dp_dprefix_entry *x)
 {
     free(x->tokens);
     free(x->blocks);
+    free(x->keep);
     memset(x, 0, sizeof *x);
 }
 
@@ -43,31 +44,51 @@ void dprefix_destroy(dp_dprefix *d)
     memset(d, 0, sizeof *d);
 }
 
-static uint64_t name_of(const dp_dprefix *d, const int32_t *tokens, int32_t n)
+/* A prefix's name is its tokens' keyed hash; a kept share's mixes in its
+ * tag, so the two kinds of one token run have different names. */
+static uint64_t name_of(const dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag)
 {
     uint64_t h = dp_siphash(&d->key, tokens, (size_t)n * sizeof *tokens);
+    if (tag) {
+        uint64_t t = tag + 0x9e3779b97f4a7c15ull;
+        t = (t ^ (t >> 30)) * 0xbf58476d1ce4e5b9ull;
+        t = (t ^ (t >> 27)) * 0x94d049bb133111ebull;
+        h ^= t ^ (t >> 31);
+    }
     return h ? h : 1; /* 0 marks an empty slot of the map */
+}
+
+static int32_t find(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag)
+{
+    int32_t id = u64map_get(&d->map, name_of(d, tokens, n, tag));
+    if (id < 0)
+        return -1;
+    const dp_dprefix_entry *x = &d->e[id];
+    /* The name is keyed, but a hit is served only when the tokens agree. */
+    if (x->tag != tag || x->n_tokens != n || memcmp(x->tokens, tokens, (size_t)n * sizeof *tokens))
+        return -1;
+    return id;
 }
 
 int32_t dprefix_find(dp_dprefix *d, const int32_t *tokens, int32_t n)
 {
     if (!d->e || n < d->block_tokens || n % d->block_tokens)
         return -1;
-    int32_t id = u64map_get(&d->map, name_of(d, tokens, n));
-    if (id < 0)
-        return -1;
-    const dp_dprefix_entry *x = &d->e[id];
-    /* The name is keyed, but a hit is served only when the tokens agree. */
-    if (x->n_tokens != n || memcmp(x->tokens, tokens, (size_t)n * sizeof *tokens))
-        return -1;
-    return id;
+    return find(d, tokens, n, 0);
 }
 
-int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32_t *blocks)
+int32_t dprefix_find_kept(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag)
 {
-    if (!d->e || n < d->block_tokens || n % d->block_tokens)
+    if (!d->e || n < 1 || !tag)
         return -1;
-    const uint64_t name = name_of(d, tokens, n);
+    return find(d, tokens, n, tag);
+}
+
+static int32_t add(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag,
+                   const int32_t *blocks, int32_t n_slots, int32_t uncounted, int32_t rows,
+                   int32_t cols)
+{
+    const uint64_t name = name_of(d, tokens, n, tag);
     if (u64map_get(&d->map, name) >= 0)
         return -1;
     int32_t id = -1;
@@ -77,10 +98,11 @@ int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32
     if (id < 0)
         return -1;
     dp_dprefix_entry *x = &d->e[id];
-    const int32_t nb = n / d->block_tokens;
+    const int32_t nb = n_slots / d->block_tokens;
     x->tokens = malloc((size_t)n * sizeof *x->tokens);
     x->blocks = malloc((size_t)nb * sizeof *x->blocks);
-    if (!x->tokens || !x->blocks) {
+    x->keep = tag ? malloc((size_t)rows * (size_t)cols * sizeof *x->keep) : NULL;
+    if (!x->tokens || !x->blocks || (tag && !x->keep)) {
         entry_clear(x);
         return -1;
     }
@@ -89,11 +111,32 @@ int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32
     for (int32_t b = 0; b < nb; b++)
         kv_pool_ref(d->pool, blocks[b]);
     x->name = name;
+    x->tag = tag;
     x->n_tokens = n;
+    x->n_slots = n_slots;
+    x->cols = cols;
+    x->uncounted = uncounted;
     x->users = 1;
     u64map_put(&d->map, name, id);
-    d->live_blocks += nb;
+    d->live_blocks += nb - uncounted;
     return id;
+}
+
+int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32_t *blocks)
+{
+    if (!d->e || n < d->block_tokens || n % d->block_tokens)
+        return -1;
+    return add(d, tokens, n, 0, blocks, n, 0, 0, 0);
+}
+
+int32_t dprefix_add_kept(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag,
+                         const int32_t *blocks, int32_t n_slots, int32_t uncounted, int32_t rows,
+                         int32_t cols)
+{
+    if (!d->e || !tag || n < 1 || rows < 1 || n_slots < d->block_tokens || cols <= n_slots ||
+        n_slots % d->block_tokens || uncounted < 0 || uncounted > n_slots / d->block_tokens)
+        return -1;
+    return add(d, tokens, n, tag, blocks, n_slots, uncounted, rows, cols);
 }
 
 void dprefix_join(dp_dprefix *d, int32_t id)
@@ -107,9 +150,9 @@ void dprefix_leave(dp_dprefix *d, int32_t id)
     if (x->users <= 0 || --x->users > 0)
         return;
     u64map_del(&d->map, x->name);
-    const int32_t nb = x->n_tokens / d->block_tokens;
+    const int32_t nb = x->n_slots / d->block_tokens;
     for (int32_t b = 0; b < nb; b++)
         kv_pool_unref(d->pool, x->blocks[b]);
-    d->live_blocks -= nb;
+    d->live_blocks -= nb - x->uncounted;
     entry_clear(x);
 }

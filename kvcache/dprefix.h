@@ -7,6 +7,14 @@
  * decode blocks, is named here, and later sequences with the same first
  * tokens take those blocks instead of copying the prefix again.
  *
+ * A second kind of entry names a whole compact cache (a "kept" share): the
+ * first whole decode blocks of a migrated prompt's compaction, keyed by the
+ * prompt's tokens and the selection's settings, with its kept lists. A
+ * sequence with the same prompt (n > 1, identical requests) keeps the same
+ * slots (a deterministic selection of the same K/V) without selecting again:
+ * it takes those blocks and copies only the rest, its last partial block,
+ * where the copies diverge.
+ *
  * An entry lives while a sequence holds it (users > 0): the sequences whose
  * tables hold its blocks, and those admitted on the promise of taking them
  * at their migration. It holds a pool reference to each of its blocks of its
@@ -24,9 +32,15 @@
 
 typedef struct dp_dprefix_entry {
     uint64_t name;       /* 0: a free entry */
-    int32_t n_tokens;    /* the prefix's length: a whole number of decode blocks */
+    uint64_t tag;        /* 0: a prefix kept whole; else a kept share's selection settings */
+    int32_t n_tokens;    /* the key's length (a prefix: a whole number of decode blocks) */
+    int32_t n_slots;     /* slots its blocks hold (a prefix: n_tokens) */
     int32_t *tokens;     /* [n_tokens] */
-    int32_t *blocks;     /* [n_tokens / block_tokens] decode-pool block ids */
+    int32_t *blocks;     /* [n_slots / block_tokens] decode-pool block ids */
+    int32_t *keep;       /* a kept share: its compaction's kept lists [rows][cols] */
+    int32_t cols;        /* ... of its n_keep slots (n_slots of them in blocks) */
+    int32_t scorer;      /* ... and the scorer that chose them (dp_scorer) */
+    int32_t uncounted;   /* leading blocks live_blocks does not count (held elsewhere) */
     int32_t users;
 } dp_dprefix_entry;
 
@@ -37,7 +51,7 @@ typedef struct dp_dprefix {
     dp_dprefix_entry *e;  /* [max_entries] */
     dp_u64map map;        /* name -> entry index */
     dp_hash_key key;
-    int32_t live_blocks;  /* blocks of the entries now */
+    int32_t live_blocks;  /* blocks of the entries now, each once */
 } dp_dprefix;
 
 /* At most max_entries prefixes at once (the decode pool's block count
@@ -52,6 +66,18 @@ int32_t dprefix_find(dp_dprefix *d, const int32_t *tokens, int32_t n);
  * with one user. -1 (nothing named) when the name is taken, there is no
  * room or no memory: sharing is best effort. */
 int32_t dprefix_add(dp_dprefix *d, const int32_t *tokens, int32_t n, const int32_t *blocks);
+/* The kept share named tokens[0..n) and tag, or -1. */
+int32_t dprefix_find_kept(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag);
+/* Names a kept share of tokens[0..n) under tag (nonzero): the first n_slots
+ * (a whole number of blocks, fewer than cols) of a compaction to cols slots
+ * in blocks[], of which the first `uncounted` are counted elsewhere (a
+ * prefix's share, or prefill blocks held by reference), with one user. Its
+ * kept lists ([rows][cols], dprefix_keep) and scorer are the caller's to
+ * fill before anyone reads them. -1 as for dprefix_add. */
+int32_t dprefix_add_kept(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag,
+                         const int32_t *blocks, int32_t n_slots, int32_t uncounted, int32_t rows,
+                         int32_t cols);
+static inline int32_t *dprefix_keep(const dp_dprefix *d, int32_t id) { return d->e[id].keep; }
 /* One more user of entry id. */
 void dprefix_join(dp_dprefix *d, int32_t id);
 /* One user fewer; the last one removes the entry and its references (a
@@ -61,9 +87,10 @@ static inline const int32_t *dprefix_blocks(const dp_dprefix *d, int32_t id)
 {
     return d->e[id].blocks;
 }
-static inline int32_t dprefix_tokens(const dp_dprefix *d, int32_t id)
+/* Slots entry id's blocks hold. */
+static inline int32_t dprefix_slots(const dp_dprefix *d, int32_t id)
 {
-    return d->e[id].n_tokens;
+    return d->e[id].n_slots;
 }
 
 #endif

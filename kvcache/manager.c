@@ -165,9 +165,10 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         }
     }
     m->dlayout = dl;
-    /* Each share holds a decode block at least, and lives while a sequence
-     * holds it: a few per running sequence at most. */
-    if (m->share_front &&
+    /* Each share (a prefix kept whole, a kept share) holds a decode block at
+     * least, and lives while a sequence holds it: two per running sequence
+     * at most. */
+    if (o->dual && be &&
         (rc = dprefix_init(&m->dpx, m->dpool, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024))) {
         rc = dp_err(err, errsz, rc, "out of memory");
         goto fail;
@@ -268,9 +269,15 @@ static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slot
         return front_slots(m, kv, n_keep);
     if (!m->share_front)
         return 0;
-    int32_t r = !kv->dshare                  ? 0
-                : kv->path == DP_PATH_DECODE ? kv->ref_blocks * m->dbt
-                                             : dprefix_tokens(&m->dpx, kv->dshare - 1);
+    if (!kv->dshare)
+        return 0;
+    const int32_t id = kv->dshare - 1, r = dprefix_slots(&m->dpx, id);
+    /* On the decode path its table starts with the share's blocks (or holds
+     * a kept share's, which start with them). */
+    if (kv->path == DP_PATH_DECODE &&
+        (kv->ref_blocks * m->dbt < r ||
+         memcmp(kv->table.blocks, dprefix_blocks(&m->dpx, id), (size_t)(r / m->dbt) * sizeof(int32_t))))
+        return 0;
     return r < n_keep && r <= compress_front(&kv->copts, n_keep) ? r : 0;
 }
 
@@ -279,6 +286,31 @@ static void leave_share(dp_kv_mgr *m, dp_kv_seq *kv)
     if (kv->dshare)
         dprefix_leave(&m->dpx, kv->dshare - 1);
     kv->dshare = 0;
+}
+
+static void leave_kept(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    if (kv->kshare)
+        dprefix_leave(&m->dpx, kv->kshare - 1);
+    kv->kshare = 0;
+}
+
+/* A kept share's tag: what chose its slots (nonzero). Sequences with the
+ * same tokens and the same tag select the same slots from the same K/V; the
+ * taker still checks its own selection against the share's lists. */
+static uint64_t kept_tag(const dp_compress_opts *co, int32_t n_keep)
+{
+    uint32_t ratio;
+    memcpy(&ratio, &co->keep_ratio, sizeof ratio);
+    const uint64_t w[] = {(uint64_t)co->scorer, ratio, (uint64_t)(uint32_t)co->sinks,
+                          (uint64_t)(uint32_t)co->window,
+                          co->scorer == DP_SCORER_RANDOM ? co->seed : 0, /* per request */
+                          (uint64_t)(uint32_t)co->prefix,
+                          (uint64_t)(uint32_t)n_keep};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
+        h = (h ^ w[i]) * 0x100000001b3ull;
+    return h ? h : 1;
 }
 
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -398,6 +430,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     unprotect_prompt(m, kv);
     leave_share(m, kv);
+    leave_kept(m, kv);
     kv->mig_pos = kv->mig_keep = 0;
     kv->ref_blocks = 0;
     kv->recompressed = false;
@@ -559,8 +592,10 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     }
     for (int32_t b = 0; b < nblk; b++)
         ids[b] = b;
-    dp_kv_move mv = {&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots, ids, nblk,
-                     g->n_keep, g->q, g->q_stride, g->n_q, DP_SCORER_KNORM, nref, &kv->attn};
+    dp_kv_move mv = {.co = &kv->copts, .src = kv->table.blocks, .n_src_blocks = kv->table.n_blocks,
+                     .n_slots = kv->n_slots, .dst = ids, .n_dst_blocks = nblk, .n_keep = g->n_keep,
+                     .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q, .n_ref = nref,
+                     .attn = &kv->attn};
     if ((rc = kv_migrate(&m->mig, m->dstore, m->rscratch, &mv, 1))) {
         free(ids);
         return rc;
@@ -598,6 +633,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
         dp_log(DP_LOG_ERROR, "kvcache: a staged recompression failed (%s)", dp_strerror(rc));
         kv_table_release(&kv->table, m->dpool);
         leave_share(m, kv);
+        leave_kept(m, kv);
         kv->ref_blocks = 0;
         kv->n_slots = 0;
         g->lost = true;
@@ -607,6 +643,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     g->n_ref = nref;
     if (nref == 0)
         leave_share(m, kv);
+    leave_kept(m, kv); /* its new table holds the front at most */
     kv->recompressed = true;
     kv->n_slots = g->n_keep;
     kv->ref_blocks = nb;
@@ -623,7 +660,10 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
     dp_kv_migration *ok[MIGRATE_BATCH], *staged[MIGRATE_BATCH];
     /* share: the decode-pool share a migration holds once it moves (id + 1;
      * negative before the loop names it: -slots); held: its slots. */
-    int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], k = 0, n_staged = 0;
+    /* kid: the kept share it takes or names (id + 1; 0: none). */
+    int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], kid[MIGRATE_BATCH],
+            k = 0, n_staged = 0;
+    const int32_t rows = m->mig.comp.n_layers * m->mig.comp.n_kv_heads;
     for (int32_t i = 0; i < n; i++) {
         dp_kv_migration *g = mg[i];
         dp_kv_seq *kv = g->kv;
@@ -644,18 +684,42 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             /* The share admission joined, unless the front shrank since (an
              * early switch keeps fewer); else one another sequence holds. */
             int32_t id = kv->dshare - 1;
-            if (id >= 0 && dprefix_tokens(&m->dpx, id) > s) {
+            if (id >= 0 && dprefix_slots(&m->dpx, id) > s) {
                 leave_share(m, kv);
                 id = -1;
             }
             if (id < 0 && s > 0)
                 id = dprefix_find(&m->dpx, g->tokens, s);
             if (id >= 0) {
-                nref = dprefix_tokens(&m->dpx, id);
+                nref = dprefix_slots(&m->dpx, id);
                 refb = dprefix_blocks(&m->dpx, id);
                 share[k] = id + 1;
             } else if (s > 0) {
                 share[k] = -s;
+            }
+        }
+        /* Its whole compaction, but for the last partial block, may be one
+         * that a sequence with the same tokens made (a kept share): it keeps
+         * the same slots and takes those blocks. Else, marked share_kept, it
+         * names its own for the next. */
+        int32_t kslots = 0, found = -1;
+        uint64_t tag = 0;
+        const int32_t *keep_given = NULL;
+        if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0) {
+            kslots = (g->n_keep - 1) / m->dbt * m->dbt;
+            tag = kslots > nref ? kept_tag(&kv->copts, g->n_keep) : 0;
+            found = tag ? dprefix_find_kept(&m->dpx, g->tokens, kv->n_slots, tag) : -1;
+            if (found >= 0 && dprefix_slots(&m->dpx, found) == kslots &&
+                m->dpx.e[found].cols == g->n_keep) {
+                nref = kslots;
+                refb = dprefix_blocks(&m->dpx, found);
+                keep_given = dprefix_keep(&m->dpx, found);
+                if (share[k] < 0)
+                    share[k] = 0; /* its front comes with the kept share's blocks */
+            } else {
+                found = -1;
+                if (!g->share_kept)
+                    tag = 0;
             }
         }
         const int32_t nb = nref / m->dbt;
@@ -686,10 +750,29 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             held[k] = id >= 0 ? -share[k] : 0;
             kv->dshare = id >= 0 ? id + 1 : 0;
         }
-        mv[k] = (dp_kv_move){&kv->copts, kv->table.blocks, kv->table.n_blocks, kv->n_slots,
-                             tables[k].blocks + nb, tables[k].n_blocks - nb, g->n_keep, g->q,
-                             g->q_stride, g->n_q, DP_SCORER_KNORM, nref,
-                             src == DP_PATH_DECODE ? &kv->attn : NULL};
+        /* So is a kept share: its lists are this call's selection, written
+         * before any later move of the call reads them. */
+        int32_t *keep_out = NULL;
+        kid[k] = 0;
+        if (found >= 0) {
+            dprefix_join(&m->dpx, found);
+            kid[k] = found + 1;
+        } else if (tag) {
+            int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, tag, tables[k].blocks,
+                                          kslots, held[k] / m->dbt, rows, g->n_keep);
+            if (id >= 0) {
+                kid[k] = id + 1;
+                keep_out = dprefix_keep(&m->dpx, id);
+                held[k] = kslots;
+            }
+        }
+        kv->kshare = kid[k];
+        mv[k] = (dp_kv_move){.co = &kv->copts, .src = kv->table.blocks,
+                             .n_src_blocks = kv->table.n_blocks, .n_slots = kv->n_slots,
+                             .dst = tables[k].blocks + nb, .n_dst_blocks = tables[k].n_blocks - nb,
+                             .n_keep = g->n_keep, .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q,
+                             .n_ref = nref, .attn = src == DP_PATH_DECODE ? &kv->attn : NULL,
+                             .keep_given = keep_given, .keep_out = keep_out};
         g->n_ref = nref;
         ok[k++] = g;
     }
@@ -703,12 +786,19 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
+            leave_kept(m, kv);
             if (src == DP_PATH_PREFILL)
                 leave_share(m, kv);
             undo_reserve(m, kv, &tables[i], took[i]);
             continue;
         }
-        g->scorer = mv[i].scorer;
+        /* A kept share's scorer is the one that chose its slots (its
+         * namer's, recorded here first when both are in this batch). */
+        if (kid[i] && mv[i].keep_out)
+            m->dpx.e[kid[i] - 1].scorer = (int32_t)mv[i].scorer;
+        g->scorer = kid[i] && mv[i].keep_given ? (dp_scorer)m->dpx.e[kid[i] - 1].scorer : mv[i].scorer;
+        if (mv[i].keep_given)
+            m->kept_shared++;
         if (src == DP_PATH_PREFILL) {
             if (m->has_pc)
                 protect_prompt(m, kv);
@@ -718,6 +808,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             kv->recompressed = true;
             if (g->n_ref == 0)
                 leave_share(m, kv); /* its new table holds none of the share's blocks */
+            leave_kept(m, kv);
         }
         /* What it held goes back to its pool (named prefill blocks stay
          * cached for the next turn); a recompression's freed blocks are
@@ -781,6 +872,7 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
             mg[i].kv->dual = false;
             drop_promise(m, mg[i].kv);
             leave_share(m, mg[i].kv);
+            leave_kept(m, mg[i].kv);
         }
     return moved;
 }
@@ -793,6 +885,7 @@ int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
          * blocks of its own). */
         drop_promise(m, kv);
         leave_share(m, kv);
+        leave_kept(m, kv);
         kv->ref_blocks = 0;
         return 0;
     }

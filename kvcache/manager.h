@@ -45,10 +45,12 @@ typedef struct dp_kv_seq {
     int32_t mig_keep;         /* slots they were compacted to */
     int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate), or
-                               * to a decode-pool share (dshare) */
+                               * to a decode-pool share (dshare, kshare) */
     int32_t dshare;           /* the decode-pool share it holds (dprefix.h): id + 1, 0: none;
                                * on the prefill path, the one admission joined: slots its
                                * migration will not take */
+    int32_t kshare;           /* the kept share (dprefix.h) it named or took at its
+                               * migration: id + 1, 0: none */
     bool recompressed;        /* compacted again on the decode path since */
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
@@ -115,6 +117,7 @@ typedef struct dp_kv_mgr {
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
     int64_t reply_blocks;        /* blocks kv_mgr_keep_reply wrote back */
     int64_t staged_recompressions; /* recompressions that found no free blocks (through rscratch) */
+    int64_t kept_shared;         /* migrations that took a kept share */
     bool reuse_replies;
 } dp_kv_mgr;
 
@@ -176,6 +179,8 @@ typedef struct dp_kv_migration {
     const float *q;           /* SnapKV: captured queries of its last n_q slots (dp_kv_move) */
     int64_t q_stride;
     int32_t n_q;
+    bool share_kept;          /* a migration: others with the same tokens may migrate while
+                               * this one decodes, so its compaction is named for them */
     int rc;                   /* out: 0 when kv now holds n_keep slots on the decode path */
     dp_scorer scorer;         /* out: the scorer that ran */
     int32_t n_ref;            /* out: of n_keep, slots kept by reference (not copied) */

@@ -41,12 +41,12 @@ int32_t *kv_migrator_keep(dp_kv_migrator *m, size_t n)
 /* Removes the first n_ref entries of each row of keep[rows][n_keep] (the
  * slots held by reference, which a forced front keeps as 0..n_ref-1),
  * packing the rows to n_keep - n_ref entries. */
-static int drop_ref_slots(int32_t *keep, size_t rows, int32_t n_keep, int32_t n_ref)
+static int drop_ref_slots(int32_t *keep, size_t rows, int32_t n_keep, int32_t n_ref, bool front)
 {
     const size_t w = (size_t)(n_keep - n_ref);
     for (size_t r = 0; r < rows; r++) {
         const int32_t *row = keep + r * (size_t)n_keep;
-        if (row[n_ref - 1] != n_ref - 1)
+        if (front && row[n_ref - 1] != n_ref - 1)
             return DP_EINVAL; /* not a whole front: cannot happen */
         memmove(keep + r * w, row + n_ref, w * sizeof *keep);
     }
@@ -62,7 +62,8 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) {
         if (mv[i].n_keep < 1 || mv[i].n_keep > mv[i].n_slots || mv[i].n_ref < 0 ||
-            mv[i].n_ref >= mv[i].n_keep || mv[i].n_ref > compress_front(mv[i].co, mv[i].n_keep))
+            mv[i].n_ref >= mv[i].n_keep ||
+            (!mv[i].keep_given && mv[i].n_ref > compress_front(mv[i].co, mv[i].n_keep)))
             return DP_EINVAL;
         total += per_keep * (size_t)mv[i].n_keep;
     }
@@ -82,7 +83,10 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
         for (int32_t j = 0; j < nq; j++)
             qslot[j] = v->n_slots - nq + j;
         int32_t *keep = m->keep + at;
-        if (v->co->scorer == DP_SCORER_SNAPKV && v->attn && v->attn->n_q > 0) {
+        if (v->keep_given) {
+            v->scorer = v->co->scorer;
+            memcpy(keep, v->keep_given, per_keep * (size_t)v->n_keep * sizeof *keep);
+        } else if (v->co->scorer == DP_SCORER_SNAPKV && v->attn && v->attn->n_q > 0) {
             v->scorer = DP_SCORER_SNAPKV;
             rc = compressor_select_scored(&m->comp, v->co, v->attn, v->n_slots, v->n_keep, keep);
         } else {
@@ -92,11 +96,13 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
             rc = compressor_select(&m->comp, v->co, src, v->src, v->n_slots, q, v->q_stride, qslot,
                                    nq, v->n_keep, keep);
         }
+        if (rc == 0 && v->keep_out)
+            memcpy(v->keep_out, keep, per_keep * (size_t)v->n_keep * sizeof *keep);
+        at += per_keep * (size_t)v->n_keep;
         if (rc == 0 && v->n_ref > 0)
-            rc = drop_ref_slots(keep, per_keep, v->n_keep, v->n_ref);
+            rc = drop_ref_slots(keep, per_keep, v->n_keep, v->n_ref, !v->keep_given);
         cs[i] = (dp_compact_seq){v->src, v->n_src_blocks, v->dst, v->n_dst_blocks,
                                  v->n_keep - v->n_ref, keep};
-        at += per_keep * (size_t)v->n_keep;
     }
     if (rc == 0)
         rc = m->be->ops->kv_compact(m->be, src, dst, cs, n);

@@ -28,13 +28,20 @@ typedef struct dp_kv_move {
     int64_t q_stride;
     int32_t n_q;
     dp_scorer scorer;            /* out: the scorer that ran */
-    /* Leading slots the destination holds already, by reference to the
-     * source's first blocks (a prefix kept whole, compress_front): they are
-     * selected as usual and not copied. */
+    /* Leading slots the destination holds already, by reference: they are
+     * selected as usual and not copied (a prefix kept whole,
+     * compress_front, or a kept share's slots, with keep_given). */
     int32_t n_ref;
     /* SnapKV on the decode path (a recompression): the attention its recent
      * decode queries gave each slot, used instead of q where it holds any. */
     const dp_attn_acc *attn;
+    /* Where not NULL: the kept lists to use ([rows][n_keep]) instead of a
+     * selection: a kept share's (kvcache/dprefix.h), the selection of the
+     * same tokens by the same settings. May be an earlier move's keep_out. */
+    const int32_t *keep_given;
+    /* Where not NULL: receives the move's kept lists ([rows][n_keep]),
+     * before any later move of the same call reads them. */
+    int32_t *keep_out;
 } dp_kv_move;
 
 /* Scratch kept between calls (the keep lists). */
@@ -53,8 +60,9 @@ void kv_migrator_destroy(dp_kv_migrator *m);
  * manager's reply write-back builds its plan here too. */
 int32_t *kv_migrator_keep(dp_kv_migrator *m, size_t n);
 
-/* Moves n sequences from src to dst in one kv_compact call. All or nothing:
- * on an error no destination table was written to. */
+/* Moves n sequences from src to dst in one kv_compact call, selecting in
+ * order (a move's keep_given may be an earlier move's keep_out). All or
+ * nothing: on an error no destination table was written to. */
 int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
                int32_t n);
 

@@ -366,8 +366,10 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                         continue;
                     dp_compress_opts co = {(dp_scorer)sc, o->ratios[ri], o->sinks, o->window,
                                            (uint64_t)sd + 1, 0};
-                    dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep,
-                                     e->q_dev, (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0, NULL};
+                    dp_kv_move mv = {.co = &co, .src = table, .n_src_blocks = (P + BT - 1) / BT,
+                                     .n_slots = P, .dst = table, .n_dst_blocks = nb,
+                                     .n_keep = n_keep, .q = e->q_dev,
+                                     .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap};
                     if ((rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1)) ||
                         (rc = teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
                         goto out2;
@@ -441,8 +443,9 @@ static int budget_run(ev *e, dp_kv_store *const *stores, const int32_t *ta, int3
     int32_t n_keep = compress_n_keep(co, P);
     if (n_keep > bkeep)
         n_keep = bkeep;
-    dp_kv_move mv = {co, ta, nba, P, tb[0], nbb, n_keep, e->q_dev, (int64_t)n_cap * e->qd, n_cap,
-                     DP_SCORER_KNORM, 0, NULL};
+    dp_kv_move mv = {.co = co, .src = ta, .n_src_blocks = nba, .n_slots = P, .dst = tb[0],
+                     .n_dst_blocks = nbb, .n_keep = n_keep, .q = e->q_dev,
+                     .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap};
     int rc = kv_migrate(&e->mig, stores[0], stores[1], &mv, 1);
     if (rc)
         return rc;
@@ -476,8 +479,9 @@ static int budget_run(ev *e, dp_kv_store *const *stores, const int32_t *ta, int3
         for (int32_t j = 0; rc == 0 && j < cap; j++)
             rc = compressor_accumulate(&e->mig.comp, &aq, stores[1], tb[cur], q + (size_t)j * e->qd,
                                        (int64_t)cap * e->qd, n_slots - cap + j);
-        dp_kv_move rv = {co, tb[cur], nbb, n_slots, tb[1 - cur], nbb, bkeep, NULL, 0, 0,
-                         DP_SCORER_KNORM, 0, aq.n_q > 0 ? &aq : NULL};
+        dp_kv_move rv = {.co = co, .src = tb[cur], .n_src_blocks = nbb, .n_slots = n_slots,
+                         .dst = tb[1 - cur], .n_dst_blocks = nbb, .n_keep = bkeep,
+                         .attn = aq.n_q > 0 ? &aq : NULL};
         if (rc == 0 && (rc = kv_migrate(&e->mig, stores[1], stores[1], &rv, 1)) == 0) {
             if (co->scorer == DP_SCORER_SNAPKV && rv.scorer != DP_SCORER_SNAPKV)
                 rc = DP_EINVAL; /* it would not be SnapKV's table */
@@ -813,10 +817,12 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         *kept += (double)n_keep[i] / cs->len[i] / n;
         /* One sequence per call: its queries are the ones on the device. */
         memcpy(e->q_host, cs->q[i], (size_t)L * cs->n_cap * e->qd * sizeof(float));
-        dp_kv_move mv = {co, cs->table_a + (size_t)i * cs->max_blocks_a, (cs->len[i] + BT - 1) / BT,
-                         cs->len[i], cs->table_b + (size_t)i * cs->max_blocks_b,
-                         (cs->len[i] + cs->gen + BT - 1) / BT, n_keep[i], e->q_dev,
-                         (int64_t)cs->n_cap * e->qd, cs->n_cap, DP_SCORER_KNORM, 0, NULL};
+        dp_kv_move mv = {.co = co, .src = cs->table_a + (size_t)i * cs->max_blocks_a,
+                         .n_src_blocks = (cs->len[i] + BT - 1) / BT, .n_slots = cs->len[i],
+                         .dst = cs->table_b + (size_t)i * cs->max_blocks_b,
+                         .n_dst_blocks = (cs->len[i] + cs->gen + BT - 1) / BT,
+                         .n_keep = n_keep[i], .q = e->q_dev,
+                         .q_stride = (int64_t)cs->n_cap * e->qd, .n_q = cs->n_cap};
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
@@ -1038,8 +1044,9 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 int32_t n_keep = compress_n_keep(&co, P);
                 g->c[t][ri].n_keep[pi] = n_keep;
                 dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t]};
-                dp_kv_move mv = {&co, table, (P + BT - 1) / BT, P, table, nb, n_keep, e->q_dev,
-                                 (int64_t)n_cap * e->qd, n_cap, DP_SCORER_KNORM, 0, NULL};
+                dp_kv_move mv = {.co = &co, .src = table, .n_src_blocks = (P + BT - 1) / BT,
+                                 .n_slots = P, .dst = table, .n_dst_blocks = nb, .n_keep = n_keep,
+                                 .q = e->q_dev, .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap};
                 if ((rc = kv_migrate(&e->mig, a, b[t], &mv, 1)) ||
                     (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
                     goto out;

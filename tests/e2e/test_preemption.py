@@ -2,7 +2,8 @@
 same greedy requests sent together to a daemon whose KV memory is small enough
 to force preemptions give the text each gives alone on the shared daemon (the
 same settings, more memory), because a preempted compact cache is swapped out
-and restored as it was. n = 4 prefills its prompt once."""
+and restored as it was. n = 4 prefills its prompt once and its copies share
+the first one's compaction."""
 import json
 
 import pytest
@@ -54,13 +55,24 @@ def test_outputs_equal_alone_under_preemption():
 
 def test_n4_prefills_the_prompt_once(server):
     prompt = "Shared: " + "A long system prompt that every choice starts from. " * 30
-    before = metrics()["dualpath_engine_prefill_tokens_total"]
+    m0 = metrics()
+    # 8 tokens each, EOS or not: the first choice still decodes when the
+    # others migrate (its compaction lives while it runs).
     st, _, b = request("POST", "/v1/completions",
-                       {"prompt": prompt, "n": 4, "max_tokens": 4, "temperature": 0})
+                       {"prompt": prompt, "n": 4, "max_tokens": 8, "temperature": 0,
+                        "ignore_eos": True})
     assert st == 200, b
     r = json.loads(b)
     p = r["usage"]["prompt_tokens"]
-    computed = metrics()["dualpath_engine_prefill_tokens_total"] - before
+    m1 = metrics()
+    computed = m1["dualpath_engine_prefill_tokens_total"] - m0["dualpath_engine_prefill_tokens_total"]
+    # The choices are queued together: the three copies take the first's
+    # compaction (a kept share) in whole q8_0 decode blocks of 30 tokens,
+    # copying only its last partial block.
+    assert m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"] == 3
+    in_place = m1["dualpath_tokens_in_place_total"] - m0["dualpath_tokens_in_place_total"]
+    kept = m1["dualpath_tokens_kept_total"] - m0["dualpath_tokens_kept_total"]
+    assert in_place >= 3 * (kept // 4 - 30), (in_place, kept)
     texts = {c["text"] for c in r["choices"]}
     assert len(texts) == 1  # greedy: the four choices agree
     # The prompt once, then per copy only what cannot be shared: below one

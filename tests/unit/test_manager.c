@@ -2,7 +2,9 @@
  * need formula, admission and growth in one arena shared by both paths
  * (the decode promises of others are never taken), the fallback of a
  * sequence too long to migrate to running whole, and split pools; with the
- * CPU backend, the decode-pool share of a prefix kept whole (dprefix.h). */
+ * CPU backend, the decode-pool share of a prefix kept whole and of a whole
+ * compaction (dprefix.h). */
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/dp.h"
@@ -200,7 +202,7 @@ static void test_decode_share(void)
     const int32_t before = m.decode_reserved;
     CHECK(kv_mgr_admit(&m, &b, tb, 140, 1, true, &reused) == 0);
     CHECK(b.dshare > 0);
-    CHECK_EQ_INT(dprefix_tokens(&m.dpx, b.dshare - 1), s);
+    CHECK_EQ_INT(dprefix_slots(&m.dpx, b.dshare - 1), s);
     CHECK_EQ_INT(m.decode_reserved - before, (keep + dbt + dbt - 1) / dbt - s / dbt);
     CHECK_EQ_INT(b.dshare, a.dshare);
     int32_t shared[8];
@@ -222,6 +224,94 @@ static void test_decode_share(void)
     backend_destroy(be);
 }
 
+/* Fills each of t's first n blocks with floats from seed (a prompt's K/V
+ * computed by hand): equal seeds give equal caches. */
+static void fill_blocks(dp_backend *be, dp_kv_mgr *m, const dp_block_table *t, int32_t n,
+                        uint32_t seed)
+{
+    const size_t nf = m->prefill_block_bytes / sizeof(float);
+    float *buf = malloc(m->prefill_block_bytes);
+    CHECK(buf != NULL);
+    for (int32_t b = 0; buf && b < n; b++) {
+        for (size_t i = 0; i < nf; i++) {
+            seed = seed * 1664525u + 1013904223u;
+            buf[i] = (float)(seed >> 8) / 16777216.0f - 0.5f;
+        }
+        CHECK(be->ops->kv_block_write(be, m->store, t->blocks[b], buf) == 0);
+    }
+    free(buf);
+}
+
+/* A kept share (dprefix.h): a, marked share_kept, names the whole decode
+ * blocks of its compaction with its kept lists; b, with the same tokens and
+ * settings, keeps the same slots without selecting again, takes those
+ * blocks and copies only its last partial block; so does c, whose K/V
+ * differ (a share is keyed by tokens and settings: equal tokens make equal
+ * K/V in the engine). When all end, every block, share and promise comes
+ * back. */
+static void test_kept_share(void)
+{
+    char err[128];
+    dp_backend *be;
+    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
+    dp_kv_mgr_opts o = {
+        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
+                    .n_blocks = 64, .type = DP_KV_F32},
+        .dual = true, .prefill_fraction = 0.25,
+        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
+    };
+    o.decode = o.prefill;
+    o.decode.n_blocks = 0;
+    o.decode.type = DP_KV_Q8_0;
+    dp_kv_mgr m;
+    CHECK_MSG(kv_mgr_init(&m, be, &o, err, sizeof err) == 0, "%s", err);
+    const int32_t dbt = m.dbt;
+    int32_t tok[140];
+    for (int i = 0; i < 140; i++)
+        tok[i] = 7 * i + 3;
+    dp_compress_opts co = CO;
+    co.scorer = DP_SCORER_KNORM; /* from the K/V alone */
+    const int32_t keep = compress_n_keep(&co, 140), kslots = (keep - 1) / dbt * dbt;
+    CHECK(kslots >= dbt);
+    dp_kv_seq s[3];
+    const uint32_t seeds[3] = {11, 11, 12};
+    int32_t reused;
+    for (int i = 0; i < 3; i++) {
+        kv_seq_init(&s[i], true, &co);
+        CHECK(kv_mgr_admit(&m, &s[i], tok, 140, 1, i > 0, &reused) == 0);
+        kv_mgr_commit(&m, &s[i], tok, 140);
+        fill_blocks(be, &m, &s[i].table, s[i].table.n_blocks, seeds[i]);
+    }
+    dp_kv_migration g = {.kv = &s[0], .tokens = tok, .n_keep = keep, .share_kept = true};
+    CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
+    CHECK_EQ_INT(g.n_ref, 0);
+    CHECK(s[0].kshare > 0);
+    CHECK_EQ_INT(m.dpx.live_blocks, kslots / dbt);
+    g = (dp_kv_migration){.kv = &s[1], .tokens = tok, .n_keep = keep};
+    CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
+    CHECK_EQ_INT(g.n_ref, kslots);
+    CHECK_EQ_INT(s[1].kshare, s[0].kshare);
+    CHECK(memcmp(s[1].table.blocks, s[0].table.blocks, (size_t)(kslots / dbt) * sizeof(int32_t)) == 0);
+    CHECK(s[1].table.blocks[kslots / dbt] != s[0].table.blocks[kslots / dbt]);
+    g = (dp_kv_migration){.kv = &s[2], .tokens = tok, .n_keep = keep};
+    CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
+    CHECK_EQ_INT(g.n_ref, kslots);
+    CHECK_EQ_INT(m.kept_shared, 2);
+    CHECK_EQ_INT(m.dpx.live_blocks, kslots / dbt);
+    /* a ends first: the share lives on for b. */
+    kv_mgr_free(&m, &s[0]);
+    CHECK_EQ_INT(m.dpx.live_blocks, kslots / dbt);
+    kv_mgr_free(&m, &s[1]);
+    kv_mgr_free(&m, &s[2]);
+    CHECK_EQ_INT(m.dpx.live_blocks, 0);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), m.pool.n_blocks);
+    for (int i = 0; i < 3; i++)
+        kv_seq_destroy(&s[i]);
+    kv_mgr_destroy(&m);
+    backend_destroy(be);
+}
+
 int main(void)
 {
     test_need();
@@ -229,5 +319,6 @@ int main(void)
     test_too_long_to_migrate();
     test_split();
     test_decode_share();
+    test_kept_share();
     T_DONE("manager");
 }

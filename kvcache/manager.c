@@ -313,6 +313,24 @@ static uint64_t kept_tag(const dp_compress_opts *co, int32_t n_keep)
     return h ? h : 1;
 }
 
+/* Slots of a compaction to n_keep that a kept share can hold: its whole
+ * decode blocks, fewer than n_keep (the copy is never empty). */
+static int32_t kept_slots(const dp_kv_mgr *m, int32_t n_keep)
+{
+    return n_keep > 0 ? (n_keep - 1) / m->dbt * m->dbt : 0;
+}
+
+/* The kept share of tokens[0..n) compacted to n_keep by kv's settings, or -1. */
+static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
+                         int32_t n_keep)
+{
+    const int32_t ks = kept_slots(m, n_keep);
+    if (!m->dpx.e || !tokens || ks < m->dbt)
+        return -1;
+    int32_t id = dprefix_find_kept(&m->dpx, tokens, n, kept_tag(&kv->copts, n_keep));
+    return id >= 0 && dprefix_slots(&m->dpx, id) == ks && m->dpx.e[id].cols == n_keep ? id : -1;
+}
+
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
     dp_kv_need n = {0, 0};
@@ -332,8 +350,14 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         if (d > cap)
             d = cap;
     }
-    /* Blocks it keeps by reference are counted on the prefill path. */
-    n.decode = dblocks_for(m, d) - ref_slots(m, kv, c, keep) / m->dbt;
+    /* Blocks it keeps by reference are counted on the prefill path, or
+     * are a share's that others hold (a kept share it joined at admission
+     * holds more of them than its front). */
+    int32_t r = ref_slots(m, kv, c, keep);
+    if (kv->kshare && kv->path == DP_PATH_PREFILL && dprefix_slots(&m->dpx, kv->kshare - 1) > r &&
+        m->dpx.e[kv->kshare - 1].cols == keep)
+        r = dprefix_slots(&m->dpx, kv->kshare - 1);
+    n.decode = dblocks_for(m, d) - r / m->dbt;
     return n;
 }
 
@@ -451,6 +475,19 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * pool where its blocks are intact, from the host tier where they were
      * spilled; only the rest is computed. */
     int32_t got = 0, from_host = 0;
+    /* The compaction of the same prompt that a running sequence made (n > 1,
+     * identical requests): it will keep those slots without selecting, so
+     * no window of its own must run for SnapKV (only its last token), and
+     * it holds the share from now until it migrates. */
+    if (m->dual && kv->dual && !kv->kshare && kv->table.n_blocks == 0) {
+        int32_t id = kept_find(m, kv, tokens, n_tokens, kv_mgr_migration_keep(m, kv, n_tokens));
+        if (id >= 0) {
+            dprefix_join(&m->dpx, id);
+            kv->kshare = id + 1;
+            if (tail < n_tokens) /* not a prompt scored whole */
+                tail = 1;
+        }
+    }
     if (m->has_pc && kv->table.n_blocks == 0) {
         uint64_t last = 0;
         int32_t limit = n_tokens - (tail > 1 ? tail : 1);
@@ -479,6 +516,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
          * whole, as with dualpath off (kv_mgr_can_fit). */
         kv->dual = false;
         leave_share(m, kv);
+        leave_kept(m, kv);
         dp_log(DP_LOG_DEBUG, "kvcache: a %d-token sequence runs whole: too long to migrate in "
                "this memory", n_tokens);
     }
@@ -501,6 +539,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv->hashed_blocks = 0;
         kv->chain = 0;
         leave_share(m, kv);
+        leave_kept(m, kv);
         return DP_ENOSPC;
     }
     kv->path = DP_PATH_PREFILL;
@@ -705,12 +744,21 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t kslots = 0, found = -1;
         uint64_t tag = 0;
         const int32_t *keep_given = NULL;
+        if (kv->kshare && src == DP_PATH_PREFILL) {
+            /* The one admission joined, unless its compaction changed since
+             * (an early switch keeps fewer). */
+            const int32_t id = kv->kshare - 1;
+            if (dprefix_slots(&m->dpx, id) != kept_slots(m, g->n_keep) ||
+                m->dpx.e[id].cols != g->n_keep || !g->tokens || kv->n_slots != m->dpx.e[id].n_tokens ||
+                memcmp(m->dpx.e[id].tokens, g->tokens, (size_t)kv->n_slots * sizeof *g->tokens))
+                leave_kept(m, kv);
+        }
         if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0) {
-            kslots = (g->n_keep - 1) / m->dbt * m->dbt;
+            kslots = kept_slots(m, g->n_keep);
             tag = kslots > nref ? kept_tag(&kv->copts, g->n_keep) : 0;
-            found = tag ? dprefix_find_kept(&m->dpx, g->tokens, kv->n_slots, tag) : -1;
-            if (found >= 0 && dprefix_slots(&m->dpx, found) == kslots &&
-                m->dpx.e[found].cols == g->n_keep) {
+            found = !tag ? -1 : kv->kshare ? kv->kshare - 1
+                                           : kept_find(m, kv, g->tokens, kv->n_slots, g->n_keep);
+            if (found >= 0) {
                 nref = kslots;
                 refb = dprefix_blocks(&m->dpx, found);
                 keep_given = dprefix_keep(&m->dpx, found);
@@ -755,7 +803,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t *keep_out = NULL;
         kid[k] = 0;
         if (found >= 0) {
-            dprefix_join(&m->dpx, found);
+            if (!kv->kshare)
+                dprefix_join(&m->dpx, found);
             kid[k] = found + 1;
         } else if (tag) {
             int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, tag, tables[k].blocks,
@@ -766,6 +815,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 held[k] = kslots;
             }
         }
+        if (kv->kshare && kv->kshare != kid[k])
+            leave_kept(m, kv); /* joined at admission, not taken */
         kv->kshare = kid[k];
         mv[k] = (dp_kv_move){.co = &kv->copts, .src = kv->table.blocks,
                              .n_src_blocks = kv->table.n_blocks, .n_slots = kv->n_slots,

@@ -236,8 +236,11 @@ static int32_t score_cut(const dp_seq *q, int32_t n, int32_t left)
  * beyond what the prefix cache names already (n > 1, identical requests, a
  * system prompt that arrives with several users at once). q then waits for
  * those blocks to be named and takes them by reference instead of computing
- * them a second time. It waits in its turn: strict FCFS, the queue behind it
- * waits too, for at most that prompt's prefill. */
+ * them a second time. With dualpath, an identical prompt waits for the
+ * other's whole prompt: it migrates at its end, and q then keeps its
+ * compaction (a kept share, kvcache/manager.h) and computes only its last
+ * token, not a SnapKV window of its own. It waits in its turn: strict FCFS,
+ * the queue behind it waits too, for at most that prompt's prefill. */
 static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
 {
     if (!s->kv->has_pc || q->n_computed > 0 || q->scores_prompt)
@@ -248,6 +251,9 @@ static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
     for (const dp_seq *r = s->run_head; r; r = r->next) {
         if (r->kv.path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
             continue;
+        if (q->kv.dual && r->kv.dual && s->kv->dual && q->n_tokens == r->n_tokens &&
+            memcmp(q->tokens, r->tokens, (size_t)q->n_tokens * sizeof *q->tokens) == 0)
+            return true;
         int32_t named = r->kv.hashed_blocks;
         int32_t r_blocks = r->n_tokens / bt; /* r names each full block it computes */
         int32_t upto = (q_blocks < r_blocks ? q_blocks : r_blocks) - named;

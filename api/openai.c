@@ -932,6 +932,10 @@ static int parse_messages(const dp_oai_ctx *c, const cJSON *root, dp_oai_req *r,
         }
         msgs[i].role = rs;
         msgs[i].content = texts[i];
+        /* An earlier reply: this turn continues a conversation, whose next
+         * turn will ask for this one's prompt and reply again. */
+        if (i < n - 1 && (!strcmp(rs, "assistant") || !strcmp(rs, "tool")))
+            r->params.conversation = true;
         i++;
     }
     if (r->tools.mode != DP_TOOLS_OFF && add_tools_system(tmpl, r, msgs, &n, texts, e))

@@ -173,6 +173,9 @@ static const opt_desc options[] = {
     {"reuse_replies", DP_CONF_BOOL, F(reuse_replies), "true", 0, 0, NULL, NULL, 0,
      GROUP_DUALPATH, NULL,
      "a reply's K/V (as computed on the decode path) serve the next turn [kvcache]"},
+    {"compress_turns", DP_CONF_BOOL, F(compress_turns), "false", 0, 0, NULL, NULL,
+     0, GROUP_DUALPATH, NULL,
+     "compress chat turns after an earlier reply too (else whole, kept for the next) [engine]"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

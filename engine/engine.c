@@ -280,8 +280,17 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
 
 /* Whether a request's cache takes the decode path. A request that scores
  * its prompt runs whole: its logprobs are the full cache's. */
+/* Whether a request's sequence migrates when its prompt ends. A chat turn
+ * that continues a conversation runs whole unless asked (compress_turns, or
+ * the request's "dualpath": {"enabled": true}): its whole
+ * prompt stays in the prefix cache for the next turn either way, so a
+ * compact copy beside it adds memory rather than freeing any, and its reply
+ * stays in place for the next turn instead of being copied back. Measured
+ * in docs/dualpath.md (multi-turn sessions under memory pressure). */
 static bool runs_dual(const dp_engine *e, const dp_request_params *p)
 {
+    if (p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT && !e->opts.compress_turns)
+        return false;
     return e->dual && p->dualpath_mode != DP_DUALPATH_OFF && !p->prompt_logprobs;
 }
 

@@ -39,6 +39,8 @@ typedef struct dp_engine_opts {
     bool early_switch;           /* the path detector may switch before the prompt ends */
     bool reuse_replies;          /* a finished decode-path reply's K/V go to the prefix cache
                                   * for the next turn (kvcache/manager.h); default on */
+    bool compress_turns;         /* a chat turn after an earlier reply migrates too (default
+                                  * off: it runs whole, in place for the next turn) */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME

@@ -49,6 +49,9 @@ typedef struct dp_request_params {
     float keep_ratio;             /* 0: default; else (0, 1] */
     int32_t keep_prefix;          /* first prompt tokens kept whole on the decode path
                                    * (the API sets a chat's system prompt here); 0: none */
+    bool conversation;            /* a chat turn after an earlier reply (an assistant or
+                                   * tool message before the last): its prompt and reply
+                                   * serve the next turn */
 } dp_request_params;
 
 enum { DP_DUALPATH_DEFAULT = 0, DP_DUALPATH_ON = 1, DP_DUALPATH_OFF = 2 };

@@ -752,7 +752,7 @@ static bool has_twin(dp_engine *e, const eng_seq *es)
             memcmp(t->tokens, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens) == 0)
             return true;
     }
-    /* Copies submitted one by one (n > 1) may still be in the inbox. */
+    /* Identical requests may still be in the inbox. */
     bool twin = false;
     pthread_mutex_lock(&e->mu);
     for (int32_t i = 0; i < e->in_n && !twin; i++) {

@@ -296,8 +296,8 @@ static void leave_kept(dp_kv_mgr *m, dp_kv_seq *kv)
 }
 
 /* A kept share's tag: what chose its slots (nonzero). Sequences with the
- * same tokens and the same tag select the same slots from the same K/V; the
- * taker still checks its own selection against the share's lists. */
+ * same tokens and the same tag have the same K/V and select the same slots,
+ * so a taker keeps the share's lists instead of selecting again. */
 static uint64_t kept_tag(const dp_compress_opts *co, int32_t n_keep)
 {
     uint32_t ratio;

@@ -52,6 +52,7 @@ static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL}
 static const char *const kv_types[] = {"f32", "f16", NULL};
 /* "same", then dp_kv_type + 1. */
 static const char *const decode_kv_types[] = {"auto", "same", "f32", "f16", "q8_0", "q4_0", NULL};
+static const char *const turn_modes[] = {"auto", "always", "never", NULL};
 static const char *const scorers[] = {"knorm", "knorm_high", "snapkv", "recent", "random", NULL};
 
 static int check_device(const char *s, char *err, size_t errsz);
@@ -173,9 +174,9 @@ static const opt_desc options[] = {
     {"reuse_replies", DP_CONF_BOOL, F(reuse_replies), "true", 0, 0, NULL, NULL, 0,
      GROUP_DUALPATH, NULL,
      "a reply's K/V (as computed on the decode path) serve the next turn [kvcache]"},
-    {"compress_turns", DP_CONF_BOOL, F(compress_turns), "false", 0, 0, NULL, NULL,
-     0, GROUP_DUALPATH, NULL,
-     "compress chat turns after an earlier reply too (else whole, kept for the next) [engine]"},
+    {"compress_turns", DP_CONF_ENUM, F(compress_turns), "auto", 0, 0, turn_modes, NULL, 0,
+     GROUP_DUALPATH, NULL,
+     "chat turns after an earlier reply: auto = compressed when memory binds [kvcache]"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

@@ -84,7 +84,7 @@ typedef struct dp_config {
     int decode_budget;      /* 0 = off */
     bool early_switch;
     bool reuse_replies;
-    bool compress_turns;
+    int compress_turns;     /* 0 auto, 1 always, 2 never */
 } dp_config;
 
 /* Value types, shared by the config table and by caller-defined flags. */

@@ -33,7 +33,7 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->decode_budget = c->decode_budget;
     e->early_switch = c->early_switch;
     e->reuse_replies = c->reuse_replies;
-    e->compress_turns = c->compress_turns;
+    e->compress_turns = c->compress_turns; /* the enum's order is ENGINE_TURNS_* */
     e->prefix_cache = c->prefix_cache;
     e->kv_type = c->kv_cache_type;
     /* The enum's order: auto, same, then the dp_kv_type values. */

@@ -281,15 +281,17 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
 /* Whether a request's cache takes the decode path. A request that scores
  * its prompt runs whole: its logprobs are the full cache's. */
 /* Whether a request's sequence migrates when its prompt ends. A chat turn
- * that continues a conversation runs whole unless asked (compress_turns, or
- * the request's "dualpath": {"enabled": true}): its whole
- * prompt stays in the prefix cache for the next turn either way, so a
- * compact copy beside it adds memory rather than freeing any, and its reply
- * stays in place for the next turn instead of being copied back. Measured
- * in docs/dualpath.md (multi-turn sessions under memory pressure). */
+ * that continues a conversation (compress_turns, unless the request's
+ * "dualpath" object says): its whole prompt stays in the prefix cache for
+ * the next turn either way, so a compact copy beside it adds memory rather
+ * than freeing any, and its reply must be copied back; it pays only when
+ * memory binds, for the room it makes. Under auto it runs whole while the
+ * arena holds it whole (kvcache/manager.h, whole_if_room); never: always
+ * whole. Measured in docs/dualpath.md (multi-turn sessions). */
 static bool runs_dual(const dp_engine *e, const dp_request_params *p)
 {
-    if (p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT && !e->opts.compress_turns)
+    if (p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT &&
+        e->opts.compress_turns == ENGINE_TURNS_NEVER)
         return false;
     return e->dual && p->dualpath_mode != DP_DUALPATH_OFF && !p->prompt_logprobs;
 }
@@ -325,6 +327,9 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
     }
+    if (es->seq)
+        es->seq->kv.whole_if_room = p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT &&
+                                    e->opts.compress_turns == ENGINE_TURNS_AUTO;
     if (!es->seq || (p->n_logit_bias > 0 && (!es->bias_ids || !es->bias_vals))) {
         seq_free(es->seq);
         free(es->bias_ids);

@@ -39,8 +39,7 @@ typedef struct dp_engine_opts {
     bool early_switch;           /* the path detector may switch before the prompt ends */
     bool reuse_replies;          /* a finished decode-path reply's K/V go to the prefix cache
                                   * for the next turn (kvcache/manager.h); default on */
-    bool compress_turns;         /* a chat turn after an earlier reply migrates too (default
-                                  * off: it runs whole, in place for the next turn) */
+    int32_t compress_turns;      /* a chat turn after an earlier reply: ENGINE_TURNS_* */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
@@ -54,6 +53,11 @@ typedef struct dp_engine_opts {
 
 #define ENGINE_DECODE_KV_SAME (-1)
 #define ENGINE_DECODE_KV_AUTO (-2)
+/* compress_turns: a chat turn after an earlier reply (its prompt, whole in
+ * the prefix cache, is what the next turn asks for) is compressed only when
+ * the arena cannot hold it whole beside the others (auto), always, or
+ * never. */
+enum { ENGINE_TURNS_AUTO = 0, ENGINE_TURNS_ALWAYS = 1, ENGINE_TURNS_NEVER = 2 };
 
 void engine_opts_default(dp_engine_opts *o);
 

@@ -507,6 +507,24 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
             kv->dshare = share + 1;
         }
     }
+    /* A later chat turn keeps its prompt whole in the prefix cache for the
+     * next turn anyway: a compact copy beside it adds memory, so it runs
+     * whole, its reply in place, while the arena has room for that without
+     * taking protected blocks or others' promises (four blocks of reply
+     * included); only when memory binds does it migrate, for the room. */
+    bool went_whole = false;
+    if (kv->whole_if_room && kv->dual && m->shared) {
+        dp_kv_seq whole = *kv;
+        whole.dual = false;
+        dp_kv_need wn = kv_mgr_need(m, &whole, n_tokens, 4 * (int64_t)m->pool.block_tokens);
+        if (wn.prefill - kv->table.n_blocks <=
+            kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved) {
+            kv->dual = false;
+            went_whole = true;
+            leave_share(m, kv);
+            leave_kept(m, kv);
+        }
+    }
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
@@ -540,6 +558,8 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         kv->chain = 0;
         leave_share(m, kv);
         leave_kept(m, kv);
+        if (went_whole)
+            kv->dual = true; /* decided again at the next try */
         return DP_ENOSPC;
     }
     kv->path = DP_PATH_PREFILL;

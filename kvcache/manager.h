@@ -32,6 +32,9 @@ typedef enum dp_path { DP_PATH_PREFILL = 0, DP_PATH_DECODE = 1 } dp_path;
 /* A sequence's KV state. Only the manager writes it. */
 typedef struct dp_kv_seq {
     bool dual;                /* migrates to the decode path when its prompt ends */
+    bool whole_if_room;       /* ... unless, at its admission, one arena holds it whole
+                               * beside what others hold and were promised (a later chat
+                               * turn, whose whole prompt the next turn asks for) */
     dp_compress_opts copts;   /* its scorer, keep ratio, sinks and window */
     dp_path path;             /* which pool the table lives in */
     dp_block_table table;

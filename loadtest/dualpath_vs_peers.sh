@@ -17,7 +17,10 @@
 # preemptions.
 #
 # Servers (SERVERS, default all, in this order): off (dualpathd
-# --no-dualpath), on (dualpathd's defaults), on-q8_0 and on-q4_0 (dualpath
+# --no-dualpath), on (dualpathd's defaults), on-turns and on-whole-turns
+# (later chat turns always compressed / never: --compress-turns always |
+# never; the default, auto, compresses them when memory binds), on-q8_0
+# and on-q4_0 (dualpath
 # with a quantized decode path), on-q8_0-full (the same at keep_ratio 1:
 # quantized, nothing evicted), on-budget (dualpath with decode_budget =
 # BUDGET, default 256: replies are recompressed too), llama (llama-server,
@@ -142,6 +145,8 @@ for s in $SERVERS; do
         on) serve_and_run "dualpathd-on" $DP ;;
         on-q8_0) serve_and_run "dualpathd-on-q8_0" $DP --decode-kv-type q8_0 ;;
         on-q4_0) serve_and_run "dualpathd-on-q4_0" $DP --decode-kv-type q4_0 ;;
+        on-turns) serve_and_run "dualpathd-on-turns-always" $DP --compress-turns always ;;
+        on-whole-turns) serve_and_run "dualpathd-on-turns-never" $DP --compress-turns never ;;
         on-budget) serve_and_run "dualpathd-on-budget${BUDGET:-256}" $DP --decode-budget "${BUDGET:-256}" ;;
         on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
         llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;

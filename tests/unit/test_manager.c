@@ -312,6 +312,55 @@ static void test_kept_share(void)
     backend_destroy(be);
 }
 
+/* compress_turns = auto: a later chat turn (whole_if_room) runs whole while
+ * one arena holds it whole (with 4 blocks of reply) beside what others hold,
+ * were promised and protect (the prompts of running turns, kept for their
+ * next turns), and is compressed once it would have to take those; a turn
+ * not admitted is decided again at its next try. */
+static void test_whole_if_room(void)
+{
+    dp_kv_mgr m;
+    mgr(&m, true, 64, 0);
+    int32_t tok[480];
+    for (int i = 0; i < 480; i++)
+        tok[i] = i;
+    dp_kv_seq s[4];
+    for (int i = 0; i < 4; i++) {
+        kv_seq_init(&s[i], true, &CO);
+        s[i].whole_if_room = true;
+    }
+    int32_t reused;
+    /* 100 tokens: 7 blocks, 11 with the reply's 4, of 64: whole. */
+    CHECK(kv_mgr_admit(&m, &s[0], tok, 100, 1, false, &reused) == 0);
+    CHECK(!s[0].dual);
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    /* 400 tokens: 26 blocks (29 with the reply) of the 57 left: whole. */
+    CHECK(kv_mgr_admit(&m, &s[1], tok + 80, 400, 1, true, &reused) == 0);
+    CHECK(!s[1].dual);
+    /* 20 of the 31 free blocks protected: 11 left for a turn run whole. */
+    int32_t np = 0;
+    for (int32_t b = 0; b < m.pool.n_blocks && np < 20; b++)
+        if (m.pool.refcnt[b] == 0) {
+            kv_pool_protect(&m.pool, b);
+            np++;
+        }
+    CHECK_EQ_INT(m.pool.n_warm, 20);
+    /* 120 tokens would take 12 whole: compressed instead (8 prompt blocks,
+     * a promise of 5, the watermark: 14 of the 31 free). */
+    CHECK(kv_mgr_admit(&m, &s[2], tok + 200, 120, 1, true, &reused) == 0);
+    CHECK(s[2].dual);
+    CHECK(m.decode_reserved > 0);
+    /* 480 tokens fit neither way: not admitted, and still to be decided. */
+    CHECK(kv_mgr_admit(&m, &s[3], tok, 480, 1, true, &reused) == DP_ENOSPC);
+    CHECK(s[3].dual);
+    for (int i = 0; i < 4; i++) {
+        kv_mgr_free(&m, &s[i]);
+        kv_seq_destroy(&s[i]);
+    }
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    kv_mgr_destroy(&m);
+}
+
 int main(void)
 {
     test_need();
@@ -320,5 +369,6 @@ int main(void)
     test_split();
     test_decode_share();
     test_kept_share();
+    test_whole_if_room();
     T_DONE("manager");
 }

@@ -769,6 +769,16 @@ static bool has_twin(dp_engine *e, const eng_seq *es)
     return twin;
 }
 
+/* Whether a compaction's kept lists are small enough to keep for any later
+ * request with the same prompt (a retry, a common question), twin or not:
+ * 4 bytes per layer, KV head and kept slot, 256 KiB at most (728 slots of
+ * SmolLM2's 30 x 3 heads), held while the sequence decodes. */
+static bool small_lists(const dp_engine *e, int32_t n_keep)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    return (int64_t)hp->n_layers * hp->n_kv_heads * n_keep * (int64_t)sizeof(int32_t) <= 256 * 1024;
+}
+
 /* Compacts each sequence's cache into the decode pool through the KV
  * manager (one backend call per source pool), with the queries this step
  * captured where the kind scores with them, and records what happened. */
@@ -783,8 +793,8 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         eng_seq *es = list[i];
         dp_kv_migration *g = &e->mig[i];
         *g = (dp_kv_migration){.kv = &es->seq->kv, .tokens = es->seq->tokens,
-                               .n_keep = compact_target(e, es, kind),
-                               .share_kept = kind == DP_COMPACT_MIGRATION && has_twin(e, es)};
+                               .n_keep = compact_target(e, es, kind)};
+        g->share_kept = kind == DP_COMPACT_MIGRATION && (small_lists(e, g->n_keep) || has_twin(e, es));
         if (q && es->capture_at >= 0) {
             g->q = q + (size_t)es->capture_at * q_row;
             g->q_stride = q_stride;

@@ -4,7 +4,9 @@ to force preemptions give the text each gives alone on the shared daemon (the
 same settings, more memory), because a preempted compact cache is swapped out
 and restored as it was. n = 4 prefills its prompt once and its copies share
 the first one's compaction."""
+import http.client
 import json
+import urllib.parse
 
 import pytest
 
@@ -80,3 +82,34 @@ def test_n4_prefills_the_prompt_once(server):
     # nothing, so it computes no SnapKV window of its own).
     assert computed <= p + 3 * 16, (computed, p)
     assert computed < 2 * p
+
+
+def test_identical_request_keeps_a_running_compaction(server):
+    """A request whose prompt a running request already compacted keeps that
+    compaction (a kept share): it computes only its last partial block and
+    selects nothing. The first runs until the second is done (it is cancelled
+    then), so the order is fixed by events, not by speed."""
+    prompt = "Identical: " + "Every request here asks the very same long question, word for word. " * 20
+    u = urllib.parse.urlparse(server)
+    holder = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    holder.request("POST", "/v1/completions",
+                   json.dumps({"prompt": prompt, "max_tokens": 4000, "temperature": 0,
+                               "ignore_eos": True, "stream": True}),
+                   {"Content-Type": "application/json"})
+    r = holder.getresponse()
+    assert r.status == 200
+    while True:  # its first token: it has migrated and named its compaction
+        line = r.readline()
+        assert line, "the stream ended early"
+        if line.startswith(b"data: ") and b'"text"' in line:
+            break
+    m0 = metrics()
+    st, _, b = request("POST", "/v1/completions",
+                       {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+    m1 = metrics()
+    holder.close()
+    assert st == 200, b
+    p = json.loads(b)["usage"]["prompt_tokens"]
+    assert m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"] == 1
+    computed = m1["dualpath_engine_prefill_tokens_total"] - m0["dualpath_engine_prefill_tokens_total"]
+    assert computed <= 16, (computed, p)

@@ -328,7 +328,8 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
     }
     if (es->seq)
-        es->seq->kv.whole_if_room = p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT &&
+        es->seq->kv.whole_if_room = es->seq->kv.dual && p->conversation &&
+                                    p->dualpath_mode == DP_DUALPATH_DEFAULT &&
                                     e->opts.compress_turns == ENGINE_TURNS_AUTO;
     if (!es->seq || (p->n_logit_bias > 0 && (!es->bias_ids || !es->bias_vals))) {
         seq_free(es->seq);

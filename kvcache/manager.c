@@ -320,6 +320,18 @@ static int32_t kept_slots(const dp_kv_mgr *m, int32_t n_keep)
     return n_keep > 0 ? (n_keep - 1) / m->dbt * m->dbt : 0;
 }
 
+/* Whether one arena holds kv whole (n_tokens and four blocks of reply, less
+ * the blocks its table holds already) beside what others hold, were
+ * promised and protect. */
+static bool whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens)
+{
+    dp_kv_seq whole = *kv;
+    whole.dual = false;
+    dp_kv_need wn = kv_mgr_need(m, &whole, n_tokens, 4 * (int64_t)m->pool.block_tokens);
+    return wn.prefill - kv->table.n_blocks <=
+           kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved;
+}
+
 /* The kept share of tokens[0..n) compacted to n_keep by kv's settings, or -1. */
 static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
                          int32_t n_keep)
@@ -475,6 +487,22 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * pool where its blocks are intact, from the host tier where they were
      * spilled; only the rest is computed. */
     int32_t got = 0, from_host = 0;
+    /* A later chat turn keeps its prompt whole in the prefix cache for the
+     * next turn anyway: a compact copy beside it adds memory, so it runs
+     * whole, its reply in place, while the arena has room for that without
+     * taking protected blocks or others' promises (four blocks of reply
+     * included); only when memory binds does it migrate, for the room.
+     * Decided before the prefix match (nothing of it counted as cached), so
+     * that a whole turn takes its last window from the cache too; decided
+     * again after it, with its cached blocks. */
+    bool went_whole = false;
+    if (kv->whole_if_room && kv->dual && m->shared && kv->table.n_blocks == 0 &&
+        whole_has_room(m, kv, n_tokens)) {
+        kv->dual = false;
+        went_whole = true;
+        if (tail < n_tokens) /* not a prompt scored whole */
+            tail = 1;
+    }
     /* The compaction of the same prompt that a running sequence made (n > 1,
      * identical requests): it will keep those slots without selecting, so
      * no window of its own must run for SnapKV (only its last token), and
@@ -507,23 +535,11 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
             kv->dshare = share + 1;
         }
     }
-    /* A later chat turn keeps its prompt whole in the prefix cache for the
-     * next turn anyway: a compact copy beside it adds memory, so it runs
-     * whole, its reply in place, while the arena has room for that without
-     * taking protected blocks or others' promises (four blocks of reply
-     * included); only when memory binds does it migrate, for the room. */
-    bool went_whole = false;
-    if (kv->whole_if_room && kv->dual && m->shared) {
-        dp_kv_seq whole = *kv;
-        whole.dual = false;
-        dp_kv_need wn = kv_mgr_need(m, &whole, n_tokens, 4 * (int64_t)m->pool.block_tokens);
-        if (wn.prefill - kv->table.n_blocks <=
-            kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved) {
-            kv->dual = false;
-            went_whole = true;
-            leave_share(m, kv);
-            leave_kept(m, kv);
-        }
+    if (kv->whole_if_room && kv->dual && m->shared && whole_has_room(m, kv, n_tokens)) {
+        kv->dual = false;
+        went_whole = true;
+        leave_share(m, kv);
+        leave_kept(m, kv);
     }
     /* The prompt (or, after a recompute, prompt + output so far) goes to the
      * prefill pool whole, so a running prefill never waits for blocks; with
@@ -835,9 +851,11 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 held[k] = kslots;
             }
         }
-        if (kv->kshare && kv->kshare != kid[k])
-            leave_kept(m, kv); /* joined at admission, not taken */
-        kv->kshare = kid[k];
+        if (src == DP_PATH_PREFILL) { /* a recompression leaves its share once it succeeds */
+            if (kv->kshare && kv->kshare != kid[k])
+                leave_kept(m, kv); /* joined at admission, not taken */
+            kv->kshare = kid[k];
+        }
         mv[k] = (dp_kv_move){.co = &kv->copts, .src = kv->table.blocks,
                              .n_src_blocks = kv->table.n_blocks, .n_slots = kv->n_slots,
                              .dst = tables[k].blocks + nb, .n_dst_blocks = tables[k].n_blocks - nb,
@@ -857,9 +875,10 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (rc) {
             g->rc = rc;
-            leave_kept(m, kv);
-            if (src == DP_PATH_PREFILL)
+            if (src == DP_PATH_PREFILL) { /* a recompression keeps its table */
+                leave_kept(m, kv);
                 leave_share(m, kv);
+            }
             undo_reserve(m, kv, &tables[i], took[i]);
             continue;
         }
@@ -965,6 +984,8 @@ int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
         dp_log(DP_LOG_DEBUG, "kvcache: no swap space: a compact cache will be recomputed");
     }
     release_all(m, kv);
+    if (kv->whole_if_room)
+        kv->dual = true; /* a later turn: whole or not, decided again at its admission */
     return DP_ENOSPC;
 }
 

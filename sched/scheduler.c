@@ -251,7 +251,7 @@ static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
     for (const dp_seq *r = s->run_head; r; r = r->next) {
         if (r->kv.path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
             continue;
-        if (q->kv.dual && r->kv.dual && s->kv->dual && q->n_tokens == r->n_tokens &&
+        if (s->kv->dual && kv_seq_same_compaction(&q->kv, &r->kv) && q->n_tokens == r->n_tokens &&
             memcmp(q->tokens, r->tokens, (size_t)q->n_tokens * sizeof *q->tokens) == 0)
             return true;
         int32_t named = r->kv.hashed_blocks;

@@ -316,7 +316,7 @@ static void test_kept_share(void)
  * one arena holds it whole (with 4 blocks of reply) beside what others hold,
  * were promised and protect (the prompts of running turns, kept for their
  * next turns), and is compressed once it would have to take those; a turn
- * not admitted is decided again at its next try. */
+ * not admitted, or preempted, is decided again at its next admission. */
 static void test_whole_if_room(void)
 {
     dp_kv_mgr m;
@@ -353,6 +353,9 @@ static void test_whole_if_room(void)
     /* 480 tokens fit neither way: not admitted, and still to be decided. */
     CHECK(kv_mgr_admit(&m, &s[3], tok, 480, 1, true, &reused) == DP_ENOSPC);
     CHECK(s[3].dual);
+    /* A whole turn preempted (to be recomputed) is decided again too. */
+    CHECK(kv_mgr_swap_out(&m, &s[0]) == DP_ENOSPC);
+    CHECK(s[0].dual);
     for (int i = 0; i < 4; i++) {
         kv_mgr_free(&m, &s[i]);
         kv_seq_destroy(&s[i]);

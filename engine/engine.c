@@ -753,7 +753,8 @@ static bool has_twin(dp_engine *e, const eng_seq *es)
     const dp_seq *s = es->seq;
     for (const eng_seq *o = e->live; o; o = o->next) {
         const dp_seq *t = o->seq;
-        if (o != es && t->kv.dual && t->kv.path == DP_PATH_PREFILL && !t->kv.swapped.buf &&
+        if (o != es && kv_seq_same_compaction(&t->kv, &s->kv) && t->kv.path == DP_PATH_PREFILL &&
+            !t->kv.swapped.buf &&
             t->n_prompt == s->n_prompt &&
             memcmp(t->tokens, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens) == 0)
             return true;

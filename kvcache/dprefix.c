@@ -49,12 +49,8 @@ void dprefix_destroy(dp_dprefix *d)
 static uint64_t name_of(const dp_dprefix *d, const int32_t *tokens, int32_t n, uint64_t tag)
 {
     uint64_t h = dp_siphash(&d->key, tokens, (size_t)n * sizeof *tokens);
-    if (tag) {
-        uint64_t t = tag + 0x9e3779b97f4a7c15ull;
-        t = (t ^ (t >> 30)) * 0xbf58476d1ce4e5b9ull;
-        t = (t ^ (t >> 27)) * 0x94d049bb133111ebull;
-        h ^= t ^ (t >> 31);
-    }
+    if (tag)
+        h ^= dp_siphash(&d->key, &tag, sizeof tag);
     return h ? h : 1; /* 0 marks an empty slot of the map */
 }
 

@@ -295,17 +295,19 @@ static void leave_kept(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->kshare = 0;
 }
 
-/* A kept share's tag: what chose its slots (nonzero). Sequences with the
- * same tokens and the same tag have the same K/V and select the same slots,
- * so a taker keeps the share's lists instead of selecting again. */
+/* A kept share's tag: what chose its slots. Sequences with the same tokens
+ * and the same tag have the same K/V and select the same slots, so a taker
+ * keeps the share's lists instead of selecting again. The fields are those
+ * kv_seq_same_compaction compares; 0 (no share) for the random scorer,
+ * seeded per request. */
 static uint64_t kept_tag(const dp_compress_opts *co, int32_t n_keep)
 {
+    if (co->scorer == DP_SCORER_RANDOM)
+        return 0;
     uint32_t ratio;
     memcpy(&ratio, &co->keep_ratio, sizeof ratio);
     const uint64_t w[] = {(uint64_t)co->scorer, ratio, (uint64_t)(uint32_t)co->sinks,
-                          (uint64_t)(uint32_t)co->window,
-                          co->scorer == DP_SCORER_RANDOM ? co->seed : 0, /* per request */
-                          (uint64_t)(uint32_t)co->prefix,
+                          (uint64_t)(uint32_t)co->window, (uint64_t)(uint32_t)co->prefix,
                           (uint64_t)(uint32_t)n_keep};
     uint64_t h = 0xcbf29ce484222325ull;
     for (size_t i = 0; i < sizeof w / sizeof w[0]; i++)
@@ -780,20 +782,12 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t kslots = 0, found = -1;
         uint64_t tag = 0;
         const int32_t *keep_given = NULL;
-        if (kv->kshare && src == DP_PATH_PREFILL) {
-            /* The one admission joined, unless its compaction changed since
-             * (an early switch keeps fewer). */
-            const int32_t id = kv->kshare - 1;
-            if (dprefix_slots(&m->dpx, id) != kept_slots(m, g->n_keep) ||
-                m->dpx.e[id].cols != g->n_keep || !g->tokens || kv->n_slots != m->dpx.e[id].n_tokens ||
-                memcmp(m->dpx.e[id].tokens, g->tokens, (size_t)kv->n_slots * sizeof *g->tokens))
-                leave_kept(m, kv);
-        }
         if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0) {
+            /* The share admission joined is found again, unless its
+             * compaction changed since (an early switch keeps fewer). */
             kslots = kept_slots(m, g->n_keep);
             tag = kslots > nref ? kept_tag(&kv->copts, g->n_keep) : 0;
-            found = !tag ? -1 : kv->kshare ? kv->kshare - 1
-                                           : kept_find(m, kv, g->tokens, kv->n_slots, g->n_keep);
+            found = tag ? kept_find(m, kv, g->tokens, kv->n_slots, g->n_keep) : -1;
             if (found >= 0) {
                 nref = kslots;
                 refb = dprefix_blocks(&m->dpx, found);
@@ -839,7 +833,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t *keep_out = NULL;
         kid[k] = 0;
         if (found >= 0) {
-            if (!kv->kshare)
+            if (kv->kshare != found + 1)
                 dprefix_join(&m->dpx, found);
             kid[k] = found + 1;
         } else if (tag) {

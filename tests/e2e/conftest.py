@@ -116,6 +116,23 @@ def exchange(c, method, path, body=None, headers=None):
         c.close()
 
 
+def hold_stream(path, body, base=None):
+    """Starts a streamed request and returns its connection once its first
+    token has arrived (for a dual-path request: once it has migrated); the
+    request runs until the caller closes the connection."""
+    u = urllib.parse.urlparse(base or os.environ["DUALPATHD_URL"])
+    c = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    c.request("POST", path, json.dumps(dict(body, stream=True)),
+              {"Content-Type": "application/json"})
+    r = c.getresponse()
+    assert r.status == 200
+    while True:
+        line = r.readline()
+        assert line, "the stream ended early"
+        if line.startswith(b"data: ") and (b'"content"' in line or b'"text"' in line):
+            return c
+
+
 def parallel(fn, n):
     """fn(0) .. fn(n - 1), each in its own thread, all at once; their results
     in order. An exception in any of them is raised here."""

@@ -4,13 +4,11 @@ to force preemptions give the text each gives alone on the shared daemon (the
 same settings, more memory), because a preempted compact cache is swapped out
 and restored as it was. n = 4 prefills its prompt once and its copies share
 the first one's compaction."""
-import http.client
 import json
-import urllib.parse
 
 import pytest
 
-from conftest import Daemon, metrics, parallel, request
+from conftest import Daemon, hold_stream, metrics, parallel, request
 
 PROMPTS = [f"Request {i}: " + "The history of the river valley is long and varied, and " * 6
            for i in range(12)]
@@ -90,19 +88,9 @@ def test_identical_request_keeps_a_running_compaction(server):
     selects nothing. The first runs until the second is done (it is cancelled
     then), so the order is fixed by events, not by speed."""
     prompt = "Identical: " + "Every request here asks the very same long question, word for word. " * 20
-    u = urllib.parse.urlparse(server)
-    holder = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-    holder.request("POST", "/v1/completions",
-                   json.dumps({"prompt": prompt, "max_tokens": 4000, "temperature": 0,
-                               "ignore_eos": True, "stream": True}),
-                   {"Content-Type": "application/json"})
-    r = holder.getresponse()
-    assert r.status == 200
-    while True:  # its first token: it has migrated and named its compaction
-        line = r.readline()
-        assert line, "the stream ended early"
-        if line.startswith(b"data: ") and b'"text"' in line:
-            break
+    # At its first token it has migrated and named its compaction.
+    holder = hold_stream("/v1/completions", {"prompt": prompt, "max_tokens": 4000,
+                                             "temperature": 0, "ignore_eos": True}, base=server)
     m0 = metrics()
     st, _, b = request("POST", "/v1/completions",
                        {"prompt": prompt, "max_tokens": 4, "temperature": 0})

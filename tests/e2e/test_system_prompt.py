@@ -8,13 +8,11 @@ lives. Only the rest of each prompt is compressed.
 /metrics counts the tokens so kept (dualpath_tokens_in_place_total), the
 per-request "dualpath" object turns it off (keep_system) or names a prefix of
 any prompt (keep_prefix), and sharing never changes an output."""
-import http.client
 import json
-import urllib.parse
 
 import pytest
 
-from conftest import Daemon, metrics, parallel, request
+from conftest import Daemon, hold_stream, metrics, parallel, request
 
 SYSTEM = ("You are the help desk assistant of the Harbour Street public library. Answer in one or "
           "two short sentences, politely, and only about the library: its opening hours (nine to "
@@ -123,20 +121,11 @@ def test_system_prompt_shared_in_decode_blocks(server):
     dbt = _decode_block_tokens(server)
     if dbt <= 16:
         pytest.skip("the shared daemon's decode path holds prefill blocks by reference")
-    u = urllib.parse.urlparse(server)
-    holder = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
-    body = {"messages": [{"role": "system", "content": SYSTEM},
-                         {"role": "user", "content": QUESTIONS[0]}],
-            "temperature": 0, "max_tokens": 4000, "ignore_eos": True, "stream": True}
-    holder.request("POST", "/v1/chat/completions", json.dumps(body),
-                   {"Content-Type": "application/json"})
-    r = holder.getresponse()
-    assert r.status == 200
-    while True:  # its first token: it has migrated and named its copy
-        line = r.readline()
-        assert line, "the stream ended early"
-        if line.startswith(b"data: ") and b'"content"' in line:
-            break
+    # At its first token it has migrated and named its copy.
+    holder = hold_stream("/v1/chat/completions",
+                         {"messages": [{"role": "system", "content": SYSTEM},
+                                       {"role": "user", "content": QUESTIONS[0]}],
+                          "temperature": 0, "max_tokens": 4000, "ignore_eos": True}, base=server)
     before = in_place(server)
     o = chat(QUESTIONS[3], base=server)
     got = in_place(server) - before

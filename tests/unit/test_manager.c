@@ -154,6 +154,27 @@ static void test_split(void)
 }
 
 
+/* The CPU backend and a manager over one arena of 64 blocks of the given
+ * prefill type (2 layers, 1 KV head of 32 values), its decode path q8_0
+ * through a view of it. */
+static dp_backend *q8_mgr(dp_kv_mgr *m, dp_kv_type type)
+{
+    char err[128];
+    dp_backend *be;
+    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
+    dp_kv_mgr_opts o = {
+        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
+                    .n_blocks = 64, .type = type},
+        .dual = true, .prefill_fraction = 0.25,
+        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
+    };
+    o.decode = o.prefill;
+    o.decode.n_blocks = 0;
+    o.decode.type = DP_KV_Q8_0;
+    CHECK_MSG(kv_mgr_init(m, be, &o, err, sizeof err) == 0, "%s", err);
+    return be;
+}
+
 /* A q8_0 decode path in one f16 arena cannot hold prefill blocks: a's
  * migration copies its 100-token prefix's whole decode blocks and names
  * them; b, admitted while a holds them, is promised that many blocks fewer
@@ -162,20 +183,8 @@ static void test_split(void)
  * every block and promise comes back. */
 static void test_decode_share(void)
 {
-    char err[128];
-    dp_backend *be;
-    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
-    dp_kv_mgr_opts o = {
-        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
-                    .n_blocks = 64, .type = DP_KV_F16},
-        .dual = true, .prefill_fraction = 0.25,
-        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
-    };
-    o.decode = o.prefill;
-    o.decode.n_blocks = 0;
-    o.decode.type = DP_KV_Q8_0;
     dp_kv_mgr m;
-    CHECK_MSG(kv_mgr_init(&m, be, &o, err, sizeof err) == 0, "%s", err);
+    dp_backend *be = q8_mgr(&m, DP_KV_F16);
     CHECK(m.shared && !m.by_ref && m.share_front);
     const int32_t dbt = m.dbt, s = 100 / dbt * dbt;
     CHECK(dbt > BT && s >= dbt);
@@ -251,20 +260,8 @@ static void fill_blocks(dp_backend *be, dp_kv_mgr *m, const dp_block_table *t, i
  * back. */
 static void test_kept_share(void)
 {
-    char err[128];
-    dp_backend *be;
-    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
-    dp_kv_mgr_opts o = {
-        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
-                    .n_blocks = 64, .type = DP_KV_F32},
-        .dual = true, .prefill_fraction = 0.25,
-        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
-    };
-    o.decode = o.prefill;
-    o.decode.n_blocks = 0;
-    o.decode.type = DP_KV_Q8_0;
     dp_kv_mgr m;
-    CHECK_MSG(kv_mgr_init(&m, be, &o, err, sizeof err) == 0, "%s", err);
+    dp_backend *be = q8_mgr(&m, DP_KV_F32);
     const int32_t dbt = m.dbt;
     int32_t tok[140];
     for (int i = 0; i < 140; i++)

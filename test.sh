@@ -50,7 +50,12 @@ for l in avx2 baseline; do
     stage "unit tests (CPU kernels forced to the $l level)"
     # The emulated CUDA kernels' checks (suite emu) do not change with the
     # CPU level: they ran once above.
-    DP_CPU_LEVEL=$l meson test -C build --print-errorlogs --no-rebuild --no-suite emu
+    # The engine test runs its synthetic models there (every batching,
+    # preemption and dualpath path through this level's kernels): its
+    # real-model half checks the engine, not the kernels, and the forward
+    # test runs the real model at this level (batched equal to alone).
+    DP_CPU_LEVEL=$l meson test -C build --print-errorlogs --no-rebuild --no-suite emu --no-suite engine
+    DP_CPU_LEVEL=$l DP_TEST_SYNTHETIC_ONLY=1 meson test -C build --print-errorlogs --no-rebuild --suite engine
     stage "kernel unit tests under ASan + UBSan ($l level)"
     kt="cpu_backend sampler"
     [ "$l" = avx2 ] && kt="$kt forward"
@@ -59,8 +64,8 @@ for l in avx2 baseline; do
         meson test -C build-asan --print-errorlogs --no-rebuild --timeout-multiplier 4 $kt
 done
 
-stage "fuzz targets, 20 s each with libFuzzer from their corpus (tests/fuzz/run.sh)"
-tests/fuzz/run.sh 20
+stage "fuzz targets, 10 s each with libFuzzer from their corpus (tests/fuzz/run.sh)"
+tests/fuzz/run.sh 10
 
 stage "model tests"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -69,16 +74,30 @@ DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template
-stage "end-to-end API tests (openai client, raw HTTP, Prometheus)"
-tests/e2e/run.sh build/daemon/dualpathd
 # The ASan daemon runs every test except those marked heavy (many or long
 # requests: 64 streams, preemption under a small arena, every JSON schema,
 # long quantized replies, dp-loadgen), which take 30 of its 45 minutes; they
-# ran against the release daemon above, and the engine paths they drive
+# run against the release daemon, and the engine paths they drive
 # (preemption, swap, growth, recompression) ran under ASan in test_engine.
-stage "end-to-end API tests against the ASan + UBSan daemon (leaks checked; heavy tests deselected)"
+# The two suites run at once, each with daemons of its own: a suite leaves
+# a third of the CPUs idle while it waits on sockets and timeouts, and
+# its verdicts wait on events, never on time.
+stage "end-to-end API tests (openai client, raw HTTP, Prometheus), against the release daemon and, at the same time, the ASan + UBSan daemon (leaks checked; heavy tests deselected)"
+E2E_ASAN_LOG=$(mktemp /tmp/dualpath-e2e-asan.XXXXXX)
+# (In a process group of its own, so that a failure here stops all of it.)
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    tests/e2e/run.sh build-asan/daemon/dualpathd -- -m "not heavy"
+    setsid tests/e2e/run.sh build-asan/daemon/dualpathd -- -m "not heavy" >"$E2E_ASAN_LOG" 2>&1 &
+E2E_ASAN=$!
+trap 'kill -- -"$E2E_ASAN" 2>/dev/null || true' EXIT
+tests/e2e/run.sh build/daemon/dualpathd
+stage "waiting for the ASan + UBSan daemon's end-to-end tests"
+rc=0
+wait "$E2E_ASAN" || rc=$?
+trap - EXIT
+echo "e2e (ASan + UBSan daemon):"
+cat "$E2E_ASAN_LOG"
+rm -f "$E2E_ASAN_LOG"
+[ "$rc" -eq 0 ] || { echo "test: the ASan + UBSan daemon's end-to-end tests failed ($rc)" >&2; exit "$rc"; }
 stage "operations (install, systemd-analyze verify, sd_notify/watchdog, access log)"
 tests/ops/run.sh build
 stage "the GPU check's offline build (system dev packages hidden; stops at the first CUDA call)"

@@ -47,6 +47,15 @@ class Daemon:
     health probe sends health_headers (an API key when /health needs one)."""
 
     def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None):
+        # free_port() closes its socket before the daemon binds, so another
+        # process (test.sh runs two suites at once) may take the port in
+        # between: a daemon that could not listen is started again on another.
+        for attempt in range(5):
+            if self._start(extra, log_name, unix_path, health_headers):
+                return
+        raise RuntimeError(f"dualpathd found no free port in 5 tries; see {self.log_path}")
+
+    def _start(self, extra, log_name, unix_path, health_headers):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.unix_path = unix_path
@@ -60,11 +69,14 @@ class Daemon:
         deadline = time.time() + HANG_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                self.log.close()
+                if not unix_path and "address in use" in self.log_text():
+                    return False
                 raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
             try:
                 st, _, _ = self.request("GET", "/health", headers=health_headers, timeout=2)
                 if st == 200:
-                    return
+                    return True
             except OSError:
                 pass
             time.sleep(0.1)

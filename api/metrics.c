@@ -210,6 +210,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_early_switches_total", "counter",
            "Sequences switched to the decode path before their prompt ended.");
     tb_printf(b, "dualpath_early_switches_total %lld\n", (long long)st->early_switches);
+    family(b, "dualpath_early_signals_total", "counter",
+           "Kept-set selections the early switch's stability signal made at prompt chunk ends "
+           "(only past early_switch's minimum and for prompts not already repetitive).");
+    tb_printf(b, "dualpath_early_signals_total %lld\n", (long long)st->early_signals);
     migration_hist_render(b, st);
 
     family(b, "dualpath_rebuilds_total", "counter",

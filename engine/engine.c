@@ -838,9 +838,18 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
                          fallbacks, kind);
 }
 
+/* A prompt chunk of a prefill-path sequence that the path detector may
+ * switch early when it ends. */
+static bool may_switch_early(const dp_engine *e, const eng_seq *es, const dp_sched_item *it)
+{
+    return es->seq->kv.dual && it->path == DP_PATH_PREFILL && !it->emits &&
+           path_may_switch(&es->path, &e->popts, it->start + it->n, es->seq->n_prompt);
+}
+
 /* Updates the detector's kept-set change for a prefill-path sequence from the
- * selection its scorer makes over what has been computed so far. */
-static int early_signal(dp_engine *e, eng_seq *es)
+ * selection its scorer makes over what has been computed so far (SnapKV
+ * with the queries of the chunk's end, captured this step: q, q_stride). */
+static int early_signal(dp_engine *e, eng_seq *es, const float *q, int64_t q_stride)
 {
     const dp_hparams *hp = llama_hparams(e->model);
     const dp_kv_seq *kv = &es->seq->kv;
@@ -850,14 +859,24 @@ static int early_signal(dp_engine *e, eng_seq *es)
     if (!cur)
         return DP_ENOMEM;
     dp_compress_opts co = kv->copts;
-    if (co.scorer == DP_SCORER_SNAPKV) {
-        co.scorer = DP_SCORER_KNORM; /* no captured queries mid-prompt */
-        pthread_mutex_lock(&e->stats_mu);
-        e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++;
-        pthread_mutex_unlock(&e->stats_mu);
+    int32_t nq = 0, qslot[DP_MAX_CAPTURE];
+    const float *qs = NULL;
+    if (co.scorer == DP_SCORER_SNAPKV && es->capture_at >= 0) {
+        nq = es->n_capture < DP_MAX_CAPTURE ? es->n_capture : DP_MAX_CAPTURE;
+        if (nq > kv->n_slots)
+            nq = kv->n_slots;
+        qs = q + (size_t)(es->capture_at + es->n_capture - nq) * (size_t)hp->n_heads *
+                     (size_t)hp->head_dim;
+        for (int32_t j = 0; j < nq; j++)
+            qslot[j] = kv->n_slots - nq + j;
     }
-    if (compressor_select(&e->kv.mig.comp, &co, e->kv.store, kv->table.blocks, kv->n_slots, NULL, 0,
-                          NULL, 0, k, cur) != 0) {
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.early_signals++;
+    if (co.scorer == DP_SCORER_SNAPKV && nq == 0)
+        e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++; /* scored by key norm */
+    pthread_mutex_unlock(&e->stats_mu);
+    if (compressor_select(&e->kv.mig.comp, &co, e->kv.store, kv->table.blocks, kv->n_slots, qs,
+                          q_stride, nq ? qslot : NULL, nq, k, cur) != 0) {
         free(cur);
         return DP_ENOMEM;
     }
@@ -1053,10 +1072,12 @@ static void run_step(dp_engine *e)
             nt++;
         }
         /* The last queries of a prompt feed SnapKV scoring at the switch
-         * (or, for a sequence that switched early, at its prompt's end). */
+         * (or, for a sequence that switched early, at its prompt's end), and
+         * so do a chunk's where the path detector may switch it early. */
         es->capture_at = -1;
-        if (it->emits && !it->decode_phase && q->kv.dual && es->capture_w > 0 &&
-            (it->path == DP_PATH_PREFILL || es->switched_early)) {
+        if (!it->decode_phase && q->kv.dual && es->capture_w > 0 &&
+            (it->emits ? it->path == DP_PATH_PREFILL || es->switched_early
+                       : may_switch_early(e, es, it))) {
             int32_t w = es->capture_w < it->n ? es->capture_w : it->n;
             if (w > e->capture_cap - nc)
                 w = e->capture_cap - nc; /* cannot happen: capacity covers every window */
@@ -1130,6 +1151,9 @@ static void run_step(dp_engine *e)
     int64_t prompt_toks = 0, gen_toks = 0;
     eng_seq **migrate = e->lists[0], **early = e->lists[1], **tail_done = e->lists[2];
     int32_t n_migrate = 0, n_early = 0, n_tail = 0;
+    const dp_hparams *hp = llama_hparams(e->model);
+    const float *captured = llama_captured_queries(e->model);
+    const int64_t q_stride = (int64_t)nc * hp->n_heads * hp->head_dim;
     for (int32_t i = 0, o = 0; i < plan.n_items; i++) {
         const dp_sched_item *it = &plan.items[i];
         if (!it->decode_phase)
@@ -1140,10 +1164,12 @@ static void run_step(dp_engine *e)
             continue;
         }
         if (!it->emits) {
-            /* A prompt chunk ended: the detector may switch the sequence early. */
+            /* A prompt chunk ended: the detector may switch the sequence
+             * early (the kept set is measured only where it decides). */
             eng_seq *es = it->seq->owner;
-            if (es->seq->kv.dual && e->popts.early_switch && it->path == DP_PATH_PREFILL &&
-                early_signal(e, es) == 0 &&
+            if (may_switch_early(e, es, it) &&
+                (!path_wants_stability(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) ||
+                 early_signal(e, es, captured, q_stride) == 0) &&
                 path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY)
                 early[n_early++] = es;
             continue;
@@ -1168,7 +1194,7 @@ static void run_step(dp_engine *e)
         }
     }
     if (n_early > 0) {
-        compact_seqs(e, early, n_early, DP_COMPACT_EARLY, NULL, 0);
+        compact_seqs(e, early, n_early, DP_COMPACT_EARLY, captured, q_stride);
         int32_t switched = 0;
         for (int32_t i = 0; i < n_early; i++) {
             early[i]->switched_early = early[i]->seq->kv.path == DP_PATH_DECODE;
@@ -1178,9 +1204,6 @@ static void run_step(dp_engine *e)
         e->stats.early_switches += switched;
         pthread_mutex_unlock(&e->stats_mu);
     }
-    const dp_hparams *hp = llama_hparams(e->model);
-    const float *captured = llama_captured_queries(e->model);
-    const int64_t q_stride = (int64_t)nc * hp->n_heads * hp->head_dim;
     if (n_tail > 0)
         compact_seqs(e, tail_done, n_tail, DP_COMPACT_PROMPT_END, captured, q_stride);
     if (n_migrate > 0)

@@ -107,6 +107,24 @@ float path_kept_change(const int32_t *prev, int32_t k_prev, const int32_t *cur, 
     return (float)(total / rows);
 }
 
+static bool is_repetitive(const dp_path_detector *p, const dp_path_opts *o)
+{
+    return p->repetition >= 0.0f && p->repetition >= o->repetitive;
+}
+
+bool path_may_switch(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
+                     int32_t n_prompt)
+{
+    return p->state == DP_PS_PREFILL && o->early_switch && n_computed < n_prompt &&
+           n_computed >= o->min_tokens;
+}
+
+bool path_wants_stability(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
+                          int32_t n_prompt)
+{
+    return path_may_switch(p, o, n_computed, n_prompt) && !is_repetitive(p, o);
+}
+
 dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                              int32_t n_prompt)
 {
@@ -115,9 +133,9 @@ dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t
         return DP_STAY;
     if (n_computed >= n_prompt)
         return DP_SWITCH_PROMPT_DONE;
-    if (!o->early_switch || n_computed < o->min_tokens)
+    if (!path_may_switch(p, o, n_computed, n_prompt))
         return DP_STAY;
-    if (p->repetition >= 0.0f && p->repetition >= o->repetitive)
+    if (is_repetitive(p, o))
         return DP_SWITCH_REPETITIVE;
     if (p->last_change >= 0.0f && p->last_change < o->stable_change)
         return DP_SWITCH_STABLE;

@@ -66,4 +66,14 @@ typedef enum dp_path_decision {
 dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                              int32_t n_prompt);
 
+/* Whether a prompt chunk ending at n_computed may end in an early switch
+ * (its last queries are then captured: the switch scores with them). */
+bool path_may_switch(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
+                     int32_t n_prompt);
+/* Whether path_decide at n_computed reads the kept-set change: the one
+ * signal that costs work on the cache (a selection over it), so it is
+ * measured only then, not at every chunk. */
+bool path_wants_stability(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
+                          int32_t n_prompt);
+
 #endif

@@ -264,7 +264,7 @@ def _dual_metrics(m):
              'dualpath_scorer_fallbacks_total{kind="migration"}',
              "dualpath_tokens_kept_total", "dualpath_tokens_evicted_total",
              'dualpath_recompressions_total{scorer="snapkv"}', "dualpath_early_switches_total",
-             "dualpath_decode_queries_missed_total",
+             "dualpath_early_signals_total", "dualpath_decode_queries_missed_total",
              "dualpath_migration_seconds_sum", "dualpath_migration_seconds_count",
              'dualpath_migration_seconds_bucket{le="+Inf"}', "dualpath_rebuilds_total",
              'dualpath_rebuild_tokens_total{source="prefix_cache"}',
@@ -512,3 +512,42 @@ def test_decode_budget_recompresses_with_snapkv_and_keeps_outputs(budget_daemon)
     fb = 'dualpath_scorer_fallbacks_total{kind="recompression"}'
     assert after[fb] == before[fb]
     assert after["dualpath_decode_queries_missed_total"] == 0
+
+
+def test_early_switch_scores_with_snapkv():
+    """early_switch = true: a templated, repetitive prompt of about 1100
+    tokens (longer than one step's 512) switches to the decode path after
+    its first chunk, and the switch and its tail's compaction score with
+    SnapKV over the chunks' own queries (nothing falls back to key norms);
+    the repetition decides, so no kept set is measured for it. A prompt of
+    random words has its kept set measured (SnapKV too) at
+    the chunk ends past min_tokens."""
+    import random
+    d = Daemon(["--early-switch"], log_name="dualpathd-early")
+    try:
+        ticket = ("Ticket {n}: the customer reports that the printer on floor 3 shows error "
+                  "E-{e} after a paper jam. Status: open. Priority: normal. ")
+        rep = "".join(ticket.format(n=1000 + i, e=40 + i % 7) for i in range(36))
+        rep += "How many tickets mention floor 3?"
+        m0 = metrics(d.url)
+        o = complete({"prompt": rep, "max_tokens": 4, "temperature": 0}, base=d.url)
+        m1 = metrics(d.url)
+        assert o["usage"]["prompt_tokens"] > 1000, o["usage"]
+        assert m1["dualpath_early_switches_total"] - m0["dualpath_early_switches_total"] == 1
+        assert m1["dualpath_early_signals_total"] == m0["dualpath_early_signals_total"]
+        assert migrations(m1, "snapkv") - migrations(m0, "snapkv") == 1
+        assert migrations(m1) - migrations(m0) == 1
+
+        rng = random.Random(5)
+        words = [w.strip(".,").lower() for w in LONG_PROMPT.split()]
+        text = " ".join(rng.choice(words) for _ in range(900))
+        o = complete({"prompt": text, "max_tokens": 4, "temperature": 0}, base=d.url)
+        m2 = metrics(d.url)
+        assert o["usage"]["prompt_tokens"] > 600, o["usage"]  # a chunk ends at 512
+        assert m2["dualpath_early_signals_total"] - m1["dualpath_early_signals_total"] >= 1
+        assert migrations(m2, "snapkv") - migrations(m1, "snapkv") == 1
+        for k, v in m2.items():
+            if k.startswith("dualpath_scorer_fallbacks_total{"):
+                assert v == m0[k], k
+    finally:
+        assert d.stop() == 0

@@ -1361,14 +1361,30 @@ static void test_early_switch(world *w)
             sp[k].prompt[i] = k == 0 ? 100 + i % 8 : urand(w->vocab); /* a loop / random text */
     }
     dp_engine_stats st;
+    /* Chunks of 128 tokens (the world's step): the detector may switch from
+     * 256 computed tokens on (min_tokens). */
     run_with(w, &o, sp, 1, res, &st, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(st.early_switches, 1);
     CHECK_EQ_INT(res[0].n, 8);
     CHECK(st.tokens_kept > 0 && st.tokens_kept < 500);
+    /* The repetition decided: no kept set was measured, and the switch (and
+     * the tail's compaction at the prompt's end) scored with SnapKV and the
+     * chunk's own queries. */
+    CHECK_EQ_INT(st.early_signals, 0);
+    CHECK_EQ_INT(st.migrations_by_scorer[DP_SCORER_SNAPKV], 1);
+    for (int k = 0; k < DP_N_COMPACTIONS; k++)
+        CHECK_EQ_INT(st.scorer_fallbacks[k], 0);
     run_with(w, &o, sp + 1, 1, res + 1, &st, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(st.early_switches, 0); /* random text: neither repetitive nor (yet) stable */
     CHECK_EQ_INT(st.migrations, 1);
-    printf("early switch: a repetitive 500-token prompt switched early, a random one at its end\n");
+    /* The kept set was measured at the chunk ends from 256 on (256 and 384),
+     * not before, and with SnapKV. */
+    CHECK_EQ_INT(st.early_signals, 2);
+    CHECK_EQ_INT(st.migrations_by_scorer[DP_SCORER_SNAPKV], 1);
+    for (int k = 0; k < DP_N_COMPACTIONS; k++)
+        CHECK_EQ_INT(st.scorer_fallbacks[k], 0);
+    printf("early switch: a repetitive 500-token prompt switched early (no kept set measured), a "
+           "random one at its end (2 measured); all scored with SnapKV\n");
 }
 
 /* Conversations: new user text is n pseudo-random tokens (LCG state *x);

@@ -62,5 +62,20 @@ int main(void)
     p.repetition = 0.9f;
     CHECK_EQ_INT(path_decide(&p, &o, 300, 1000), DP_SWITCH_REPETITIVE);
 
+    /* What a chunk end needs: queries captured where a switch may come, the
+     * kept set measured only where the decision reads it. */
+    CHECK(!path_may_switch(&p, &o, 100, 1000));  /* below min_tokens */
+    CHECK(!path_may_switch(&p, &o, 1000, 1000)); /* the prompt's end: a migration */
+    CHECK(path_may_switch(&p, &o, 300, 1000));
+    CHECK(!path_wants_stability(&p, &o, 300, 1000)); /* repetition decides */
+    p.repetition = 0.1f;
+    CHECK(path_wants_stability(&p, &o, 300, 1000));
+    CHECK(!path_wants_stability(&p, &o, 100, 1000));
+    o.early_switch = false;
+    CHECK(!path_may_switch(&p, &o, 300, 1000) && !path_wants_stability(&p, &o, 300, 1000));
+    path_set(&p, DP_PS_DECODE);
+    o.early_switch = true;
+    CHECK(!path_may_switch(&p, &o, 300, 1000)); /* already on the decode path */
+
     T_DONE("path");
 }

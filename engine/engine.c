@@ -705,10 +705,12 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
         e->stats.recompressions += n_seqs;
     } else {
         e->stats.migrations += n_seqs;
-        e->stats.tokens_kept += kept;
-        e->stats.tokens_evicted += evicted;
         e->stats.tokens_in_place += shared;
     }
+    /* A prompt's kept and evicted tokens: at its migration, or for an early
+     * switch at its prompt's end, where they are chosen. */
+    e->stats.tokens_kept += kept;
+    e->stats.tokens_evicted += evicted;
     e->stats.migration_seconds += dt;
     e->stats.migration_batches++;
     int b = 0;
@@ -728,7 +730,13 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
         return kv_mgr_migration_keep(&e->kv, kv, es->seq->n_prompt);
     if (kind == DP_COMPACT_MIGRATION)
         return kv_mgr_migration_keep(&e->kv, kv, kv->n_slots);
-    return compress_n_keep(&kv->copts, kv->n_slots);
+    /* An early switch moves the prompt so far to the decode path whole (in
+     * the decode type); what it keeps is chosen at the prompt's end
+     * (DP_COMPACT_PROMPT_END), where SnapKV's window is the prompt's last
+     * tokens: the question a passage is kept for. Selected with the window
+     * at the switch, mid-passage, a passkey lost its digits (0 of 4 found
+     * where the switch at the prompt's end found 4: loadtest/early_switch.py). */
+    return kv->n_slots;
 }
 
 
@@ -823,14 +831,18 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
             es->tokens_evicted = es->seq->n_computed - g->n_keep;
             es->tokens_kept = g->n_keep;
             note_kv_bytes(e, es);
-            kept += es->tokens_kept;
-            evicted += es->tokens_evicted;
+            if (kind == DP_COMPACT_MIGRATION) { /* an early switch chose nothing yet */
+                kept += es->tokens_kept;
+                evicted += es->tokens_evicted;
+            }
             shared += g->n_ref;
             path_set(&es->path, DP_PS_DECODE);
         } else if (kind == DP_COMPACT_PROMPT_END) {
             es->tokens_evicted = es->seq->n_prompt - g->n_keep;
             es->tokens_kept = g->n_keep;
             note_kv_bytes(e, es);
+            kept += es->tokens_kept;
+            evicted += es->tokens_evicted;
         }
     }
     if (moved > 0)
@@ -1196,12 +1208,15 @@ static void run_step(dp_engine *e)
     if (n_early > 0) {
         compact_seqs(e, early, n_early, DP_COMPACT_EARLY, captured, q_stride);
         int32_t switched = 0;
+        int64_t at = 0;
         for (int32_t i = 0; i < n_early; i++) {
             early[i]->switched_early = early[i]->seq->kv.path == DP_PATH_DECODE;
             switched += early[i]->switched_early;
+            at += early[i]->switched_early ? early[i]->seq->n_computed : 0;
         }
         pthread_mutex_lock(&e->stats_mu);
         e->stats.early_switches += switched;
+        e->stats.early_switch_tokens += at;
         pthread_mutex_unlock(&e->stats_mu);
     }
     if (n_tail > 0)

@@ -111,6 +111,7 @@ typedef struct dp_engine_stats {
     int64_t recompressions_staged; /* of recompressions, those without free blocks (staged) */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
     int64_t early_signals;    /* kept-set selections the path detector's stable signal made */
+    int64_t early_switch_tokens; /* prompt tokens computed at those switches (sum) */
     int64_t rebuilds;         /* admissions that took back a cached prefix */
     int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
     int64_t rebuild_host_tokens;   /* tokens restored from the host tier */

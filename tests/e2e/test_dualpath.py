@@ -534,6 +534,9 @@ def test_early_switch_scores_with_snapkv():
         m1 = metrics(d.url)
         assert o["usage"]["prompt_tokens"] > 1000, o["usage"]
         assert m1["dualpath_early_switches_total"] - m0["dualpath_early_switches_total"] == 1
+        # At the end of its first 512-token step (min_tokens 256).
+        assert (m1["dualpath_early_switch_tokens_total"]
+                - m0["dualpath_early_switch_tokens_total"]) == 512
         assert m1["dualpath_early_signals_total"] == m0["dualpath_early_signals_total"]
         assert migrations(m1, "snapkv") - migrations(m0, "snapkv") == 1
         assert migrations(m1) - migrations(m0) == 1

@@ -1,0 +1,253 @@
+#!/usr/bin/env python3
+"""early_switch.py: the early switch measured through the daemon, against the
+switch at the prompt's end, on prompts with heavy repetition and on plain
+text.
+
+Three daemons run one after the other on the same model and settings:
+dualpath off (the whole cache: the reference), the defaults (the switch at
+the prompt's end) and --early-switch. Each answers every prompt greedily.
+Every request runs alone, and while it runs the KV blocks in use are
+polled, so that the peak of each request is what the daemon held, not an
+estimate.
+
+Workloads (generated, seeded):
+  tickets  templated support tickets (the same sentence with other numbers,
+           as help-desk queues and logs look), then a question about them;
+  passkey  a 5-7 digit key stated once at one of 10 depths in repeated filler
+           (the usual passkey test), then the question; an answer counts when
+           it contains the key;
+  text     consecutive passages of a plain text (default the GPL-3 that
+           Debian ships), then a request to summarize; no repetition beyond
+           the text's own.
+
+Reported per workload and mode: requests switched early and the mean switch
+point (dualpath_early_switch_tokens_total / dualpath_early_switches_total),
+mean prompt tokens, mean peak KV bytes held while the request ran (blocks in
+use x block bytes) and the KV bytes kept after its prompt
+(usage.dualpath.kv_bytes), each relative to the whole cache's, greedy
+answers identical to the whole cache's and their mean identical prefix,
+passkeys given back.
+
+usage: loadtest/early_switch.py [--bin B] [--model M] [--prompts N] [--gen N]
+       [--tokens N] [--text FILE] [--kv-mib N] [--out FILE]
+"""
+import argparse
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    def __init__(self, binary, model, extra, log):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen([binary, "--config", "", "--model", model, "--listen",
+                                      f"127.0.0.1:{self.port}", *extra],
+                                     stdout=self.log, stderr=subprocess.STDOUT)
+        while True:
+            if self.proc.poll() is not None:
+                sys.exit(f"early_switch: the daemon exited; see {log}")
+            try:
+                if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
+                    return
+            except OSError:
+                time.sleep(0.2)
+
+    def post(self, path, body):
+        req = urllib.request.Request(self.url + path, json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())
+
+    def metrics(self):
+        out = {}
+        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
+            for line in r.read().decode().splitlines():
+                if line and not line.startswith("#"):
+                    k, v = line.rsplit(" ", 1)
+                    out[k] = float(v)
+        return out
+
+    def stop(self):
+        self.proc.terminate()
+        self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def used_blocks(m):
+    return m['dualpath_kv_blocks_used{pool="prefill"}'] + m.get('dualpath_kv_blocks_used{pool="decode"}', 0)
+
+
+def run_one(d, body, block_bytes):
+    """Answers body on d alone, polling the blocks in use: (reply, peak bytes)."""
+    base = used_blocks(d.metrics())
+    peak = [base]
+    done = threading.Event()
+
+    def poll():
+        while not done.is_set():
+            peak[0] = max(peak[0], used_blocks(d.metrics()))
+            time.sleep(0.01)
+    t = threading.Thread(target=poll)
+    t.start()
+    try:
+        o = d.post("/v1/completions", body)
+    finally:
+        done.set()
+        t.join()
+    return o, (peak[0] - base) * block_bytes
+
+
+# ---- workloads -------------------------------------------------------------
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. "
+          "There and back again. ")
+PRODUCTS = ["printer", "laptop", "router", "phone", "monitor", "scanner"]
+ISSUES = ["shows error E-{e}", "does not turn on", "restarts every {e} minutes",
+          "is slow since the update", "lost its settings"]
+
+
+def tickets(rng, words):
+    out, i = [], 0
+    while len(out) * 30 < words:
+        out.append(f"Ticket {4000 + i}: customer {rng.randint(100, 999)} reports that the "
+                   f"{rng.choice(PRODUCTS)} on floor {rng.randint(1, 6)} "
+                   f"{rng.choice(ISSUES).format(e=rng.randint(10, 99))}. Status: "
+                   f"{rng.choice(['open', 'pending', 'open'])}. Priority: "
+                   f"{rng.choice(['normal', 'high', 'normal'])}.")
+        i += 1
+    floor = rng.randint(1, 6)
+    return "\n".join(out) + f"\n\nThe tickets about floor {floor} are Ticket", None
+
+
+def passkey(rng, words, depth):
+    key = rng.randint(10000, 9999999)
+    reps = max(words // 20, 10)
+    at = depth * reps // 10
+    parts = ["There is an important pass key hidden inside a lot of irrelevant text. "
+             "Find it and memorize it. I will quiz you about the pass key.\n\n"]
+    for r in range(reps + 1):
+        if r == at:
+            parts.append(f"The pass key is {key}. Remember it. {key} is the pass key. ")
+        if r < reps:
+            parts.append(FILLER)
+    parts.append("\n\nWhat is the pass key? The pass key is")
+    return "".join(parts), key
+
+
+def text_prompt(passage):
+    return passage + "\n\nSummarize the passage above in one sentence:", None
+
+
+def identical_prefix(a, b):
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bin", default=os.path.join(ROOT, "build/daemon/dualpathd"))
+    ap.add_argument("--model", default=os.path.join(ROOT, "models/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    ap.add_argument("--prompts", type=int, default=10, help="prompts per workload")
+    ap.add_argument("--gen", type=int, default=48, help="greedy tokens per answer")
+    ap.add_argument("--words", type=int, default=900, help="about how many words per prompt")
+    ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
+    ap.add_argument("--kv-mib", type=int, default=256)
+    ap.add_argument("--out", default=None, help="also write the markdown table here")
+    a = ap.parse_args()
+
+    rng = random.Random(1)
+    words = open(a.text, errors="replace").read().split()
+    work = {"tickets": [], "passkey": [], "text": []}
+    for i in range(a.prompts):
+        work["tickets"].append(tickets(rng, a.words))
+        work["passkey"].append(passkey(rng, a.words, i % 10))
+        start = (i * a.words) % max(len(words) - a.words, 1)
+        work["text"].append(text_prompt(" ".join(words[start:start + a.words])))
+
+    common = ["--kv-memory", f"{a.kv_mib}MiB"]
+    answers = {}  # (mode, workload) -> list of (text-ish tokens, usage, peak, key)
+    switched = {}
+    logdir = os.environ.get("TMPDIR", "/tmp")
+    # Three daemons, so that no mode takes another's prompt from its prefix
+    # cache: each computes every prompt itself.
+    for mode, extra in (("whole", ["--no-dualpath"]), ("end", []), ("early", ["--early-switch"])):
+        d = Daemon(a.bin, a.model, common + extra, os.path.join(logdir, f"early-switch-{mode}.log"))
+        # One arena block's bytes: the KV memory over its blocks.
+        m = d.metrics()
+        block_bytes = a.kv_mib * 1024 * 1024 / m['dualpath_kv_blocks_capacity{pool="prefill"}']
+        for w, items in work.items():
+            m0 = d.metrics()
+            rows = []
+            for prompt, key in items:
+                body = {"prompt": prompt, "max_tokens": a.gen, "temperature": 0, "logprobs": 0}
+                o, peak = run_one(d, body, block_bytes)
+                toks = o["choices"][0]["logprobs"]["tokens"]
+                rows.append((toks, o["usage"], peak, key, o["choices"][0]["text"]))
+            answers[(mode, w)] = rows
+            m1 = d.metrics()
+            n = m1.get("dualpath_early_switches_total", 0) - m0.get("dualpath_early_switches_total", 0)
+            at = (m1.get("dualpath_early_switch_tokens_total", 0)
+                  - m0.get("dualpath_early_switch_tokens_total", 0))
+            fb = sum(v - m0.get(k, 0) for k, v in m1.items()
+                     if k.startswith("dualpath_scorer_fallbacks_total{"))
+            switched[(mode, w)] = (n, at / n if n else 0, fb)
+        d.stop()
+
+    lines = ["| workload | mode | switched early | mean switch point | prompt tokens | "
+             "peak KV bytes | KV bytes kept | identical answers | identical prefix | passkeys |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for w in work:
+        whole = answers[("whole", w)]
+        wpeak = sum(r[2] for r in whole) / len(whole)
+        end = answers[("end", w)]
+        wbytes = sum(r[1]["dualpath"]["kv_bytes_full"] for r in end) / len(end)
+        for mode in ("whole", "end", "early"):
+            rows = answers[(mode, w)]
+            n = len(rows)
+            ptok = sum(r[1]["prompt_tokens"] for r in rows) / n
+            peak = sum(r[2] for r in rows) / n
+            kept = [r[1].get("dualpath", {}).get("kv_bytes") for r in rows]
+            kept = sum(kept) / n if all(k is not None for k in kept) else None
+            same = sum(r[0] == whole[i][0] for i, r in enumerate(rows))
+            pre = sum(identical_prefix(r[0], whole[i][0]) for i, r in enumerate(rows)) / n
+            keys = sum(str(r[3]) in r[4] for r in rows) if rows[0][3] else None
+            sw = switched.get((mode, w))
+            lines.append("| %s | %s | %s | %s | %.0f | %.3f | %s | %d/%d | %.1f | %s |" % (
+                w, {"whole": "dualpath off", "end": "switch at the prompt's end",
+                    "early": "early switch"}[mode],
+                f"{sw[0]:.0f}/{n}" if sw else "-", f"{sw[1]:.0f}" if sw and sw[0] else "-",
+                ptok, peak / wpeak if wpeak else 0,
+                f"{kept / wbytes:.3f}" if kept is not None and wbytes else "-",
+                same, n, pre, f"{keys}/{n}" if keys is not None else "-"))
+        fbs = [switched[(m, w)][2] for m in ("end", "early")]
+        if any(fbs):
+            lines.append(f"| {w} | scorer fallbacks | {fbs} | | | | | | | |")
+    table = "\n".join(lines)
+    print(table)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -83,6 +83,7 @@ typedef struct dp_config {
     bool keep_system_prompt;
     int decode_budget;      /* 0 = off */
     bool early_switch;
+    int early_switch_min_tokens; /* prompt tokens computed before an early switch */
     bool reuse_replies;
     int compress_turns;     /* 0 auto, 1 always, 2 never */
 } dp_config;

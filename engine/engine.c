@@ -375,6 +375,12 @@ static int admit_request(dp_engine *e, dp_request *req)
     path_init(&es->path);
     if (es->seq->kv.dual && e->popts.early_switch)
         es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
+    /* A repetitive prompt switches at its first chunk end past min_tokens:
+     * admission holds prefill blocks up to there only (kvcache/manager.h). */
+    if (es->seq->kv.dual && path_switches_at_min(&es->path, &e->popts)) {
+        es->seq->kv.early_min = e->popts.min_tokens;
+        es->seq->kv.early_chunk = e->opts.max_batched_tokens;
+    }
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
     stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
@@ -1570,6 +1576,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     if (e->dual) {
         path_opts_default(&e->popts);
         e->popts.early_switch = opts->early_switch;
+        if (opts->early_min_tokens > 0)
+            e->popts.min_tokens = opts->early_min_tokens;
     }
     log_memory_plan(e);
     cap_context(e);

@@ -37,6 +37,7 @@ typedef struct dp_engine_opts {
     dp_compress_opts compress;   /* default scorer, keep ratio, sinks, window */
     int32_t decode_budget;       /* decode-path slots before recompression (0: off) */
     bool early_switch;           /* the path detector may switch before the prompt ends */
+    int32_t early_min_tokens;    /* ... once this many prompt tokens are computed (0: 256) */
     bool reuse_replies;          /* a finished decode-path reply's K/V go to the prefix cache
                                   * for the next turn (kvcache/manager.h); default on */
     int32_t compress_turns;      /* a chat turn after an earlier reply: ENGINE_TURNS_* */

@@ -345,6 +345,17 @@ static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *token
     return id >= 0 && dprefix_slots(&m->dpx, id) == ks && m->dpx.e[id].cols == n_keep ? id : -1;
 }
 
+/* Where a predicted early switch happens at the latest for a prompt of
+ * n_tokens of which got came from the prefix cache: at the end of the chunk
+ * that first passes early_min (0: not before the prompt's end). */
+static int32_t early_point(const dp_kv_seq *kv, int32_t got, int32_t n_tokens)
+{
+    if (kv->early_min <= 0 || kv->early_chunk <= 0)
+        return 0;
+    int64_t s = (int64_t)(got > kv->early_min - 1 ? got : kv->early_min - 1) + kv->early_chunk;
+    return s < n_tokens ? (int32_t)s : 0;
+}
+
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
     dp_kv_need n = {0, 0};
@@ -352,8 +363,15 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         n.prefill = kv_pool_blocks_for(&m->pool, n_cached + n_more);
         return n;
     }
-    n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
     int32_t c = n_cached > INT32_MAX ? INT32_MAX : (int32_t)n_cached;
+    if (kv->early_at > 0 && kv->early_at < c && kv->path == DP_PATH_PREFILL) {
+        /* Switched early: the prefill path up to the switch, then the whole
+         * prompt on the decode path until its end's compaction. */
+        n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
+        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, c, c) / m->dbt;
+        return n;
+    }
+    n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
     const int32_t keep = compress_n_keep(&kv->copts, c);
     int64_t d = (int64_t)keep + n_more;
     if (m->decode_budget > 0) {
@@ -479,6 +497,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->n_slots = 0;
     kv->hashed_blocks = 0;
     kv->chain = 0;
+    kv->early_at = 0;
 }
 
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
@@ -557,8 +576,9 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
                "this memory", n_tokens);
     }
     const bool dual = m->dual && kv->dual;
+    kv->early_at = dual && !kv->kshare ? early_point(kv, got, n_tokens) : 0;
     dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dbt : 1);
-    int64_t slots = dual ? n_tokens : (int64_t)n_tokens + 1;
+    int64_t slots = !dual ? (int64_t)n_tokens + 1 : kv->early_at > 0 ? kv->early_at : n_tokens;
     /* The watermark only applies while others run: an idle server admits
      * anything that fits at all. */
     int32_t wm = dual && busy && need.decode > 0 ? kv_mgr_watermark(m) : 0;
@@ -578,6 +598,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         leave_kept(m, kv);
         if (went_whole)
             kv->dual = true; /* decided again at the next try */
+        kv->early_at = 0;
         return DP_ENOSPC;
     }
     kv->path = DP_PATH_PREFILL;

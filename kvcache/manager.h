@@ -55,6 +55,14 @@ typedef struct dp_kv_seq {
     int32_t kshare;           /* the kept share (dprefix.h) it named or took at its
                                * migration: id + 1, 0: none */
     bool recompressed;        /* compacted again on the decode path since */
+    /* A predicted early switch (the path detector switches a repetitive
+     * prompt at its first chunk end past early_min; chunks of at most
+     * early_chunk tokens): 0, none. early_at is where it happens at the
+     * latest, set at admission (0: at the prompt's end). The prompt then
+     * holds prefill blocks up to early_at only, and its decode promise the
+     * whole prompt in the decode type (the early switch keeps every token;
+     * the prompt's end chooses what stays). */
+    int32_t early_min, early_chunk, early_at;
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
     /* The named prompt blocks it left at its migration, protected from

@@ -119,6 +119,11 @@ bool path_may_switch(const dp_path_detector *p, const dp_path_opts *o, int32_t n
            n_computed >= o->min_tokens;
 }
 
+bool path_switches_at_min(const dp_path_detector *p, const dp_path_opts *o)
+{
+    return o->early_switch && is_repetitive(p, o);
+}
+
 bool path_wants_stability(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                           int32_t n_prompt)
 {

@@ -70,6 +70,10 @@ dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t
  * (its last queries are then captured: the switch scores with them). */
 bool path_may_switch(const dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                      int32_t n_prompt);
+/* Whether the detector switches the prompt at its first chunk end past
+ * min_tokens whatever the kept set does (a repetitive prompt): admission
+ * can count on it. */
+bool path_switches_at_min(const dp_path_detector *p, const dp_path_opts *o);
 /* Whether path_decide at n_computed reads the kept-set change: the one
  * signal that costs work on the cache (a selection over it), so it is
  * measured only then, not at every chunk. */

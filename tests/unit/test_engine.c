@@ -1390,6 +1390,51 @@ static void test_early_switch(world *w)
            "random one at its end (2 measured); all scored with SnapKV\n");
 }
 
+/* An early switch counted at admission: a repetitive prompt switches at its
+ * first chunk end past early_min_tokens (here 32, so at the end of its first
+ * 128-token step), so admission holds prefill blocks up to there only and
+ * promises the whole prompt on the decode path (kvcache/manager.h,
+ * early_at). 240-token prompts in an arena of 30 blocks (tiny32: 16 f16 or
+ * 60 q8_0 tokens each): switched at the prompt's end each needs 15 prefill
+ * blocks and 5 decode blocks (20), switched early 10 and 5 (15), so two
+ * run at once where one did. */
+static void test_early_admission(world *w)
+{
+    enum { N = 4, P = 240 };
+    static req_spec sp[N];
+    static result res[2][N];
+    for (int k = 0; k < N; k++) {
+        sp[k] = (req_spec){.n_prompt = P, .max_tokens = 4, .ignore_eos = true};
+        for (int i = 0; i < P; i++)
+            sp[k].prompt[i] = 10 + 10 * k + i % 8; /* a loop per request */
+    }
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.n_blocks = 30;
+    o.decode_kv_type = DP_KV_Q8_0;
+    o.early_min_tokens = 32;
+    exact_kv = false; /* the default f16 cache */
+    dp_engine_stats st[2];
+    for (int c = 0; c < 2; c++) {
+        o.early_switch = c == 1;
+        run_with(w, &o, sp, N, res[c], &st[c], DP_DUALPATH_DEFAULT);
+        for (int k = 0; k < N; k++)
+            CHECK_EQ_INT(res[c][k].n, 4);
+    }
+    exact_kv = true;
+    CHECK_EQ_INT(st[0].early_switches, 0);
+    CHECK_EQ_INT(st[1].early_switches, N);
+    /* Each at its first chunk end past 32, within one step of it (a step's
+     * 128 tokens are shared by the prompts in it). */
+    CHECK(st[1].early_switch_tokens >= N * 32 && st[1].early_switch_tokens <= N * (31 + 128));
+    CHECK_EQ_INT(st[0].running_peak, 1);
+    CHECK_EQ_INT(st[1].running_peak, 2);
+    CHECK_EQ_INT(st[0].preemptions + st[1].preemptions, 0);
+    printf("early switch at admission: %d of %d repetitive %d-token prompts at once in %d blocks "
+           "switching early, %d switching at their end\n", st[1].running_peak, N, P, o.n_blocks,
+           st[0].running_peak);
+}
+
 /* Conversations: new user text is n pseudo-random tokens (LCG state *x);
  * a turn sends the whole conversation, waits for the reply and appends it. */
 static void conv_add_text(const world *w, int32_t *conv, int32_t *n_conv, int32_t n, uint64_t *x)
@@ -1597,6 +1642,7 @@ int main(void)
     }
     test_quantized_decode(&w);
     test_system_prompt_typed(&w);
+    test_early_admission(&w);
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

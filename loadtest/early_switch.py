@@ -28,8 +28,14 @@ use x block bytes) and the KV bytes kept after its prompt
 answers identical to the whole cache's and their mean identical prefix,
 passkeys given back.
 
+Then the concurrency run: --conc long ticket prompts sent at once to each
+of the three daemons at --conc-kv-mib of KV memory (where a prompt's
+prefill blocks bind admission): peak and mean running requests (polled every
+50 ms), preemptions, wall time.
+
 usage: loadtest/early_switch.py [--bin B] [--model M] [--prompts N] [--gen N]
-       [--tokens N] [--text FILE] [--kv-mib N] [--out FILE]
+       [--words N] [--text FILE] [--kv-mib N] [--conc N] [--conc-words N]
+       [--conc-kv-mib N] [--out FILE]
 """
 import argparse
 import json
@@ -173,6 +179,10 @@ def main():
     ap.add_argument("--text", default="/usr/share/common-licenses/GPL-3")
     ap.add_argument("--kv-mib", type=int, default=256)
     ap.add_argument("--out", default=None, help="also write the markdown table here")
+    ap.add_argument("--conc", type=int, default=8,
+                    help="the concurrency run: this many long ticket prompts at once")
+    ap.add_argument("--conc-words", type=int, default=1200)
+    ap.add_argument("--conc-kv-mib", type=int, default=96)
     a = ap.parse_args()
 
     rng = random.Random(1)
@@ -213,6 +223,44 @@ def main():
             switched[(mode, w)] = (n, at / n if n else 0, fb)
         d.stop()
 
+    # The concurrency run: long ticket prompts all at once in a small KV
+    # memory, where a prompt's prefill blocks bind admission.
+    crng = random.Random(2)
+    conc_prompts = [tickets(crng, a.conc_words)[0] for _ in range(a.conc)]
+    conc = {}
+    for mode, extra in (("whole", ["--no-dualpath"]), ("end", []), ("early", ["--early-switch"])):
+        d = Daemon(a.bin, a.model, ["--kv-memory", f"{a.conc_kv_mib}MiB"] + extra,
+                   os.path.join(logdir, f"early-switch-conc-{mode}.log"))
+        m0 = d.metrics()
+        samples, done = [], threading.Event()
+
+        def poll():
+            while not done.is_set():
+                samples.append(d.metrics()["dualpath_requests_running"])
+                time.sleep(0.05)
+        t = threading.Thread(target=poll)
+        t.start()
+        t0 = time.time()
+        outs = [None] * a.conc
+
+        def one(i):
+            outs[i] = d.post("/v1/completions", {"prompt": conc_prompts[i], "max_tokens": 16,
+                                                 "temperature": 0, "ignore_eos": True})
+        ths = [threading.Thread(target=one, args=(i,)) for i in range(a.conc)]
+        for th in ths:
+            th.start()
+        for th in ths:
+            th.join()
+        wall = time.time() - t0
+        done.set()
+        t.join()
+        m1 = d.metrics()
+        d.stop()
+        conc[mode] = (max(samples), sum(samples) / len(samples), wall,
+                      sum(o["usage"]["prompt_tokens"] for o in outs) / a.conc,
+                      m1.get("dualpath_early_switches_total", 0) - m0.get("dualpath_early_switches_total", 0),
+                      m1.get("dualpath_preemptions_total", 0) - m0.get("dualpath_preemptions_total", 0))
+
     lines = ["| workload | mode | switched early | mean switch point | prompt tokens | "
              "peak KV bytes | KV bytes kept | identical answers | identical prefix | passkeys |",
              "|---|---|---|---|---|---|---|---|---|---|"]
@@ -242,6 +290,15 @@ def main():
         fbs = [switched[(m, w)][2] for m in ("end", "early")]
         if any(fbs):
             lines.append(f"| {w} | scorer fallbacks | {fbs} | | | | | | | |")
+    lines += ["", f"{a.conc} ticket prompts at once, {a.conc_kv_mib} MiB of KV memory, 16 tokens "
+              "each (ignore_eos):", "",
+              "| mode | prompt tokens | switched early | peak running | mean running | "
+              "preemptions | wall s |", "|---|---|---|---|---|---|---|"]
+    for mode in ("whole", "end", "early"):
+        pk, mean, wall, ptok, sw, pre = conc[mode]
+        lines.append("| %s | %.0f | %d/%d | %d | %.1f | %d | %.1f |" % (
+            {"whole": "dualpath off", "end": "switch at the prompt's end",
+             "early": "early switch"}[mode], ptok, sw, a.conc, pk, mean, pre, wall))
     table = "\n".join(lines)
     print(table)
     if a.out:

@@ -88,7 +88,7 @@ E2E_ASAN_LOG=$(mktemp /tmp/dualpath-e2e-asan.XXXXXX)
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     setsid tests/e2e/run.sh build-asan/daemon/dualpathd -- -m "not heavy" >"$E2E_ASAN_LOG" 2>&1 &
 E2E_ASAN=$!
-trap 'kill -- -"$E2E_ASAN" 2>/dev/null || true' EXIT
+trap 'kill -- -"$E2E_ASAN" 2>/dev/null || true; echo "e2e (ASan + UBSan daemon, stopped):"; tail -40 "$E2E_ASAN_LOG"' EXIT
 tests/e2e/run.sh build/daemon/dualpathd
 stage "waiting for the ASan + UBSan daemon's end-to-end tests"
 rc=0

@@ -215,8 +215,8 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "(only past early_switch's minimum and for prompts not already repetitive).");
     tb_printf(b, "dualpath_early_signals_total %lld\n", (long long)st->early_signals);
     family(b, "dualpath_early_switch_tokens_total", "counter",
-           "Prompt tokens computed on the prefill path at the early switches (over "
-           "dualpath_early_switches_total: the mean switch point).");
+           "Prompt tokens on the prefill path (computed or from the prefix cache) at the "
+           "early switches (over dualpath_early_switches_total: the mean switch point).");
     tb_printf(b, "dualpath_early_switch_tokens_total %lld\n", (long long)st->early_switch_tokens);
     migration_hist_render(b, st);
 

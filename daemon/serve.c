@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <uv.h>
 
@@ -243,14 +244,12 @@ static void load_main(void *arg)
 {
     serve_ctx *c = arg;
     const dp_serve_opts *o = c->o;
-    /* TEST HOOK: DUALPATHD_DEBUG_LOAD_DELAY_S stretches loading so that a
-     * test can observe /health answering 503 "loading". */
-    const char *delay = getenv("DUALPATHD_DEBUG_LOAD_DELAY_S");
-    if (delay && *delay) {
-        double d = atof(delay);
-        if (d > 0 && d < 600)
-            uv_sleep((unsigned)(d * 1000.0));
-    }
+    /* TEST HOOK: DUALPATHD_DEBUG_LOAD_HOLD=PATH holds loading while PATH
+     * exists, so that a test observes /health answering 503 "loading" for
+     * as long as it needs, and lets loading go on by removing the file. */
+    const char *hold = getenv("DUALPATHD_DEBUG_LOAD_HOLD");
+    while (hold && *hold && access(hold, F_OK) == 0)
+        uv_sleep(10);
     notify_sendf("STATUS=starting the %s backend", o->device);
     c->load_rc = backend_create(&c->be, o->device, o->threads, c->load_err, sizeof c->load_err);
     if (!c->load_rc) {

@@ -380,6 +380,7 @@ static int admit_request(dp_engine *e, dp_request *req)
     if (es->seq->kv.dual && path_switches_at_min(&es->path, &e->popts)) {
         es->seq->kv.early_min = e->popts.min_tokens;
         es->seq->kv.early_chunk = e->opts.max_batched_tokens;
+        es->seq->kv.early_end = req->n_prompt;
     }
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
@@ -1091,11 +1092,13 @@ static void run_step(dp_engine *e)
         }
         /* The last queries of a prompt feed SnapKV scoring at the switch
          * (or, for a sequence that switched early, at its prompt's end), and
-         * so do a chunk's where the path detector may switch it early. */
+         * so do a chunk's where the path detector measures the kept set. */
         es->capture_at = -1;
         if (!it->decode_phase && q->kv.dual && es->capture_w > 0 &&
             (it->emits ? it->path == DP_PATH_PREFILL || es->switched_early
-                       : may_switch_early(e, es, it))) {
+                       : may_switch_early(e, es, it) &&
+                             path_wants_stability(&es->path, &e->popts, it->start + it->n,
+                                                  es->seq->n_prompt))) {
             int32_t w = es->capture_w < it->n ? es->capture_w : it->n;
             if (w > e->capture_cap - nc)
                 w = e->capture_cap - nc; /* cannot happen: capacity covers every window */
@@ -1188,7 +1191,8 @@ static void run_step(dp_engine *e)
             if (may_switch_early(e, es, it) &&
                 (!path_wants_stability(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) ||
                  early_signal(e, es, captured, q_stride) == 0) &&
-                path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY)
+                path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) != DP_STAY &&
+                kv_mgr_can_switch_early(&e->kv, &es->seq->kv))
                 early[n_early++] = es;
             continue;
         }

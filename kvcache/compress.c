@@ -205,10 +205,16 @@ int compressor_select(dp_compressor *c, const dp_compress_opts *o, const dp_kv_s
 {
     if (n_keep < 1 || n_keep > n_slots)
         return DP_EINVAL;
+    const int32_t rows = c->n_layers * c->n_kv_heads;
+    if (n_keep == n_slots) { /* everything stays (an early switch): nothing to score */
+        for (int32_t r = 0; r < rows; r++)
+            for (int32_t s = 0; s < n_slots; s++)
+                keep[(size_t)r * (size_t)n_keep + (size_t)s] = s;
+        return 0;
+    }
     int rc = reserve(c, n_slots);
     if (rc)
         return rc;
-    const int32_t rows = c->n_layers * c->n_kv_heads;
     dp_scorer sc = o->scorer;
     if (sc == DP_SCORER_SNAPKV && n_q == 0)
         sc = DP_SCORER_KNORM;

@@ -353,7 +353,8 @@ static int32_t early_point(const dp_kv_seq *kv, int32_t got, int32_t n_tokens)
     if (kv->early_min <= 0 || kv->early_chunk <= 0)
         return 0;
     int64_t s = (int64_t)(got > kv->early_min - 1 ? got : kv->early_min - 1) + kv->early_chunk;
-    return s < n_tokens ? (int32_t)s : 0;
+    /* Only while its prompt lasts (a recompute's tokens go on past it). */
+    return s < n_tokens && s < kv->early_end ? (int32_t)s : 0;
 }
 
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -367,8 +368,10 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     if (kv->early_at > 0 && kv->early_at < c && kv->path == DP_PATH_PREFILL) {
         /* Switched early: the prefill path up to the switch, then the whole
          * prompt on the decode path until its end's compaction. */
+        /* (What it holds by reference: its front at the earliest switch.) */
+        const int32_t e0 = kv->early_min < c ? kv->early_min : c;
         n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
-        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, c, c) / m->dbt;
+        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / m->dbt;
         return n;
     }
     n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
@@ -391,6 +394,17 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         r = dprefix_slots(&m->dpx, kv->kshare - 1);
     n.decode = dblocks_for(m, d) - r / m->dbt;
     return n;
+}
+
+bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    if (!m->dual || !kv->dual || kv->path != DP_PATH_PREFILL || kv->n_slots < 1)
+        return false;
+    /* What decode_reserve takes for a table of n_slots (less the front it
+     * holds by reference), as the migration will ask. */
+    const int32_t need = dblocks_for(m, kv->n_slots) - ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt;
+    const int32_t own = need < kv->decode_reserve ? need : kv->decode_reserve;
+    return kv_pool_n_free(m->dpool) - (m->decode_reserved - own) >= need;
 }
 
 bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -576,8 +590,18 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
                "this memory", n_tokens);
     }
     const bool dual = m->dual && kv->dual;
-    kv->early_at = dual && !kv->kshare ? early_point(kv, got, n_tokens) : 0;
     dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dbt : 1);
+    /* A predicted early switch is planned when it needs less than the
+     * switch at the prompt's end (with a quantized decode path it does) and
+     * fits at all. */
+    kv->early_at = dual && !kv->kshare ? early_point(kv, got, n_tokens) : 0;
+    if (kv->early_at > 0) {
+        dp_kv_need en = kv_mgr_need(m, kv, n_tokens, m->dbt);
+        if (en.prefill + en.decode < need.prefill + need.decode && kv_mgr_fits(m, en))
+            need = en;
+        else
+            kv->early_at = 0;
+    }
     int64_t slots = !dual ? (int64_t)n_tokens + 1 : kv->early_at > 0 ? kv->early_at : n_tokens;
     /* The watermark only applies while others run: an idle server admits
      * anything that fits at all. */
@@ -909,6 +933,15 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 protect_prompt(m, kv);
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
+            if (kv->early_at > 0 && g->n_keep < kv->n_slots && kv->decode_reserve > 1) {
+                /* Planned to switch early, compacted at its prompt's end
+                 * instead: the promise for its whole prompt on the decode
+                 * path is one block again, as any migration's. */
+                m->decode_reserved -= kv->decode_reserve - 1;
+                kv->decode_reserve = 1;
+            }
+            if (g->n_keep < kv->n_slots)
+                kv->early_at = 0;
         } else {
             kv->recompressed = true;
             if (g->n_ref == 0)

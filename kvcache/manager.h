@@ -57,12 +57,12 @@ typedef struct dp_kv_seq {
     bool recompressed;        /* compacted again on the decode path since */
     /* A predicted early switch (the path detector switches a repetitive
      * prompt at its first chunk end past early_min; chunks of at most
-     * early_chunk tokens): 0, none. early_at is where it happens at the
+     * early_chunk tokens, before early_end): 0, none. early_at is where it happens at the
      * latest, set at admission (0: at the prompt's end). The prompt then
      * holds prefill blocks up to early_at only, and its decode promise the
      * whole prompt in the decode type (the early switch keeps every token;
      * the prompt's end chooses what stays). */
-    int32_t early_min, early_chunk, early_at;
+    int32_t early_min, early_chunk, early_end, early_at; /* early_end: its prompt's length */
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
     /* The named prompt blocks it left at its migration, protected from
@@ -173,6 +173,11 @@ static inline bool kv_mgr_fits(const dp_kv_mgr *m, dp_kv_need n)
  * the prefill path, as with dualpath off: correctness never depends on a
  * migration). */
 bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more);
+/* Whether an early switch of a prefill-path sequence finds its decode
+ * blocks now (the prompt so far, whole): from its promise, planned at
+ * admission (early_at), or else from what no one was promised. One that
+ * does not stays on the prefill path and switches at its prompt's end. */
+bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv);
 
 /* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
  * back as it left (kv_mgr_swap_in); otherwise the longest cached prefix of

@@ -90,9 +90,11 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
             v->scorer = DP_SCORER_SNAPKV;
             rc = compressor_select_scored(&m->comp, v->co, v->attn, v->n_slots, v->n_keep, keep);
         } else {
-            /* compressor_select scores SnapKV by key norm without queries. */
-            v->scorer =
-                v->co->scorer == DP_SCORER_SNAPKV && nq == 0 ? DP_SCORER_KNORM : v->co->scorer;
+            /* compressor_select scores SnapKV by key norm without queries
+             * (and scores nothing when every slot stays). */
+            v->scorer = v->co->scorer == DP_SCORER_SNAPKV && nq == 0 && v->n_keep < v->n_slots
+                            ? DP_SCORER_KNORM
+                            : v->co->scorer;
             rc = compressor_select(&m->comp, v->co, src, v->src, v->n_slots, q, v->q_stride, qslot,
                                    nq, v->n_keep, keep);
         }

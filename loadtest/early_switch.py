@@ -65,9 +65,13 @@ class Daemon:
         self.proc = subprocess.Popen([binary, "--config", "", "--model", model, "--listen",
                                       f"127.0.0.1:{self.port}", *extra],
                                      stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 600  # a hang, not a verdict
         while True:
             if self.proc.poll() is not None:
                 sys.exit(f"early_switch: the daemon exited; see {log}")
+            if time.time() > deadline:
+                self.proc.kill()
+                sys.exit(f"early_switch: the daemon never became healthy; see {log}")
             try:
                 if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
                     return
@@ -256,6 +260,9 @@ def main():
         t.join()
         m1 = d.metrics()
         d.stop()
+        if any(o is None for o in outs):
+            sys.exit(f"early_switch: a request of the concurrency run failed ({mode})")
+        samples = samples or [0]
         conc[mode] = (max(samples), sum(samples) / len(samples), wall,
                       sum(o["usage"]["prompt_tokens"] for o in outs) / a.conc,
                       m1.get("dualpath_early_switches_total", 0) - m0.get("dualpath_early_switches_total", 0),
@@ -268,13 +275,14 @@ def main():
         whole = answers[("whole", w)]
         wpeak = sum(r[2] for r in whole) / len(whole)
         end = answers[("end", w)]
-        wbytes = sum(r[1]["dualpath"]["kv_bytes_full"] for r in end) / len(end)
+        full = [(r[1].get("dualpath") or {}).get("kv_bytes_full") for r in end]
+        wbytes = sum(full) / len(full) if all(f for f in full) else None
         for mode in ("whole", "end", "early"):
             rows = answers[(mode, w)]
             n = len(rows)
             ptok = sum(r[1]["prompt_tokens"] for r in rows) / n
             peak = sum(r[2] for r in rows) / n
-            kept = [r[1].get("dualpath", {}).get("kv_bytes") for r in rows]
+            kept = [(r[1].get("dualpath") or {}).get("kv_bytes") for r in rows]
             kept = sum(kept) / n if all(k is not None for k in kept) else None
             same = sum(r[0] == whole[i][0] for i, r in enumerate(rows))
             pre = sum(identical_prefix(r[0], whole[i][0]) for i, r in enumerate(rows)) / n

@@ -4,9 +4,11 @@ daemons with other flags (429 and drain tests)."""
 import http.client
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -47,36 +49,34 @@ class Daemon:
     health probe sends health_headers (an API key when /health needs one)."""
 
     def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None):
-        # free_port() closes its socket before the daemon binds, so another
-        # process (test.sh runs two suites at once) may take the port in
-        # between: a daemon that could not listen is started again on another.
-        for attempt in range(5):
-            if self._start(extra, log_name, unix_path, health_headers):
-                return
-        raise RuntimeError(f"dualpathd found no free port in 5 tries; see {self.log_path}")
-
-    def _start(self, extra, log_name, unix_path, health_headers):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # TCP on port 0: the kernel picks a free port and the daemon logs
+        # it, so no other process (test.sh runs two suites at once) can take
+        # the port between a pick and the bind.
         self.unix_path = unix_path
-        self.log_path = os.path.join(os.environ.get("DUALPATHD_LOGDIR", "/tmp"),
-                                     f"{log_name}-{self.port}.log")
-        self.log = open(self.log_path, "w")
-        listen = f"unix:{unix_path}" if unix_path else f"127.0.0.1:{self.port}"
+        self.port = None
+        self.url = None
+        fd, self.log_path = tempfile.mkstemp(prefix=f"{log_name}-", suffix=".log",
+                                             dir=os.environ.get("DUALPATHD_LOGDIR", "/tmp"))
+        self.log = os.fdopen(fd, "w")
+        listen = f"unix:{unix_path}" if unix_path else "127.0.0.1:0"
         self.proc = subprocess.Popen(
             [BIN, "--config", "", "--model", MODEL, "--listen", listen, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.time() + HANG_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                self.log.close()
-                if not unix_path and "address in use" in self.log_text():
-                    return False
                 raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
+            if not unix_path and self.port is None:
+                m = re.search(r"serve: listening on http://127\.0\.0\.1:(\d+)", self.log_text())
+                if not m:
+                    time.sleep(0.05)
+                    continue
+                self.port = int(m.group(1))
+                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 st, _, _ = self.request("GET", "/health", headers=health_headers, timeout=2)
                 if st == 200:
-                    return True
+                    return
             except OSError:
                 pass
             time.sleep(0.1)

@@ -28,37 +28,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# The port is free when picked but not held: another process (test.sh runs
-# two suites at once) may bind it first, and then the daemon tries another.
-for try in 1 2 3 4 5; do
-    PORT=$("$PY" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-    "$BIN" --config "" --model "$MODEL" --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 &
-    PID=$!
-    URL="http://127.0.0.1:$PORT"
-    up=0
-    for _ in $(seq 1 600); do
-        if ! kill -0 "$PID" 2>/dev/null; then
-            wait "$PID" || true
-            if [ "$try" -lt 5 ] && grep -q "address in use" "$LOG"; then
-                break
-            fi
-            echo "e2e: dualpathd exited during start-up:" >&2
-            cat "$LOG" >&2
-            exit 1
-        fi
-        if "$PY" -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=2).status == 200 else 1)" 2>/dev/null; then
-            up=1
-            break
-        fi
-        sleep 0.2
-    done
-    [ "$up" = 1 ] && break
-    if kill -0 "$PID" 2>/dev/null; then
-        echo "e2e: dualpathd did not become healthy:" >&2
+# Port 0: the kernel picks a free port and the daemon logs it (no other
+# process, such as the other suite test.sh runs at once, can take it first).
+"$BIN" --config "" --model "$MODEL" --listen "127.0.0.1:0" >"$LOG" 2>&1 &
+PID=$!
+URL=
+for _ in $(seq 1 600); do
+    if ! kill -0 "$PID" 2>/dev/null; then
+        echo "e2e: dualpathd exited during start-up:" >&2
         cat "$LOG" >&2
         exit 1
     fi
+    if [ -z "$URL" ]; then
+        URL=$(sed -n 's|.*serve: listening on \(http://127\.0\.0\.1:[0-9]*\).*|\1|p' "$LOG" | head -1)
+    fi
+    if [ -n "$URL" ] && "$PY" -c "import urllib.request,sys; sys.exit(0 if urllib.request.urlopen('$URL/health', timeout=2).status == 200 else 1)" 2>/dev/null; then
+        break
+    fi
+    sleep 0.2
 done
+[ -n "$URL" ] || { echo "e2e: dualpathd never said where it listens:" >&2; cat "$LOG" >&2; exit 1; }
 echo "e2e: dualpathd (pid $PID) healthy at $URL; log $LOG"
 
 set +e

@@ -11,7 +11,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import Daemon, metrics, request
+from conftest import HANG_S, Daemon, metrics, request
 
 GOOD = {"prompt": "Hello", "max_tokens": 2, "temperature": 0}
 
@@ -257,7 +257,7 @@ def test_429_queue_full():
         data = json.dumps(long).encode()
         b.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(data), data))             # waits in the queue
-        deadline = time.time() + 10
+        deadline = time.time() + HANG_S  # bounds a hang only
         while metrics(d.url)["dualpath_requests_waiting"] < 1:
             assert time.time() < deadline
             time.sleep(0.05)
@@ -266,7 +266,7 @@ def test_429_queue_full():
         assert int(h["Retry-After"]) >= 1
         a.close()
         b.close()
-        deadline = time.time() + 20
+        deadline = time.time() + HANG_S  # bounds a hang only
         while True:
             m = metrics(d.url)
             if m["dualpath_requests_running"] == 0 and m["dualpath_requests_waiting"] == 0:
@@ -351,54 +351,67 @@ def test_drain_timeout_cancels():
         d.stop()
 
 
-def _start_loading_daemon(delay_s):
+def _start_loading_daemon():
+    """A daemon held in its model load while the file `hold` exists
+    (DUALPATHD_DEBUG_LOAD_HOLD): (proc, base URL, hold, and the status and
+    body of its first /health answer)."""
+    import re
     import subprocess
-    from conftest import BIN, MODEL, free_port
-    port = free_port()
-    env = dict(os.environ, DUALPATHD_DEBUG_LOAD_DELAY_S=str(delay_s))
-    proc = subprocess.Popen([BIN, "--config", "", "--model", MODEL, "--listen",
-                             f"127.0.0.1:{port}"], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 30
-    while time.time() < deadline:
-        try:
-            st, _, body = request("GET", "/health", base=base, timeout=2)
-            return proc, base, st, body
-        except OSError:
+    import tempfile
+    from conftest import BIN, MODEL
+    logdir = os.environ.get("DUALPATHD_LOGDIR", "/tmp")
+    fd, hold = tempfile.mkstemp(prefix="dualpathd-hold-", dir=logdir)
+    os.close(fd)
+    env = dict(os.environ, DUALPATHD_DEBUG_LOAD_HOLD=hold)
+    # Port 0, read back from the log: no other process can take it first.
+    log = tempfile.NamedTemporaryFile("w+", prefix="dualpathd-loading-", suffix=".log",
+                                      dir=logdir, delete=False)
+    proc = subprocess.Popen([BIN, "--config", "", "--model", MODEL, "--listen", "127.0.0.1:0"],
+                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = None
+    while base is None:
+        assert proc.poll() is None, "the daemon exited during start-up"
+        with open(log.name, errors="replace") as f:
+            m = re.search(r"serve: listening on (http://127\.0\.0\.1:\d+)", f.read())
+        if m:
+            base = m.group(1)
+        else:
             time.sleep(0.05)
-    proc.kill()
-    raise AssertionError("the daemon never answered /health")
+    st, _, body = request("GET", "/health", base=base, timeout=HANG_S)
+    return proc, base, hold, st, body
 
 
 def test_503_while_loading():
     """The socket opens before the weights load: /health says 503 "loading",
     requests get 503, then the daemon becomes ready and serves."""
-    proc, base, st, body = _start_loading_daemon(3)
+    proc, base, hold, st, body = _start_loading_daemon()
     try:
         assert st == 503 and json.loads(body)["status"] == "loading"
         st, _, body = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, base=base)
         assert st == 503
         assert json.loads(body)["error"]["message"]
-        deadline = time.time() + 60
-        while time.time() < deadline:
+        os.unlink(hold)  # loading goes on
+        while st != 200:
             st, _, _ = request("GET", "/health", base=base)
-            if st == 200:
-                break
+            assert st in (200, 503)
             time.sleep(0.1)
-        assert st == 200
         st, _, body = request("POST", "/v1/completions", {"prompt": "Hi", "max_tokens": 2}, base=base)
         assert st == 200
     finally:
+        if os.path.exists(hold):
+            os.unlink(hold)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        assert proc.wait(timeout=HANG_S) == 0
 
 
 def test_sigterm_while_loading():
-    proc, base, st, _ = _start_loading_daemon(2)
-    assert st == 503
-    proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=60) == 0
+    proc, base, hold, st, _ = _start_loading_daemon()
+    try:
+        assert st == 503
+        proc.send_signal(signal.SIGTERM)
+    finally:
+        os.unlink(hold)
+    assert proc.wait(timeout=HANG_S) == 0
 
 
 def test_device_lost_exits_to_be_restarted(monkeypatch):

@@ -8,7 +8,7 @@ import urllib.parse
 
 import pytest
 
-from conftest import metrics, request
+from conftest import HANG_S, metrics, request
 
 
 def _stream(base, body, read_chunks=None):
@@ -99,7 +99,7 @@ def kv_blocks(m, kind):
     return sum(vals)
 
 
-def wait_idle(base, timeout=30):
+def wait_idle(base, timeout=HANG_S):  # the timeout bounds a hang only
     deadline = time.time() + timeout
     while True:
         m = metrics(base)

@@ -13,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from conftest import free_port, metrics, request
+from conftest import HANG_S, free_port, metrics, request
 
 
 def _ensure_prometheus():
@@ -92,7 +92,7 @@ def test_prometheus_scrape(server):
                               f"--web.listen-address=127.0.0.1:{port}"],
                              stdout=log, stderr=subprocess.STDOUT)
         try:
-            deadline = time.time() + 60
+            deadline = time.time() + HANG_S  # bounds a hang only
             value = None
             while time.time() < deadline and value is None:
                 time.sleep(0.5)

@@ -361,6 +361,68 @@ static void test_whole_if_room(void)
     kv_mgr_destroy(&m);
 }
 
+/* A predicted early switch (kv_seq.early_at): with the q8_0 decode path a
+ * 400-token repetitive prompt switching by token 95 (early_min 32, chunks
+ * of 64) needs 6 prefill blocks and a promise of 15 decode blocks (its
+ * whole prompt and a block, 30 q8_0 tokens each): 21 instead of 25 + 8.
+ * Not planned past its prompt (a recompute) nor where it does not pay; an
+ * unplanned switch is allowed only when its blocks are free. */
+static void test_early_plan(void)
+{
+    dp_kv_mgr m;
+    dp_backend *be = q8_mgr(&m, DP_KV_F16);
+    CHECK_EQ_INT(m.dbt, 30);
+    static int32_t tok[600];
+    for (int i = 0; i < 600; i++)
+        tok[i] = i;
+    dp_kv_seq a, b, c, d;
+    kv_seq_init(&a, true, &CO);
+    kv_seq_init(&b, true, &CO);
+    kv_seq_init(&c, true, &CO);
+    kv_seq_init(&d, false, &CO);
+    a.early_min = b.early_min = 32;
+    a.early_chunk = b.early_chunk = 64;
+    a.early_end = 400;
+    int32_t reused;
+    CHECK(kv_mgr_admit(&m, &a, tok, 400, 1, false, &reused) == 0);
+    CHECK_EQ_INT(a.early_at, 95);
+    CHECK_EQ_INT(a.table.n_blocks, 6);
+    CHECK_EQ_INT(m.decode_reserved, 15);
+    kv_mgr_commit(&m, &a, tok, 95);
+    CHECK(kv_mgr_can_switch_early(&m, &a)); /* from its promise */
+    /* A recompute: 100 prompt tokens and 300 generated; the switch point
+     * would be past its prompt: nothing planned. */
+    b.early_end = 90;
+    CHECK(kv_mgr_admit(&m, &b, tok + 100, 400, 1, true, &reused) == 0);
+    CHECK_EQ_INT(b.early_at, 0);
+    CHECK_EQ_INT(b.table.n_blocks, 25);
+    kv_mgr_commit(&m, &b, tok + 100, 300);
+    /* b's unplanned switch (300 slots: 10 decode blocks, 8 of them its
+     * promise for 200 kept and a block) finds room, until a whole sequence
+     * takes the arena's rest. */
+    CHECK(kv_mgr_can_switch_early(&m, &b));
+    const int32_t left = kv_pool_n_free(&m.pool) - m.decode_reserved;
+    CHECK(kv_mgr_admit(&m, &d, tok, left * BT - 1, 1, true, &reused) == 0);
+    CHECK(!kv_mgr_can_switch_early(&m, &b));
+    CHECK(kv_mgr_can_switch_early(&m, &a));
+    kv_mgr_free(&m, &d);
+    /* A short prompt: its switch point is past its end. */
+    c.early_min = 32;
+    c.early_chunk = 64;
+    c.early_end = 80;
+    CHECK(kv_mgr_admit(&m, &c, tok + 300, 80, 1, true, &reused) == 0);
+    CHECK_EQ_INT(c.early_at, 0);
+    dp_kv_seq *all[] = {&a, &b, &c, &d};
+    for (int i = 0; i < 4; i++) {
+        kv_mgr_free(&m, all[i]);
+        kv_seq_destroy(all[i]);
+    }
+    CHECK_EQ_INT(m.decode_reserved, 0);
+    CHECK_EQ_INT(kv_pool_n_free(&m.pool), m.pool.n_blocks);
+    kv_mgr_destroy(&m);
+    backend_destroy(be);
+}
+
 int main(void)
 {
     test_need();
@@ -370,5 +432,6 @@ int main(void)
     test_decode_share();
     test_kept_share();
     test_whole_if_room();
+    test_early_plan();
     T_DONE("manager");
 }

@@ -837,6 +837,12 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         if (!recompress) {
             es->tokens_evicted = es->seq->n_computed - g->n_keep;
             es->tokens_kept = g->n_keep;
+            if (kind == DP_COMPACT_EARLY) {
+                /* Nothing is evicted before the prompt's end chooses (a
+                 * request that ends at its first token keeps it all). */
+                es->tokens_evicted = 0;
+                es->tokens_kept = es->seq->n_prompt;
+            }
             note_kv_bytes(e, es);
             if (kind == DP_COMPACT_MIGRATION) { /* an early switch chose nothing yet */
                 kept += es->tokens_kept;

@@ -540,6 +540,13 @@ def test_early_switch_scores_with_snapkv():
         assert m1["dualpath_early_signals_total"] == m0["dualpath_early_signals_total"]
         assert migrations(m1, "snapkv") - migrations(m0, "snapkv") == 1
         assert migrations(m1) - migrations(m0) == 1
+        kept, evicted = dp_usage(o)
+        assert evicted > 0 and kept + evicted == o["usage"]["prompt_tokens"], o["usage"]
+        # Ended at its first token, before its prompt's end chose: all kept.
+        o = complete({"prompt": rep.replace("Ticket 1", "Case 1"), "max_tokens": 1,
+                      "temperature": 0}, base=d.url)
+        assert dp_usage(o) == (o["usage"]["prompt_tokens"], 0), o["usage"]
+        m1 = metrics(d.url)
 
         rng = random.Random(5)
         words = [w.strip(".,").lower() for w in LONG_PROMPT.split()]

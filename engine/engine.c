@@ -377,11 +377,8 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
     /* A repetitive prompt switches at its first chunk end past min_tokens:
      * admission holds prefill blocks up to there only (kvcache/manager.h). */
-    if (es->seq->kv.dual && path_switches_at_min(&es->path, &e->popts)) {
-        es->seq->kv.early_min = e->popts.min_tokens;
-        es->seq->kv.early_chunk = e->opts.max_batched_tokens;
+    if (es->seq->kv.dual && path_switches_at_min(&es->path, &e->popts))
         es->seq->kv.early_end = req->n_prompt;
-    }
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
     stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
@@ -835,19 +832,18 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         }
         by_scorer[g->scorer]++;
         if (!recompress) {
-            es->tokens_evicted = es->seq->n_computed - g->n_keep;
-            es->tokens_kept = g->n_keep;
             if (kind == DP_COMPACT_EARLY) {
                 /* Nothing is evicted before the prompt's end chooses (a
                  * request that ends at its first token keeps it all). */
-                es->tokens_evicted = 0;
                 es->tokens_kept = es->seq->n_prompt;
-            }
-            note_kv_bytes(e, es);
-            if (kind == DP_COMPACT_MIGRATION) { /* an early switch chose nothing yet */
+                es->tokens_evicted = 0;
+            } else {
+                es->tokens_kept = g->n_keep;
+                es->tokens_evicted = es->seq->n_computed - g->n_keep;
                 kept += es->tokens_kept;
                 evicted += es->tokens_evicted;
             }
+            note_kv_bytes(e, es);
             shared += g->n_ref;
             path_set(&es->path, DP_PS_DECODE);
         } else if (kind == DP_COMPACT_PROMPT_END) {
@@ -1552,6 +1548,14 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
         goto fail;
     }
+    /* The path detector's settings (the KV manager plans predicted early
+     * switches with its min_tokens). */
+    if (e->dual) {
+        path_opts_default(&e->popts);
+        e->popts.early_switch = opts->early_switch;
+        if (opts->early_min_tokens > 0)
+            e->popts.min_tokens = opts->early_min_tokens;
+    }
     int64_t kv_bytes = opts->kv_bytes;
     if (kv_bytes <= 0 && (opts->n_blocks <= 0 || (e->dual && opts->n_blocks_decode <= 0)) &&
         (rc = plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err, errsz)))
@@ -1571,6 +1575,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .reuse_replies = opts->reuse_replies,
         .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
         .head_dim = hp->head_dim,
+        .early_min = e->popts.min_tokens, .early_chunk = opts->max_batched_tokens,
     };
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
@@ -1583,12 +1588,6 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
                "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
                dp_kv_type_name(ko.decode.type), e->kv.dbt);
-    if (e->dual) {
-        path_opts_default(&e->popts);
-        e->popts.early_switch = opts->early_switch;
-        if (opts->early_min_tokens > 0)
-            e->popts.min_tokens = opts->early_min_tokens;
-    }
     log_memory_plan(e);
     cap_context(e);
     /* The model's logits rows beyond one per sequence score prompts. */

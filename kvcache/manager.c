@@ -80,6 +80,8 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     m->be = be;
     m->dual = o->dual;
     m->decode_budget = o->decode_budget;
+    m->early_min = o->early_min;
+    m->early_chunk = o->early_chunk;
     m->reuse_replies = o->reuse_replies && o->prefix_cache && o->dual;
     if (o->decode_budget > 0)
         m->budget_keep = compress_budget_keep(o->decode_budget, o->budget_floor);
@@ -348,11 +350,11 @@ static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *token
 /* Where a predicted early switch happens at the latest for a prompt of
  * n_tokens of which got came from the prefix cache: at the end of the chunk
  * that first passes early_min (0: not before the prompt's end). */
-static int32_t early_point(const dp_kv_seq *kv, int32_t got, int32_t n_tokens)
+static int32_t early_point(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t got, int32_t n_tokens)
 {
-    if (kv->early_min <= 0 || kv->early_chunk <= 0)
+    if (kv->early_end <= 0 || m->early_min <= 0 || m->early_chunk <= 0)
         return 0;
-    int64_t s = (int64_t)(got > kv->early_min - 1 ? got : kv->early_min - 1) + kv->early_chunk;
+    int64_t s = (int64_t)(got > m->early_min - 1 ? got : m->early_min - 1) + m->early_chunk;
     /* Only while its prompt lasts (a recompute's tokens go on past it). */
     return s < n_tokens && s < kv->early_end ? (int32_t)s : 0;
 }
@@ -369,7 +371,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         /* Switched early: the prefill path up to the switch, then the whole
          * prompt on the decode path until its end's compaction. */
         /* (What it holds by reference: its front at the earliest switch.) */
-        const int32_t e0 = kv->early_min < c ? kv->early_min : c;
+        const int32_t e0 = m->early_min < c ? m->early_min : c;
         n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
         n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / m->dbt;
         return n;
@@ -396,6 +398,14 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     return n;
 }
 
+/* Whether need more decode blocks are there for kv: from its promise
+ * (*from_promise of them), the rest from what no one else was promised. */
+static bool decode_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t need, int32_t *from_promise)
+{
+    *from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
+    return kv_pool_n_free(m->dpool) - (m->decode_reserved - *from_promise) >= need;
+}
+
 bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
     if (!m->dual || !kv->dual || kv->path != DP_PATH_PREFILL || kv->n_slots < 1)
@@ -403,8 +413,8 @@ bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
     /* What decode_reserve takes for a table of n_slots (less the front it
      * holds by reference), as the migration will ask. */
     const int32_t need = dblocks_for(m, kv->n_slots) - ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt;
-    const int32_t own = need < kv->decode_reserve ? need : kv->decode_reserve;
-    return kv_pool_n_free(m->dpool) - (m->decode_reserved - own) >= need;
+    int32_t own;
+    return decode_room(m, kv, need, &own);
 }
 
 bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -441,8 +451,8 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
         *took = 0;
     if (need <= 0)
         return 0;
-    int32_t from_promise = need < kv->decode_reserve ? need : kv->decode_reserve;
-    if (kv_pool_n_free(m->dpool) - (m->decode_reserved - from_promise) < need)
+    int32_t from_promise;
+    if (!decode_room(m, kv, need, &from_promise))
         return DP_ENOSPC;
     int rc = kv_table_reserve_bt(t, m->dpool, n_slots, m->dbt);
     if (rc)
@@ -594,7 +604,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     /* A predicted early switch is planned when it needs less than the
      * switch at the prompt's end (with a quantized decode path it does) and
      * fits at all. */
-    kv->early_at = dual && !kv->kshare ? early_point(kv, got, n_tokens) : 0;
+    kv->early_at = dual && !kv->kshare ? early_point(m, kv, got, n_tokens) : 0;
     if (kv->early_at > 0) {
         dp_kv_need en = kv_mgr_need(m, kv, n_tokens, m->dbt);
         if (en.prefill + en.decode < need.prefill + need.decode && kv_mgr_fits(m, en))

@@ -56,13 +56,13 @@ typedef struct dp_kv_seq {
                                * migration: id + 1, 0: none */
     bool recompressed;        /* compacted again on the decode path since */
     /* A predicted early switch (the path detector switches a repetitive
-     * prompt at its first chunk end past early_min; chunks of at most
-     * early_chunk tokens, before early_end): 0, none. early_at is where it happens at the
-     * latest, set at admission (0: at the prompt's end). The prompt then
-     * holds prefill blocks up to early_at only, and its decode promise the
-     * whole prompt in the decode type (the early switch keeps every token;
-     * the prompt's end chooses what stays). */
-    int32_t early_min, early_chunk, early_end, early_at; /* early_end: its prompt's length */
+     * prompt at its first chunk end past the manager's early_min): early_end
+     * is its prompt's length (0: none predicted), early_at where the switch
+     * happens at the latest, set at admission (0: at the prompt's end). The
+     * prompt then holds prefill blocks up to early_at only, and its decode
+     * promise the whole prompt in the decode type (the early switch keeps
+     * every token; the prompt's end chooses what stays). */
+    int32_t early_end, early_at;
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
     /* The named prompt blocks it left at its migration, protected from
@@ -102,6 +102,9 @@ typedef struct dp_kv_mgr_opts {
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
     bool reuse_replies;          /* kv_mgr_keep_reply writes replies back (needs the prefix cache) */
     int32_t n_layers, n_kv_heads, n_heads, head_dim; /* the model, for scoring */
+    /* A predicted early switch (kv_seq.early_end) comes at the first chunk
+     * end past early_min prompt tokens; a chunk has early_chunk at most. */
+    int32_t early_min, early_chunk;
 } dp_kv_mgr_opts;
 
 typedef struct dp_kv_mgr {
@@ -126,6 +129,7 @@ typedef struct dp_kv_mgr {
     dp_kv_swap swap;
     dp_kv_migrator mig;
     int32_t decode_budget, budget_keep;
+    int32_t early_min, early_chunk; /* dp_kv_mgr_opts' */
     dp_kv_layout dlayout;        /* the decode path's layout (for the scratch below) */
     dp_kv_store *rscratch;       /* a staged recompression's kept rows (rscratch_blocks) */
     int32_t rscratch_blocks;

@@ -25,6 +25,23 @@ MODEL = os.environ.get("DUALPATHD_MODEL",
                        os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
 
 
+def listening_url(proc, log_path):
+    """The URL a daemon started with --listen 127.0.0.1:0 logs once it
+    listens (the kernel picked the port: no other process can take it
+    between a pick and the bind)."""
+    deadline = time.time() + HANG_S  # bounds a hang only
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dualpathd exited with {proc.returncode}; see {log_path}")
+        with open(log_path, errors="replace") as f:
+            m = re.search(r"serve: listening on (http://127\.0\.0\.1:\d+)", f.read())
+        if m:
+            return m.group(1)
+        time.sleep(0.05)
+    proc.kill()
+    raise RuntimeError(f"dualpathd never said where it listens; see {log_path}")
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -49,9 +66,7 @@ class Daemon:
     health probe sends health_headers (an API key when /health needs one)."""
 
     def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None):
-        # TCP on port 0: the kernel picks a free port and the daemon logs
-        # it, so no other process (test.sh runs two suites at once) can take
-        # the port between a pick and the bind.
+        # TCP on port 0 (listening_url): test.sh runs two suites at once.
         self.unix_path = unix_path
         self.port = None
         self.url = None
@@ -62,17 +77,13 @@ class Daemon:
         self.proc = subprocess.Popen(
             [BIN, "--config", "", "--model", MODEL, "--listen", listen, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
+        if not unix_path:
+            self.url = listening_url(self.proc, self.log_path)
+            self.port = int(self.url.rsplit(":", 1)[1])
         deadline = time.time() + HANG_S
         while time.time() < deadline:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"dualpathd exited with {self.proc.returncode}; see {self.log_path}")
-            if not unix_path and self.port is None:
-                m = re.search(r"serve: listening on http://127\.0\.0\.1:(\d+)", self.log_text())
-                if not m:
-                    time.sleep(0.05)
-                    continue
-                self.port = int(m.group(1))
-                self.url = f"http://127.0.0.1:{self.port}"
             try:
                 st, _, _ = self.request("GET", "/health", headers=health_headers, timeout=2)
                 if st == 200:

@@ -355,28 +355,18 @@ def _start_loading_daemon():
     """A daemon held in its model load while the file `hold` exists
     (DUALPATHD_DEBUG_LOAD_HOLD): (proc, base URL, hold, and the status and
     body of its first /health answer)."""
-    import re
     import subprocess
     import tempfile
-    from conftest import BIN, MODEL
+    from conftest import BIN, MODEL, listening_url
     logdir = os.environ.get("DUALPATHD_LOGDIR", "/tmp")
     fd, hold = tempfile.mkstemp(prefix="dualpathd-hold-", dir=logdir)
     os.close(fd)
     env = dict(os.environ, DUALPATHD_DEBUG_LOAD_HOLD=hold)
-    # Port 0, read back from the log: no other process can take it first.
     log = tempfile.NamedTemporaryFile("w+", prefix="dualpathd-loading-", suffix=".log",
                                       dir=logdir, delete=False)
     proc = subprocess.Popen([BIN, "--config", "", "--model", MODEL, "--listen", "127.0.0.1:0"],
                             env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = None
-    while base is None:
-        assert proc.poll() is None, "the daemon exited during start-up"
-        with open(log.name, errors="replace") as f:
-            m = re.search(r"serve: listening on (http://127\.0\.0\.1:\d+)", f.read())
-        if m:
-            base = m.group(1)
-        else:
-            time.sleep(0.05)
+    base = listening_url(proc, log.name)
     st, _, body = request("GET", "/health", base=base, timeout=HANG_S)
     return proc, base, hold, st, body
 

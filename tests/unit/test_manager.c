@@ -167,6 +167,8 @@ static dp_backend *q8_mgr(dp_kv_mgr *m, dp_kv_type type)
                     .n_blocks = 64, .type = type},
         .dual = true, .prefill_fraction = 0.25,
         .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
+        /* for sequences with early_end set (test_early_plan) */
+        .early_min = 32, .early_chunk = 64,
     };
     o.decode = o.prefill;
     o.decode.n_blocks = 0;
@@ -380,8 +382,6 @@ static void test_early_plan(void)
     kv_seq_init(&b, true, &CO);
     kv_seq_init(&c, true, &CO);
     kv_seq_init(&d, false, &CO);
-    a.early_min = b.early_min = 32;
-    a.early_chunk = b.early_chunk = 64;
     a.early_end = 400;
     int32_t reused;
     CHECK(kv_mgr_admit(&m, &a, tok, 400, 1, false, &reused) == 0);
@@ -407,8 +407,6 @@ static void test_early_plan(void)
     CHECK(kv_mgr_can_switch_early(&m, &a));
     kv_mgr_free(&m, &d);
     /* A short prompt: its switch point is past its end. */
-    c.early_min = 32;
-    c.early_chunk = 64;
     c.early_end = 80;
     CHECK(kv_mgr_admit(&m, &c, tok + 300, 80, 1, true, &reused) == 0);
     CHECK_EQ_INT(c.early_at, 0);

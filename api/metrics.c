@@ -226,6 +226,25 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_reply_blocks_kept_total", "counter",
            "Blocks of finished decode-path replies written back for the next turn.");
     tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->reply_blocks_kept);
+    family(b, "dualpath_parked_turns", "gauge",
+           "Finished turns whose compact KV cache is kept for the conversation's next turn.");
+    tb_printf(b, "dualpath_parked_turns %d\n", st->parked_turns);
+    family(b, "dualpath_parked_blocks", "gauge",
+           "KV blocks only those kept turns hold (cached like the prefix cache's: not counted in "
+           "dualpath_kv_blocks_used, dropped when blocks run short).");
+    tb_printf(b, "dualpath_parked_blocks %d\n", st->parked_blocks);
+    family(b, "dualpath_turns_parked_total", "counter",
+           "Finished decode-path turns whose compact KV cache was kept for a next turn.");
+    tb_printf(b, "dualpath_turns_parked_total %lld\n", (long long)st->turns_parked);
+    family(b, "dualpath_turns_resumed_total", "counter",
+           "Requests that continued a kept turn's compact KV cache instead of recomputing it.");
+    tb_printf(b, "dualpath_turns_resumed_total %lld\n", (long long)st->turns_resumed);
+    family(b, "dualpath_resumed_tokens_total", "counter",
+           "Prompt tokens those requests took from the kept cache (not computed again).");
+    tb_printf(b, "dualpath_resumed_tokens_total %lld\n", (long long)st->resumed_tokens);
+    family(b, "dualpath_parked_evictions_total", "counter",
+           "Kept turns' caches dropped to make room (oldest first, before any preemption).");
+    tb_printf(b, "dualpath_parked_evictions_total %lld\n", (long long)st->parked_evictions);
     family(b, "dualpath_rebuild_tokens_total", "counter",
            "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
            "recomputed tokens count in dualpath_engine_prefill_tokens_total.");

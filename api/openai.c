@@ -1587,6 +1587,7 @@ static void add_usage(cJSON *o, long long pt, long long ct, const dp_oai_dualpat
     if (d) {
         cJSON_AddNumberToObject(d, "tokens_kept", (double)dp->tokens_kept);
         cJSON_AddNumberToObject(d, "tokens_evicted", (double)dp->tokens_evicted);
+        cJSON_AddNumberToObject(d, "tokens_resumed", (double)dp->tokens_resumed);
         cJSON_AddNumberToObject(d, "kv_bytes", (double)dp->kv_bytes);
         cJSON_AddNumberToObject(d, "kv_bytes_full", (double)dp->kv_bytes_full);
     }
@@ -1641,6 +1642,7 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
     for (int i = 0; i < n_choices; i++) {
         dp.tokens_kept += choices[i].tokens_kept;
         dp.tokens_evicted += choices[i].tokens_evicted;
+        dp.tokens_resumed += choices[i].tokens_resumed;
         dp.kv_bytes += choices[i].kv_bytes;
         dp.kv_bytes_full += choices[i].kv_bytes_full;
     }

@@ -95,6 +95,7 @@ typedef struct dp_oai_choice {
     int32_t completion_tokens;
     int32_t tokens_kept;     /* prompt tokens kept / evicted at the switch to decode */
     int32_t tokens_evicted;
+    int32_t tokens_resumed;  /* prompt tokens continued from the previous turn's compact cache */
     int64_t kv_bytes, kv_bytes_full; /* the prompt's KV bytes kept / whole */
     bool done;
 } dp_oai_choice;
@@ -103,6 +104,7 @@ typedef struct dp_oai_choice {
 typedef struct dp_oai_dualpath_usage {
     long long tokens_kept;
     long long tokens_evicted;
+    long long tokens_resumed;
     long long kv_bytes;      /* the kept tokens' KV bytes on the decode path */
     long long kv_bytes_full; /* the same tokens' bytes in the whole (prefill-path) cache */
 } dp_oai_dualpath_usage;

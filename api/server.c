@@ -607,6 +607,7 @@ static void stream_end(dp_server *s, dp_job *j)
             ct += j->choices[i].completion_tokens;
             dp.tokens_kept += j->choices[i].tokens_kept;
             dp.tokens_evicted += j->choices[i].tokens_evicted;
+            dp.tokens_resumed += j->choices[i].tokens_resumed;
             dp.kv_bytes += j->choices[i].kv_bytes;
             dp.kv_bytes_full += j->choices[i].kv_bytes_full;
         }
@@ -661,6 +662,7 @@ static void handle_event(dp_server *s, dp_event *ev)
         ch->completion_tokens = ev->completion_tokens;
         ch->tokens_kept = ev->tokens_kept;
         ch->tokens_evicted = ev->tokens_evicted;
+        ch->tokens_resumed = ev->tokens_resumed;
         ch->kv_bytes = ev->kv_bytes;
         ch->kv_bytes_full = ev->kv_bytes_full;
         if (ev->finish == DP_FINISH_ERROR && !j->error)

@@ -85,6 +85,7 @@ typedef struct dp_config {
     bool early_switch;
     int early_switch_min_tokens; /* prompt tokens computed before an early switch */
     bool reuse_replies;
+    bool resume_turns;
     int compress_turns;     /* 0 auto, 1 always, 2 never */
 } dp_config;
 

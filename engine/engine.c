@@ -38,7 +38,9 @@ typedef struct eng_seq {
     dp_path_detector path; /* the path detector's state */
     int32_t *prev_keep;    /* early switch: kept set after the previous chunk */
     int32_t prev_k;
-    bool switched_early;   /* compacted mid-prompt: compacts again at the prompt's end */
+    bool tail_on_decode;   /* its prompt's rest runs on the decode path (it switched early,
+                            * or continues a parked turn) and its end compacts it there */
+    bool resumed;          /* admitted onto a parked turn's compact cache */
     int32_t seen_preemptions;
     int32_t n_scored;      /* prompt_logprobs: prompt tokens 1..n_scored reported (-1: failed) */
     /* Logprobs with stop strings: the events of tokens whose text is all
@@ -148,6 +150,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->compress = (dp_compress_opts){.scorer = DP_SCORER_SNAPKV, .keep_ratio = 0.9f, .sinks = 4, .window = 32};
     o->prefix_cache = true;
     o->reuse_replies = true;
+    o->resume_turns = true;
     o->device_sampling = true;
     /* As llama.cpp keeps it: half the bytes of f32 per token. */
     o->kv_type = DP_KV_F16;
@@ -246,6 +249,7 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
         ev->n_preemptions = es->seq->n_preemptions;
         ev->tokens_kept = es->tokens_kept;
         ev->tokens_evicted = es->tokens_evicted;
+        ev->tokens_resumed = es->resumed ? es->seq->reused_tokens : 0;
         ev->kv_bytes = es->kv_bytes;
         ev->kv_bytes_full = es->kv_bytes_full;
         ev->t_first_token = es->t_first;
@@ -809,6 +813,7 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         *g = (dp_kv_migration){.kv = &es->seq->kv, .tokens = es->seq->tokens,
                                .n_keep = compact_target(e, es, kind)};
         g->share_kept = kind == DP_COMPACT_MIGRATION && (small_lists(e, g->n_keep) || has_twin(e, es));
+        g->pos = kind == DP_COMPACT_PROMPT_END ? es->seq->n_computed : 0;
         if (q && es->capture_at >= 0) {
             g->q = q + (size_t)es->capture_at * q_row;
             g->q_stride = q_stride;
@@ -857,6 +862,31 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
     if (moved > 0)
         record_migration(e, dp_now() - t0, moved, kept, evicted, shared, recompress, by_scorer,
                          fallbacks, kind);
+}
+
+/* Prompts whose ends came on the decode path (an early switch, a resumed
+ * turn) are compacted to their keep ratio there; one already at or below it
+ * (a resumed turn whose history was compressed more) keeps what it has. */
+static void end_prompts_on_decode(dp_engine *e, eng_seq **list, int32_t n, const float *q,
+                                  int64_t q_stride)
+{
+    int32_t k = 0;
+    for (int32_t i = 0; i < n; i++) {
+        eng_seq *es = list[i];
+        if (compact_target(e, es, DP_COMPACT_PROMPT_END) < es->seq->kv.n_slots) {
+            list[k++] = es;
+            continue;
+        }
+        es->tokens_kept = es->seq->kv.n_slots;
+        es->tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
+        note_kv_bytes(e, es);
+        pthread_mutex_lock(&e->stats_mu);
+        e->stats.tokens_kept += es->tokens_kept;
+        e->stats.tokens_evicted += es->tokens_evicted;
+        pthread_mutex_unlock(&e->stats_mu);
+    }
+    if (k > 0)
+        compact_seqs(e, list, k, DP_COMPACT_PROMPT_END, q, q_stride);
 }
 
 /* A prompt chunk of a prefill-path sequence that the path detector may
@@ -1072,11 +1102,20 @@ static void run_step(dp_engine *e)
                 path_set(&es->path, DP_PS_DECODE); /* swapped back in as it was */
             } else {
                 path_set(&es->path, DP_PS_WAITING);
-                es->switched_early = false;
+                es->tail_on_decode = false;
             }
         }
         if (es->path.state == DP_PS_WAITING)
             path_set(&es->path, DP_PS_PREFILL);
+        /* Admitted on the decode path with prompt left: it continues its
+         * conversation's parked turn (kv_mgr_park); the rest of its prompt
+         * runs there, as after an early switch. */
+        if (!it->decode_phase && it->path == DP_PATH_DECODE && it->start < q->n_prompt &&
+            !es->tail_on_decode) {
+            es->tail_on_decode = true;
+            es->resumed = true;
+            path_set(&es->path, DP_PS_DECODE);
+        }
         /* Its prompt positions before the last yield prompt-logprob rows
          * (as many as the scheduler gave room for). */
         int32_t scored = it->decode_phase ? 0 : sched_score_rows(q, it->n);
@@ -1097,7 +1136,7 @@ static void run_step(dp_engine *e)
          * so do a chunk's where the path detector measures the kept set. */
         es->capture_at = -1;
         if (!it->decode_phase && q->kv.dual && es->capture_w > 0 &&
-            (it->emits ? it->path == DP_PATH_PREFILL || es->switched_early
+            (it->emits ? it->path == DP_PATH_PREFILL || es->tail_on_decode
                        : may_switch_early(e, es, it) &&
                              path_wants_stability(&es->path, &e->popts, it->start + it->n,
                                                   es->seq->n_prompt))) {
@@ -1212,9 +1251,9 @@ static void run_step(dp_engine *e)
          * has only a generated token left: it migrates at that step.) */
         if (alive && it->path == DP_PATH_PREFILL && es->seq->kv.dual)
             migrate[n_migrate++] = es;
-        if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->switched_early) {
+        if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->tail_on_decode) {
             tail_done[n_tail++] = es;
-            es->switched_early = false;
+            es->tail_on_decode = false;
         }
     }
     if (n_early > 0) {
@@ -1222,9 +1261,9 @@ static void run_step(dp_engine *e)
         int32_t switched = 0;
         int64_t at = 0;
         for (int32_t i = 0; i < n_early; i++) {
-            early[i]->switched_early = early[i]->seq->kv.path == DP_PATH_DECODE;
-            switched += early[i]->switched_early;
-            at += early[i]->switched_early ? early[i]->seq->n_computed : 0;
+            early[i]->tail_on_decode = early[i]->seq->kv.path == DP_PATH_DECODE;
+            switched += early[i]->tail_on_decode;
+            at += early[i]->tail_on_decode ? early[i]->seq->n_computed : 0;
         }
         pthread_mutex_lock(&e->stats_mu);
         e->stats.early_switches += switched;
@@ -1232,7 +1271,7 @@ static void run_step(dp_engine *e)
         pthread_mutex_unlock(&e->stats_mu);
     }
     if (n_tail > 0)
-        compact_seqs(e, tail_done, n_tail, DP_COMPACT_PROMPT_END, captured, q_stride);
+        end_prompts_on_decode(e, tail_done, n_tail, captured, q_stride);
     if (n_migrate > 0)
         compact_seqs(e, migrate, n_migrate, DP_COMPACT_MIGRATION, captured, q_stride);
     pthread_mutex_lock(&e->stats_mu);
@@ -1259,7 +1298,7 @@ static void update_gauges(dp_engine *e)
     pthread_mutex_lock(&e->stats_mu);
     e->stats.running = e->sched.n_running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
-    const dp_kv_mgr *m = &e->kv;
+    dp_kv_mgr *m = &e->kv;
     int32_t on_decode = 0, decode_held = 0;
     for (eng_seq *es = e->live; es; es = es->next)
         if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
@@ -1268,15 +1307,20 @@ static void update_gauges(dp_engine *e)
              * are a decode-pool share's, counted once below. */
             decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks;
         }
-    if (m->dual)
-        decode_held += m->dpx.live_blocks;
+    /* Parked turns' blocks are counted apart: cached, taken back when needed. */
+    const int32_t parked = m->dual ? kv_mgr_parked_blocks(m) : 0;
+    if (m->dual && m->dpx.e)
+        decode_held += m->dpx.live_blocks - dprefix_parked_blocks(&m->dpx);
     e->stats.seqs_on_decode_path = on_decode;
     /* One shared arena: each path reports the blocks its tables hold, and
      * both the arena's size. */
     e->stats.blocks_total = m->pool.n_blocks;
-    e->stats.blocks_used = kv_pool_n_used(&m->pool) - (m->shared ? decode_held : 0);
+    e->stats.blocks_used = kv_pool_n_used(&m->pool) - (m->shared ? decode_held + parked : 0);
     e->stats.decode_blocks_total = m->dual ? m->dpool->n_blocks : 0;
-    e->stats.decode_blocks_used = !m->dual ? 0 : m->shared ? decode_held : kv_pool_n_used(m->dpool);
+    e->stats.decode_blocks_used = !m->dual      ? 0
+                                  : m->shared   ? decode_held
+                                                : kv_pool_n_used(m->dpool) - parked;
+    e->stats.parked_blocks = parked;
     e->stats.kv_shared = m->shared;
     e->stats.block_tokens = m->pool.block_tokens;
     e->stats.decode_block_tokens = m->dual ? m->dbt : 0;
@@ -1285,6 +1329,11 @@ static void update_gauges(dp_engine *e)
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
     e->stats.reply_blocks_kept = m->reply_blocks;
     e->stats.kept_shares = m->kept_shared;
+    e->stats.parked_turns = m->n_parked;
+    e->stats.turns_parked = m->parks;
+    e->stats.turns_resumed = m->resumes;
+    e->stats.resumed_tokens = m->resumed_tokens;
+    e->stats.parked_evictions = m->park_evictions;
     e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
@@ -1576,6 +1625,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
         .head_dim = hp->head_dim,
         .early_min = e->popts.min_tokens, .early_chunk = opts->max_batched_tokens,
+        .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
     };
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;

@@ -41,6 +41,8 @@ typedef struct dp_engine_opts {
     bool reuse_replies;          /* a finished decode-path reply's K/V go to the prefix cache
                                   * for the next turn (kvcache/manager.h); default on */
     int32_t compress_turns;      /* a chat turn after an earlier reply: ENGINE_TURNS_* */
+    bool resume_turns;           /* a finished decode-path turn's compact cache is kept for
+                                  * the next turn, which continues it (kv_mgr_park); default on */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
@@ -59,6 +61,9 @@ typedef struct dp_engine_opts {
  * the arena cannot hold it whole beside the others (auto), always, or
  * never. */
 enum { ENGINE_TURNS_AUTO = 0, ENGINE_TURNS_ALWAYS = 1, ENGINE_TURNS_NEVER = 2 };
+/* Parked turns at most (each holds a decode block at least; the oldest go
+ * first when memory is short, or when a newer one needs the place). */
+#define ENGINE_MAX_PARKED 256
 
 void engine_opts_default(dp_engine_opts *o);
 
@@ -117,6 +122,12 @@ typedef struct dp_engine_stats {
     int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
     int64_t rebuild_host_tokens;   /* tokens restored from the host tier */
     int64_t reply_blocks_kept;     /* decode-path blocks written back for the next turn */
+    int32_t parked_turns;     /* finished turns' compact caches kept now (kv_mgr_park) */
+    int32_t parked_blocks;    /* blocks only they hold (not in the blocks_used gauges) */
+    int64_t turns_parked;     /* ... kept so far */
+    int64_t turns_resumed;    /* admissions that continued one */
+    int64_t resumed_tokens;   /* tokens of history those did not compute again */
+    int64_t parked_evictions; /* parked caches dropped for room */
     int64_t host_spilled_blocks;
     int64_t host_tier_blocks; /* capacity in blocks (0: no host tier) */
     double migration_seconds; /* sum over migration batches */

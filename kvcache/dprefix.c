@@ -135,6 +135,17 @@ int32_t dprefix_add_kept(dp_dprefix *d, const int32_t *tokens, int32_t n, uint64
     return add(d, tokens, n, tag, blocks, n_slots, uncounted, rows, cols);
 }
 
+int32_t dprefix_parked_blocks(const dp_dprefix *d)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; d->e && i < d->max_entries; i++) {
+        const dp_dprefix_entry *x = &d->e[i];
+        if (x->name && x->users > 0 && x->users == x->parked)
+            n += x->n_slots / d->block_tokens - x->uncounted;
+    }
+    return n;
+}
+
 void dprefix_join(dp_dprefix *d, int32_t id)
 {
     d->e[id].users++;

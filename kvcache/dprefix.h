@@ -42,6 +42,7 @@ typedef struct dp_dprefix_entry {
     int32_t scorer;      /* ... and the scorer that chose them (dp_scorer) */
     int32_t uncounted;   /* leading blocks live_blocks does not count (held elsewhere) */
     int32_t users;
+    int32_t parked;      /* of users, parked turns (kvcache/manager.h kv_mgr_park) */
 } dp_dprefix_entry;
 
 typedef struct dp_dprefix {
@@ -87,6 +88,10 @@ static inline const int32_t *dprefix_blocks(const dp_dprefix *d, int32_t id)
 {
     return d->e[id].blocks;
 }
+/* One of entry id's users is parked (delta 1) or no longer (-1). */
+static inline void dprefix_park(dp_dprefix *d, int32_t id, int32_t delta) { d->e[id].parked += delta; }
+/* Blocks of the entries whose users are all parked turns (each once). */
+int32_t dprefix_parked_blocks(const dp_dprefix *d);
 /* Slots entry id's blocks hold. */
 static inline int32_t dprefix_slots(const dp_dprefix *d, int32_t id)
 {

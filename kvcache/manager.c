@@ -10,6 +10,10 @@
 
 #include "common/dp.h"
 
+/* Parked turns (below) give their blocks back wherever blocks run short. */
+static void park_drop(dp_kv_mgr *m, int32_t i);
+static bool park_reclaim(dp_kv_mgr *m, int32_t need);
+
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
 {
     memset(kv, 0, sizeof *kv);
@@ -211,6 +215,15 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         }
         m->has_pc = true;
     }
+    if (o->dual && o->max_parked > 0) {
+        m->parked = calloc((size_t)o->max_parked, sizeof *m->parked);
+        m->park_cnt = calloc((size_t)m->dpool->n_blocks, sizeof *m->park_cnt);
+        if (!m->parked || !m->park_cnt) {
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            goto fail;
+        }
+        m->max_parked = o->max_parked;
+    }
     return 0;
 fail:
     kv_mgr_destroy(m);
@@ -219,6 +232,10 @@ fail:
 
 void kv_mgr_destroy(dp_kv_mgr *m)
 {
+    while (m->n_parked > 0)
+        park_drop(m, m->n_parked - 1);
+    free(m->parked);
+    free(m->park_cnt);
     if (m->rscratch)
         m->be->ops->kv_destroy(m->be, m->rscratch);
     if (m->dstore && m->dstore != m->store) /* a view before its base */
@@ -333,7 +350,7 @@ static bool whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_to
     whole.dual = false;
     dp_kv_need wn = kv_mgr_need(m, &whole, n_tokens, 4 * (int64_t)m->pool.block_tokens);
     return wn.prefill - kv->table.n_blocks <=
-           kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved;
+           kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved + m->parked_blocks;
 }
 
 /* The kept share of tokens[0..n) compacted to n_keep by kv's settings, or -1. */
@@ -452,7 +469,7 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
     if (need <= 0)
         return 0;
     int32_t from_promise;
-    if (!decode_room(m, kv, need, &from_promise))
+    if (!decode_room(m, kv, need, &from_promise) && !park_reclaim(m, need - from_promise))
         return DP_ENOSPC;
     int rc = kv_table_reserve_bt(t, m->dpool, n_slots, m->dbt);
     if (rc)
@@ -524,9 +541,244 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->early_at = 0;
 }
 
+/* ---- parked turns ----------------------------------------------------------- */
+
+/* Whether a cache compacted under x serves a sequence compacting under y
+ * (the random scorer's seed aside: its selection is as good as any draw). */
+static bool same_settings(const dp_compress_opts *x, const dp_compress_opts *y)
+{
+    return x->scorer == y->scorer && x->keep_ratio == y->keep_ratio && x->sinks == y->sinks &&
+           x->window == y->window && x->prefix == y->prefix;
+}
+
+/* Takes parked cache i out of the list (its blocks still held). */
+static dp_kv_parked park_take(dp_kv_mgr *m, int32_t i)
+{
+    dp_kv_parked p = m->parked[i];
+    m->parked[i] = m->parked[--m->n_parked];
+    m->parked_blocks -= p.kv.table.n_blocks;
+    if (p.kv.dshare)
+        dprefix_park(&m->dpx, p.kv.dshare - 1, -1);
+    if (p.kv.kshare)
+        dprefix_park(&m->dpx, p.kv.kshare - 1, -1);
+    return p;
+}
+
+/* Drops parked cache i: its blocks go back to the pool (those a share holds
+ * stay the share's). */
+static void park_drop(dp_kv_mgr *m, int32_t i)
+{
+    dp_kv_parked p = park_take(m, i);
+    release_all(m, &p.kv);
+    kv_seq_destroy(&p.kv);
+    free(p.tokens);
+}
+
+static int32_t park_oldest(const dp_kv_mgr *m)
+{
+    int32_t o = -1;
+    for (int32_t i = 0; i < m->n_parked; i++)
+        if (o < 0 || m->parked[i].stamp < m->parked[o].stamp)
+            o = i;
+    return o;
+}
+
+/* Drops the oldest parked caches until the decode pool (the arena, when
+ * shared) has need blocks beyond those promised; none when even all of
+ * them would not make the room (a sequence that cannot fit now leaves the
+ * others' caches alone). Whether the room is there. */
+static bool park_reclaim(dp_kv_mgr *m, int32_t need)
+{
+    int32_t have = kv_pool_n_free(m->dpool) - m->decode_reserved;
+    if (have >= need || m->n_parked == 0 || (int64_t)have + m->parked_blocks < need)
+        return have >= need;
+    while (have < need && m->n_parked > 0) {
+        park_drop(m, park_oldest(m));
+        m->park_evictions++;
+        have = kv_pool_n_free(m->dpool) - m->decode_reserved;
+    }
+    return have >= need;
+}
+
+bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed)
+{
+    /* Past its compaction's prompt, slot mig_keep + i holds position
+     * mig_pos + i in every head: a prefix of its tokens is a prefix of its
+     * slots. */
+    if (m->max_parked <= 0 || !m->dual || !kv->dual || kv->path != DP_PATH_DECODE ||
+        kv->swapped.buf || kv->recompressed || kv->mig_pos <= 0 || !tokens ||
+        n_computed < kv->mig_pos || kv->n_slots != kv->mig_keep + (n_computed - kv->mig_pos))
+        return false;
+    int32_t *copy = malloc((size_t)n_computed * sizeof *copy);
+    if (!copy)
+        return false;
+    memcpy(copy, tokens, (size_t)n_computed * sizeof *copy);
+    if (m->n_parked == m->max_parked) {
+        park_drop(m, park_oldest(m));
+        m->park_evictions++;
+    }
+    /* Its prompt's whole blocks are no longer protected: the parked cache
+     * stands for them (both would hold the history twice). */
+    unprotect_prompt(m, kv);
+    free(kv->warm);
+    kv->warm = NULL;
+    drop_promise(m, kv);
+    attn_acc_destroy(&kv->attn);
+    if (kv->dshare)
+        dprefix_park(&m->dpx, kv->dshare - 1, 1);
+    if (kv->kshare)
+        dprefix_park(&m->dpx, kv->kshare - 1, 1);
+    m->parked[m->n_parked++] = (dp_kv_parked){*kv, copy, n_computed, ++m->park_clock};
+    m->parked_blocks += kv->table.n_blocks;
+    m->parks++;
+    const bool dual = kv->dual;
+    const dp_compress_opts co = kv->copts;
+    kv_seq_init(kv, dual, &co); /* the table moved to the parked cache */
+    return true;
+}
+
+/* The parked cache that tokens[0..n) continue furthest, or -1, and how far:
+ * *len tokens, the whole of its last compaction's prompt at least, at most
+ * n - tail (tail >= 1 tokens are left to compute). */
+static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
+                         int32_t tail, int32_t *len)
+{
+    int32_t best = -1, best_len = 0;
+    const int32_t limit = n - (tail > 1 ? tail : 1);
+    for (int32_t i = 0; i < m->n_parked; i++) {
+        const dp_kv_parked *p = &m->parked[i];
+        const int32_t lim = p->n < limit ? p->n : limit;
+        if (lim < p->kv.mig_pos || lim <= best_len || !same_settings(&p->kv.copts, &kv->copts))
+            continue;
+        int32_t c = 0;
+        while (c < lim && p->tokens[c] == tokens[c])
+            c++;
+        if (c >= p->kv.mig_pos && c > best_len) {
+            best = i;
+            best_len = c;
+        }
+    }
+    *len = best_len;
+    return best;
+}
+
+static bool may_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens, int32_t tail)
+{
+    return m->n_parked > 0 && m->dual && kv->dual && kv->table.n_blocks == 0 && !kv->dshare &&
+           !kv->kshare && tail < n_tokens;
+}
+
+/* Counts (tally false) or tallies and clears (true) the pool references
+ * parked turns hold: their tables' and those of the shares only they hold.
+ * A block is theirs alone when they hold all its references. */
+static int32_t park_refs(dp_kv_mgr *m, bool tally)
+{
+    int32_t n = 0;
+    for (int32_t i = 0; i < m->n_parked + m->dpx.max_entries; i++) {
+        const int32_t *b;
+        int32_t nb;
+        if (i < m->n_parked) {
+            b = m->parked[i].kv.table.blocks;
+            nb = m->parked[i].kv.table.n_blocks;
+        } else {
+            const dp_dprefix_entry *x = &m->dpx.e[i - m->n_parked];
+            if (!x->name || x->users <= 0 || x->users != x->parked)
+                continue;
+            b = x->blocks;
+            nb = x->n_slots / m->dpx.block_tokens;
+        }
+        for (int32_t j = 0; j < nb; j++) {
+            uint32_t *c = &m->park_cnt[b[j]];
+            if (!tally)
+                (*c)++;
+            else if (*c)
+                n += *c == m->dpool->refcnt[b[j]], *c = 0; /* counted once */
+        }
+    }
+    return n;
+}
+
+int32_t kv_mgr_parked_blocks(dp_kv_mgr *m)
+{
+    if (m->n_parked == 0)
+        return 0;
+    park_refs(m, false);
+    return park_refs(m, true);
+}
+
+bool kv_mgr_can_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
+                       int32_t tail)
+{
+    int32_t len;
+    return may_resume(m, kv, n, tail) && park_find(m, kv, tokens, n, tail, &len) >= 0;
+}
+
+/* kv_mgr_admit for a sequence that continues a parked cache: 1 when none
+ * matches (admitted as any other), 0 when it took the cache, DP_ENOSPC
+ * when the rest of its prompt has no room now (the cache stays parked, cut
+ * to what this sequence matched). */
+static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
+                       int32_t tail, bool busy, int32_t *reused)
+{
+    int32_t c;
+    const int32_t i = may_resume(m, kv, n_tokens, tail) ? park_find(m, kv, tokens, n_tokens, tail, &c)
+                                                         : -1;
+    if (i < 0)
+        return 1;
+    /* Out of the list first, so that making room never drops it; what it
+     * holds past the match (a reply the client did not send back as it
+     * was generated) goes back to the pool. */
+    dp_kv_parked p = park_take(m, i);
+    const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, slots);
+    for (int32_t b = keep_b; b < p.kv.table.n_blocks; b++)
+        kv_pool_unref(m->dpool, p.kv.table.blocks[b]);
+    if (p.kv.table.n_blocks > keep_b)
+        p.kv.table.n_blocks = keep_b;
+    p.kv.n_slots = slots;
+    p.n = c;
+    /* The rest of the prompt and the first generated token, on the decode path. */
+    const int32_t need = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1) - keep_b;
+    const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
+    if (!park_reclaim(m, need + wm)) {
+        if (p.kv.dshare)
+            dprefix_park(&m->dpx, p.kv.dshare - 1, 1);
+        if (p.kv.kshare)
+            dprefix_park(&m->dpx, p.kv.kshare - 1, 1);
+        m->parked[m->n_parked++] = p;
+        m->parked_blocks += p.kv.table.n_blocks;
+        return DP_ENOSPC;
+    }
+    const dp_compress_opts co = kv->copts;
+    const bool wir = kv->whole_if_room;
+    kv_seq_destroy(kv);
+    *kv = p.kv;
+    kv->copts = co;
+    kv->whole_if_room = wir;
+    kv->early_end = kv->early_at = 0;
+    kv->decode_reserve = need > 0 ? need : 0;
+    m->decode_reserved += kv->decode_reserve;
+    /* Its table covers the rest of the prompt now, as an admitted prompt's
+     * does (from the promise: cannot fail). */
+    if (decode_reserve(m, kv, &kv->table, (int64_t)slots + (n_tokens - c), NULL) != 0) {
+        release_all(m, kv);
+        free(p.tokens);
+        return DP_ENOSPC;
+    }
+    free(p.tokens);
+    m->resumes++;
+    m->resumed_tokens += c;
+    *reused = c;
+    return 0;
+}
+
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
                  int32_t tail, bool busy, int32_t *reused)
 {
+    /* The next turn of a conversation whose previous turn's compact cache
+     * is parked continues it: nothing of its history is computed again. */
+    int rc = park_resume(m, kv, tokens, n_tokens, tail, busy, reused);
+    if (rc <= 0)
+        return rc;
     /* A prompt that extends an earlier one (the next turn of a conversation,
      * or a recompute after preemption) takes the cached prefix back: from the
      * pool where its blocks are intact, from the host tier where they were
@@ -619,10 +871,9 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     int32_t need_p = need.prefill - kv->table.n_blocks;
     bool ok;
     if (m->shared) /* one arena: the prompt, its promise and the others' promises */
-        ok = need_p + (dual ? need.decode + wm : 0) <= kv_pool_n_free(&m->pool) - m->decode_reserved;
+        ok = park_reclaim(m, need_p + (dual ? need.decode + wm : 0));
     else
-        ok = need_p <= kv_pool_n_free(&m->pool) &&
-             (!dual || need.decode + wm <= kv_pool_n_free(m->dpool) - m->decode_reserved);
+        ok = need_p <= kv_pool_n_free(&m->pool) && (!dual || park_reclaim(m, need.decode + wm));
     if (!ok || kv_table_reserve(&kv->table, &m->pool, slots) != 0) {
         /* Not now: the matched blocks go back, still named, for the retry. */
         kv_table_release(&kv->table, &m->pool);
@@ -654,9 +905,7 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
     if (kv->path == DP_PATH_DECODE)
         return decode_reserve(m, kv, &kv->table, slots, NULL);
     /* In a shared arena the blocks promised to decode paths are not free. */
-    if (m->shared &&
-        kv_pool_blocks_for(&m->pool, slots) - kv->table.n_blocks >
-            kv_pool_n_free(&m->pool) - m->decode_reserved)
+    if (m->shared && !park_reclaim(m, kv_pool_blocks_for(&m->pool, slots) - kv->table.n_blocks))
         return DP_ENOSPC;
     return kv_table_reserve(&kv->table, &m->pool, slots);
 }
@@ -702,6 +951,19 @@ static int scratch_reserve(dp_kv_mgr *m, int32_t n)
     if (rc == 0)
         m->rscratch_blocks = n;
     return rc;
+}
+
+/* What a decode-path compaction leaves: at a prompt's end (g->pos), its
+ * kept slots stand for the prompt and the reply follows in order, as after
+ * a migration; a recompression mixes the reply's positions too. */
+static void note_compaction(dp_kv_seq *kv, const dp_kv_migration *g)
+{
+    if (g->pos > 0) {
+        kv->mig_pos = g->pos;
+        kv->mig_keep = g->n_keep;
+    } else {
+        kv->recompressed = true;
+    }
 }
 
 /* A recompression whose new table found no free blocks: the kept rows are
@@ -776,7 +1038,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     if (nref == 0)
         leave_share(m, kv);
     leave_kept(m, kv); /* its new table holds the front at most */
-    kv->recompressed = true;
+    note_compaction(kv, g);
     kv->n_slots = g->n_keep;
     kv->ref_blocks = nb;
     attn_acc_reset(&kv->attn);
@@ -953,7 +1215,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             if (g->n_keep < kv->n_slots)
                 kv->early_at = 0;
         } else {
-            kv->recompressed = true;
+            note_compaction(kv, g);
             if (g->n_ref == 0)
                 leave_share(m, kv); /* its new table holds none of the share's blocks */
             leave_kept(m, kv);
@@ -1054,7 +1316,7 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     int64_t slots = (int64_t)kv->n_slots + 1;
     int32_t need = dblocks_for(m, slots);
     int32_t wm = busy ? kv_mgr_watermark(m) : 0;
-    if (need + wm > kv_pool_n_free(m->dpool) - m->decode_reserved)
+    if (!park_reclaim(m, need + wm))
         return DP_ENOSPC;
     return kv_swap_in(&m->swap, &kv->swapped, &kv->table, slots);
 }

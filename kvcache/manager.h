@@ -105,7 +105,19 @@ typedef struct dp_kv_mgr_opts {
     /* A predicted early switch (kv_seq.early_end) comes at the first chunk
      * end past early_min prompt tokens; a chunk has early_chunk at most. */
     int32_t early_min, early_chunk;
+    /* Finished decode-path caches kept for the next turn (kv_mgr_park; 0:
+     * none kept). */
+    int32_t max_parked;
 } dp_kv_mgr_opts;
+
+/* A finished turn's compact cache, kept (held, evicted first when memory
+ * is short) for the conversation's next turn: kv_mgr_park. */
+typedef struct dp_kv_parked {
+    dp_kv_seq kv;      /* on the decode path: its table, shares and mapping */
+    int32_t *tokens;   /* [n] the tokens its slots were computed from */
+    int32_t n;
+    uint64_t stamp;    /* when parked: the oldest goes first */
+} dp_kv_parked;
 
 typedef struct dp_kv_mgr {
     dp_backend *be;              /* NULL: bookkeeping only (scheduler tests) */
@@ -144,6 +156,16 @@ typedef struct dp_kv_mgr {
     int64_t staged_recompressions; /* recompressions that found no free blocks (through rscratch) */
     int64_t kept_shared;         /* migrations that took a kept share */
     bool reuse_replies;
+    /* Parked turns (kv_mgr_park), oldest anywhere (stamps order them). */
+    dp_kv_parked *parked;
+    int32_t n_parked, max_parked;
+    int32_t parked_blocks;       /* table blocks the parked caches hold */
+    uint32_t *park_cnt;          /* [decode pool blocks] kv_mgr_parked_blocks' scratch (zeros) */
+    uint64_t park_clock;
+    int64_t parks;               /* caches parked */
+    int64_t resumes;             /* admissions that continued a parked cache */
+    int64_t resumed_tokens;      /* tokens they did not compute again */
+    int64_t park_evictions;      /* parked caches dropped for room (or by a newer one) */
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
@@ -184,7 +206,9 @@ bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, i
 bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv);
 
 /* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
- * back as it left (kv_mgr_swap_in); otherwise the longest cached prefix of
+ * back as it left (kv_mgr_swap_in); one whose tokens continue a parked turn
+ * takes that cache (kv_mgr_park) and is on the decode path, with room for
+ * the rest of its prompt there; otherwise the longest cached prefix of
  * tokens[0..n_tokens - tail) is taken back (tail >= 1 leaves the last tokens
  * to compute) and the prefill pool reserves the rest, and the decode pool
  * its compressed size plus a block (less a decode-pool share of its prefix
@@ -211,6 +235,9 @@ typedef struct dp_kv_migration {
     int32_t n_q;
     bool share_kept;          /* a migration: others with the same tokens may migrate while
                                * this one decodes, so its compaction is named for them */
+    int32_t pos;              /* a compaction on the decode path at a prompt's end: the
+                               * prompt's length (positions its slots then stand for, the
+                               * reply's following in order); 0: a recompression */
     int rc;                   /* out: 0 when kv now holds n_keep slots on the decode path */
     dp_scorer scorer;         /* out: the scorer that ran */
     int32_t n_ref;            /* out: of n_keep, slots kept by reference (not copied) */
@@ -250,6 +277,28 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy);
  * tokens[0..n_computed): the sequence's tokens. Best effort: without free
  * blocks, or after a recompression, nothing is kept. Call before kv_mgr_free. */
 void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed);
+/* A decode-path sequence ends (tokens[0..n_computed) computed): its
+ * compact cache is parked, whole, for the next turn of its conversation
+ * instead of freed. kv_mgr_admit continues it for a prompt that starts with
+ * the tokens it holds past its last compaction's prompt (the previous
+ * prompt and the reply, as the chat template renders them again): the
+ * history is not computed again and stays compressed (in the decode type);
+ * only the new text runs, on the decode path, and the prompt's end
+ * compacts the whole to its keep ratio (DP_COMPACT_PROMPT_END in the
+ * engine). Parked caches hold their blocks until an admission, a growth or
+ * a migration needs them: the oldest are dropped first, before anyone
+ * running is preempted. Returns true when parked (kv is left empty; free it
+ * as usual). Not parked: a cache recompressed under a decode budget, one
+ * swapped out, one whose slots do not hold its tokens in order past its
+ * compaction. */
+bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed);
+/* Blocks that only parked turns hold (what dropping them all would free,
+ * shares of theirs included). */
+int32_t kv_mgr_parked_blocks(dp_kv_mgr *m);
+/* Whether kv_mgr_admit would continue a parked cache for tokens[0..n) (a
+ * waiting sequence then needs no one's prompt blocks). */
+bool kv_mgr_can_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
+                       int32_t tail);
 /* The sequence's cache is not to be trusted (a failed step): nothing of it
  * is kept for a next turn. */
 static inline void kv_seq_forget_reply(dp_kv_seq *kv) { kv->mig_pos = 0; }

@@ -125,6 +125,8 @@ typedef struct dp_event {
     int32_t n_preemptions;
     int32_t tokens_kept;       /* prompt tokens kept at the switch to the decode path */
     int32_t tokens_evicted;    /* prompt tokens dropped then (0 without dualpath) */
+    int32_t tokens_resumed;    /* prompt tokens continued from the previous turn's compact
+                                * cache (kv_mgr_park), not computed again */
     int64_t kv_bytes;          /* the kept tokens' KV bytes on the decode path */
     int64_t kv_bytes_full;     /* the same prompt tokens' bytes whole on the prefill path */
     char *error;           /* owned message when finish == DP_FINISH_ERROR */

@@ -135,7 +135,9 @@ void sched_remove(dp_sched *s, dp_seq *seq)
         unlink_seq(&s->run_head, &s->run_tail, seq);
         s->n_running--;
     }
-    if (seq->state == DP_SEQ_RUNNING) /* the next turn takes its reply back */
+    /* The next turn continues its compact cache, or else takes its reply
+     * back from the prefix cache. */
+    if (seq->state == DP_SEQ_RUNNING && !kv_mgr_park(s->kv, &seq->kv, seq->tokens, seq->n_computed))
         kv_mgr_keep_reply(s->kv, &seq->kv, seq->tokens, seq->n_computed);
     kv_mgr_free(s->kv, &seq->kv);
     seq->state = DP_SEQ_FINISHED;
@@ -243,10 +245,11 @@ static int32_t score_cut(const dp_seq *q, int32_t n, int32_t left)
  * the queue behind it waits too, for at most that prompt's prefill. */
 static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
 {
-    if (!s->kv->has_pc || q->n_computed > 0 || q->scores_prompt)
-        return false;
-    const int32_t bt = s->kv->pool.block_tokens;
     const int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
+    if (!s->kv->has_pc || q->n_computed > 0 || q->scores_prompt ||
+        kv_mgr_can_resume(s->kv, &q->kv, q->tokens, q->n_tokens, tail))
+        return false; /* (a parked turn it continues holds its history) */
+    const int32_t bt = s->kv->pool.block_tokens;
     const int32_t q_blocks = (q->n_tokens - tail) / bt; /* what q could take from the cache */
     for (const dp_seq *r = s->run_head; r; r = r->next) {
         if (r->kv.path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)

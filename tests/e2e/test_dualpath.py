@@ -55,7 +55,8 @@ def dp_usage(o):
     assert set(u) >= {"prompt_tokens", "completion_tokens", "total_tokens", "dualpath"}, u
     assert u["total_tokens"] == u["prompt_tokens"] + u["completion_tokens"]
     d = u["dualpath"]
-    assert set(d) == {"tokens_kept", "tokens_evicted", "kv_bytes", "kv_bytes_full"}, d
+    assert set(d) == {"tokens_kept", "tokens_evicted", "tokens_resumed", "kv_bytes",
+                      "kv_bytes_full"}, d
     assert (d["kv_bytes"] == 0) == (d["tokens_kept"] == 0) and d["kv_bytes"] <= d["kv_bytes_full"]
     return d["tokens_kept"], d["tokens_evicted"]
 
@@ -387,8 +388,19 @@ def _rebuild_tokens(m):
             + m['dualpath_rebuild_tokens_total{source="host"}'])
 
 
+@pytest.fixture(scope="module")
+def no_resume_daemon():
+    d = Daemon(["--no-resume-turns"], log_name="dualpathd-noresume")
+    yield d
+    assert d.stop() == 0
+
+
 @pytest.mark.heavy
-def test_multi_turn_chat_rebuilds(server):
+def test_multi_turn_chat_rebuilds(no_resume_daemon):
+    # Without parked turns (resume_turns off) a later turn takes its history
+    # back from the prefix cache: the path a turn takes when its previous
+    # turn's compact cache was dropped for room.
+    server = no_resume_daemon.url
     messages, answers = [], []
     prev_prompt = 0
     m_start = metrics(server)
@@ -427,13 +439,15 @@ def test_multi_turn_chat_rebuilds(server):
         finally:
             assert d.stop() == 0
     # Every turn compressed: each reply's K/V go back for the next turn.
-    _, m_all = converse(["--compress-turns", "always"], "dualpathd-turns")
+    _, m_all = converse(["--compress-turns", "always", "--no-resume-turns"], "dualpathd-turns")
     assert m_all["dualpath_reply_blocks_kept_total"] >= len(QUESTIONS) - 1
     # Exact rebuilds: with reuse_replies off every reply is recomputed over
     # the whole prefix, and the greedy answers are those of a daemon without
     # the prefix cache, which prefills every turn whole.
-    exact, m_exact = converse(["--no-reuse-replies", "--compress-turns", "always"], "dualpathd-noreuse")
-    fresh, m_fresh = converse(["--no-prefix-cache", "--compress-turns", "always"], "dualpathd-noprefix")
+    exact, m_exact = converse(["--no-reuse-replies", "--compress-turns", "always",
+                               "--no-resume-turns"], "dualpathd-noreuse")
+    fresh, m_fresh = converse(["--no-prefix-cache", "--compress-turns", "always",
+                               "--no-resume-turns"], "dualpathd-noprefix")
     assert m_fresh["dualpath_rebuilds_total"] == 0
     assert m_exact["dualpath_rebuilds_total"] >= 4
     assert m_exact["dualpath_reply_blocks_kept_total"] == 0
@@ -441,21 +455,21 @@ def test_multi_turn_chat_rebuilds(server):
 
 
 def test_later_chat_turns_run_whole(server):
-    # A chat turn after an earlier reply runs whole while the KV memory has
-    # room for it (compress_turns = auto, the default; the shared daemon's
-    # memory is far from full): its prompt stays in the prefix cache for the
-    # next turn anyway, so a compact copy would add memory, not free it
-    # (docs/dualpath.md). The first turn migrates; a request can still ask
-    # for its turn to be compressed.
-    msgs = [{"role": "user", "content": "Name three colours."}]
-    text, u1 = _chat(server, msgs)
-    assert u1["dualpath"]["tokens_kept"] > 0
-    msgs += [{"role": "assistant", "content": text},
-             {"role": "user", "content": "And three fruits?"}]
+    # A chat turn after an earlier reply that this daemon did not keep (a
+    # history the client brings) runs whole while the KV memory has room
+    # for it (compress_turns = auto, the default; the shared daemon's memory
+    # is far from full): its prompt stays in the prefix cache for the next
+    # turn anyway, so a compact copy would add memory, not free it
+    # (docs/dualpath.md). A request can still ask for its turn to be
+    # compressed.
+    msgs = [{"role": "user", "content": "Name three animals that live in the sea."},
+            {"role": "assistant", "content": "A whale, a shark and an octopus."},
+            {"role": "user", "content": "And three fruits?"}]
     m0 = metrics(server)
     _, u2 = _chat(server, msgs)
     m1 = metrics(server)
     assert u2["dualpath"]["tokens_kept"] == 0 and u2["dualpath"]["tokens_evicted"] == 0, u2
+    assert u2["dualpath"]["tokens_resumed"] == 0, u2
     assert m1["dualpath_tokens_kept_total"] == m0["dualpath_tokens_kept_total"]
     st, o = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 24, "temperature": 0,
                                           "dualpath": {"enabled": True}}, base=server)
@@ -469,6 +483,41 @@ def test_later_chat_turns_run_whole(server):
                   "max_tokens": 8, "temperature": 0}, base=server)
     assert st == 200, o
     assert o["usage"]["dualpath"]["tokens_kept"] > 0
+
+
+def test_next_turn_continues_the_parked_turn(server):
+    # A turn that migrated leaves its compact cache parked (resume_turns,
+    # the default): the next turn of the conversation continues it. Its
+    # history (the previous prompt and the reply) is not computed again;
+    # only the new text is, on the decode path, and the prompt's end
+    # compacts the whole to the keep ratio.
+    msgs, prev = [{"role": "user", "content": "Name three colours."}], None
+    for turn, q in enumerate(["And three fruits?", "And three birds?", "Which is largest?"]):
+        m0 = metrics(server)
+        text, u = _chat(server, msgs)
+        m1 = metrics(server)
+        d = u["dualpath"]
+        assert d["tokens_kept"] > 0 and d["tokens_kept"] + d["tokens_evicted"] == u["prompt_tokens"], u
+        computed = (m1["dualpath_engine_prefill_tokens_total"]
+                    - m0["dualpath_engine_prefill_tokens_total"])
+        if prev is None:
+            assert d["tokens_resumed"] == 0, u
+        else:
+            # The previous prompt came back, and the reply as far as the
+            # prompt's last 32 tokens (SnapKV's window, computed in one step
+            # for its queries).
+            want = min(prev["prompt_tokens"] + prev["completion_tokens"] - 1, u["prompt_tokens"] - 32)
+            assert d["tokens_resumed"] >= want >= prev["prompt_tokens"], (u, prev)
+            assert m1["dualpath_turns_resumed_total"] == m0["dualpath_turns_resumed_total"] + 1
+            assert computed == u["prompt_tokens"] - d["tokens_resumed"], (computed, u)
+            assert computed < u["prompt_tokens"] - prev["prompt_tokens"], (computed, u, prev)
+        assert m1["dualpath_turns_parked_total"] == m0["dualpath_turns_parked_total"] + 1
+        assert text.strip(), u
+        msgs += [{"role": "assistant", "content": text}, {"role": "user", "content": q}]
+        prev = u
+    m = metrics(server)
+    assert m["dualpath_parked_turns"] >= 1
+    assert m["dualpath_resumed_tokens_total"] > 0
 
 
 @pytest.fixture(scope="module")

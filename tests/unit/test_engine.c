@@ -996,7 +996,8 @@ static void test_system_prompt_typed(world *w)
     o.compress.sinks = 2;
     o.compress.window = 4;
     o.n_blocks = 256;
-    dp_engine_stats alone, together;
+    dp_engine_stats alone, together, parked;
+    o.resume_turns = false;
     next_opts = o;
     next_opts_set = true;
     dp_engine *e = start(w, o.n_blocks, 32);
@@ -1006,6 +1007,20 @@ static void test_system_prompt_typed(world *w)
     CHECK_EQ_INT(alone.kv_shared, 1);
     CHECK_EQ_INT(alone.decode_block_tokens, 60);
     CHECK_EQ_INT(alone.tokens_in_place, 0);
+    /* A finished turn's parked cache holds the share (kv_mgr_park), so one
+     * at a time they share too, with the same outputs. */
+    o.resume_turns = true;
+    next_opts = o;
+    next_opts_set = true;
+    e = start(w, o.n_blocks, 32);
+    next_opts_set = false;
+    run_requests(e, sp, N, res, true, DP_DUALPATH_DEFAULT, &parked);
+    engine_destroy(e);
+    CHECK_EQ_INT(parked.tokens_in_place, (N - 1) * 120);
+    CHECK_EQ_INT(parked.turns_resumed, 0);
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(same_tokens(&res[i], &ref[i]),
+                  "request %d: the share a parked turn kept changed its output", i);
     defer_start = true;
     run_with(w, &o, sp, N, res, &together, DP_DUALPATH_DEFAULT);
     defer_start = false;
@@ -1015,8 +1030,9 @@ static void test_system_prompt_typed(world *w)
         CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: the shared q8_0 prefix changed its output", i);
     printf("system prompt kept whole, q8_0 decode path: %d of %d requests take the first one's "
-           "copy of its %d whole decode blocks (%lld tokens not copied), the same outputs as "
-           "each alone\n", N - 1, N, 120 / 60, (long long)together.tokens_in_place);
+           "copy of its %d whole decode blocks (%lld tokens not copied; one at a time, kept by "
+           "parked turns: %lld), the same outputs as each alone\n", N - 1, N, 120 / 60,
+           (long long)together.tokens_in_place, (long long)parked.tokens_in_place);
 }
 
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
@@ -1485,6 +1501,7 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         o.compress.window = 8;
         o.prefix_cache = mode == 0;
         o.reuse_replies = false; /* exact: every reply recomputed over the whole prefix */
+        o.resume_turns = false;  /* ... and every turn's prompt (test_resume_turns resumes) */
         o.host_tier_bytes = mode == 0 ? (int64_t)64 << 20 : 0;
         /* The prefill pool holds the longest turn, barely, so that the
          * distractor below must take the conversation's blocks. */
@@ -1545,6 +1562,7 @@ static void test_reply_reuse(world *w)
         o.compress.sinks = 2;
         o.compress.window = 16;
         o.reuse_replies = mode == 0;
+        o.resume_turns = false; /* the reply through the prefix cache */
         next_opts = o;
         next_opts_set = true;
         dp_engine *e = start(w, 256, 8);
@@ -1568,6 +1586,104 @@ static void test_reply_reuse(world *w)
            "computed %lld vs %lld without\n",
            (long long)st[0].reply_blocks_kept, (long long)st[0].prompt_tokens,
            (long long)st[1].prompt_tokens);
+}
+
+/* A finished turn's compact cache is parked and the next turn continues it
+ * (kv_mgr_park): a 5-turn conversation computes only each turn's new text
+ * (and the reply's last token, never fed), not its history. At keep 1.0 in
+ * the prefill path's type the compact cache is the whole cache, so every
+ * turn equals a full recompute's. At keep 0.5 the resumed prompt is
+ * compacted again at its end, to half its tokens (the e2e tests resume over
+ * the real model's q8_0 decode path). Parked
+ * caches never cost an admission: in a small arena they are dropped, oldest
+ * first, and nobody is preempted for them. */
+static void test_resume_turns(world *w)
+{
+    enum { TURNS = 5, FIRST = 40, NEW = 16, GEN = 24 };
+    static result res[3][TURNS];
+    dp_engine_stats st[3];
+    for (int mode = 0; mode < 3; mode++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.compress.keep_ratio = mode == 2 ? 0.5f : 1.0f;
+        o.compress.sinks = 2;
+        o.compress.window = 16;
+        o.decode_kv_type = ENGINE_DECODE_KV_SAME;
+        o.resume_turns = mode != 1;
+        o.reuse_replies = false; /* mode 1: every turn computed from its tokens */
+        next_opts = o;
+        next_opts_set = true;
+        dp_engine *e = start(w, 256, 8);
+        next_opts_set = false;
+        static int32_t conv[2048];
+        int32_t n_conv = 0;
+        uint64_t x = 11;
+        for (int turn = 0; turn < TURNS; turn++) {
+            conv_add_text(w, conv, &n_conv, turn == 0 ? FIRST : NEW, &x);
+            conv_turn(e, conv, &n_conv, GEN, &res[mode][turn]);
+            CHECK_EQ_INT(res[mode][turn].n, GEN);
+        }
+        check_idle(e);
+        engine_get_stats(e, &st[mode]);
+        engine_destroy(e);
+    }
+    check_same_turns(res[0], res[1], TURNS, "when continued from the parked turn");
+    for (int mode = 0; mode < 3; mode += 2) {
+        CHECK_EQ_INT(st[mode].turns_resumed, TURNS - 1);
+        /* Each later turn computes its new text and the reply's last token. */
+        CHECK_EQ_INT(st[mode].prompt_tokens, FIRST + (TURNS - 1) * (NEW + 1));
+        CHECK_EQ_INT(st[mode].turns_parked, TURNS);
+        CHECK_EQ_INT(st[mode].parked_turns, 1); /* each turn took the one before */
+    }
+    CHECK_EQ_INT(st[1].turns_resumed, 0);
+    CHECK(st[1].prompt_tokens > st[0].prompt_tokens);
+    CHECK_EQ_INT(st[0].tokens_evicted, 0);
+    /* keep 0.5: the first migration and the 4 prompt ends each keep half
+     * (sinks and window included) of the prompt. */
+    int64_t want = 0;
+    for (int turn = 0, len = FIRST; turn < TURNS; turn++, len += GEN + NEW) {
+        dp_compress_opts co = {.scorer = DP_SCORER_SNAPKV, .keep_ratio = 0.5f, .sinks = 2,
+                               .window = 16};
+        want += compress_n_keep(&co, len);
+    }
+    CHECK_EQ_INT(st[2].tokens_kept, want);
+    printf("resumed turns: %d turns, %d continued from the parked turn; prompt tokens computed "
+           "%lld vs %lld from the tokens; identical at keep 1.0; keep 0.5: %lld kept\n",
+           TURNS, (int)st[0].turns_resumed, (long long)st[0].prompt_tokens,
+           (long long)st[1].prompt_tokens, (long long)st[2].tokens_kept);
+
+    /* 12 unrelated requests one after the other in a 48-block arena: each
+     * parks ~9 blocks, so later ones need the parked blocks back. */
+    enum { N = 12 };
+    static req_spec sp[N];
+    static result a[N], b[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 120, .max_tokens = 16, .ignore_eos = true};
+        for (int32_t k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = (int32_t)((k * 131u + 977u * (unsigned)i + 5u) % (unsigned)w->vocab);
+    }
+    dp_engine_stats ps[2];
+    for (int mode = 0; mode < 2; mode++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.compress.keep_ratio = 0.5f;
+        o.resume_turns = mode == 0;
+        next_opts = o;
+        next_opts_set = true;
+        dp_engine *e = start(w, 48, 8);
+        next_opts_set = false;
+        run_requests(e, sp, N, mode == 0 ? a : b, true, DP_DUALPATH_DEFAULT, &ps[mode]);
+        engine_destroy(e);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK_MSG(same_tokens(&a[i], &b[i]), "request %d: parked turns changed its output", i);
+    CHECK(ps[0].parked_evictions > 0);
+    CHECK_EQ_INT(ps[0].preemptions, 0);
+    CHECK_EQ_INT(ps[0].turns_parked, N);
+    CHECK(ps[0].parked_turns < N);
+    printf("parked turns in a 48-block arena: %lld of %d dropped for room, %d kept at the end, "
+           "0 preemptions, outputs as without them\n", (long long)ps[0].parked_evictions, N,
+           ps[0].parked_turns);
 }
 
 int main(void)
@@ -1620,6 +1736,7 @@ int main(void)
     test_system_prompt(&w);
     test_multiturn_rebuild(&w, 64);
     test_reply_reuse(&w);
+    test_resume_turns(&w);
     world_close(&w);
 
     /* Heads of 32 values: the quantized decode path. */

@@ -188,6 +188,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->swap_ins);
     family(b, "dualpath_swap_bytes", "gauge", "Host memory held by swapped-out decode-path caches.");
     tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->swap_bytes);
+    family(b, "dualpath_parked_host_bytes", "gauge",
+           "Host memory of the swap space held by kept turns' caches (given up first when a "
+           "preempted sequence needs it).");
+    tb_printf(b, "dualpath_parked_host_bytes %lld\n", (long long)st->parked_host_bytes);
     family(b, "dualpath_decode_recomputes_total", "counter",
            "Decode-path preemptions recomputed from their tokens (the swap space was full).");
     tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->decode_recomputes);
@@ -243,8 +247,16 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Prompt tokens those requests took from the kept cache (not computed again).");
     tb_printf(b, "dualpath_resumed_tokens_total %lld\n", (long long)st->resumed_tokens);
     family(b, "dualpath_parked_evictions_total", "counter",
-           "Kept turns' caches dropped to make room (oldest first, before any preemption).");
+           "Kept turns' caches dropped (oldest first): the swap space had no room for them, or "
+           "more turns were kept than the daemon keeps.");
     tb_printf(b, "dualpath_parked_evictions_total %lld\n", (long long)st->parked_evictions);
+    family(b, "dualpath_parked_spills_total", "counter",
+           "Kept turns' caches moved to the swap space (host memory) to make room; their next "
+           "turn copies them back.");
+    tb_printf(b, "dualpath_parked_spills_total %lld\n", (long long)st->parked_spills);
+    family(b, "dualpath_parked_restores_total", "counter",
+           "Kept turns' caches copied back from the swap space by their next turn.");
+    tb_printf(b, "dualpath_parked_restores_total %lld\n", (long long)st->parked_restores);
     family(b, "dualpath_rebuild_tokens_total", "counter",
            "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
            "recomputed tokens count in dualpath_engine_prefill_tokens_total.");

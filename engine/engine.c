@@ -1103,6 +1103,7 @@ static void run_step(dp_engine *e)
             } else {
                 path_set(&es->path, DP_PS_WAITING);
                 es->tail_on_decode = false;
+                es->resumed = false; /* recomputed: decided again at its admission */
             }
         }
         if (es->path.state == DP_PS_WAITING)
@@ -1334,12 +1335,19 @@ static void update_gauges(dp_engine *e)
     e->stats.turns_resumed = m->resumes;
     e->stats.resumed_tokens = m->resumed_tokens;
     e->stats.parked_evictions = m->park_evictions;
+    e->stats.parked_spills = m->park_spills;
+    e->stats.parked_restores = m->park_restores;
     e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
     e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
     e->stats.preemptions = e->sched.n_preemptions;
-    e->stats.swap_outs = m->has_swap ? m->swap.outs : 0;
-    e->stats.swap_ins = m->has_swap ? m->swap.ins : 0;
-    e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes : 0;
+    /* (Preempted sequences only: parked turns' spills are counted apart.) */
+    e->stats.swap_outs = m->has_swap ? m->swap.outs - m->park_spills : 0;
+    e->stats.swap_ins = m->has_swap ? m->swap.ins - m->park_restores : 0;
+    int64_t parked_host = 0;
+    for (int32_t i = 0; m->has_swap && i < m->n_parked; i++)
+        parked_host += (int64_t)m->parked[i].kv.swapped.n_blocks * (int64_t)m->swap.block_bytes;
+    e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes - parked_host : 0;
+    e->stats.parked_host_bytes = parked_host;
     e->stats.decode_recomputes = m->decode_recomputes;
     e->stats.recompressions_staged = m->staged_recompressions;
     e->stats.heartbeat++;

@@ -128,6 +128,8 @@ typedef struct dp_engine_stats {
     int64_t turns_resumed;    /* admissions that continued one */
     int64_t resumed_tokens;   /* tokens of history those did not compute again */
     int64_t parked_evictions; /* parked caches dropped for room */
+    int64_t parked_spills;    /* ... moved to the swap space (host memory) for room */
+    int64_t parked_restores;  /* ... and copied back by their next turn */
     int64_t host_spilled_blocks;
     int64_t host_tier_blocks; /* capacity in blocks (0: no host tier) */
     double migration_seconds; /* sum over migration batches */
@@ -145,6 +147,7 @@ typedef struct dp_engine_stats {
     double grammar_seconds;
     int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
     int64_t swap_bytes;       /* host memory the swapped caches hold now */
+    int64_t parked_host_bytes; /* ... and the parked turns spilled there */
     int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */
     int64_t requests_finished[5]; /* indexed by dp_finish */
     double busy_seconds;      /* time inside steps */

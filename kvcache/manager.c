@@ -13,6 +13,7 @@
 /* Parked turns (below) give their blocks back wherever blocks run short. */
 static void park_drop(dp_kv_mgr *m, int32_t i);
 static bool park_reclaim(dp_kv_mgr *m, int32_t need);
+int32_t kv_mgr_parked_blocks(dp_kv_mgr *m);
 
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
 {
@@ -431,7 +432,9 @@ bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
      * holds by reference), as the migration will ask. */
     const int32_t need = dblocks_for(m, kv->n_slots) - ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt;
     int32_t own;
-    return decode_room(m, kv, need, &own);
+    /* (Parked turns' blocks are room: the switch takes them back.) */
+    return decode_room(m, kv, need, &own) ||
+           kv_pool_n_free(m->dpool) - m->decode_reserved + m->parked_blocks >= need - own;
 }
 
 bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
@@ -528,7 +531,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     unprotect_prompt(m, kv);
     leave_share(m, kv);
     leave_kept(m, kv);
-    kv->mig_pos = kv->mig_keep = 0;
+    kv->mig_pos = kv->mig_keep = kv->exact_from = 0;
     kv->ref_blocks = 0;
     kv->recompressed = false;
     attn_acc_reset(&kv->attn);
@@ -556,7 +559,7 @@ static dp_kv_parked park_take(dp_kv_mgr *m, int32_t i)
 {
     dp_kv_parked p = m->parked[i];
     m->parked[i] = m->parked[--m->n_parked];
-    m->parked_blocks -= p.kv.table.n_blocks;
+    m->parked_blocks -= p.kv.table.n_blocks - p.kv.ref_blocks;
     if (p.kv.dshare)
         dprefix_park(&m->dpx, p.kv.dshare - 1, -1);
     if (p.kv.kshare)
@@ -564,37 +567,92 @@ static dp_kv_parked park_take(dp_kv_mgr *m, int32_t i)
     return p;
 }
 
+/* Puts a cache park_take took back in the list. */
+static void park_put(dp_kv_mgr *m, const dp_kv_parked *p)
+{
+    if (p->kv.dshare)
+        dprefix_park(&m->dpx, p->kv.dshare - 1, 1);
+    if (p->kv.kshare)
+        dprefix_park(&m->dpx, p->kv.kshare - 1, 1);
+    m->parked[m->n_parked++] = *p;
+    m->parked_blocks += p->kv.table.n_blocks - p->kv.ref_blocks;
+}
+
 /* Drops parked cache i: its blocks go back to the pool (those a share holds
  * stay the share's). */
 static void park_drop(dp_kv_mgr *m, int32_t i)
 {
     dp_kv_parked p = park_take(m, i);
-    release_all(m, &p.kv);
+    kv_mgr_free(m, &p.kv);
     kv_seq_destroy(&p.kv);
     free(p.tokens);
 }
 
-static int32_t park_oldest(const dp_kv_mgr *m)
+/* The oldest parked cache in device memory (spilled false) or in the swap
+ * space (true), or -1. */
+static int32_t park_oldest(const dp_kv_mgr *m, bool spilled)
 {
     int32_t o = -1;
     for (int32_t i = 0; i < m->n_parked; i++)
-        if (o < 0 || m->parked[i].stamp < m->parked[o].stamp)
+        if ((m->parked[i].kv.swapped.buf != NULL) == spilled &&
+            (o < 0 || m->parked[i].stamp < m->parked[o].stamp))
             o = i;
     return o;
 }
 
-/* Drops the oldest parked caches until the decode pool (the arena, when
- * shared) has need blocks beyond those promised; none when even all of
- * them would not make the room (a sequence that cannot fit now leaves the
- * others' caches alone). Whether the room is there. */
+/* Drops the oldest spilled parked cache: its host memory goes back to the
+ * swap space. False when there is none. */
+static bool park_drop_spilled(dp_kv_mgr *m)
+{
+    const int32_t i = park_oldest(m, true);
+    if (i < 0)
+        return false;
+    park_drop(m, i);
+    m->park_evictions++;
+    return true;
+}
+
+/* Parked cache i leaves device memory: copied to the swap space (host
+ * memory, making room there by dropping older spilled ones) where there is
+ * one, for its next turn to copy back, else dropped. */
+static void park_spill(dp_kv_mgr *m, int32_t i)
+{
+    /* Out of the list while older spilled ones are dropped (which moves
+     * entries in it), back in once it is in the swap space. */
+    dp_kv_parked p = park_take(m, i);
+    int rc = m->has_swap ? DP_ENOSPC : DP_EUNSUPPORTED;
+    while (rc == DP_ENOSPC && (rc = kv_swap_out(&m->swap, &p.kv.table, &p.kv.swapped)) == DP_ENOSPC)
+        if (!park_drop_spilled(m))
+            break;
+    if (rc) {
+        kv_mgr_free(m, &p.kv);
+        kv_seq_destroy(&p.kv);
+        free(p.tokens);
+        m->park_evictions++;
+        return;
+    }
+    /* Its blocks came back to the pool; shares it held are others' now (it
+     * comes back in blocks of its own, as a swapped-in sequence does). */
+    leave_share(m, &p.kv);
+    leave_kept(m, &p.kv);
+    p.kv.ref_blocks = 0;
+    park_put(m, &p);
+    m->park_spills++;
+}
+
+/* Moves the oldest parked caches out of device memory (to the swap space,
+ * or dropped) until the decode pool (the arena, when shared) has need
+ * blocks beyond those promised; none when even all of them would not make
+ * the room (a sequence that cannot fit now leaves the others' caches
+ * alone). Whether the room is there. */
 static bool park_reclaim(dp_kv_mgr *m, int32_t need)
 {
     int32_t have = kv_pool_n_free(m->dpool) - m->decode_reserved;
-    if (have >= need || m->n_parked == 0 || (int64_t)have + m->parked_blocks < need)
+    if (have >= need || m->n_parked == 0 || (int64_t)have + kv_mgr_parked_blocks(m) < need)
         return have >= need;
-    while (have < need && m->n_parked > 0) {
-        park_drop(m, park_oldest(m));
-        m->park_evictions++;
+    int32_t i;
+    while (have < need && (i = park_oldest(m, false)) >= 0) {
+        park_spill(m, i);
         have = kv_pool_n_free(m->dpool) - m->decode_reserved;
     }
     return have >= need;
@@ -614,7 +672,8 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
         return false;
     memcpy(copy, tokens, (size_t)n_computed * sizeof *copy);
     if (m->n_parked == m->max_parked) {
-        park_drop(m, park_oldest(m));
+        int32_t o = park_oldest(m, true);
+        park_drop(m, o >= 0 ? o : park_oldest(m, false));
         m->park_evictions++;
     }
     /* Its prompt's whole blocks are no longer protected: the parked cache
@@ -624,12 +683,7 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
     kv->warm = NULL;
     drop_promise(m, kv);
     attn_acc_destroy(&kv->attn);
-    if (kv->dshare)
-        dprefix_park(&m->dpx, kv->dshare - 1, 1);
-    if (kv->kshare)
-        dprefix_park(&m->dpx, kv->kshare - 1, 1);
-    m->parked[m->n_parked++] = (dp_kv_parked){*kv, copy, n_computed, ++m->park_clock};
-    m->parked_blocks += kv->table.n_blocks;
+    park_put(m, &(dp_kv_parked){*kv, copy, n_computed, ++m->park_clock});
     m->parks++;
     const bool dual = kv->dual;
     const dp_compress_opts co = kv->copts;
@@ -730,22 +784,35 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * was generated) goes back to the pool. */
     dp_kv_parked p = park_take(m, i);
     const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, slots);
+    /* The rest of the prompt and the first generated token, on the decode
+     * path; a spilled cache first comes back whole from the swap space. */
+    const int32_t total = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1);
+    const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
+    const int32_t spilled = p.kv.swapped.buf ? p.kv.swapped.n_blocks : 0;
+    int rc = 0;
+    if ((spilled > total ? spilled : total) > m->dpool->n_blocks) {
+        /* Its new text does not fit the decode path beside its history:
+         * admitted as any other (its prompt whole on the prefill path). */
+        park_put(m, &p);
+        return 1;
+    }
+    if (spilled && (!park_reclaim(m, (spilled > total ? spilled : total) + wm) ||
+                    (rc = kv_swap_in(&m->swap, &p.kv.swapped, &p.kv.table,
+                                     (int64_t)spilled * m->dbt)) != 0)) {
+        park_put(m, &p); /* not now: it waits in the swap space */
+        return DP_ENOSPC;
+    }
+    if (spilled)
+        m->park_restores++;
     for (int32_t b = keep_b; b < p.kv.table.n_blocks; b++)
         kv_pool_unref(m->dpool, p.kv.table.blocks[b]);
     if (p.kv.table.n_blocks > keep_b)
         p.kv.table.n_blocks = keep_b;
     p.kv.n_slots = slots;
     p.n = c;
-    /* The rest of the prompt and the first generated token, on the decode path. */
-    const int32_t need = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1) - keep_b;
-    const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
+    const int32_t need = total - keep_b;
     if (!park_reclaim(m, need + wm)) {
-        if (p.kv.dshare)
-            dprefix_park(&m->dpx, p.kv.dshare - 1, 1);
-        if (p.kv.kshare)
-            dprefix_park(&m->dpx, p.kv.kshare - 1, 1);
-        m->parked[m->n_parked++] = p;
-        m->parked_blocks += p.kv.table.n_blocks;
+        park_put(m, &p);
         return DP_ENOSPC;
     }
     const dp_compress_opts co = kv->copts;
@@ -959,6 +1026,11 @@ static int scratch_reserve(dp_kv_mgr *m, int32_t n)
 static void note_compaction(dp_kv_seq *kv, const dp_kv_migration *g)
 {
     if (g->pos > 0) {
+        /* The window keeps its last slots whole; they are consecutive
+         * positions only as far as the stretch computed since the last
+         * compaction (a resumed turn's new text and the reply before it). */
+        const int32_t stretch = kv->mig_pos > 0 ? g->pos - kv->mig_pos : g->pos;
+        kv->exact_from = g->pos - (stretch < kv->copts.window ? stretch : kv->copts.window);
         kv->mig_pos = g->pos;
         kv->mig_keep = g->n_keep;
     } else {
@@ -1057,6 +1129,10 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
     /* kid: the kept share it takes or names (id + 1; 0: none). */
     int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], kid[MIGRATE_BATCH],
             k = 0, n_staged = 0;
+    /* Shares found but not yet joined are pinned (one more user) while
+     * blocks are taken: making room may drop parked turns, and with them a
+     * share's last user. Unpinned at the end. */
+    int32_t pins[2 * MIGRATE_BATCH], n_pins = 0;
     const int32_t rows = m->mig.comp.n_layers * m->mig.comp.n_kv_heads;
     for (int32_t i = 0; i < n; i++) {
         dp_kv_migration *g = mg[i];
@@ -1121,6 +1197,10 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int rc = g->n_keep < 1 ? DP_EINVAL : 0;
         for (int32_t b = 0; rc == 0 && b < nb; b++)
             rc = kv_table_push(&tables[k], m->dpool, refb[b]);
+        if (share[k] > 0)
+            dprefix_join(&m->dpx, pins[n_pins++] = share[k] - 1);
+        if (found >= 0)
+            dprefix_join(&m->dpx, pins[n_pins++] = found);
         if (rc == 0)
             rc = decode_reserve(m, kv, &tables[k], g->n_keep, &took[k]);
         if (rc == DP_ENOSPC && src == DP_PATH_DECODE) {
@@ -1205,6 +1285,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 protect_prompt(m, kv);
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
+            kv->exact_from = kv->mig_pos - kv->copts.window;
             if (kv->early_at > 0 && g->n_keep < kv->n_slots && kv->decode_reserve > 1) {
                 /* Planned to switch early, compacted at its prompt's end
                  * instead: the promise for its whole prompt on the decode
@@ -1231,6 +1312,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->ref_blocks = held[i] / m->dbt;
         attn_acc_reset(&kv->attn); /* its slots were rearranged */
     }
+    for (int32_t i = 0; i < n_pins; i++)
+        dprefix_leave(&m->dpx, pins[i]);
     int32_t moved = rc ? 0 : k;
     for (int32_t i = 0; i < n_staged; i++)
         if ((staged[i]->rc = recompress_staged(m, staged[i])) == 0)
@@ -1287,10 +1370,20 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
     return moved;
 }
 
+/* A running sequence's swap-out before parked turns' spills: they give up
+ * their host memory (oldest first) when it is short. */
+static int swap_out_running(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    int rc;
+    while ((rc = kv_swap_out(&m->swap, &kv->table, &kv->swapped)) == DP_ENOSPC)
+        if (!park_drop_spilled(m))
+            break;
+    return rc;
+}
+
 int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
 {
-    if (kv->path == DP_PATH_DECODE && m->has_swap &&
-        kv_swap_out(&m->swap, &kv->table, &kv->swapped) == 0) {
+    if (kv->path == DP_PATH_DECODE && m->has_swap && swap_out_running(m, kv) == 0) {
         /* Path and slots stay: the cache comes back whole (its prefix in
          * blocks of its own). */
         drop_promise(m, kv);
@@ -1331,7 +1424,7 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * slots are the last of the compaction, the reply's follow them). */
     const int32_t bt = m->pool.block_tokens;
     const int32_t off = kv->mig_keep - kv->mig_pos;
-    const int32_t first = kv->hashed_blocks, whole_from = kv->mig_pos - kv->copts.window;
+    const int32_t first = kv->hashed_blocks, whole_from = kv->exact_from;
     if (off != 0 && first * bt < whole_from)
         return;
     int32_t nb = n_computed / bt - first;

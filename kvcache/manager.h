@@ -46,6 +46,8 @@ typedef struct dp_kv_seq {
     dp_swapped swapped;       /* preempted on the decode path: its compact cache */
     int32_t mig_pos;          /* positions migrated to the decode path (0: none) */
     int32_t mig_keep;         /* slots they were compacted to */
+    int32_t exact_from;       /* from this position on, position p is at slot
+                               * p + mig_keep - mig_pos in every head (the window's) */
     int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate), or
                                * to a decode-pool share (dshare, kshare) */
@@ -166,6 +168,8 @@ typedef struct dp_kv_mgr {
     int64_t resumes;             /* admissions that continued a parked cache */
     int64_t resumed_tokens;      /* tokens they did not compute again */
     int64_t park_evictions;      /* parked caches dropped for room (or by a newer one) */
+    int64_t park_spills;         /* parked caches moved to the swap space for room */
+    int64_t park_restores;       /* ... and copied back by their next turn */
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is

@@ -1653,37 +1653,60 @@ static void test_resume_turns(world *w)
            (long long)st[1].prompt_tokens, (long long)st[2].tokens_kept);
 
     /* 12 unrelated requests one after the other in a 48-block arena: each
-     * parks ~9 blocks, so later ones need the parked blocks back. */
+     * parks ~9 blocks, so later ones need the parked blocks back; the
+     * oldest go to the swap space. Then the first request's conversation
+     * goes on: its turn copies its cache back from there, bit for bit, and
+     * answers as it does where nothing was spilled (a 1024-block arena). */
     enum { N = 12 };
     static req_spec sp[N];
-    static result a[N], b[N];
+    static result a[3][N], t2[3];
     for (int i = 0; i < N; i++) {
         sp[i] = (req_spec){.n_prompt = 120, .max_tokens = 16, .ignore_eos = true};
         for (int32_t k = 0; k < sp[i].n_prompt; k++)
             sp[i].prompt[k] = (int32_t)((k * 131u + 977u * (unsigned)i + 5u) % (unsigned)w->vocab);
     }
-    dp_engine_stats ps[2];
-    for (int mode = 0; mode < 2; mode++) {
+    dp_engine_stats ps[3];
+    for (int mode = 0; mode < 3; mode++) {
         dp_engine_opts o;
         engine_opts_default(&o);
         o.compress.keep_ratio = 0.5f;
-        o.resume_turns = mode == 0;
+        o.resume_turns = mode != 1;
         next_opts = o;
         next_opts_set = true;
-        dp_engine *e = start(w, 48, 8);
+        dp_engine *e = start(w, mode == 2 ? 1024 : 48, 8);
         next_opts_set = false;
-        run_requests(e, sp, N, mode == 0 ? a : b, true, DP_DUALPATH_DEFAULT, &ps[mode]);
+        run_requests(e, sp, N, a[mode], true, DP_DUALPATH_DEFAULT, NULL);
+        static int32_t conv[512];
+        int32_t n_conv = sp[0].n_prompt;
+        memcpy(conv, sp[0].prompt, (size_t)n_conv * sizeof *conv);
+        for (int32_t k = 0; k < a[mode][0].n; k++)
+            conv[n_conv++] = a[mode][0].toks[k];
+        uint64_t x = 5;
+        conv_add_text(w, conv, &n_conv, NEW, &x);
+        conv_turn(e, conv, &n_conv, GEN, &t2[mode]);
+        check_idle(e);
+        engine_get_stats(e, &ps[mode]);
         engine_destroy(e);
     }
-    for (int i = 0; i < N; i++)
-        CHECK_MSG(same_tokens(&a[i], &b[i]), "request %d: parked turns changed its output", i);
-    CHECK(ps[0].parked_evictions > 0);
+    for (int i = 0; i < N; i++) {
+        CHECK_MSG(same_tokens(&a[0][i], &a[1][i]), "request %d: parked turns changed its output", i);
+        CHECK_MSG(same_tokens(&a[0][i], &a[2][i]), "request %d: spills changed its output", i);
+    }
+    CHECK_MSG(same_tokens(&t2[0], &t2[2]), "a turn resumed from the swap space answers otherwise");
+    CHECK(ps[0].parked_spills > 0);
+    CHECK_EQ_INT(ps[0].parked_restores, 1);
+    CHECK_EQ_INT(ps[0].turns_resumed, 1);
+    CHECK_EQ_INT(ps[2].parked_spills, 0);
+    CHECK_EQ_INT(ps[2].turns_resumed, 1);
+    CHECK_EQ_INT(ps[1].turns_resumed, 0);
     CHECK_EQ_INT(ps[0].preemptions, 0);
-    CHECK_EQ_INT(ps[0].turns_parked, N);
-    CHECK(ps[0].parked_turns < N);
-    printf("parked turns in a 48-block arena: %lld of %d dropped for room, %d kept at the end, "
-           "0 preemptions, outputs as without them\n", (long long)ps[0].parked_evictions, N,
-           ps[0].parked_turns);
+    CHECK_EQ_INT(ps[0].swap_outs, 0); /* (spills are counted apart) */
+    CHECK_EQ_INT(ps[0].swap_bytes, 0);
+    CHECK(ps[0].parked_host_bytes > 0);
+    printf("parked turns in a 48-block arena: %lld moved to the swap space for room (%lld dropped), "
+           "0 preemptions, outputs as without them; a later turn copied its cache back and "
+           "answered as where nothing was spilled\n", (long long)ps[0].parked_spills,
+           (long long)ps[0].parked_evictions);
 }
 
 int main(void)

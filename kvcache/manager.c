@@ -345,13 +345,13 @@ static int32_t kept_slots(const dp_kv_mgr *m, int32_t n_keep)
 /* Whether one arena holds kv whole (n_tokens and four blocks of reply, less
  * the blocks its table holds already) beside what others hold, were
  * promised and protect. */
-static bool whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens)
+static bool whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens, int32_t extra)
 {
     dp_kv_seq whole = *kv;
     whole.dual = false;
     dp_kv_need wn = kv_mgr_need(m, &whole, n_tokens, 4 * (int64_t)m->pool.block_tokens);
     return wn.prefill - kv->table.n_blocks <=
-           kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved + m->parked_blocks;
+           kv_pool_n_free(&m->pool) - m->pool.n_warm - m->decode_reserved + extra;
 }
 
 /* The kept share of tokens[0..n) compacted to n_keep by kv's settings, or -1. */
@@ -600,6 +600,23 @@ static int32_t park_oldest(const dp_kv_mgr *m, bool spilled)
     return o;
 }
 
+/* Host memory of the swap space that parked turns' spills hold. */
+static size_t park_host_bytes(const dp_kv_mgr *m)
+{
+    size_t b = 0;
+    for (int32_t i = 0; i < m->n_parked; i++)
+        b += (size_t)m->parked[i].kv.swapped.n_blocks * m->swap.block_bytes;
+    return b;
+}
+
+/* Whether a copy of n_blocks fits the swap space once every spilled parked
+ * turn has given its host memory back (none is dropped for nothing). */
+static bool swap_can_take(const dp_kv_mgr *m, int32_t n_blocks)
+{
+    return m->swap.used_bytes - park_host_bytes(m) + (size_t)n_blocks * m->swap.block_bytes <=
+           m->swap.cap_bytes;
+}
+
 /* Drops the oldest spilled parked cache: its host memory goes back to the
  * swap space. False when there is none. */
 static bool park_drop_spilled(dp_kv_mgr *m)
@@ -620,7 +637,7 @@ static void park_spill(dp_kv_mgr *m, int32_t i)
     /* Out of the list while older spilled ones are dropped (which moves
      * entries in it), back in once it is in the swap space. */
     dp_kv_parked p = park_take(m, i);
-    int rc = m->has_swap ? DP_ENOSPC : DP_EUNSUPPORTED;
+    int rc = m->has_swap && swap_can_take(m, p.kv.table.n_blocks) ? DP_ENOSPC : DP_EUNSUPPORTED;
     while (rc == DP_ENOSPC && (rc = kv_swap_out(&m->swap, &p.kv.table, &p.kv.swapped)) == DP_ENOSPC)
         if (!park_drop_spilled(m))
             break;
@@ -693,7 +710,9 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
 
 /* The parked cache that tokens[0..n) continue furthest, or -1, and how far:
  * *len tokens, the whole of its last compaction's prompt at least, at most
- * n - tail (tail >= 1 tokens are left to compute). */
+ * n - tail where that leaves it (tail >= 1 tokens are left to compute, for
+ * SnapKV's window; a new stretch shorter than that is scored with fewer
+ * queries rather than computing the history again). */
 static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
                          int32_t tail, int32_t *len)
 {
@@ -701,13 +720,17 @@ static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t 
     const int32_t limit = n - (tail > 1 ? tail : 1);
     for (int32_t i = 0; i < m->n_parked; i++) {
         const dp_kv_parked *p = &m->parked[i];
-        const int32_t lim = p->n < limit ? p->n : limit;
-        if (lim < p->kv.mig_pos || lim <= best_len || !same_settings(&p->kv.copts, &kv->copts))
+        const int32_t lim = p->n < n - 1 ? p->n : n - 1;
+        if (lim < p->kv.mig_pos || !same_settings(&p->kv.copts, &kv->copts))
             continue;
         int32_t c = 0;
         while (c < lim && p->tokens[c] == tokens[c])
             c++;
-        if (c >= p->kv.mig_pos && c > best_len) {
+        if (c < p->kv.mig_pos)
+            continue;
+        if (c > limit)
+            c = limit > p->kv.mig_pos ? limit : p->kv.mig_pos;
+        if (c > best_len) {
             best = i;
             best_len = c;
         }
@@ -779,6 +802,21 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
                                                          : -1;
     if (i < 0)
         return 1;
+    /* A later chat turn under compress_turns = auto that arrives while
+     * nothing else runs, with room for it whole in blocks no one holds (its
+     * own parked cache's included), runs whole: the exact history, as with
+     * dualpath off; its parked cache is dropped. Under load it continues
+     * the compact cache: computing the history again would cost every
+     * running sequence its share of the steps, and holding it whole the
+     * memory others need (measured in docs/dualpath.md: a rule on memory
+     * alone ran nearly every turn whole at 64 MiB, at dualpath off's
+     * speed). */
+    const dp_kv_seq *pk = &m->parked[i].kv;
+    if (kv->whole_if_room && !busy && m->shared &&
+        whole_has_room(m, kv, n_tokens, pk->table.n_blocks - pk->ref_blocks)) {
+        park_drop(m, i);
+        return 1;
+    }
     /* Out of the list first, so that making room never drops it; what it
      * holds past the match (a reply the client did not send back as it
      * was generated) goes back to the pool. */
@@ -796,11 +834,18 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         park_put(m, &p);
         return 1;
     }
-    if (spilled && (!park_reclaim(m, (spilled > total ? spilled : total) + wm) ||
-                    (rc = kv_swap_in(&m->swap, &p.kv.swapped, &p.kv.table,
-                                     (int64_t)spilled * m->dbt)) != 0)) {
+    if (spilled && !park_reclaim(m, (spilled > total ? spilled : total) + wm)) {
         park_put(m, &p); /* not now: it waits in the swap space */
         return DP_ENOSPC;
+    }
+    if (spilled && (rc = kv_swap_in(&m->swap, &p.kv.swapped, &p.kv.table,
+                                    (int64_t)spilled * m->dbt)) != 0) {
+        /* (Not for want of room: made above.) Its history is computed again. */
+        kv_mgr_free(m, &p.kv);
+        kv_seq_destroy(&p.kv);
+        free(p.tokens);
+        m->park_evictions++;
+        return 1;
     }
     if (spilled)
         m->park_restores++;
@@ -861,7 +906,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * again after it, with its cached blocks. */
     bool went_whole = false;
     if (kv->whole_if_room && kv->dual && m->shared && kv->table.n_blocks == 0 &&
-        whole_has_room(m, kv, n_tokens)) {
+        whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
         kv->dual = false;
         went_whole = true;
         if (tail < n_tokens) /* not a prompt scored whole */
@@ -899,7 +944,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
             kv->dshare = share + 1;
         }
     }
-    if (kv->whole_if_room && kv->dual && m->shared && whole_has_room(m, kv, n_tokens)) {
+    if (kv->whole_if_room && kv->dual && m->shared && whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
         kv->dual = false;
         went_whole = true;
         leave_share(m, kv);
@@ -1376,7 +1421,7 @@ static int swap_out_running(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     int rc;
     while ((rc = kv_swap_out(&m->swap, &kv->table, &kv->swapped)) == DP_ENOSPC)
-        if (!park_drop_spilled(m))
+        if (!swap_can_take(m, kv->table.n_blocks) || !park_drop_spilled(m))
             break;
     return rc;
 }

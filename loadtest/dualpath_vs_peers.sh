@@ -33,7 +33,8 @@
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
-#   TURNS (default 10), PREFIX (default 200), THREADS (default nproc),
+#   TURNS (default 10), SESSIONS (multi-turn sessions at once, default 8),
+#   PREFIX (default 200), THREADS (default nproc),
 #   CELL_S (time limit per run, default 120), SERVERS, BUDGET, LLAMA_NP, DP_MODEL_PATH,
 #   DP_DAEMON, LLAMA_BIN (directory of llama-server; default:
 #   tools/llama-cpp.sh's).
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
         *) echo "usage: $0 [--kv-mib N] [--out FILE]" >&2; exit 2 ;;
     esac
 done
-CONC=${CONC:-32}; REQS=${REQS:-64}; TURNS=${TURNS:-10}; PREFIX=${PREFIX:-200}
+CONC=${CONC:-32}; REQS=${REQS:-64}; TURNS=${TURNS:-10}; PREFIX=${PREFIX:-200}; SESSIONS=${SESSIONS:-8}
 THREADS=${THREADS:-$(nproc)}; CELL_S=${CELL_S:-120}
 MODEL=${DP_MODEL_PATH:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 DAEMON=${DP_DAEMON:-$root/build/daemon/dualpathd}
@@ -128,12 +129,12 @@ serve_and_run() { # name command...
     run_cell "$name chat" --workload prefix --prefix-len "$PREFIX" --input-len 20:120 \
         --no-max-tokens -n "$REQS" -c "$CONC"
     run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 -n "$(( TURNS * 8 ))" -c 8
+        --output-len 64 -n "$(( TURNS * SESSIONS ))" -c "$SESSIONS"
     # The same sessions with every reply 64 tokens long (ignore_eos): the
     # servers' replies differ (eviction changes the text), and where one
     # stops earlier its tok/s counts more prompt work per token.
     run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 --ignore-eos -n "$(( TURNS * 8 ))" -c 8
+        --output-len 64 --ignore-eos -n "$(( TURNS * SESSIONS ))" -c "$SESSIONS"
     kill -TERM $pid; wait $pid 2>/dev/null
 }
 : > "$work/rows"
@@ -159,7 +160,7 @@ done
 {
     echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
-    echo "multiturn: 8 sessions of $TURNS turns at concurrency 8, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
+    echo "multiturn: $SESSIONS sessions of $TURNS turns at concurrency $SESSIONS, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
     echo
     echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | failed | run s |"
     echo "|---|---|---|---|---|---|---|---|---|---|---|---|"

@@ -471,6 +471,16 @@ def test_later_chat_turns_run_whole(server):
     assert u2["dualpath"]["tokens_kept"] == 0 and u2["dualpath"]["tokens_evicted"] == 0, u2
     assert u2["dualpath"]["tokens_resumed"] == 0, u2
     assert m1["dualpath_tokens_kept_total"] == m0["dualpath_tokens_kept_total"]
+    # So does one whose previous turn this daemon served and parked: with
+    # room it takes the exact history (its parked cache is dropped), and
+    # answers as with dualpath off.
+    first = [{"role": "user", "content": "Name three colours of the rainbow."}]
+    text, u1 = _chat(server, first)
+    assert u1["dualpath"]["tokens_kept"] > 0
+    later = first + [{"role": "assistant", "content": text},
+                     {"role": "user", "content": "And three fruits?"}]
+    _, u3 = _chat(server, later)
+    assert u3["dualpath"]["tokens_resumed"] == 0 and u3["dualpath"]["tokens_evicted"] == 0, u3
     st, o = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 24, "temperature": 0,
                                           "dualpath": {"enabled": True}}, base=server)
     assert st == 200, o
@@ -487,14 +497,18 @@ def test_later_chat_turns_run_whole(server):
 
 def test_next_turn_continues_the_parked_turn(server):
     # A turn that migrated leaves its compact cache parked (resume_turns,
-    # the default): the next turn of the conversation continues it. Its
-    # history (the previous prompt and the reply) is not computed again;
-    # only the new text is, on the decode path, and the prompt's end
-    # compacts the whole to the keep ratio.
+    # the default): a next turn that is to be compressed (here asked for;
+    # by default, when memory binds) continues it. Its history (the
+    # previous prompt and the reply) is not computed again; only the new
+    # text is, on the decode path, and the prompt's end compacts the whole
+    # to the keep ratio.
     msgs, prev = [{"role": "user", "content": "Name three colours."}], None
     for turn, q in enumerate(["And three fruits?", "And three birds?", "Which is largest?"]):
         m0 = metrics(server)
-        text, u = _chat(server, msgs)
+        st, o = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 24, "temperature": 0,
+                                              "dualpath": {"enabled": True}}, base=server)
+        assert st == 200, o
+        text, u = o["choices"][0]["message"]["content"], o["usage"]
         m1 = metrics(server)
         d = u["dualpath"]
         assert d["tokens_kept"] > 0 and d["tokens_kept"] + d["tokens_evicted"] == u["prompt_tokens"], u
@@ -507,7 +521,7 @@ def test_next_turn_continues_the_parked_turn(server):
             # prompt's last 32 tokens (SnapKV's window, computed in one step
             # for its queries).
             want = min(prev["prompt_tokens"] + prev["completion_tokens"] - 1, u["prompt_tokens"] - 32)
-            assert d["tokens_resumed"] >= want >= prev["prompt_tokens"], (u, prev)
+            assert d["tokens_resumed"] >= max(want, prev["prompt_tokens"]), (u, prev)
             assert m1["dualpath_turns_resumed_total"] == m0["dualpath_turns_resumed_total"] + 1
             assert computed == u["prompt_tokens"] - d["tokens_resumed"], (computed, u)
             assert computed < u["prompt_tokens"] - prev["prompt_tokens"], (computed, u, prev)

@@ -1703,9 +1703,58 @@ static void test_resume_turns(world *w)
     CHECK_EQ_INT(ps[0].swap_outs, 0); /* (spills are counted apart) */
     CHECK_EQ_INT(ps[0].swap_bytes, 0);
     CHECK(ps[0].parked_host_bytes > 0);
+    /* compress_turns = auto: a chat turn continuing a conversation
+     * (params.conversation) whose previous turn is parked runs whole on an
+     * idle engine with room (its parked cache dropped), and continues the
+     * parked cache when it arrives with another sequence (submitted
+     * together: the other is admitted first). */
+    {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.compress.keep_ratio = 0.5f;
+        next_opts = o;
+        next_opts_set = true;
+        dp_engine *e = start(w, 256, 8);
+        next_opts_set = false;
+        char err[DP_ERRLEN];
+        dp_engine_stats g[2];
+        for (int busy = 0; busy < 2; busy++) {
+            static int32_t conv[512];
+            static result r1, r2, rd;
+            int32_t n = 0;
+            uint64_t x = 21 + (uint64_t)busy;
+            conv_add_text(w, conv, &n, 60, &x);
+            conv_turn(e, conv, &n, 12, &r1); /* a first turn: migrates and parks */
+            conv_add_text(w, conv, &n, 16, &x);
+            static req_spec s2, sd;
+            s2 = (req_spec){.n_prompt = n, .max_tokens = 12, .ignore_eos = true};
+            memcpy(s2.prompt, conv, (size_t)n * sizeof *conv);
+            sd = (req_spec){.n_prompt = 40, .max_tokens = 24, .ignore_eos = true};
+            for (int32_t k = 0; k < sd.n_prompt; k++)
+                sd.prompt[k] = (int32_t)((k * 37u + 11u) % (unsigned)w->vocab);
+            memset(&r2, 0, sizeof r2);
+            memset(&rd, 0, sizeof rd);
+            dp_request *rq[2] = {make_req(&sd, &rd), make_req(&s2, &r2)};
+            rq[1]->params.conversation = true;
+            if (busy)
+                CHECK_MSG(engine_submit_all(e, rq, 2, err, sizeof err) == 0, "%s", err);
+            else
+                CHECK_MSG(engine_submit(e, rq[1], err, sizeof err) == 0, "%s", err);
+            request_unref(rq[0]);
+            request_unref(rq[1]);
+            collect(e, busy ? 2 : 1);
+            CHECK_EQ_INT(r2.n, 12);
+            engine_get_stats(e, &g[busy]);
+        }
+        check_idle(e);
+        engine_destroy(e);
+        CHECK_EQ_INT(g[0].turns_resumed, 0);
+        CHECK_EQ_INT(g[1].turns_resumed, 1);
+    }
     printf("parked turns in a 48-block arena: %lld moved to the swap space for room (%lld dropped), "
            "0 preemptions, outputs as without them; a later turn copied its cache back and "
-           "answered as where nothing was spilled\n", (long long)ps[0].parked_spills,
+           "answered as where nothing was spilled; a chat turn alone ran whole, one beside another "
+           "request continued its parked turn\n", (long long)ps[0].parked_spills,
            (long long)ps[0].parked_evictions);
 }
 

@@ -1343,9 +1343,7 @@ static void update_gauges(dp_engine *e)
     /* (Preempted sequences only: parked turns' spills are counted apart.) */
     e->stats.swap_outs = m->has_swap ? m->swap.outs - m->park_spills : 0;
     e->stats.swap_ins = m->has_swap ? m->swap.ins - m->park_restores : 0;
-    int64_t parked_host = 0;
-    for (int32_t i = 0; m->has_swap && i < m->n_parked; i++)
-        parked_host += (int64_t)m->parked[i].kv.swapped.n_blocks * (int64_t)m->swap.block_bytes;
+    const int64_t parked_host = m->has_swap ? (int64_t)kv_mgr_parked_host_bytes(m) : 0;
     e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes - parked_host : 0;
     e->stats.parked_host_bytes = parked_host;
     e->stats.decode_recomputes = m->decode_recomputes;

@@ -600,8 +600,7 @@ static int32_t park_oldest(const dp_kv_mgr *m, bool spilled)
     return o;
 }
 
-/* Host memory of the swap space that parked turns' spills hold. */
-static size_t park_host_bytes(const dp_kv_mgr *m)
+size_t kv_mgr_parked_host_bytes(const dp_kv_mgr *m)
 {
     size_t b = 0;
     for (int32_t i = 0; i < m->n_parked; i++)
@@ -613,7 +612,7 @@ static size_t park_host_bytes(const dp_kv_mgr *m)
  * turn has given its host memory back (none is dropped for nothing). */
 static bool swap_can_take(const dp_kv_mgr *m, int32_t n_blocks)
 {
-    return m->swap.used_bytes - park_host_bytes(m) + (size_t)n_blocks * m->swap.block_bytes <=
+    return m->swap.used_bytes - kv_mgr_parked_host_bytes(m) + (size_t)n_blocks * m->swap.block_bytes <=
            m->swap.cap_bytes;
 }
 

@@ -299,6 +299,8 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
 /* Blocks that only parked turns hold (what dropping them all would free,
  * shares of theirs included). */
 int32_t kv_mgr_parked_blocks(dp_kv_mgr *m);
+/* Host memory of the swap space that parked turns' spills hold. */
+size_t kv_mgr_parked_host_bytes(const dp_kv_mgr *m);
 /* Whether kv_mgr_admit would continue a parked cache for tokens[0..n) (a
  * waiting sequence then needs no one's prompt blocks). */
 bool kv_mgr_can_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,

@@ -1595,8 +1595,8 @@ static void test_reply_reuse(world *w)
  * turn equals a full recompute's. At keep 0.5 the resumed prompt is
  * compacted again at its end, to half its tokens (the e2e tests resume over
  * the real model's q8_0 decode path). Parked
- * caches never cost an admission: in a small arena they are dropped, oldest
- * first, and nobody is preempted for them. */
+ * caches never cost an admission: in a small arena the oldest move to the
+ * swap space, and nobody is preempted for them. */
 static void test_resume_turns(world *w)
 {
     enum { TURNS = 5, FIRST = 40, NEW = 16, GEN = 24 };

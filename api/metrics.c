@@ -230,6 +230,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_reply_blocks_kept_total", "counter",
            "Blocks of finished decode-path replies written back for the next turn.");
     tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->reply_blocks_kept);
+    family(b, "dualpath_exempt_blocks", "gauge",
+           "Decode-path KV blocks the exempt layers' tables hold (every token of the first "
+           "exempt_layers layers; part of dualpath_kv_blocks_used{pool=\"decode\"}).");
+    tb_printf(b, "dualpath_exempt_blocks %d\n", st->exempt_blocks);
     family(b, "dualpath_parked_turns", "gauge",
            "Finished turns whose compact KV cache is kept for the conversation's next turn.");
     tb_printf(b, "dualpath_parked_turns %d\n", st->parked_turns);

@@ -257,13 +257,14 @@ static const char *quotable(const char *s)
 }
 
 /* "dualpath": {"enabled", "keep_ratio", "scorer", "keep_system",
- * "keep_prefix"}: the per-request override of the server's dual-path
- * defaults; every member is optional. */
-#define DUALPATH_MEMBERS "'enabled', 'keep_ratio', 'scorer', 'keep_system' and 'keep_prefix'"
+ * "keep_prefix", "exempt_layers"}: the per-request override of the server's
+ * dual-path defaults; every member is optional. */
+#define DUALPATH_MEMBERS                                                                   \
+    "'enabled', 'keep_ratio', 'scorer', 'keep_system', 'keep_prefix' and 'exempt_layers'"
 static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
     static const char *const members[] = {"enabled", "keep_ratio", "scorer", "keep_system",
-                                          "keep_prefix"};
+                                          "keep_prefix", "exempt_layers"};
     dp_request_params *p = &r->params;
     cJSON *d = field(root, "dualpath");
     if (!d)
@@ -296,6 +297,16 @@ static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
             return api_err_invalid(e, "dualpath.keep_prefix",
                                    "'dualpath.keep_prefix' must be a whole number of tokens >= 0");
         r->keep_prefix = (int32_t)kp->valuedouble;
+    }
+    /* The engine checks it against the server's (0 or that). */
+    cJSON *ex = field(d, "exempt_layers");
+    if (ex) {
+        if (!cJSON_IsNumber(ex) || !isfinite(ex->valuedouble) ||
+            floor(ex->valuedouble) != ex->valuedouble || ex->valuedouble < 0 ||
+            ex->valuedouble > 4096)
+            return api_err_invalid(e, "dualpath.exempt_layers",
+                                   "'dualpath.exempt_layers' must be a whole number of layers >= 0");
+        p->exempt = (int16_t)(ex->valuedouble + 1);
     }
     cJSON *en = field(d, "enabled");
     if (en) {

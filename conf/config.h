@@ -86,6 +86,7 @@ typedef struct dp_config {
     int early_switch_min_tokens; /* prompt tokens computed before an early switch */
     bool reuse_replies;
     bool resume_turns;
+    int exempt_layers;      /* decode-path layers kept whole (0 = none) */
     int compress_turns;     /* 0 auto, 1 always, 2 never */
 } dp_config;
 

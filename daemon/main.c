@@ -35,6 +35,7 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->early_min_tokens = c->early_switch_min_tokens;
     e->reuse_replies = c->reuse_replies;
     e->resume_turns = c->resume_turns;
+    e->exempt_layers = c->exempt_layers;
     e->compress_turns = c->compress_turns; /* the enum's order is ENGINE_TURNS_* */
     e->prefix_cache = c->prefix_cache;
     e->kv_type = c->kv_cache_type;

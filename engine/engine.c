@@ -101,6 +101,10 @@ struct dp_engine {
     struct eng_seq **sc_seq;
     dp_gvocab *gvocab;         /* the vocabulary's byte trie, built for the first grammar */
     uint8_t *b_store;
+    /* The exempt layers' arrays of a step (dp_batch x_*). */
+    int32_t *x_slot, *x_tables;
+    size_t x_tables_cap;
+    uint8_t *x_store;
     size_t b_tables_cap;
     eng_seq *live;
     /* Inbox and outbox. */
@@ -331,6 +335,8 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
     }
+    if (es->seq)
+        es->seq->kv.exempt = p->exempt != 1;
     if (es->seq)
         es->seq->kv.whole_if_room = es->seq->kv.dual && p->conversation &&
                                     p->dualpath_mode == DP_DUALPATH_DEFAULT &&
@@ -749,15 +755,18 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
 
 
 /* usage.dualpath's bytes: the prompt's KV on the decode path (kept tokens
- * in the decode type, at the arena's bytes per decode token) against the
- * same tokens whole on the prefill path. */
+ * in the decode type, at the arena's bytes per decode token, and every
+ * token of its exempt layers) against the same tokens whole on the
+ * prefill path. */
 static void note_kv_bytes(dp_engine *e, eng_seq *es)
 {
     const dp_kv_mgr *m = &e->kv;
     /* In one arena a decode block takes an arena block, whatever it uses of it. */
     const double dper = (double)(m->shared ? m->prefill_block_bytes : m->decode_block_bytes) / m->dbt;
     const double pper = (double)m->prefill_block_bytes / m->pool.block_tokens;
-    es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + 0.5);
+    const int32_t all = es->tokens_kept + es->tokens_evicted;
+    const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
+    es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + xtok + 0.5);
     es->kv_bytes_full = (int64_t)((double)(es->tokens_kept + es->tokens_evicted) * pper + 0.5);
 }
 
@@ -984,15 +993,23 @@ static void recompress_over_budget(dp_engine *e)
 
 /* ---- one step ------------------------------------------------------------- */
 
-static int ensure_tables(dp_engine *e, size_t n)
+/* Room for a step's block tables: n entries, and nx of exempt tables. */
+static int ensure_tables(dp_engine *e, size_t n, size_t nx)
 {
-    if (n <= e->b_tables_cap)
-        return 0;
-    int32_t *t = realloc(e->b_tables, n * sizeof *t);
-    if (!t)
-        return DP_ENOMEM;
-    e->b_tables = t;
-    e->b_tables_cap = n;
+    if (n > e->b_tables_cap) {
+        int32_t *t = realloc(e->b_tables, n * sizeof *t);
+        if (!t)
+            return DP_ENOMEM;
+        e->b_tables = t;
+        e->b_tables_cap = n;
+    }
+    if (nx > e->x_tables_cap) {
+        int32_t *t = realloc(e->x_tables, nx * sizeof *t);
+        if (!t)
+            return DP_ENOMEM;
+        e->x_tables = t;
+        e->x_tables_cap = nx;
+    }
     return 0;
 }
 
@@ -1078,11 +1095,21 @@ static void run_step(dp_engine *e)
         sched_preempt(&e->sched, e->sched.run_tail);
         return;
     }
-    int32_t max_blocks = 1;
-    for (int32_t i = 0; i < plan.n_items; i++)
-        if (plan.items[i].seq->kv.table.n_blocks > max_blocks)
-            max_blocks = plan.items[i].seq->kv.table.n_blocks;
-    if (ensure_tables(e, (size_t)plan.n_items * (size_t)max_blocks)) {
+    int32_t max_blocks = 1, x_max = 1;
+    for (int32_t i = 0; i < plan.n_items; i++) {
+        const dp_kv_seq *kv = &plan.items[i].seq->kv;
+        if (kv->table.n_blocks > max_blocks)
+            max_blocks = kv->table.n_blocks;
+        if (kv_seq_has_x(kv) && kv->xtable.n_blocks * e->kv.xfold > x_max)
+            x_max = kv->xtable.n_blocks * e->kv.xfold;
+    }
+    /* Exempt layers: rows of the sequences without an exempt table repeat
+     * their own. */
+    const bool x = e->kv.n_exempt > 0;
+    if (x && max_blocks > x_max)
+        x_max = max_blocks;
+    if (ensure_tables(e, (size_t)plan.n_items * (size_t)max_blocks,
+                      x ? (size_t)plan.n_items * (size_t)x_max : 0)) {
         fail_all(e, "out of memory");
         return;
     }
@@ -1129,6 +1156,8 @@ static void run_step(dp_engine *e)
             e->b_tokens[nt] = q->tokens[it->start + k];
             e->b_pos[nt] = it->start + k;
             e->b_slot[nt] = it->slot_start + k;
+            if (x) /* exempt layers: position p at x slot p */
+                e->x_slot[nt] = kv_seq_has_x(&q->kv) ? q->kv.x_n + k : it->slot_start + k;
             e->b_seq[nt] = i;
             nt++;
         }
@@ -1175,12 +1204,27 @@ static void run_step(dp_engine *e)
         memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
         for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
             row[k] = 0;
+        if (x) {
+            int32_t *xr = e->x_tables + (size_t)i * (size_t)x_max, nx;
+            if (kv_seq_has_x(&q->kv)) {
+                nx = kv_mgr_x_row(&e->kv, &q->kv, xr, x_max);
+                e->x_store[i] = DP_KV_STORE_EXEMPT;
+            } else {
+                nx = q->kv.table.n_blocks;
+                memcpy(xr, row, (size_t)nx * sizeof *xr);
+                e->x_store[i] = e->b_store[i];
+            }
+            for (int32_t k = nx; k < x_max; k++)
+                xr[k] = 0;
+        }
     }
     memcpy(e->b_out + no, e->sc_out, (size_t)ns * sizeof *e->sc_out);
     dp_batch b = {.n_tokens = nt, .tokens = e->b_tokens, .pos = e->b_pos, .seq = e->b_seq,
                   .slot = e->b_slot, .n_seqs = plan.n_items, .seq_store = e->b_store,
                   .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no + ns,
-                  .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture};
+                  .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture,
+                  .n_exempt = e->kv.n_exempt, .x_slot = e->x_slot, .x_seq_store = e->x_store,
+                  .x_block_tables = e->x_tables, .x_max_blocks = x_max};
     dp_kv_store *stores[DP_KV_MAX_STORES];
     kv_mgr_stores(&e->kv, stores);
     double tf = dp_now();
@@ -1300,14 +1344,18 @@ static void update_gauges(dp_engine *e)
     e->stats.running = e->sched.n_running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     dp_kv_mgr *m = &e->kv;
-    int32_t on_decode = 0, decode_held = 0;
+    int32_t on_decode = 0, decode_held = 0, exempt = 0;
     for (eng_seq *es = e->live; es; es = es->next)
         if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
             on_decode++;
             /* Blocks it holds by reference stay the prefill path's, or
              * are a decode-pool share's, counted once below. */
-            decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks;
+            decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks +
+                           es->seq->kv.xtable.n_blocks;
+            exempt += es->seq->kv.xtable.n_blocks;
         }
+    e->stats.exempt_layers = m->n_exempt;
+    e->stats.exempt_blocks = exempt;
     /* Parked turns' blocks are counted apart: cached, taken back when needed. */
     const int32_t parked = m->dual ? kv_mgr_parked_blocks(m) : 0;
     if (m->dual && m->dpx.e)
@@ -1632,6 +1680,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .head_dim = hp->head_dim,
         .early_min = e->popts.min_tokens, .early_chunk = opts->max_batched_tokens,
         .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
+        .exempt_layers = e->dual ? opts->exempt_layers : 0,
     };
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
@@ -1676,6 +1725,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_slot = malloc(T * sizeof(int32_t));
     e->b_out = malloc(R * sizeof(int32_t));
     e->b_store = calloc(S, 1);
+    e->x_store = calloc(S, 1);
+    e->x_slot = malloc(T * sizeof(int32_t));
     e->capture_cap = llama_capture_capacity(model);
     e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
     for (int i = 0; i < 3; i++)
@@ -1690,6 +1741,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
         !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
         !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q ||
+        !e->x_store || !e->x_slot ||
         !e->sc_out || !e->sc_pos || !e->sc_seq) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
@@ -1780,6 +1832,9 @@ void engine_destroy(dp_engine *e)
     gvocab_free(e->gvocab);
     free(e->b_store);
     free(e->b_tables);
+    free(e->x_store);
+    free(e->x_slot);
+    free(e->x_tables);
     free(e->in_q);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);
@@ -1810,10 +1865,16 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
                       (long long)req->n_prompt + p->max_tokens);
     if (p->dualpath_mode == DP_DUALPATH_ON && !e->dual)
         return dp_err(err, errsz, DP_EINVAL, "dualpath is disabled on this server");
+    /* One exempt store serves every sequence: a request keeps the
+     * server's exempt layers or none. */
+    if (p->exempt > 1 && p->exempt - 1 != e->kv.n_exempt)
+        return dp_err(err, errsz, DP_EINVAL, "dualpath.exempt_layers must be 0 or this server's "
+                      "exempt_layers (%d), got %d", e->kv.n_exempt, p->exempt - 1);
     /* Can it ever fit, alone in the pools? The manager's one formula. */
     const dp_compress_opts co = request_copts(e, req);
     dp_kv_seq kv;
     kv_seq_init(&kv, runs_dual(e, p), &co);
+    kv.exempt = p->exempt != 1;
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
     bool fits = kv_mgr_can_fit(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);

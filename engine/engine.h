@@ -43,6 +43,8 @@ typedef struct dp_engine_opts {
     int32_t compress_turns;      /* a chat turn after an earlier reply: ENGINE_TURNS_* */
     bool resume_turns;           /* a finished decode-path turn's compact cache is kept for
                                   * the next turn, which continues it (kv_mgr_park); default on */
+    int32_t exempt_layers;       /* the decode path keeps every token in its first layers
+                                  * (kvcache/manager.h); 0: none */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
@@ -122,6 +124,8 @@ typedef struct dp_engine_stats {
     int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
     int64_t rebuild_host_tokens;   /* tokens restored from the host tier */
     int64_t reply_blocks_kept;     /* decode-path blocks written back for the next turn */
+    int32_t exempt_layers;    /* decode-path layers kept whole (kvcache/manager.h) */
+    int32_t exempt_blocks;    /* decode blocks their tables hold now (in decode_blocks_used) */
     int32_t parked_turns;     /* finished turns' compact caches kept now (kv_mgr_park) */
     int32_t parked_blocks;    /* blocks only they hold (not in the blocks_used gauges) */
     int64_t turns_parked;     /* ... kept so far */

@@ -53,10 +53,10 @@ typedef struct dp_kv_layout {
 
 typedef struct dp_kv_store dp_kv_store;
 
-/* A step addresses at most this many stores (the prefill and decode pools);
- * the stores[] argument of the ops below always has this many entries, NULL
- * where unused. */
-#define DP_KV_MAX_STORES 2
+/* A step addresses at most this many stores (the prefill and decode pools,
+ * and the decode path's exempt layers); the stores[] argument of the ops
+ * below always has this many entries, NULL where unused. */
+#define DP_KV_MAX_STORES 3
 
 /* A step's batch as the backend sees it: a flat list of tokens, each with its
  * sequence, its rotary position and its cache slot. A token's K/V go to slot
@@ -77,6 +77,17 @@ typedef struct dp_batch {
     const int32_t *out_tokens;   /* [n_out] indices into the token list */
     int32_t n_capture;           /* tokens whose queries are kept for scoring */
     const int32_t *capture_tokens; /* [n_capture] indices into the token list */
+    /* Exempt layers (a decode-path sequence keeps its first layers whole):
+     * layers [0, n_exempt) read each token's keys and values through these
+     * arrays instead of slot, seq_store and block_tables, and kv_write puts
+     * the token there as well as at slot (the compact table stays complete
+     * in every layer). 0: none; a sequence with no exempt table repeats its
+     * own arrays here. */
+    int32_t n_exempt;
+    const int32_t *x_slot;          /* [n_tokens] */
+    const uint8_t *x_seq_store;     /* [n_seqs] */
+    const int32_t *x_block_tables;  /* [n_seqs * x_max_blocks] */
+    int32_t x_max_blocks;
 } dp_batch;
 
 /* A decode step: one token per sequence (consecutive tokens belong to
@@ -203,7 +214,9 @@ typedef struct dp_backend_ops {
                           float *out);
     /* The path-aware copy: gathers each head's kept rows of K and V from src
      * into dst for n_seqs sequences at once. src and dst may be the same store
-     * when the tables do not share blocks. */
+     * when the tables do not share blocks. dst may have fewer layers than
+     * src (an exempt-layer view, kv_view): layers [0, dst's) are copied and
+     * keep is [dst's n_layers][n_kv_heads][n_keep]. */
     int (*kv_compact)(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                       const dp_compact_seq *seqs, int32_t n_seqs);
     /* Copies one block (K and V of every layer, kv_bytes_per_block bytes)
@@ -224,8 +237,12 @@ typedef struct dp_backend_ops {
      * layout->type (one arena whose blocks either path may hold: the decode
      * path's quantized blocks fit more tokens in a prefill block's bytes).
      * The layout must have base's geometry and block count, and a block
-     * must fit in base's bytes per block. kv_destroy of a view frees only
-     * the view; base must outlive it. */
+     * must fit in base's bytes per block. Or, folded (the decode path's
+     * exempt layers): n_layers N below base's and n_blocks = base's x G with
+     * G = base's n_layers / N; layer j's block b + s * (base's n_blocks)
+     * is then base's layer j * G + s, block b: one base block holds G
+     * blocks of the view's N layers. kv_destroy of a view frees only the
+     * view; base must outlive it. */
     int (*kv_view)(dp_backend *be, dp_kv_store *base, const dp_kv_layout *layout,
                    dp_kv_store **out);
 

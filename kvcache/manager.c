@@ -22,7 +22,9 @@ void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
     if (co)
         kv->copts = *co;
     kv->path = DP_PATH_PREFILL;
+    kv->exempt = true;
     kv_table_init(&kv->table);
+    kv_table_init(&kv->xtable);
 }
 
 void kv_seq_destroy(dp_kv_seq *kv)
@@ -32,6 +34,8 @@ void kv_seq_destroy(dp_kv_seq *kv)
     kv->warm = NULL;
     free(kv->table.blocks);
     kv_table_init(&kv->table);
+    free(kv->xtable.blocks);
+    kv_table_init(&kv->xtable);
 }
 
 /* ---- start-up: pool sizes and the objects that hang off them ------------- */
@@ -77,6 +81,36 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
         int64_t nb = dper ? (int64_t)((double)o->kv_bytes * (1.0 - fp)) / dper : 0;
         *n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     }
+}
+
+/* The exempt layers' store: the decode pool's memory folded (backend.h
+ * kv_view) so that one decode block holds xfold blocks of the first n
+ * layers, in the decode type: a sequence's exempt table costs n / n_layers
+ * of a compact table of the same length. */
+static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    const dp_kv_layout *dl = &m->dlayout;
+    if (n > dl->n_layers)
+        return dp_err(err, errsz, DP_EINVAL, "engine: exempt_layers %d exceeds the model's %d "
+                      "layers", n, dl->n_layers);
+    if (!m->shared || !be->ops->kv_view)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: exempt_layers needs one KV arena "
+                      "for both paths and a backend with KV views (the %s backend%s)",
+                      be->ops->name, be->ops->kv_view ? ", without decode_pool_blocks" : " has none");
+    dp_kv_layout xl = *dl;
+    xl.n_layers = n;
+    m->xfold = dl->n_layers / n;
+    xl.n_blocks = n_dblocks * m->xfold;
+    if ((int64_t)n_dblocks * m->xfold > INT32_MAX)
+        return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");
+    int rc = be->ops->kv_view(be, m->store, &xl, &m->xstore);
+    if (rc)
+        return dp_err(err, errsz, rc, "engine: cannot view the KV arena as %d exempt layers",
+                      n);
+    m->n_exempt = n;
+    m->xbt = m->xfold * m->dbt;
+    return 0;
 }
 
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz)
@@ -172,6 +206,9 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         }
     }
     m->dlayout = dl;
+    if (o->dual && o->exempt_layers > 0 && be &&
+        (rc = exempt_init(m, o->exempt_layers, n_dblocks, err, errsz)))
+        goto fail;
     /* Each share (a prefix kept whole, a kept share) holds a decode block at
      * least, and lives while a sequence holds it: two per running sequence
      * at most. */
@@ -187,6 +224,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 rc = dp_err(err, errsz, rc, "out of memory");
                 goto fail;
             }
+            kv_migrator_set_exempt(&m->mig, m->xstore);
             /* Preempted compact caches wait in host memory, up to four times
              * what the decode path can hold (vLLM keeps a fixed swap space of a
              * few GiB): each waiting sequence holds at most its own cache,
@@ -239,7 +277,9 @@ void kv_mgr_destroy(dp_kv_mgr *m)
     free(m->park_cnt);
     if (m->rscratch)
         m->be->ops->kv_destroy(m->be, m->rscratch);
-    if (m->dstore && m->dstore != m->store) /* a view before its base */
+    if (m->xstore) /* views before their base */
+        m->be->ops->kv_destroy(m->be, m->xstore);
+    if (m->dstore && m->dstore != m->store)
         m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->store)
         m->be->ops->kv_destroy(m->be, m->store);
@@ -264,6 +304,28 @@ void kv_mgr_destroy(dp_kv_mgr *m)
 static int32_t dblocks_for(const dp_kv_mgr *m, int64_t n)
 {
     return (int32_t)((n + m->dbt - 1) / m->dbt);
+}
+
+/* Decode blocks an exempt table of n positions takes (0: the sequence keeps
+ * none). */
+static int32_t xblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
+{
+    return m->n_exempt > 0 && kv->exempt && kv->dual ? (int32_t)((n + m->xbt - 1) / m->xbt) : 0;
+}
+
+/* An exempt table's batch row: entry i (xbt / xfold slots) of block
+ * i / xfold, folded (backend.h kv_view). */
+static void x_ids(const dp_kv_mgr *m, const dp_block_table *t, int32_t *row, int32_t cap)
+{
+    const int32_t n = t->n_blocks * m->xfold, nb = m->dpool->n_blocks;
+    for (int32_t i = 0; i < n && i < cap; i++)
+        row[i] = t->blocks[i / m->xfold] + (i % m->xfold) * nb;
+}
+
+int32_t kv_mgr_x_row(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t *row, int32_t cap)
+{
+    x_ids(m, &kv->xtable, row, cap);
+    return kv->xtable.n_blocks * m->xfold;
 }
 
 /* The whole decode blocks of a compaction's forced front (the prefix kept
@@ -391,7 +453,8 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         /* (What it holds by reference: its front at the earliest switch.) */
         const int32_t e0 = m->early_min < c ? m->early_min : c;
         n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
-        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / m->dbt;
+        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / m->dbt +
+                   xblocks_for(m, kv, (int64_t)c + n_more);
         return n;
     }
     n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
@@ -412,7 +475,8 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     if (kv->kshare && kv->path == DP_PATH_PREFILL && dprefix_slots(&m->dpx, kv->kshare - 1) > r &&
         m->dpx.e[kv->kshare - 1].cols == keep)
         r = dprefix_slots(&m->dpx, kv->kshare - 1);
-    n.decode = dblocks_for(m, d) - r / m->dbt;
+    /* Exempt layers keep every token, whatever the budget. */
+    n.decode = dblocks_for(m, d) - r / m->dbt + xblocks_for(m, kv, (int64_t)c + n_more);
     return n;
 }
 
@@ -430,7 +494,9 @@ bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
         return false;
     /* What decode_reserve takes for a table of n_slots (less the front it
      * holds by reference), as the migration will ask. */
-    const int32_t need = dblocks_for(m, kv->n_slots) - ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt;
+    const int32_t need = dblocks_for(m, kv->n_slots) -
+                         ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt +
+                         xblocks_for(m, kv, kv->n_slots);
     int32_t own;
     /* (Parked turns' blocks are room: the switch takes them back.) */
     return decode_room(m, kv, need, &own) ||
@@ -463,10 +529,10 @@ int32_t kv_mgr_watermark(const dp_kv_mgr *m)
 /* Takes decode-pool blocks so that t covers n_slots, drawing on kv's promise
  * first (*took: how much of it, for undo_reserve); blocks promised to
  * others are off limits. All or nothing. */
-static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
-                          int32_t *took)
+static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
+                             int32_t bt, int32_t *took)
 {
-    int32_t need = dblocks_for(m, n_slots) - t->n_blocks;
+    int32_t need = (int32_t)((n_slots + bt - 1) / bt) - t->n_blocks;
     if (took)
         *took = 0;
     if (need <= 0)
@@ -474,7 +540,7 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
     int32_t from_promise;
     if (!decode_room(m, kv, need, &from_promise) && !park_reclaim(m, need - from_promise))
         return DP_ENOSPC;
-    int rc = kv_table_reserve_bt(t, m->dpool, n_slots, m->dbt);
+    int rc = kv_table_reserve_bt(t, m->dpool, n_slots, bt);
     if (rc)
         return rc;
     kv->decode_reserve -= from_promise;
@@ -482,6 +548,21 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
     if (took)
         *took = from_promise;
     return 0;
+}
+
+/* A compact table (t) covering n_slots. */
+static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
+                          int32_t *took)
+{
+    return decode_reserve_bt(m, kv, t, n_slots, m->dbt, took);
+}
+
+/* The sequence's exempt table covering n positions (none kept: nothing). */
+static int x_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n, int32_t *took)
+{
+    if (took)
+        *took = 0;
+    return xblocks_for(m, kv, n) > 0 ? decode_reserve_bt(m, kv, t, n, m->xbt, took) : 0;
 }
 
 /* The blocks of a decode_reserve go back (t destroyed) and its promise with them. */
@@ -536,12 +617,89 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->recompressed = false;
     attn_acc_reset(&kv->attn);
     kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
+    kv_table_release(&kv->xtable, m->dpool);
+    kv->x_n = 0;
+    kv->swapped_x = 0;
     drop_promise(m, kv);
     kv->path = DP_PATH_PREFILL;
     kv->n_slots = 0;
     kv->hashed_blocks = 0;
     kv->chain = 0;
     kv->early_at = 0;
+}
+
+/* ---- swap: a decode-path cache as one copy ------------------------------------- */
+
+/* Its blocks in the decode pool (compact and exempt tables). */
+static int32_t seq_dblocks(const dp_kv_seq *kv)
+{
+    return kv->table.n_blocks + kv->xtable.n_blocks;
+}
+
+/* Copies a decode-path cache (its compact table, then its exempt table) to
+ * the swap space and frees its blocks. */
+static int swap_out_seq(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    const int32_t nx = kv->xtable.n_blocks;
+    if (nx == 0)
+        return kv_swap_out(&m->swap, &kv->table, &kv->swapped);
+    dp_block_table both = {malloc((size_t)seq_dblocks(kv) * sizeof(int32_t)), seq_dblocks(kv),
+                           seq_dblocks(kv)};
+    if (!both.blocks)
+        return DP_ENOMEM;
+    memcpy(both.blocks, kv->table.blocks, (size_t)kv->table.n_blocks * sizeof(int32_t));
+    memcpy(both.blocks + kv->table.n_blocks, kv->xtable.blocks, (size_t)nx * sizeof(int32_t));
+    int rc = kv_swap_out(&m->swap, &both, &kv->swapped);
+    if (rc == 0) { /* both's release returned every block */
+        kv->table.n_blocks = kv->xtable.n_blocks = 0;
+        kv->swapped_x = nx;
+    }
+    free(both.blocks);
+    return rc;
+}
+
+/* Grows t's array to hold n blocks (no blocks taken). */
+static int table_room(dp_block_table *t, int32_t n)
+{
+    if (n <= t->cap)
+        return 0;
+    int32_t *b = realloc(t->blocks, (size_t)n * sizeof *b);
+    if (!b)
+        return DP_ENOMEM;
+    t->blocks = b;
+    t->cap = n;
+    return 0;
+}
+
+/* Brings a cache swap_out_seq saved back, bit for bit, into new blocks;
+ * then its compact table covers n_slots and its exempt table x_n + 1 where
+ * blocks are free (else growth takes them later). */
+static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
+{
+    const int32_t nx = kv->swapped_x;
+    if (nx == 0)
+        return kv_swap_in(&m->swap, &kv->swapped, &kv->table, n_slots);
+    const int32_t nc = kv->swapped.n_blocks - nx;
+    dp_block_table both;
+    kv_table_init(&both);
+    int rc = table_room(&kv->table, nc);
+    if (rc == 0)
+        rc = table_room(&kv->xtable, nx);
+    if (rc == 0)
+        rc = kv_swap_in(&m->swap, &kv->swapped, &both, 0);
+    if (rc) {
+        free(both.blocks);
+        return rc;
+    }
+    memcpy(kv->table.blocks, both.blocks, (size_t)nc * sizeof(int32_t));
+    memcpy(kv->xtable.blocks, both.blocks + nc, (size_t)nx * sizeof(int32_t));
+    kv->table.n_blocks = nc;
+    kv->xtable.n_blocks = nx;
+    kv->swapped_x = 0;
+    free(both.blocks);
+    (void)kv_table_reserve_bt(&kv->table, m->dpool, n_slots, m->dbt);
+    (void)kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1, m->xbt);
+    return 0;
 }
 
 /* ---- parked turns ----------------------------------------------------------- */
@@ -559,7 +717,7 @@ static dp_kv_parked park_take(dp_kv_mgr *m, int32_t i)
 {
     dp_kv_parked p = m->parked[i];
     m->parked[i] = m->parked[--m->n_parked];
-    m->parked_blocks -= p.kv.table.n_blocks - p.kv.ref_blocks;
+    m->parked_blocks -= seq_dblocks(&p.kv) - p.kv.ref_blocks;
     if (p.kv.dshare)
         dprefix_park(&m->dpx, p.kv.dshare - 1, -1);
     if (p.kv.kshare)
@@ -575,7 +733,7 @@ static void park_put(dp_kv_mgr *m, const dp_kv_parked *p)
     if (p->kv.kshare)
         dprefix_park(&m->dpx, p->kv.kshare - 1, 1);
     m->parked[m->n_parked++] = *p;
-    m->parked_blocks += p->kv.table.n_blocks - p->kv.ref_blocks;
+    m->parked_blocks += seq_dblocks(&p->kv) - p->kv.ref_blocks;
 }
 
 /* Drops parked cache i: its blocks go back to the pool (those a share holds
@@ -636,8 +794,8 @@ static void park_spill(dp_kv_mgr *m, int32_t i)
     /* Out of the list while older spilled ones are dropped (which moves
      * entries in it), back in once it is in the swap space. */
     dp_kv_parked p = park_take(m, i);
-    int rc = m->has_swap && swap_can_take(m, p.kv.table.n_blocks) ? DP_ENOSPC : DP_EUNSUPPORTED;
-    while (rc == DP_ENOSPC && (rc = kv_swap_out(&m->swap, &p.kv.table, &p.kv.swapped)) == DP_ENOSPC)
+    int rc = m->has_swap && swap_can_take(m, seq_dblocks(&p.kv)) ? DP_ENOSPC : DP_EUNSUPPORTED;
+    while (rc == DP_ENOSPC && (rc = swap_out_seq(m, &p.kv)) == DP_ENOSPC)
         if (!park_drop_spilled(m))
             break;
     if (rc) {
@@ -681,7 +839,8 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
      * slots. */
     if (m->max_parked <= 0 || !m->dual || !kv->dual || kv->path != DP_PATH_DECODE ||
         kv->swapped.buf || kv->recompressed || kv->mig_pos <= 0 || !tokens ||
-        n_computed < kv->mig_pos || kv->n_slots != kv->mig_keep + (n_computed - kv->mig_pos))
+        n_computed < kv->mig_pos || kv->n_slots != kv->mig_keep + (n_computed - kv->mig_pos) ||
+        (kv_seq_has_x(kv) && kv->x_n != n_computed))
         return false;
     int32_t *copy = malloc((size_t)n_computed * sizeof *copy);
     if (!copy)
@@ -701,9 +860,10 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
     attn_acc_destroy(&kv->attn);
     park_put(m, &(dp_kv_parked){*kv, copy, n_computed, ++m->park_clock});
     m->parks++;
-    const bool dual = kv->dual;
+    const bool dual = kv->dual, exempt = kv->exempt;
     const dp_compress_opts co = kv->copts;
-    kv_seq_init(kv, dual, &co); /* the table moved to the parked cache */
+    kv_seq_init(kv, dual, &co); /* the tables moved to the parked cache */
+    kv->exempt = exempt;
     return true;
 }
 
@@ -720,7 +880,8 @@ static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t 
     for (int32_t i = 0; i < m->n_parked; i++) {
         const dp_kv_parked *p = &m->parked[i];
         const int32_t lim = p->n < n - 1 ? p->n : n - 1;
-        if (lim < p->kv.mig_pos || !same_settings(&p->kv.copts, &kv->copts))
+        if (lim < p->kv.mig_pos || !same_settings(&p->kv.copts, &kv->copts) ||
+            p->kv.exempt != kv->exempt)
             continue;
         int32_t c = 0;
         while (c < lim && p->tokens[c] == tokens[c])
@@ -750,14 +911,18 @@ static bool may_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens
 static int32_t park_refs(dp_kv_mgr *m, bool tally)
 {
     int32_t n = 0;
-    for (int32_t i = 0; i < m->n_parked + m->dpx.max_entries; i++) {
+    /* Parked caches' compact tables, their exempt tables, then shares. */
+    for (int32_t i = 0; i < 2 * m->n_parked + m->dpx.max_entries; i++) {
         const int32_t *b;
         int32_t nb;
         if (i < m->n_parked) {
             b = m->parked[i].kv.table.blocks;
             nb = m->parked[i].kv.table.n_blocks;
+        } else if (i < 2 * m->n_parked) {
+            b = m->parked[i - m->n_parked].kv.xtable.blocks;
+            nb = m->parked[i - m->n_parked].kv.xtable.n_blocks;
         } else {
-            const dp_dprefix_entry *x = &m->dpx.e[i - m->n_parked];
+            const dp_dprefix_entry *x = &m->dpx.e[i - 2 * m->n_parked];
             if (!x->name || x->users <= 0 || x->users != x->parked)
                 continue;
             b = x->blocks;
@@ -812,7 +977,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * speed). */
     const dp_kv_seq *pk = &m->parked[i].kv;
     if (kv->whole_if_room && !busy && m->shared &&
-        whole_has_room(m, kv, n_tokens, pk->table.n_blocks - pk->ref_blocks)) {
+        whole_has_room(m, kv, n_tokens, seq_dblocks(pk) - pk->ref_blocks)) {
         park_drop(m, i);
         return 1;
     }
@@ -821,9 +986,12 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * was generated) goes back to the pool. */
     dp_kv_parked p = park_take(m, i);
     const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, slots);
+    /* (Its exempt layers hold positions 0..c.) */
+    const int32_t keep_x = xblocks_for(m, &p.kv, c);
     /* The rest of the prompt and the first generated token, on the decode
      * path; a spilled cache first comes back whole from the swap space. */
-    const int32_t total = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1);
+    const int32_t total = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1) +
+                          xblocks_for(m, &p.kv, (int64_t)n_tokens + 1);
     const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
     const int32_t spilled = p.kv.swapped.buf ? p.kv.swapped.n_blocks : 0;
     int rc = 0;
@@ -837,8 +1005,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         park_put(m, &p); /* not now: it waits in the swap space */
         return DP_ENOSPC;
     }
-    if (spilled && (rc = kv_swap_in(&m->swap, &p.kv.swapped, &p.kv.table,
-                                    (int64_t)spilled * m->dbt)) != 0) {
+    if (spilled && (rc = swap_in_seq(m, &p.kv, 0)) != 0) {
         /* (Not for want of room: made above.) Its history is computed again. */
         kv_mgr_free(m, &p.kv);
         kv_seq_destroy(&p.kv);
@@ -852,9 +1019,14 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         kv_pool_unref(m->dpool, p.kv.table.blocks[b]);
     if (p.kv.table.n_blocks > keep_b)
         p.kv.table.n_blocks = keep_b;
+    for (int32_t b = keep_x; b < p.kv.xtable.n_blocks; b++)
+        kv_pool_unref(m->dpool, p.kv.xtable.blocks[b]);
+    if (p.kv.xtable.n_blocks > keep_x)
+        p.kv.xtable.n_blocks = keep_x;
     p.kv.n_slots = slots;
+    p.kv.x_n = p.kv.xtable.n_blocks > 0 ? c : 0;
     p.n = c;
-    const int32_t need = total - keep_b;
+    const int32_t need = total - keep_b - p.kv.xtable.n_blocks;
     if (!park_reclaim(m, need + wm)) {
         park_put(m, &p);
         return DP_ENOSPC;
@@ -868,9 +1040,10 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     kv->early_end = kv->early_at = 0;
     kv->decode_reserve = need > 0 ? need : 0;
     m->decode_reserved += kv->decode_reserve;
-    /* Its table covers the rest of the prompt now, as an admitted prompt's
-     * does (from the promise: cannot fail). */
-    if (decode_reserve(m, kv, &kv->table, (int64_t)slots + (n_tokens - c), NULL) != 0) {
+    /* Its tables cover the rest of the prompt now, as an admitted prompt's
+     * do (from the promise: cannot fail). */
+    if (decode_reserve(m, kv, &kv->table, (int64_t)slots + (n_tokens - c), NULL) != 0 ||
+        (kv_seq_has_x(kv) && x_reserve(m, kv, &kv->xtable, n_tokens, NULL) != 0)) {
         release_all(m, kv);
         free(p.tokens);
         return DP_ENOSPC;
@@ -1013,8 +1186,12 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
 int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     const int64_t slots = (int64_t)kv->n_slots + n;
-    if (kv->path == DP_PATH_DECODE)
-        return decode_reserve(m, kv, &kv->table, slots, NULL);
+    if (kv->path == DP_PATH_DECODE) {
+        int rc = decode_reserve(m, kv, &kv->table, slots, NULL);
+        if (rc == 0 && kv_seq_has_x(kv))
+            rc = x_reserve(m, kv, &kv->xtable, (int64_t)kv->x_n + n, NULL);
+        return rc;
+    }
     /* In a shared arena the blocks promised to decode paths are not free. */
     if (m->shared && !park_reclaim(m, kv_pool_blocks_for(&m->pool, slots) - kv->table.n_blocks))
         return DP_ENOSPC;
@@ -1035,6 +1212,8 @@ static void name_next_block(dp_kv_mgr *m, dp_kv_seq *kv, int32_t block, const in
 void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n)
 {
     kv->n_slots += n;
+    if (kv_seq_has_x(kv))
+        kv->x_n += n;
     if (!m->has_pc || kv->path != DP_PATH_PREFILL)
         return;
     /* Name the prefill blocks filled so far (slot == position there). */
@@ -1093,6 +1272,16 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     dp_kv_seq *kv = g->kv;
     const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / m->dbt;
     const int32_t n_rows = g->n_keep - nref, nblk = dblocks_for(m, n_rows);
+    /* Its kept share, if any, goes (its new table holds the front at
+     * most): then the blocks it holds alone are what releasing its table
+     * frees, and they must cover its new table (some may be held by a
+     * kept share others still use). */
+    leave_kept(m, kv);
+    int32_t frees = 0;
+    for (int32_t b = nb; b < kv->table.n_blocks; b++)
+        frees += m->dpool->refcnt[kv->table.blocks[b]] == 1;
+    if (kv_pool_n_free(m->dpool) + frees < nblk)
+        return DP_ENOSPC; /* it decodes over its budget until there is room */
     int rc = scratch_reserve(m, nblk);
     int32_t *ids = rc ? NULL : malloc((size_t)nblk * sizeof *ids);
     if (!ids) {
@@ -1124,7 +1313,10 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     free(kv->table.blocks);
     kv->table = t;
     kv->n_slots = nref;
-    if ((rc = decode_reserve(m, kv, &kv->table, g->n_keep, NULL)) == 0) {
+    /* From the blocks it just freed, whatever others were promised (their
+     * promises may exceed the free blocks while sequences grow past
+     * theirs: the freed ones are its own). */
+    if ((rc = kv_table_reserve_bt(&kv->table, m->dpool, g->n_keep, m->dbt)) == 0) {
         const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
         int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)n_rows);
         rc = keep ? 0 : DP_ENOMEM;
@@ -1153,7 +1345,6 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     g->n_ref = nref;
     if (nref == 0)
         leave_share(m, kv);
-    leave_kept(m, kv); /* its new table holds the front at most */
     note_compaction(kv, g);
     kv->n_slots = g->n_keep;
     kv->ref_blocks = nb;
@@ -1173,6 +1364,10 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
     /* kid: the kept share it takes or names (id + 1; 0: none). */
     int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], kid[MIGRATE_BATCH],
             k = 0, n_staged = 0;
+    /* A migration's exempt table (exempt layers), what it took of the
+     * promise, and its batch row. */
+    dp_block_table xt[MIGRATE_BATCH];
+    int32_t xtook[MIGRATE_BATCH], *xrow[MIGRATE_BATCH];
     /* Shares found but not yet joined are pinned (one more user) while
      * blocks are taken: making room may drop parked turns, and with them a
      * share's last user. Unpinned at the end. */
@@ -1257,6 +1452,20 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             kv_table_destroy(&tables[k], m->dpool);
             continue;
         }
+        /* Its exempt layers keep every slot of the prompt. */
+        kv_table_init(&xt[k]);
+        xrow[k] = NULL;
+        if (src == DP_PATH_PREFILL &&
+            ((rc = x_reserve(m, kv, &xt[k], kv->n_slots, &xtook[k])) != 0 ||
+             (xt[k].n_blocks > 0 &&
+              !(xrow[k] = malloc((size_t)xt[k].n_blocks * (size_t)m->xfold * sizeof(int32_t)))))) {
+            g->rc = rc ? rc : DP_ENOMEM;
+            undo_reserve(m, kv, &xt[k], xtook[k]);
+            undo_reserve(m, kv, &tables[k], took[k]);
+            continue;
+        }
+        if (xrow[k])
+            x_ids(m, &xt[k], xrow[k], xt[k].n_blocks * m->xfold);
         /* The first with a prefix names its copy at once, so that the others
          * of this batch take it too (the one backend call below writes it). */
         held[k] = nref;
@@ -1296,7 +1505,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                              .dst = tables[k].blocks + nb, .n_dst_blocks = tables[k].n_blocks - nb,
                              .n_keep = g->n_keep, .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q,
                              .n_ref = nref, .attn = src == DP_PATH_DECODE ? &kv->attn : NULL,
-                             .keep_given = keep_given, .keep_out = keep_out};
+                             .keep_given = keep_given, .keep_out = keep_out, .xdst = xrow[k],
+                             .n_xdst_blocks = xt[k].n_blocks * m->xfold};
         g->n_ref = nref;
         ok[k++] = g;
     }
@@ -1314,8 +1524,16 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 leave_kept(m, kv);
                 leave_share(m, kv);
             }
+            undo_reserve(m, kv, &xt[i], xtook[i]);
             undo_reserve(m, kv, &tables[i], took[i]);
+            free(xrow[i]);
             continue;
+        }
+        free(xrow[i]);
+        if (xt[i].n_blocks > 0) {
+            free(kv->xtable.blocks); /* (empty on the prefill path) */
+            kv->xtable = xt[i];
+            kv->x_n = kv->n_slots;
         }
         /* A kept share's scorer is the one that chose its slots (its
          * namer's, recorded here first when both are in this batch). */
@@ -1419,8 +1637,8 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
 static int swap_out_running(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     int rc;
-    while ((rc = kv_swap_out(&m->swap, &kv->table, &kv->swapped)) == DP_ENOSPC)
-        if (!swap_can_take(m, kv->table.n_blocks) || !park_drop_spilled(m))
+    while ((rc = swap_out_seq(m, kv)) == DP_ENOSPC)
+        if (!swap_can_take(m, seq_dblocks(kv)) || !park_drop_spilled(m))
             break;
     return rc;
 }
@@ -1452,10 +1670,14 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
         return DP_EINVAL;
     int64_t slots = (int64_t)kv->n_slots + 1;
     int32_t need = dblocks_for(m, slots);
+    if (kv->swapped_x) {
+        const int32_t x = xblocks_for(m, kv, (int64_t)kv->x_n + 1);
+        need += x > kv->swapped_x ? x : kv->swapped_x;
+    }
     int32_t wm = busy ? kv_mgr_watermark(m) : 0;
     if (!park_reclaim(m, need + wm))
         return DP_ENOSPC;
-    return kv_swap_in(&m->swap, &kv->swapped, &kv->table, slots);
+    return swap_in_seq(m, kv, slots);
 }
 
 void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed)

@@ -67,6 +67,15 @@ typedef struct dp_kv_seq {
     int32_t early_end, early_at;
     dp_attn_acc attn;         /* SnapKV under a decode budget: what its decode
                                * queries since the last compaction attended to */
+    /* Exempt layers (dp_kv_mgr.n_exempt): on the decode path the first
+     * layers keep every position, p at x slot p, in x_n slots of xtable
+     * (decode-pool blocks of xbt slots each, kv_mgr_x_row); the compact
+     * table stays complete in every layer. exempt false: none for this
+     * sequence (a request that asked for none). */
+    bool exempt;
+    dp_block_table xtable;
+    int32_t x_n;
+    int32_t swapped_x;        /* of swapped.n_blocks, the last ones are xtable's */
     /* The named prompt blocks it left at its migration, protected from
      * eviction until it ends: the next turn of its conversation asks for
      * them (block ids and generations, kvcache/pool.h). */
@@ -110,6 +119,10 @@ typedef struct dp_kv_mgr_opts {
     /* Finished decode-path caches kept for the next turn (kv_mgr_park; 0:
      * none kept). */
     int32_t max_parked;
+    /* Layers [0, exempt_layers) keep every token on the decode path (in the
+     * decode type, in tables of their own); needs a shared arena and a
+     * backend with kv_view. 0: none. */
+    int32_t exempt_layers;
 } dp_kv_mgr_opts;
 
 /* A finished turn's compact cache, kept (held, evicted first when memory
@@ -170,6 +183,11 @@ typedef struct dp_kv_mgr {
     int64_t park_evictions;      /* parked caches dropped for room (or by a newer one) */
     int64_t park_spills;         /* parked caches moved to the swap space for room */
     int64_t park_restores;       /* ... and copied back by their next turn */
+    /* Exempt layers: n_exempt layers, each decode-pool block holding xfold
+     * blocks of them (xbt slots), through xstore (a folded view of the
+     * arena, backend.h kv_view). */
+    int32_t n_exempt, xfold, xbt;
+    dp_kv_store *xstore;
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
@@ -317,12 +335,22 @@ static inline dp_kv_pool *kv_mgr_pool_of(dp_kv_mgr *m, const dp_kv_seq *kv)
 {
     return kv->path == DP_PATH_DECODE ? m->dpool : &m->pool;
 }
-/* The stores as a batch indexes them (dp_path). */
+/* The stores as a batch indexes them (dp_path, then the exempt layers'). */
+#define DP_KV_STORE_EXEMPT 2
 static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
 {
     stores[DP_PATH_PREFILL] = m->store;
     stores[DP_PATH_DECODE] = m->dstore;
+    stores[DP_KV_STORE_EXEMPT] = m->xstore;
 }
+/* Whether the sequence reads its exempt layers from an exempt table. */
+static inline bool kv_seq_has_x(const dp_kv_seq *kv)
+{
+    return kv->path == DP_PATH_DECODE && kv->xtable.n_blocks > 0;
+}
+/* The sequence's exempt table as a batch row (block ids in xstore): writes
+ * up to cap entries, returns how many it has. */
+int32_t kv_mgr_x_row(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t *row, int32_t cap);
 /* The decode budget counts the slots after a sequence's prefix (a prefix
  * kept whole is never recompressed). */
 static inline int32_t kv_seq_prefix(const dp_kv_seq *kv)

@@ -23,6 +23,7 @@ void kv_migrator_destroy(dp_kv_migrator *m)
     if (m->comp.be)
         compressor_destroy(&m->comp);
     free(m->keep);
+    free(m->xkeep);
     memset(m, 0, sizeof *m);
 }
 
@@ -51,6 +52,48 @@ static int drop_ref_slots(int32_t *keep, size_t rows, int32_t n_keep, int32_t n_
         memmove(keep + r * w, row + n_ref, w * sizeof *keep);
     }
     return 0;
+}
+
+/* The exempt layers of the moves with an xdst: every slot, in order, into
+ * the exempt store (one kv_compact call; cs is scratch for n entries). */
+static int migrate_exempt(dp_kv_migrator *m, const dp_kv_store *src, const dp_kv_move *mv,
+                          int32_t n, dp_compact_seq *cs)
+{
+    if (!m->xstore)
+        return 0;
+    const dp_kv_layout *xl = m->be->ops->kv_layout(m->be, m->xstore);
+    const size_t rows = (size_t)xl->n_layers * (size_t)xl->n_kv_heads;
+    int32_t k = 0, most = 0;
+    for (int32_t i = 0; i < n; i++)
+        if (mv[i].xdst && mv[i].n_slots > most)
+            most = mv[i].n_slots;
+    if (most == 0)
+        return 0;
+    if (rows * (size_t)most > m->xkeep_cap) {
+        int32_t *p = realloc(m->xkeep, rows * (size_t)most * sizeof *p);
+        if (!p)
+            return DP_ENOMEM;
+        m->xkeep = p;
+        m->xkeep_cap = rows * (size_t)most;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        if (!mv[i].xdst)
+            continue;
+        cs[k++] = (dp_compact_seq){mv[i].src, mv[i].n_src_blocks, mv[i].xdst, mv[i].n_xdst_blocks,
+                                   mv[i].n_slots, NULL};
+    }
+    int rc = 0;
+    /* One call per move, each with the identity list of its own length
+     * ([rows][n_slots]); a migration step moves few sequences. */
+    for (int32_t i = 0; rc == 0 && i < k; i++) {
+        const int32_t ns = cs[i].n_keep;
+        for (size_t r = 0; r < rows; r++)
+            for (int32_t s = 0; s < ns; s++)
+                m->xkeep[r * (size_t)ns + (size_t)s] = s;
+        cs[i].keep = m->xkeep;
+        rc = m->be->ops->kv_compact(m->be, src, m->xstore, &cs[i], 1);
+    }
+    return rc;
 }
 
 int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
@@ -108,6 +151,8 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
     }
     if (rc == 0)
         rc = m->be->ops->kv_compact(m->be, src, dst, cs, n);
+    if (rc == 0)
+        rc = migrate_exempt(m, src, mv, n, cs);
     free(cs);
     return rc;
 }

@@ -42,6 +42,11 @@ typedef struct dp_kv_move {
     /* Where not NULL: receives the move's kept lists ([rows][n_keep]),
      * before any later move of the same call reads them. */
     int32_t *keep_out;
+    /* Exempt layers (kv_migrator_set_exempt): where not NULL, the table in
+     * the exempt store (its block ids, covering n_slots) that receives the
+     * exempt layers' every slot, in order. */
+    const int32_t *xdst;
+    int32_t n_xdst_blocks;
 } dp_kv_move;
 
 /* Scratch kept between calls (the keep lists). */
@@ -50,19 +55,30 @@ typedef struct dp_kv_migrator {
     dp_backend *be;
     int32_t *keep;
     size_t keep_cap;
+    dp_kv_store *xstore;   /* the exempt layers' store (NULL: none) */
+    int32_t *xkeep;        /* their keep lists (every slot) */
+    size_t xkeep_cap;
 } dp_kv_migrator;
 
 int kv_migrator_init(dp_kv_migrator *m, dp_backend *be, int32_t n_layers, int32_t n_kv_heads,
                      int32_t n_heads, int32_t head_dim);
 void kv_migrator_destroy(dp_kv_migrator *m);
 
+/* Moves with an xdst also copy their exempt layers whole into xstore (a
+ * store of the first layers only: backend.h kv_view, folded). */
+static inline void kv_migrator_set_exempt(dp_kv_migrator *m, dp_kv_store *xstore)
+{
+    m->xstore = xstore;
+}
+
 /* The keep-list scratch, grown to n entries (NULL without memory). The
  * manager's reply write-back builds its plan here too. */
 int32_t *kv_migrator_keep(dp_kv_migrator *m, size_t n);
 
 /* Moves n sequences from src to dst in one kv_compact call, selecting in
- * order (a move's keep_given may be an earlier move's keep_out). All or
- * nothing: on an error no destination table was written to. */
+ * order (a move's keep_given may be an earlier move's keep_out), and the
+ * exempt layers of those with an xdst in a second. On an error no source
+ * was changed (the destinations may have been written: free them). */
 int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_kv_move *mv,
                int32_t n);
 

@@ -9,6 +9,11 @@
 # prompt of PREFIX words plus a user turn of 20-120 words; "multiturn":
 # sessions of TURNS turns, each resending the conversation, replies of at
 # most 64 tokens; "multiturn-64": the same with every reply 64 tokens long.
+# Multi-turn load is sustained: SESSIONS sessions are open for the whole time
+# limit, a new one starting where one ends (a fixed number of sessions let a
+# faster server finish early, and the tail where its last sessions ran alone
+# weighed on its mean concurrency as if it had lacked memory). Each row says
+# how deep the conversations it served were (mean prompt tokens per request).
 #
 # Reported per server and workload: peak and mean concurrent sequences (the
 # server's running gauge, polled every 0.2 s while the load runs), output
@@ -116,10 +121,10 @@ run_cell() { # label workload-args...
 import json, sys
 r = json.load(open(sys.argv[1]))
 peak, mean10 = sys.argv[3].split()
-print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %d | %.0f |" % (sys.argv[2], peak,
+print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f |" % (sys.argv[2], peak,
       int(mean10) / 10, r["streamed_output_throughput"], r["output_throughput"],
       r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
-      r["total_output_tokens"], r["failed"], r["duration"]))
+      r["total_output_tokens"], r["total_input_tokens"] / max(1, r["completed"]), r["failed"], r["duration"]))
 PY
 }
 serve_and_run() { # name command...
@@ -129,12 +134,12 @@ serve_and_run() { # name command...
     run_cell "$name chat" --workload prefix --prefix-len "$PREFIX" --input-len 20:120 \
         --no-max-tokens -n "$REQS" -c "$CONC"
     run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 -n "$(( TURNS * SESSIONS ))" -c "$SESSIONS"
+        --output-len 64 -n 0 -c "$SESSIONS"
     # The same sessions with every reply 64 tokens long (ignore_eos): the
     # servers' replies differ (eviction changes the text), and where one
     # stops earlier its tok/s counts more prompt work per token.
     run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 --ignore-eos -n "$(( TURNS * SESSIONS ))" -c "$SESSIONS"
+        --output-len 64 --ignore-eos -n 0 -c "$SESSIONS"
     kill -TERM $pid; wait $pid 2>/dev/null
 }
 : > "$work/rows"
@@ -160,10 +165,10 @@ done
 {
     echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
-    echo "multiturn: $SESSIONS sessions of $TURNS turns at concurrency $SESSIONS, replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
+    echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
     echo
-    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | failed | run s |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

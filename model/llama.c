@@ -180,6 +180,27 @@ fail:
     return rc;
 }
 
+/* Every block token i attends to through (slot, store, tables) exists. */
+static bool check_slots(const dp_kv_layout *const *layouts, const dp_batch *b, int32_t i,
+                        const int32_t *slot, const uint8_t *seq_store, const int32_t *tables,
+                        int32_t max_blocks, int32_t min_layers)
+{
+    if (slot[i] < 0 || seq_store[b->seq[i]] >= DP_KV_MAX_STORES)
+        return false;
+    const dp_kv_layout *l = layouts[seq_store[b->seq[i]]];
+    if (!l || l->n_layers < min_layers)
+        return false;
+    int32_t bi = slot[i] / l->block_tokens;
+    if (bi >= max_blocks)
+        return false;
+    for (int32_t j = 0; j <= bi; j++) {
+        int32_t blk = tables[(size_t)b->seq[i] * (size_t)max_blocks + (size_t)j];
+        if (blk < 0 || blk >= l->n_blocks)
+            return false;
+    }
+    return true;
+}
+
 /* The backend trusts the batch; a bad index here would be a stray write. */
 static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
 {
@@ -187,30 +208,26 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     for (int i = 0; i < DP_KV_MAX_STORES; i++)
         if (stores[i]) {
             layouts[i] = m->be->ops->kv_layout(m->be, stores[i]);
+            /* (A store of fewer layers serves exempt layers only.) */
             if (layouts[i]->n_kv_heads != m->hp.n_kv_heads ||
-                layouts[i]->head_dim != m->hp.head_dim || layouts[i]->n_layers != m->hp.n_layers)
+                layouts[i]->head_dim != m->hp.head_dim || layouts[i]->n_layers > m->hp.n_layers)
                 return DP_EINVAL;
         }
-    for (int32_t s = 0; s < b->n_seqs; s++)
-        if (b->seq_store[s] >= DP_KV_MAX_STORES || !layouts[b->seq_store[s]])
-            return DP_EINVAL;
     if (b->n_tokens < 1 || b->n_tokens > m->max_tokens || b->n_out < 0 || b->n_out > m->max_out ||
-        b->n_seqs < 1 || b->max_blocks < 1)
+        b->n_seqs < 1 || b->max_blocks < 1 || b->n_exempt < 0 || b->n_exempt > m->hp.n_layers)
+        return DP_EINVAL;
+    const bool x = b->n_exempt > 0;
+    if (x && (!b->x_slot || !b->x_seq_store || !b->x_block_tables || b->x_max_blocks < 1))
         return DP_EINVAL;
     for (int32_t i = 0; i < b->n_tokens; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab || b->seq[i] < 0 ||
-            b->seq[i] >= b->n_seqs || b->slot[i] < 0 || b->pos[i] < 0)
+            b->seq[i] >= b->n_seqs || b->pos[i] < 0)
             return DP_EINVAL;
-        const dp_kv_layout *l = layouts[b->seq_store[b->seq[i]]];
-        int32_t bi = b->slot[i] / l->block_tokens;
-        if (bi >= b->max_blocks)
+        if (!check_slots(layouts, b, i, b->slot, b->seq_store, b->block_tables, b->max_blocks,
+                         m->hp.n_layers) ||
+            (x && !check_slots(layouts, b, i, b->x_slot, b->x_seq_store, b->x_block_tables,
+                               b->x_max_blocks, b->n_exempt)))
             return DP_EINVAL;
-        /* Every block the token attends to must exist. */
-        for (int32_t j = 0; j <= bi; j++) {
-            int32_t blk = b->block_tables[(size_t)b->seq[i] * (size_t)b->max_blocks + (size_t)j];
-            if (blk < 0 || blk >= l->n_blocks)
-                return DP_EINVAL;
-        }
     }
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_tokens[i] < 0 || b->out_tokens[i] >= b->n_tokens)
@@ -274,7 +291,7 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
 {
     const dp_backend_ops *op = m->be->ops;
     const int32_t n = b->n_tokens;
-    if (!op->step_pad || b->n_out != n || !dp_batch_is_decode(b))
+    if (!op->step_pad || b->n_out != n || b->n_exempt > 0 || !dp_batch_is_decode(b))
         return b;
     const int32_t N = op->step_pad(m->be, n);
     if (N <= n || N > m->max_tokens || N > m->max_out)

@@ -47,6 +47,8 @@ typedef struct dp_request_params {
     int8_t dualpath_mode;         /* DP_DUALPATH_DEFAULT | _ON | _OFF */
     int8_t scorer;                /* 0: default; else dp_scorer + 1 */
     float keep_ratio;             /* 0: default; else (0, 1] */
+    int16_t exempt;               /* 0: default; else exempt layers + 1 (the server's, or
+                                   * none) */
     int32_t keep_prefix;          /* first prompt tokens kept whole on the decode path
                                    * (the API sets a chat's system prompt here); 0: none */
     bool conversation;            /* a chat turn after an earlier reply (an assistant or

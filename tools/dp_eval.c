@@ -51,6 +51,7 @@ typedef struct opts {
     int32_t budgets[8];  /* --budget: decode budgets evaluated (their own tables) */
     int n_budgets;
     float keep;          /* --budget: the keep ratio of the prompt's migration */
+    int32_t exempt;      /* --grid: exempt layers (the first layers keep every token) */
 } opts;
 
 typedef struct acc {
@@ -120,6 +121,30 @@ static int prefill(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t 
     return 0;
 }
 
+/* An exempt layers' store beside a decode store of layout lb (NULL
+ * without exempt layers): the same blocks, of the first layers only. */
+static int exempt_store(ev *e, const dp_kv_layout *lb, dp_kv_store **out)
+{
+    *out = NULL;
+    if (e->o->exempt <= 0)
+        return 0;
+    dp_kv_layout xl = *lb;
+    xl.n_layers = e->o->exempt;
+    return e->be->ops->kv_create(e->be, &xl, out);
+}
+
+/* Points the batch's exempt layers (backend.h n_exempt) at store index
+ * *xsi: each token at its position's slot in the sequence's table. */
+static void with_exempt(ev *e, dp_batch *b, const uint8_t *xsi, const int32_t *tables,
+                        int32_t max_blocks)
+{
+    b->n_exempt = e->o->exempt;
+    b->x_slot = b->pos;
+    b->x_seq_store = xsi;
+    b->x_block_tables = tables;
+    b->x_max_blocks = max_blocks;
+}
+
 /* Teacher-forces n tokens after a cache of n_keep slots holding positions
  * [0, pos0): token i goes to slot n_keep + i at position pos0 + i. The
  * logits of all n tokens land in e->logits. */
@@ -140,6 +165,11 @@ static int teacher_force_cap(ev *e, dp_kv_store *const *stores, uint8_t si, cons
                   .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
                   .max_blocks = max_blocks, .n_out = n, .out_tokens = e->bt_out,
                   .n_capture = n_cap, .capture_tokens = e->bt_cap};
+    /* Exempt layers (stores[2], the table's blocks there): position p at
+     * slot p, as the daemon's exempt tables hold them. */
+    static const uint8_t xsi = 2;
+    if (si == 1 && stores[2])
+        with_exempt(e, &b, &xsi, table, max_blocks);
     return llama_forward(e->m, &b, stores, e->logits);
 }
 
@@ -806,11 +836,12 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
 {
     const int32_t L = e->hp->n_layers, n = cs->n;
     int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
-    uint8_t *seq_store = malloc((size_t)n);
+    uint8_t *seq_store = malloc((size_t)n), *x_store = malloc((size_t)n);
     bool *live = calloc((size_t)n, sizeof(bool));
     int rc = DP_ENOMEM;
-    if (!n_keep || !seq_store || !live)
+    if (!n_keep || !seq_store || !x_store || !live)
         goto out;
+    memset(x_store, 2, (size_t)n);
     *kept = 0;
     for (int i = 0; i < n; i++) {
         n_keep[i] = compress_n_keep(co, cs->len[i]);
@@ -823,6 +854,11 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
                          .n_dst_blocks = (cs->len[i] + cs->gen + BT - 1) / BT,
                          .n_keep = n_keep[i], .q = e->q_dev,
                          .q_stride = (int64_t)cs->n_cap * e->qd, .n_q = cs->n_cap};
+        if (cs->stores[2]) { /* exempt layers: every prompt token */
+            mv.xdst = mv.dst;
+            mv.n_xdst_blocks = mv.n_dst_blocks;
+        }
+        kv_migrator_set_exempt(&e->mig, cs->stores[2]);
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
             goto out;
@@ -852,6 +888,8 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
                       .slot = e->bt_slot, .n_seqs = n, .seq_store = seq_store,
                       .block_tables = cs->table_b, .max_blocks = cs->max_blocks_b, .n_out = nt,
                       .out_tokens = e->bt_out};
+        if (cs->stores[2])
+            with_exempt(e, &b, x_store, cs->table_b, cs->max_blocks_b);
         if ((rc = llama_forward(e->m, &b, cs->stores, e->logits)))
             goto out;
         for (int32_t k = 0; k < nt; k++) {
@@ -868,8 +906,10 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
     }
     rc = 0;
 out:
+    kv_migrator_set_exempt(&e->mig, NULL);
     free(n_keep);
     free(seq_store);
+    free(x_store);
     free(live);
     return rc;
 }
@@ -978,6 +1018,7 @@ typedef struct grid_result {
     int32_t dbt[DP_KV_TYPE_COUNT];  /* tokens per arena block on the decode path */
     double chat_len, seconds;
     int chat_n;
+    int32_t n_layers;
 } grid_result;
 
 static dp_compress_opts grid_opts(const opts *o, int ri)
@@ -1011,7 +1052,7 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     int32_t nb = (P + C + BT - 1) / BT;
     dp_kv_layout la = llama_kv_layout(e->m, BT, nb);
     la.type = o->kv_type;
-    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL};
+    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL}, *x[DP_KV_TYPE_COUNT] = {NULL};
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
@@ -1024,7 +1065,7 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     for (int t = 0; t < o->n_dtypes; t++) {
         dp_kv_layout lb = la;
         lb.type = o->dtypes[t];
-        if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])))
+        if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])) || (rc = exempt_store(e, &lb, &x[t])))
             goto out;
     }
     for (int32_t i = 0; i < nb; i++)
@@ -1043,11 +1084,15 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 dp_compress_opts co = grid_opts(o, ri);
                 int32_t n_keep = compress_n_keep(&co, P);
                 g->c[t][ri].n_keep[pi] = n_keep;
-                dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t]};
+                dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t], x[t]};
                 dp_kv_move mv = {.co = &co, .src = table, .n_src_blocks = (P + BT - 1) / BT,
                                  .n_slots = P, .dst = table, .n_dst_blocks = nb, .n_keep = n_keep,
-                                 .q = e->q_dev, .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap};
-                if ((rc = kv_migrate(&e->mig, a, b[t], &mv, 1)) ||
+                                 .q = e->q_dev, .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap,
+                                 .xdst = x[t] ? table : NULL, .n_xdst_blocks = nb};
+                kv_migrator_set_exempt(&e->mig, x[t]);
+                rc = kv_migrate(&e->mig, a, b[t], &mv, 1);
+                kv_migrator_set_exempt(&e->mig, NULL);
+                if (rc ||
                     (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
                     goto out;
                 acc_add(&g->c[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
@@ -1058,9 +1103,12 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
 out:
     if (a)
         e->be->ops->kv_destroy(e->be, a);
-    for (int t = 0; t < DP_KV_TYPE_COUNT; t++)
+    for (int t = 0; t < DP_KV_TYPE_COUNT; t++) {
         if (b[t])
             e->be->ops->kv_destroy(e->be, b[t]);
+        if (x[t])
+            e->be->ops->kv_destroy(e->be, x[t]);
+    }
     free(table);
     free(ref_logits);
     free(scratch);
@@ -1072,12 +1120,15 @@ out:
 static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
 {
     dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->stores[1]);
-    if (lb.type == type)
+    if (lb.type == type && (cs->stores[2] != NULL) == (e->o->exempt > 0))
         return 0;
     e->be->ops->kv_destroy(e->be, cs->stores[1]);
-    cs->stores[1] = NULL;
+    if (cs->stores[2])
+        e->be->ops->kv_destroy(e->be, cs->stores[2]);
+    cs->stores[1] = cs->stores[2] = NULL;
     lb.type = type;
-    return e->be->ops->kv_create(e->be, &lb, &cs->stores[1]);
+    int rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1]);
+    return rc ? rc : exempt_store(e, &lb, &cs->stores[2]);
 }
 
 /* Greedy generation of every cell over one chat set; ref: the full cache's
@@ -1306,15 +1357,28 @@ static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g,
     return rc ? dp_err(err, errsz, rc, "chat evaluation failed") : 0;
 }
 
+/* Blocks of the exempt layers an arena block holds (kvcache/manager.c). */
+static int32_t e_fold(const opts *o, const grid_result *g)
+{
+    return g->n_layers / o->exempt;
+}
+
 static void report_grid(sbuf *s, const opts *o, const grid_result *g)
 {
-    sb_printf(s, "### Decode-path KV type x keep ratio (%s)\n\n", scorer_name(o->scorer));
+    if (o->exempt > 0)
+        sb_printf(s, "### Decode-path KV type x keep ratio (%s), the first %d layers exempt\n\n",
+                  scorer_name(o->scorer), o->exempt);
+    else
+        sb_printf(s, "### Decode-path KV type x keep ratio (%s)\n\n", scorer_name(o->scorer));
     sb_printf(s, "Bytes: KV bytes per prompt token kept on the decode path, relative to the whole "
                  "f16 cache (kept fraction at P = %d x the type's bytes per token in the arena: "
                  "an arena block holds %d f16 tokens", o->prefill[0], BT);
     for (int t = 0; t < o->n_dtypes; t++)
         if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
+    if (o->exempt > 0)
+        sb_printf(s, "; plus every token of the %d exempt layers, %d of their blocks in an arena "
+                     "block", o->exempt, e_fold(o, g));
     sb_printf(s, "). KL (nats/token) and top-1 (%%) against the whole cache, teacher-forced "
                  "(%d window(s) x %d tokens per P).", o->windows, o->cont);
     if (o->chat > 0)
@@ -1350,7 +1414,7 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
             const grid_cell *c = &g->c[t][ri];
             double kept = (double)c->n_keep[0] / o->prefill[0];
             sb_printf(s, "| %s | %.1f | %.3f |", dp_kv_type_name(o->dtypes[t]), o->ratios[ri],
-                      kept * g->bytes[t]);
+                      kept * g->bytes[t] + (o->exempt > 0 ? g->bytes[t] / e_fold(o, g) : 0.0));
             for (int pi = 0; pi < o->n_prefill; pi++)
                 sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
             if (o->chat > 0)
@@ -1370,6 +1434,7 @@ static int run_grid(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *
         return DP_ENOMEM;
     double t0 = dp_now();
     grid_bytes(e, g);
+    g->n_layers = e->hp->n_layers;
     int rc = 0;
     for (int pi = 0; pi < o->n_prefill && !rc; pi++)
         if ((rc = grid_tf(e, text, n_text, pi, g)))
@@ -1628,7 +1693,7 @@ static void usage(void)
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
             "               [--grid [--decode-kv-types f16,q8_0,q4_0] [--scorer snapkv]\n"
-            "                       [--passkey 512,1024,2048,4096] [--depths 10]]\n"
+            "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N]]\n"
             "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
             "               [--markdown FILE [--tag NAME]]\n");
 }
@@ -1708,6 +1773,8 @@ int main(int argc, char **argv)
             bad = (o.n_budgets = parse_list_i(v, o.budgets, 8)) <= 0;
         else if (!strcmp(a, "--keep"))
             bad = !((o.keep = (float)atof(v)) > 0 && o.keep <= 1);
+        else if (!strcmp(a, "--exempt"))
+            bad = (o.exempt = atoi(v)) < 0;
         else if (!strcmp(a, "--cont"))
             bad = (o.cont = atoi(v)) < 1;
         else if (!strcmp(a, "--offset"))
@@ -1769,6 +1836,11 @@ int main(int argc, char **argv)
                          err, sizeof err)))
         return die("model", rc, err);
     e.hp = llama_hparams(e.m);
+    if (o.exempt > 0 && (!o.grid || o.exempt > e.hp->n_layers)) {
+        fprintf(stderr, "dp-eval: --exempt takes a layer count up to the model's %d, with --grid\n",
+                e.hp->n_layers);
+        return 2;
+    }
     e.vocab = e.hp->vocab;
     e.qd = e.hp->n_heads * e.hp->head_dim;
     size_t qn = (size_t)e.hp->n_layers * DP_MAX_CAPTURE * (size_t)e.qd;

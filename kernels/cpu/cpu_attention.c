@@ -24,7 +24,7 @@ typedef struct attn_job {
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     attn_job *j = ctx;
-    const dp_batch *b = &j->c->b;
+    const dp_batch *b = cpu_batch_at(j->c, j->layer);
     const int32_t n_kv = j->n_kv;
     const int32_t i = (int32_t)(task / n_kv);
     const int32_t kvh = (int32_t)(task % n_kv);

@@ -148,8 +148,15 @@ static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 static int kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l, dp_kv_store **out)
 {
     const dp_kv_layout *b = &base->l;
-    if (!kv_layout_ok(be, l) || l->n_layers != b->n_layers || l->n_kv_heads != b->n_kv_heads ||
-        l->head_dim != b->head_dim || l->n_blocks != b->n_blocks)
+    if (!kv_layout_ok(be, l) || l->n_kv_heads != b->n_kv_heads || l->head_dim != b->head_dim)
+        return DP_EINVAL;
+    /* The same geometry, or folded (backend.h): the stride arithmetic
+     * ((layer * n_blocks + block) * blk_bytes) then lands view layer j,
+     * block b + s * base blocks, on base layer j * G + s, block b. */
+    const bool same = l->n_layers == b->n_layers && l->n_blocks == b->n_blocks;
+    const bool folded = l->n_layers < b->n_layers &&
+                        (int64_t)l->n_blocks == (int64_t)b->n_blocks * (b->n_layers / l->n_layers);
+    if (!same && !folded)
         return DP_EINVAL;
     dp_kv_store *kv = calloc(1, sizeof *kv);
     if (!kv)
@@ -187,8 +194,10 @@ static const dp_kv_layout *kv_get_layout(dp_backend *be, const dp_kv_store *kv)
 static int batch_set(dp_backend *be, const dp_batch *b)
 {
     cpu_backend *c = cpu_of(be);
-    size_t need = (size_t)b->n_tokens * 4 + (size_t)b->n_seqs * (size_t)b->max_blocks +
-                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0);
+    const bool x = b->n_exempt > 0;
+    const size_t nxt = x ? (size_t)b->n_seqs * (size_t)b->x_max_blocks : 0;
+    size_t need = (size_t)b->n_tokens * (x ? 5 : 4) + (size_t)b->n_seqs * (size_t)b->max_blocks +
+                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0) + nxt;
     if (need > c->arrays_cap) {
         int32_t *p = realloc(c->arrays, need * sizeof *p);
         if (!p)
@@ -196,12 +205,12 @@ static int batch_set(dp_backend *be, const dp_batch *b)
         c->arrays = p;
         c->arrays_cap = need;
     }
-    if ((size_t)b->n_seqs > c->seq_store_cap) {
-        uint8_t *p = realloc(c->seq_store, (size_t)b->n_seqs);
+    if ((size_t)b->n_seqs * 2 > c->seq_store_cap) {
+        uint8_t *p = realloc(c->seq_store, (size_t)b->n_seqs * 2);
         if (!p)
             return DP_ENOMEM;
         c->seq_store = p;
-        c->seq_store_cap = (size_t)b->n_seqs;
+        c->seq_store_cap = (size_t)b->n_seqs * 2;
     }
     int32_t *a = c->arrays;
     size_t nt = (size_t)b->n_tokens;
@@ -227,11 +236,29 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     if (b->n_capture < 0)
         c->b.n_capture = 0;
     c->b.seq_store = c->seq_store;
+    /* The exempt layers' view of the batch: its own slots, stores and
+     * tables, the rest shared (cpu_batch_at). */
+    c->bx = c->b;
+    if (x) {
+        int32_t *xa = a + 4 * nt + nbt + b->n_out + (b->n_capture > 0 ? b->n_capture : 0);
+        memcpy(xa, b->x_slot, nt * sizeof *a);
+        memcpy(xa + nt, b->x_block_tables, nxt * sizeof *a);
+        memcpy(c->seq_store + b->n_seqs, b->x_seq_store, (size_t)b->n_seqs);
+        c->bx.slot = xa;
+        c->bx.block_tables = xa + nt;
+        c->bx.max_blocks = b->x_max_blocks;
+        c->bx.seq_store = c->seq_store + b->n_seqs;
+    } else {
+        c->b.n_exempt = c->bx.n_exempt = 0;
+    }
     /* Attention scratch holds one score per attended slot. */
     int32_t max_slots = 1;
-    for (int32_t i = 0; i < b->n_tokens; i++)
+    for (int32_t i = 0; i < b->n_tokens; i++) {
         if (b->slot[i] + 1 > max_slots)
             max_slots = b->slot[i] + 1;
+        if (x && b->x_slot[i] + 1 > max_slots)
+            max_slots = b->x_slot[i] + 1;
+    }
     if ((size_t)max_slots > c->sscratch_elems)
         return cpu_scratch_reserve(c, c->wscratch_elems, (size_t)max_slots * 2);
     return 0;
@@ -366,10 +393,9 @@ typedef struct kvw_ctx {
     const float *k, *v;
 } kvw_ctx;
 
-static void kvw_row(void *p, int64_t i)
+/* Writes token i's rows where batch b puts it. */
+static void kvw_put(kvw_ctx *w, const dp_batch *b, int64_t i)
 {
-    kvw_ctx *w = p;
-    const dp_batch *b = &w->c->b;
     int32_t s = b->seq[i];
     dp_kv_store *kv = w->stores[b->seq_store[s]];
     const dp_kv_layout *l = &kv->l;
@@ -382,6 +408,17 @@ static void kvw_row(void *p, int64_t i)
         kv_vput(kv, w->layer, block, h, slot % l->block_tokens,
                 w->v + (size_t)i * row + (size_t)h * l->head_dim);
     }
+}
+
+static void kvw_row(void *p, int64_t i)
+{
+    kvw_ctx *w = p;
+    kvw_put(w, &w->c->b, i);
+    /* An exempt layer's token goes to its exempt table too (unless the
+     * sequence has none: the same slot). */
+    const dp_batch *x = &w->c->bx;
+    if (w->layer < x->n_exempt && x->seq_store[x->seq[i]] != w->c->b.seq_store[x->seq[i]])
+        kvw_put(w, x, i);
 }
 
 static void cpu_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,

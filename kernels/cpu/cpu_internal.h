@@ -141,8 +141,9 @@ typedef struct cpu_backend {
     size_t wscratch_elems;
     float **sscratch;
     size_t sscratch_elems;
-    /* The current batch (copied by batch_set). */
-    dp_batch b;
+    /* The current batch (copied by batch_set), and its exempt layers' view
+     * (bx: b with the x_ arrays as slot, seq_store and block_tables). */
+    dp_batch b, bx;
     int32_t *arrays;       /* backing store of the batch's index arrays */
     size_t arrays_cap;
     uint8_t *seq_store;
@@ -154,6 +155,11 @@ typedef struct cpu_backend {
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
+/* Where a layer reads the batch's keys and values (backend.h n_exempt). */
+static inline const dp_batch *cpu_batch_at(const cpu_backend *c, int32_t layer)
+{
+    return layer < c->b.n_exempt ? &c->bx : &c->b;
+}
 
 static inline float kv_h2f(uint16_t h)
 {

@@ -233,8 +233,8 @@ static void compact_task(void *ctx, int64_t t, int thread)
 {
     (void)thread;
     compact_job *j = ctx;
-    const dp_compact_seq *q = &j->seqs[t / j->src->l.n_layers];
-    const int32_t layer = (int32_t)(t % j->src->l.n_layers);
+    const dp_compact_seq *q = &j->seqs[t / j->dst->l.n_layers];
+    const int32_t layer = (int32_t)(t % j->dst->l.n_layers);
     if (j->src->qtype && j->src->qtype == j->dst->qtype)
         compact_bytes(j->src, j->dst, q, layer);
     else if (!j->src->qtype && !j->dst->qtype && j->src->es == j->dst->es)
@@ -247,7 +247,7 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                    const dp_compact_seq *seqs, int32_t n_seqs)
 {
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
-    if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads || ls->head_dim != ld->head_dim)
+    if (ls->n_layers < ld->n_layers || ls->n_kv_heads != ld->n_kv_heads || ls->head_dim != ld->head_dim)
         return DP_EINVAL;
     /* Validate every index first: the copy itself trusts them. */
     for (int32_t i = 0; i < n_seqs; i++) {
@@ -260,13 +260,13 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
         for (int32_t b = 0; b < q->n_src_blocks; b++)
             if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
                 return DP_EINVAL;
-        size_t n = (size_t)ls->n_layers * (size_t)ls->n_kv_heads * (size_t)q->n_keep;
+        size_t n = (size_t)ld->n_layers * (size_t)ls->n_kv_heads * (size_t)q->n_keep;
         for (size_t k = 0; k < n; k++)
             if (q->keep[k] < 0 || q->keep[k] >= q->n_src_blocks * ls->block_tokens)
                 return DP_EINVAL;
     }
     compact_job j = {src, dst, seqs, n_seqs};
-    threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ls->n_layers);
+    threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ld->n_layers);
     return 0;
 }
 

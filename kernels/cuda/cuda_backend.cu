@@ -494,6 +494,8 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return c->failed;
     if (b->n_tokens < 1 || b->n_seqs < 1 || b->max_blocks < 1 || b->n_out < 0)
         return DP_EINVAL;
+    if (b->n_exempt > 0)
+        return DP_EUNSUPPORTED; /* exempt layers need KV views (kv_view), which it lacks */
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* One token per sequence (so every query tile is one token) and no

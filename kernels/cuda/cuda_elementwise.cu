@@ -23,7 +23,7 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
 {
     memset(d, 0, sizeof *d);
     bool any = false;
-    for (int i = 0; i < DP_KV_MAX_STORES; i++) {
+    for (int i = 0; i < CUDA_KV_STORES; i++) {
         const dp_kv_store *kv = stores[i];
         if (!kv)
             continue;

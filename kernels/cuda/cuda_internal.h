@@ -43,11 +43,14 @@ struct dp_kv_store {
 
 /* The stores of a step, as kernels see them (passed by value). Every store
  * of a model shares n_kv_heads and head_dim; block geometry may differ. */
+/* The two paths' stores: a third (exempt layers) needs kv_view, which this
+ * backend lacks, so batch_set refuses a batch that names one. */
+#define CUDA_KV_STORES 2
 typedef struct cuda_kv_desc {
-    __half *k[DP_KV_MAX_STORES];
-    __half *v[DP_KV_MAX_STORES];
-    int32_t n_blocks[DP_KV_MAX_STORES];
-    int32_t block_tokens[DP_KV_MAX_STORES];
+    __half *k[CUDA_KV_STORES];
+    __half *v[CUDA_KV_STORES];
+    int32_t n_blocks[CUDA_KV_STORES];
+    int32_t block_tokens[CUDA_KV_STORES];
     int32_t n_kv;
     int32_t head_dim;
 } cuda_kv_desc;
@@ -55,9 +58,9 @@ typedef struct cuda_kv_desc {
 /* Member i of a desc array without a dynamic index into the kernel's
  * parameter space (which would copy the struct to local memory). */
 template <typename T>
-__device__ __forceinline__ T cuda_pick(const T (&a)[DP_KV_MAX_STORES], int32_t i)
+__device__ __forceinline__ T cuda_pick(const T (&a)[CUDA_KV_STORES], int32_t i)
 {
-    static_assert(DP_KV_MAX_STORES == 2, "cuda_pick selects between two stores");
+    static_assert(CUDA_KV_STORES == 2, "cuda_pick selects between two stores");
     return i ? a[1] : a[0];
 }
 

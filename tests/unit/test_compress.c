@@ -462,7 +462,7 @@ static void check_keep_all_logits(void)
     const dp_hparams *hp = llama_hparams(m);
     enum { P = 45, C = 16, NB = 8 }; /* 8-token blocks: P + C fits in 8 */
     dp_kv_layout la = llama_kv_layout(m, 8, NB), lb = llama_kv_layout(m, 8, 2 * NB);
-    dp_kv_store *stores[DP_KV_MAX_STORES];
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL};
     CHECK(be->ops->kv_create(be, &la, &stores[0]) == 0);
     CHECK(be->ops->kv_create(be, &lb, &stores[1]) == 0);
     int32_t ta[NB], tb[2 * NB], tok[P + C], pos[64], seq[64], slot[64], outs[64], caps[8];

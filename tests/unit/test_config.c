@@ -269,7 +269,8 @@ static void test_file_errors(void)
     check_file_error("device = cuda:x\n", "1: device: 'cuda:x' is not auto, cpu, cuda or cuda:N");
     check_file_error("listen = 8080\n",
                      "1: listen: '8080': expected HOST:PORT, [IPv6]:PORT or unix:/PATH");
-    check_file_error("exempt_layers = 0,1\n", "1: exempt_layers: unknown key");
+    check_file_error("exempt_layers = 0,1\n", "1: exempt_layers: '0,1' is not an integer");
+    check_file_error("exempt_heads = 2\n", "1: exempt_heads: unknown key");
 }
 
 static const char *prompt;

@@ -98,6 +98,7 @@ typedef struct req_spec {
     int32_t bias_token;
     float bias;
     int32_t keep_prefix;  /* tokens kept whole on the decode path (a system prompt) */
+    int16_t exempt;       /* dualpath.exempt_layers + 1 (0: the server's) */
 } req_spec;
 
 static dp_request *make_req(const req_spec *sp, result *res)
@@ -116,6 +117,7 @@ static dp_request *make_req(const req_spec *sp, result *res)
     prm.prompt_top = sp->prompt_logprobs ? 3 : 0;
     prm.ignore_eos = sp->ignore_eos;
     prm.keep_prefix = sp->keep_prefix;
+    prm.exempt = sp->exempt;
     prm.sampling.top_k = sp->top_k;
     prm.sampling.min_p = sp->min_p;
     prm.sampling.presence_penalty = sp->presence_penalty;
@@ -1758,6 +1760,153 @@ static void test_resume_turns(world *w)
            (long long)ps[0].parked_evictions);
 }
 
+/* Exempt layers. With every layer exempt (the tiny model's 2) attention
+ * reads each token's whole history, in the prefill path's type and block
+ * geometry: outputs equal dualpath off's bit for bit, through everything
+ * that moves an exempt table: 16 requests in a 28-block arena (compact and
+ * exempt tables swapped out and back together), a decode budget's
+ * recompressions (which touch the compact table only), and a conversation
+ * whose later turns continue their parked caches (the exempt table cut to
+ * the matched history). With one layer exempt (two exempt blocks folded in
+ * an arena block), keep 1.0 answers as dualpath off, and a request that
+ * asks for none answers as on a server without exempt layers. */
+static void test_exempt_layers(world *w)
+{
+    enum { N = 16, TURNS = 4, FIRST = 40, NEW = 16, GEN = 24 };
+    static req_spec sp[N];
+    static result off[N], on[N], none[N], asked[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 20 + urand(40), .max_tokens = 80, .ignore_eos = true};
+        for (int k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = urand(w->vocab);
+    }
+    const char *lvl = w->be->ops->kernel_level ? w->be->ops->kernel_level(w->be) : "";
+    const bool portable = !strcmp(lvl, "baseline");
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.dualpath = false;
+    o.n_blocks = 1024;
+    dp_engine_stats st;
+    run_with(w, &o, sp, N, off, &st, DP_DUALPATH_DEFAULT);
+    o.dualpath = true;
+    o.decode_kv_type = ENGINE_DECODE_KV_SAME;
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    o.exempt_layers = 2;
+    for (int budget = 0; budget <= 48; budget += 48) {
+        o.decode_budget = budget;
+        next_opts = o;
+        next_opts_set = defer_start = true;
+        dp_engine *e = start(w, 28, 32);
+        next_opts_set = defer_start = false;
+        run_requests(e, sp, N, on, false, DP_DUALPATH_DEFAULT, &st);
+        engine_destroy(e);
+        int differ = 0;
+        for (int i = 0; i < N; i++) {
+            CHECK_EQ_INT(on[i].n, off[i].n);
+            differ += !same_tokens(&on[i], &off[i]);
+        }
+        CHECK_MSG(differ == 0 || portable, "every layer exempt (budget %d): %d of %d requests "
+                  "differ from dualpath off", budget, differ, N);
+        CHECK_EQ_INT(st.exempt_layers, 2);
+        CHECK(st.migrations > 0);
+        CHECK(st.tokens_evicted > 0);
+        CHECK(st.swap_outs > 0);
+        CHECK_EQ_INT(st.swap_ins, st.swap_outs);
+        CHECK_EQ_INT(st.decode_recomputes, 0);
+        CHECK(budget == 0 || st.recompressions > 0);
+        printf("exempt layers: every layer exempt, keep 0.5, budget %d: %d requests in a 28-block "
+               "arena (%lld preemptions, %lld swapped out and back) %s dualpath off's outputs\n",
+               budget, N, (long long)st.preemptions, (long long)st.swap_outs,
+               differ ? "differ from (baseline kernels)" : "identical to");
+    }
+    o.decode_budget = 0;
+
+    /* One of the two layers exempt: an arena block holds two exempt blocks
+     * (the folded view), read at its own block geometry. At keep 1.0 every
+     * layer still sees every token, so with the exact matmul (as in
+     * test_dualpath) the outputs equal dualpath off's. */
+    if (w->be->ops->set_exact) {
+        static result offx[N], onx[N];
+        const bool exact = w->be->ops->get_exact && w->be->ops->get_exact(w->be);
+        w->be->ops->set_exact(w->be, true);
+        dp_engine_opts fo = o;
+        fo.dualpath = false;
+        fo.n_blocks = 1024;
+        run_with(w, &fo, sp, N, offx, &st, DP_DUALPATH_DEFAULT);
+        fo = o;
+        fo.dualpath = true;
+        fo.exempt_layers = 1;
+        fo.compress.keep_ratio = 1.0f;
+        fo.n_blocks = 512;
+        run_with(w, &fo, sp, N, onx, &st, DP_DUALPATH_DEFAULT);
+        w->be->ops->set_exact(w->be, exact);
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(same_tokens(&onx[i], &offx[i]), "one layer exempt, keep 1.0: request %d "
+                      "differs from dualpath off", i);
+        CHECK(st.migrations > 0);
+        CHECK_EQ_INT(st.tokens_evicted, 0);
+    }
+
+    /* A conversation: later turns continue their parked caches. */
+    static result conv_off[TURNS], conv_on[TURNS];
+    dp_engine_stats cst[2];
+    for (int mode = 0; mode < 2; mode++) {
+        dp_engine_opts co = o;
+        co.dualpath = mode == 1;
+        co.reuse_replies = false;
+        next_opts = co;
+        next_opts_set = true;
+        dp_engine *e = start(w, 256, 8);
+        next_opts_set = false;
+        static int32_t conv[2048];
+        int32_t n_conv = 0;
+        uint64_t x = 17;
+        for (int turn = 0; turn < TURNS; turn++) {
+            conv_add_text(w, conv, &n_conv, turn == 0 ? FIRST : NEW, &x);
+            conv_turn(e, conv, &n_conv, GEN, mode ? &conv_on[turn] : &conv_off[turn]);
+        }
+        check_idle(e);
+        engine_get_stats(e, &cst[mode]);
+        engine_destroy(e);
+    }
+    CHECK_EQ_INT(cst[1].turns_resumed, TURNS - 1);
+    CHECK(cst[1].tokens_evicted > 0);
+    check_same_turns(conv_off, conv_on, TURNS, "with every layer exempt, continued from parked turns");
+
+    /* One layer exempt: a request that asks for none is served as without. */
+    o.exempt_layers = 0;
+    run_with(w, &o, sp, N, none, &st, DP_DUALPATH_DEFAULT);
+    CHECK_EQ_INT(st.exempt_blocks, 0);
+    o.exempt_layers = 1;
+    for (int i = 0; i < N; i++)
+        sp[i].exempt = 1;
+    run_with(w, &o, sp, N, asked, &st, DP_DUALPATH_DEFAULT);
+    for (int i = 0; i < N; i++)
+        sp[i].exempt = 0;
+    int differ = 0;
+    for (int i = 0; i < N; i++)
+        differ += !same_tokens(&asked[i], &none[i]);
+    CHECK_MSG(differ == 0 || portable, "%d requests asking for no exempt layers differ", differ);
+    /* Asking for another count than the server's is refused. */
+    next_opts = o;
+    next_opts_set = true;
+    dp_engine *e = start(w, 64, 8);
+    next_opts_set = false;
+    req_spec bad = sp[0];
+    bad.exempt = 3;
+    result r;
+    dp_request *req = make_req(&bad, &r);
+    char err[DP_ERRLEN];
+    CHECK(engine_submit(e, req, err, sizeof err) == DP_EINVAL);
+    CHECK(strstr(err, "exempt_layers") != NULL);
+    request_unref(req);
+    engine_destroy(e);
+    printf("exempt layers: a %d-turn conversation identical to dualpath off (%lld turns resumed); "
+           "requests asking for none served as without\n", TURNS, (long long)cst[1].turns_resumed);
+}
+
 int main(void)
 {
     world w;
@@ -1809,6 +1958,7 @@ int main(void)
     test_multiturn_rebuild(&w, 64);
     test_reply_reuse(&w);
     test_resume_turns(&w);
+    test_exempt_layers(&w);
     world_close(&w);
 
     /* Heads of 32 values: the quantized decode path. */

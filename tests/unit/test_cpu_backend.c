@@ -525,6 +525,46 @@ static void test_kv_views(dp_backend *be)
         uint8_t *back = malloc(vb);
         CHECK(be->ops->kv_block_read(be, view, 7, back) == 0);
         CHECK(memcmp(back, blk, vb) == 0);
+        /* Folded (the exempt layers' view): layer 0 of view block
+         * 7 + s * NB is layer s of arena block 7. Rows compacted into view
+         * block 15 land in arena block 7's layer 1, as the plain view reads
+         * them, and nothing else changes. */
+        dp_kv_layout fl = {1, NKV, HD, vbt, NB * NL, type};
+        dp_kv_store *fold;
+        fl.n_blocks = NB * NL + 1;
+        CHECK(be->ops->kv_view(be, arena, &fl, &bad) == DP_EINVAL); /* not a fold */
+        fl.n_blocks = NB * NL;
+        CHECK(be->ops->kv_view(be, arena, &fl, &fold) == 0);
+        int32_t fdst[1] = {7 + NB}, fkeep[NKV * 4];
+        for (int h = 0; h < NKV; h++)
+            for (int j = 0; j < 4; j++)
+                fkeep[h * 4 + j] = j * 3 + h;
+        CHECK(be->ops->kv_block_read(be, arena, 6, before) == 0);
+        CHECK(be->ops->kv_block_read(be, view, 7, back) == 0);
+        dp_compact_seq fcs = {table, 2, fdst, 1, 4, fkeep};
+        CHECK(be->ops->kv_compact(be, arena, fold, &fcs, 1) == 0);
+        CHECK(be->ops->kv_block_read(be, arena, 6, raw) == 0);
+        CHECK_MSG(memcmp(before, raw, ab) == 0, "%s: a folded write left its block",
+                  dp_kv_type_name(type));
+        uint8_t *folded = malloc(vb);
+        CHECK(be->ops->kv_block_read(be, view, 7, folded) == 0);
+        CHECK(memcmp(folded, back, vb / NL) == 0); /* layer 0 of block 7: unchanged */
+        for (int kv = 0; kv < 2; kv++)
+            for (int h = 0; h < NKV; h++)
+                for (int j = 0; j < 4; j++) {
+                    float row[HD];
+                    uint8_t want[HD / 32 * 34];
+                    const float *x = kv ? V[0][fkeep[h * 4 + j]] : K[0][fkeep[h * 4 + j]];
+                    for (int e = 0; e < HD; e++)
+                        row[e] = dp_fp16_to_f32(dp_f32_to_fp16(x[h * HD + e]));
+                    CHECK(quant_quantize_row(qt, row, want, HD) == 0);
+                    const uint8_t *got = folded + vb / NL + (size_t)kv * vb / NL / 2 +
+                                         ((size_t)h * vbt + j) * rb;
+                    CHECK_MSG(memcmp(got, want, rb) == 0, "%s folded head %d row %d %s",
+                              dp_kv_type_name(type), h, j, kv ? "V" : "K");
+                }
+        free(folded);
+        be->ops->kv_destroy(be, fold);
         free(keep);
         free(raw);
         free(before);

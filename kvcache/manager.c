@@ -881,7 +881,7 @@ static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t 
         const dp_kv_parked *p = &m->parked[i];
         const int32_t lim = p->n < n - 1 ? p->n : n - 1;
         if (lim < p->kv.mig_pos || !same_settings(&p->kv.copts, &kv->copts) ||
-            p->kv.exempt != kv->exempt)
+            (m->n_exempt > 0 && p->kv.exempt != kv->exempt))
             continue;
         int32_t c = 0;
         while (c < lim && p->tokens[c] == tokens[c])
@@ -1075,9 +1075,16 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * included); only when memory binds does it migrate, for the room.
      * Decided before the prefix match (nothing of it counted as cached), so
      * that a whole turn takes its last window from the cache too; decided
-     * again after it, with its cached blocks. */
+     * again after it, with its cached blocks. Where finished turns park
+     * (resume_turns), only while nothing else runs: under load a turn
+     * whose parked cache is gone is compressed and parks again, where
+     * whole it would hold its whole history, in the prefill type, while
+     * the others' turns wait (measured in docs/dualpath.md: a 20-turn run
+     * at 64 MiB fell to one sequence running whole beside seven waiting). */
+    const bool may_whole = kv->whole_if_room && kv->dual && m->shared &&
+                           (!busy || m->max_parked == 0);
     bool went_whole = false;
-    if (kv->whole_if_room && kv->dual && m->shared && kv->table.n_blocks == 0 &&
+    if (may_whole && kv->table.n_blocks == 0 &&
         whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
         kv->dual = false;
         went_whole = true;
@@ -1116,7 +1123,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
             kv->dshare = share + 1;
         }
     }
-    if (kv->whole_if_room && kv->dual && m->shared && whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
+    if (may_whole && kv->dual && whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
         kv->dual = false;
         went_whole = true;
         leave_share(m, kv);

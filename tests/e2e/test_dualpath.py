@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import Daemon, metrics, parallel, request
+from conftest import BIN, MODEL, Daemon, metrics, parallel, request
 
 SCORERS = ("knorm", "knorm_high", "snapkv", "recent", "random")
 
@@ -229,6 +229,9 @@ BAD = [
     ({"keep_prefix": -1}, "dualpath.keep_prefix"),
     ({"keep_prefix": 1.5}, "dualpath.keep_prefix"),
     ({"keep_prefix": "16"}, "dualpath.keep_prefix"),
+    ({"exempt_layers": -1}, "dualpath.exempt_layers"),
+    ({"exempt_layers": 1.5}, "dualpath.exempt_layers"),
+    ({"exempt_layers": "2"}, "dualpath.exempt_layers"),
 ]
 
 
@@ -624,3 +627,45 @@ def test_early_switch_scores_with_snapkv():
                 assert v == m0[k], k
     finally:
         assert d.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def exempt_daemon():
+    d = Daemon(["--exempt-layers", "2"], log_name="dualpathd-exempt")
+    yield d
+    assert d.stop() == 0
+
+
+def test_exempt_layers_counted_and_refusable(exempt_daemon, server):
+    """With exempt_layers = 2 a request's usage.dualpath.kv_bytes holds every
+    prompt token of its two exempt layers beside the kept ones: 16 f16 tokens'
+    bytes hold 30 q8_0 tokens, 15 exempt blocks of 2 of the 30 layers, so an
+    exempt token costs 16 / (30 x 15) of an f16 one. A request may ask for
+    none (the same kept tokens, without those bytes), not for another count;
+    the gauge reads zero once nothing runs."""
+    base = exempt_daemon.url
+    body = {"prompt": LONG_PROMPT, "max_tokens": 4, "temperature": 0}
+    o = complete(body, base=base)
+    n = o["usage"]["prompt_tokens"]
+    d = o["usage"]["dualpath"]
+    z = complete({**body, "dualpath": {"exempt_layers": 0}}, base=base)["usage"]["dualpath"]
+    assert z["tokens_kept"] == d["tokens_kept"] and z["kv_bytes_full"] == d["kv_bytes_full"]
+    per_f16 = d["kv_bytes_full"] / n
+    assert abs(d["kv_bytes"] - z["kv_bytes"] - n * per_f16 * 16 / (30 * 15)) <= 1, (d, z, n)
+    same = complete({**body, "dualpath": {"exempt_layers": 2}}, base=base)["usage"]["dualpath"]
+    assert same == d
+    st, e = post("/v1/completions", {**body, "dualpath": {"exempt_layers": 3}}, base=base)
+    assert st == 400 and "exempt_layers" in e["error"]["message"], e
+    # The shared daemon has none: only 0 is accepted there.
+    st, e = post("/v1/completions", {**body, "dualpath": {"exempt_layers": 2}}, base=server)
+    assert st == 400 and "exempt_layers" in e["error"]["message"], e
+    assert complete({**body, "dualpath": {"exempt_layers": 0}}, base=server)
+    m = metrics(base)
+    assert m["dualpath_exempt_blocks"] == 0
+
+
+def test_exempt_layers_beyond_the_model_refused_at_start():
+    r = subprocess.run([BIN, "--config", "", "--model", MODEL, "--listen", "127.0.0.1:0",
+                        "--exempt-layers", "31"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "exempt_layers 31 exceeds the model's 30 layers" in r.stderr, r.stderr

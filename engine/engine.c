@@ -1215,7 +1215,7 @@ static void run_step(dp_engine *e)
                 e->x_store[i] = e->b_store[i];
             }
             for (int32_t k = nx; k < x_max; k++)
-                xr[k] = 0;
+                xr[k] = -1; /* never addressed: llama.c's check refuses a step that would */
         }
     }
     memcpy(e->b_out + no, e->sc_out, (size_t)ns * sizeof *e->sc_out);

@@ -101,9 +101,9 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
     dp_kv_layout xl = *dl;
     xl.n_layers = n;
     m->xfold = dl->n_layers / n;
-    xl.n_blocks = n_dblocks * m->xfold;
     if ((int64_t)n_dblocks * m->xfold > INT32_MAX)
         return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");
+    xl.n_blocks = n_dblocks * m->xfold;
     int rc = be->ops->kv_view(be, m->store, &xl, &m->xstore);
     if (rc)
         return dp_err(err, errsz, rc, "engine: cannot view the KV arena as %d exempt layers",
@@ -672,8 +672,8 @@ static int table_room(dp_block_table *t, int32_t n)
 }
 
 /* Brings a cache swap_out_seq saved back, bit for bit, into new blocks;
- * then its compact table covers n_slots and its exempt table x_n + 1 where
- * blocks are free (else growth takes them later). */
+ * then (n_slots > 0) its compact table covers n_slots and its exempt table
+ * x_n + 1, from blocks the caller made room for. */
 static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
 {
     const int32_t nx = kv->swapped_x;
@@ -697,8 +697,13 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
     kv->xtable.n_blocks = nx;
     kv->swapped_x = 0;
     free(both.blocks);
-    (void)kv_table_reserve_bt(&kv->table, m->dpool, n_slots, m->dbt);
-    (void)kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1, m->xbt);
+    if (n_slots > 0) {
+        /* (Room made by the caller: cannot fail. Were it to, the next
+         * step's growth asks again.) */
+        if (kv_table_reserve_bt(&kv->table, m->dpool, n_slots, m->dbt) ||
+            kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1, m->xbt))
+            dp_log(DP_LOG_DEBUG, "kvcache: a swapped-in cache found no block for its next token");
+    }
     return 0;
 }
 
@@ -1194,9 +1199,28 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     const int64_t slots = (int64_t)kv->n_slots + n;
     if (kv->path == DP_PATH_DECODE) {
-        int rc = decode_reserve(m, kv, &kv->table, slots, NULL);
-        if (rc == 0 && kv_seq_has_x(kv))
-            rc = x_reserve(m, kv, &kv->xtable, (int64_t)kv->x_n + n, NULL);
+        /* Both tables or neither: a compact table grown alone would hold
+         * blocks no need counts (a later swap-in would not make room for
+         * them). */
+        const bool x = kv_seq_has_x(kv);
+        int32_t need = dblocks_for(m, slots) - kv->table.n_blocks, from_promise;
+        if (need < 0)
+            need = 0;
+        if (x && xblocks_for(m, kv, (int64_t)kv->x_n + n) > kv->xtable.n_blocks)
+            need += xblocks_for(m, kv, (int64_t)kv->x_n + n) - kv->xtable.n_blocks;
+        if (need > 0 && !decode_room(m, kv, need, &from_promise) &&
+            !park_reclaim(m, need - from_promise))
+            return DP_ENOSPC;
+        const int32_t had = kv->table.n_blocks;
+        int32_t took;
+        int rc = decode_reserve(m, kv, &kv->table, slots, &took);
+        if (rc == 0 && x && (rc = x_reserve(m, kv, &kv->xtable, (int64_t)kv->x_n + n, NULL))) {
+            for (int32_t b = had; b < kv->table.n_blocks; b++)
+                kv_pool_unref(m->dpool, kv->table.blocks[b]);
+            kv->table.n_blocks = had;
+            kv->decode_reserve += took;
+            m->decode_reserved += took;
+        }
         return rc;
     }
     /* In a shared arena the blocks promised to decode paths are not free. */
@@ -1284,10 +1308,11 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
      * frees, and they must cover its new table (some may be held by a
      * kept share others still use). */
     leave_kept(m, kv);
-    int32_t frees = 0;
+    kv->ref_blocks = nb; /* (a kept share's blocks are its own now) */
+    int32_t frees = 0, own;
     for (int32_t b = nb; b < kv->table.n_blocks; b++)
         frees += m->dpool->refcnt[kv->table.blocks[b]] == 1;
-    if (kv_pool_n_free(m->dpool) + frees < nblk)
+    if (nblk > frees && !decode_room(m, kv, nblk - frees, &own))
         return DP_ENOSPC; /* it decodes over its budget until there is room */
     int rc = scratch_reserve(m, nblk);
     int32_t *ids = rc ? NULL : malloc((size_t)nblk * sizeof *ids);
@@ -1462,6 +1487,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         /* Its exempt layers keep every slot of the prompt. */
         kv_table_init(&xt[k]);
         xrow[k] = NULL;
+        xtook[k] = 0;
         if (src == DP_PATH_PREFILL &&
             ((rc = x_reserve(m, kv, &xt[k], kv->n_slots, &xtook[k])) != 0 ||
              (xt[k].n_blocks > 0 &&
@@ -1555,12 +1581,19 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             kv->mig_pos = kv->n_slots;
             kv->mig_keep = g->n_keep;
             kv->exact_from = kv->mig_pos - kv->copts.window;
-            if (kv->early_at > 0 && g->n_keep < kv->n_slots && kv->decode_reserve > 1) {
+            if (kv->early_at > 0 && g->n_keep < kv->n_slots) {
                 /* Planned to switch early, compacted at its prompt's end
                  * instead: the promise for its whole prompt on the decode
-                 * path is one block again, as any migration's. */
-                m->decode_reserved -= kv->decode_reserve - 1;
-                kv->decode_reserve = 1;
+                 * path is one block again, as any migration's (and its
+                 * exempt table's next block). */
+                int32_t want = 1 + xblocks_for(m, kv, (int64_t)kv->n_slots + m->dbt) -
+                               kv->xtable.n_blocks;
+                if (want < 1)
+                    want = 1;
+                if (kv->decode_reserve > want) {
+                    m->decode_reserved -= kv->decode_reserve - want;
+                    kv->decode_reserve = want;
+                }
             }
             if (g->n_keep < kv->n_slots)
                 kv->early_at = 0;
@@ -1676,10 +1709,12 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     if (!kv->swapped.buf)
         return DP_EINVAL;
     int64_t slots = (int64_t)kv->n_slots + 1;
-    int32_t need = dblocks_for(m, slots);
-    if (kv->swapped_x) {
+    /* What the copy holds, or what the next token needs where that is more. */
+    const int32_t nx = kv->swapped_x, nc = kv->swapped.n_blocks - nx;
+    int32_t need = dblocks_for(m, slots) > nc ? dblocks_for(m, slots) : nc;
+    if (nx) {
         const int32_t x = xblocks_for(m, kv, (int64_t)kv->x_n + 1);
-        need += x > kv->swapped_x ? x : kv->swapped_x;
+        need += x > nx ? x : nx;
     }
     int32_t wm = busy ? kv_mgr_watermark(m) : 0;
     if (!park_reclaim(m, need + wm))

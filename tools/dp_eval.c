@@ -52,6 +52,7 @@ typedef struct opts {
     int n_budgets;
     float keep;          /* --budget: the keep ratio of the prompt's migration */
     int32_t exempt;      /* --grid: exempt layers (the first layers keep every token) */
+    int32_t early;       /* --grid: also the early switch at this many prompt tokens (0: no) */
 } opts;
 
 typedef struct acc {
@@ -1010,6 +1011,7 @@ typedef struct grid_cell {
 
 typedef struct grid_result {
     grid_cell c[DP_KV_TYPE_COUNT][MAX_RATIOS];
+    grid_cell ce[DP_KV_TYPE_COUNT][MAX_RATIOS]; /* --early: switched early (teacher-forced only) */
     int noise_ident;        /* the whole cache, each prompt alone vs all in one batch */
     double noise_prefix;
     acc full[8];
@@ -1043,6 +1045,65 @@ static void grid_bytes(ev *e, grid_result *g)
     }
 }
 
+/* The early switch as the engine runs it (engine.c, DP_COMPACT_EARLY then
+ * DP_COMPACT_PROMPT_END): the prompt's first o->early tokens, whole on the
+ * prefill path in store a, move whole into the decode type (store b, the
+ * same kv_migrate keeping every slot); the rest of the prompt is computed
+ * there, over them, its last queries captured; the prompt's end compacts
+ * the decode path to co's keep ratio (b into b2, SnapKV over those
+ * queries), and the continuation is teacher-forced over it. The logits
+ * land in e->logits. */
+static int early_switch_tf(ev *e, dp_kv_store *a, dp_kv_store *b, dp_kv_store *b2,
+                           const int32_t *table, int32_t nb, const int32_t *prompt, int32_t P,
+                           int32_t n_cap, const dp_compress_opts *co, const int32_t *cont,
+                           int32_t C)
+{
+    const int32_t S = e->o->early;
+    dp_compress_opts all = *co;
+    all.keep_ratio = 1.0f;
+    dp_kv_move mv = {.co = &all, .src = table, .n_src_blocks = (S + BT - 1) / BT, .n_slots = S,
+                     .dst = table, .n_dst_blocks = nb, .n_keep = S};
+    int rc = kv_migrate(&e->mig, a, b, &mv, 1);
+    dp_kv_store *st[DP_KV_MAX_STORES] = {a, b, NULL};
+    /* The rest of the prompt on the decode path, in chunks as prefill() cuts
+     * them; the last one's last n_cap queries captured. */
+    static const uint8_t si = 1;
+    for (int32_t done = S; rc == 0 && done < P;) {
+        int32_t len = P - done < CHUNK ? P - done : CHUNK;
+        const bool last = done + len == P;
+        const int32_t cap = last ? (n_cap < len ? n_cap : len) : 0;
+        for (int32_t i = 0; i < len; i++) {
+            e->bt_tokens[i] = prompt[done + i];
+            e->bt_pos[i] = e->bt_slot[i] = done + i;
+            e->bt_seq[i] = 0;
+        }
+        for (int32_t i = 0; i < cap; i++)
+            e->bt_cap[i] = len - cap + i;
+        dp_batch bb = {.n_tokens = len, .tokens = e->bt_tokens, .pos = e->bt_pos,
+                       .seq = e->bt_seq, .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si,
+                       .block_tables = table, .max_blocks = nb, .n_out = 0,
+                       .out_tokens = e->bt_out, .n_capture = cap, .capture_tokens = e->bt_cap};
+        rc = llama_forward(e->m, &bb, st, e->logits);
+        if (rc == 0 && cap > 0)
+            rc = e->be->ops->download(e->be, e->q_host, llama_captured_queries(e->m),
+                                      (size_t)e->hp->n_layers * (size_t)cap * (size_t)e->qd *
+                                          sizeof(float));
+        done += len;
+    }
+    if (rc == 0)
+        rc = queries_to_backend(e, n_cap);
+    const int32_t n_keep = compress_n_keep(co, P);
+    dp_kv_move end = {.co = co, .src = table, .n_src_blocks = (P + BT - 1) / BT, .n_slots = P,
+                      .dst = table, .n_dst_blocks = nb, .n_keep = n_keep, .q = e->q_dev,
+                      .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap};
+    if (rc == 0)
+        rc = kv_migrate(&e->mig, b, b2, &end, 1);
+    dp_kv_store *st2[DP_KV_MAX_STORES] = {a, b2, NULL};
+    if (rc == 0)
+        rc = teacher_force(e, st2, 1, table, nb, n_keep, P, cont, C);
+    return rc;
+}
+
 static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_result *g)
 {
     const opts *o = e->o;
@@ -1052,7 +1113,8 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     int32_t nb = (P + C + BT - 1) / BT;
     dp_kv_layout la = llama_kv_layout(e->m, BT, nb);
     la.type = o->kv_type;
-    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL}, *x[DP_KV_TYPE_COUNT] = {NULL};
+    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL}, *x[DP_KV_TYPE_COUNT] = {NULL},
+                *b2[DP_KV_TYPE_COUNT] = {NULL};
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
@@ -1065,7 +1127,8 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     for (int t = 0; t < o->n_dtypes; t++) {
         dp_kv_layout lb = la;
         lb.type = o->dtypes[t];
-        if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])) || (rc = exempt_store(e, &lb, &x[t])))
+        if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])) || (rc = exempt_store(e, &lb, &x[t])) ||
+            (o->early > 0 && (rc = e->be->ops->kv_create(e->be, &lb, &b2[t]))))
             goto out;
     }
     for (int32_t i = 0; i < nb; i++)
@@ -1096,6 +1159,13 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                     (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
                     goto out;
                 acc_add(&g->c[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
+                if (o->early > 0 && o->early < P) {
+                    if ((rc = early_switch_tf(e, a, b[t], b2[t], table, nb, cont - P, P, n_cap, &co,
+                                              cont, C)))
+                        goto out;
+                    g->ce[t][ri].n_keep[pi] = n_keep;
+                    acc_add(&g->ce[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
+                }
             }
         fprintf(stderr, "dp-eval: grid: P=%d window %d/%d done\n", P, w + 1, o->windows);
     }
@@ -1108,6 +1178,8 @@ out:
             e->be->ops->kv_destroy(e->be, b[t]);
         if (x[t])
             e->be->ops->kv_destroy(e->be, x[t]);
+        if (b2[t])
+            e->be->ops->kv_destroy(e->be, b2[t]);
     }
     free(table);
     free(ref_logits);
@@ -1423,6 +1495,21 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                 sb_printf(s, " %d/%d |", c->pk_hits[li], o->depths);
             sb_printf(s, "\n");
         }
+    if (o->early > 0) /* the early switch: teacher-forced columns only */
+        for (int t = 0; t < o->n_dtypes; t++)
+            for (int ri = 0; ri < o->n_ratios; ri++) {
+                const grid_cell *c = &g->ce[t][ri];
+                double kept = (double)c->n_keep[0] / o->prefill[0];
+                sb_printf(s, "| %s, switched at %d | %.1f | %.3f |", dp_kv_type_name(o->dtypes[t]),
+                          o->early, o->ratios[ri], kept * g->bytes[t]);
+                for (int pi = 0; pi < o->n_prefill; pi++)
+                    sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
+                if (o->chat > 0)
+                    sb_printf(s, " - |");
+                for (int li = 0; li < o->n_passkey; li++)
+                    sb_printf(s, " - |");
+                sb_printf(s, "\n");
+            }
     sb_printf(s, "\n");
 }
 
@@ -1693,7 +1780,7 @@ static void usage(void)
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
             "               [--grid [--decode-kv-types f16,q8_0,q4_0] [--scorer snapkv]\n"
-            "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N]]\n"
+            "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]]\n"
             "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
             "               [--markdown FILE [--tag NAME]]\n");
 }
@@ -1775,6 +1862,8 @@ int main(int argc, char **argv)
             bad = !((o.keep = (float)atof(v)) > 0 && o.keep <= 1);
         else if (!strcmp(a, "--exempt"))
             bad = (o.exempt = atoi(v)) < 0;
+        else if (!strcmp(a, "--early"))
+            bad = (o.early = atoi(v)) < 0;
         else if (!strcmp(a, "--cont"))
             bad = (o.cont = atoi(v)) < 1;
         else if (!strcmp(a, "--offset"))

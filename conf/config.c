@@ -184,7 +184,7 @@ static const opt_desc options[] = {
      "the decode path keeps every token in the first N layers (in the decode KV type) [kvcache]"},
     {"compress_turns", DP_CONF_ENUM, F(compress_turns), "auto", 0, 0, turn_modes, NULL, 0,
      GROUP_DUALPATH, NULL,
-     "chat turns after an earlier reply: auto = compressed when memory binds [kvcache]"},
+     "chat turns after an earlier reply: auto = compressed when memory binds or others run [kvcache]"},
 };
 
 #define N_OPTIONS (sizeof options / sizeof options[0])

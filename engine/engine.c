@@ -294,8 +294,9 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
  * the next turn either way, so a compact copy beside it adds memory rather
  * than freeing any, and its reply must be copied back; it pays only when
  * memory binds, for the room it makes. Under auto it runs whole while the
- * arena holds it whole (kvcache/manager.h, whole_if_room); never: always
- * whole. Measured in docs/dualpath.md (multi-turn sessions). */
+ * arena holds it whole (kvcache/manager.h, whole_if_room; with parked turns
+ * only while nothing else runs); never: always whole. Measured in
+ * docs/dualpath.md (multi-turn sessions). */
 static bool runs_dual(const dp_engine *e, const dp_request_params *p)
 {
     if (p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT &&

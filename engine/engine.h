@@ -60,8 +60,8 @@ typedef struct dp_engine_opts {
 #define ENGINE_DECODE_KV_AUTO (-2)
 /* compress_turns: a chat turn after an earlier reply (its prompt, whole in
  * the prefix cache, is what the next turn asks for) is compressed only when
- * the arena cannot hold it whole beside the others (auto), always, or
- * never. */
+ * the arena cannot hold it whole beside the others, or, with parked turns,
+ * when others run (auto), always, or never. */
 enum { ENGINE_TURNS_AUTO = 0, ENGINE_TURNS_ALWAYS = 1, ENGINE_TURNS_NEVER = 2 };
 /* Parked turns at most (each holds a decode block at least; the oldest go
  * first when memory is short, or when a newer one needs the place). */

@@ -768,7 +768,7 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
     const int32_t all = es->tokens_kept + es->tokens_evicted;
     const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
     es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + xtok + 0.5);
-    es->kv_bytes_full = (int64_t)((double)(es->tokens_kept + es->tokens_evicted) * pper + 0.5);
+    es->kv_bytes_full = (int64_t)((double)all * pper + 0.5);
 }
 
 /* Whether another live sequence with the same prompt is still on the
@@ -994,24 +994,24 @@ static void recompress_over_budget(dp_engine *e)
 
 /* ---- one step ------------------------------------------------------------- */
 
+/* *a grown to hold n entries (*cap: what it holds). */
+static int grow_i32(int32_t **a, size_t *cap, size_t n)
+{
+    if (n <= *cap)
+        return 0;
+    int32_t *t = realloc(*a, n * sizeof *t);
+    if (!t)
+        return DP_ENOMEM;
+    *a = t;
+    *cap = n;
+    return 0;
+}
+
 /* Room for a step's block tables: n entries, and nx of exempt tables. */
 static int ensure_tables(dp_engine *e, size_t n, size_t nx)
 {
-    if (n > e->b_tables_cap) {
-        int32_t *t = realloc(e->b_tables, n * sizeof *t);
-        if (!t)
-            return DP_ENOMEM;
-        e->b_tables = t;
-        e->b_tables_cap = n;
-    }
-    if (nx > e->x_tables_cap) {
-        int32_t *t = realloc(e->x_tables, nx * sizeof *t);
-        if (!t)
-            return DP_ENOMEM;
-        e->x_tables = t;
-        e->x_tables_cap = nx;
-    }
-    return 0;
+    return grow_i32(&e->b_tables, &e->b_tables_cap, n) ? DP_ENOMEM
+                                                        : grow_i32(&e->x_tables, &e->x_tables_cap, nx);
 }
 
 static void fail_all(dp_engine *e, const char *why)

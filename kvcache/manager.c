@@ -643,12 +643,13 @@ static int swap_out_seq(dp_kv_mgr *m, dp_kv_seq *kv)
     const int32_t nx = kv->xtable.n_blocks;
     if (nx == 0)
         return kv_swap_out(&m->swap, &kv->table, &kv->swapped);
-    dp_block_table both = {malloc((size_t)seq_dblocks(kv) * sizeof(int32_t)), seq_dblocks(kv),
-                           seq_dblocks(kv)};
-    if (!both.blocks)
+    dp_block_table both;
+    kv_table_init(&both);
+    if (kv_table_room(&both, seq_dblocks(kv)))
         return DP_ENOMEM;
     memcpy(both.blocks, kv->table.blocks, (size_t)kv->table.n_blocks * sizeof(int32_t));
     memcpy(both.blocks + kv->table.n_blocks, kv->xtable.blocks, (size_t)nx * sizeof(int32_t));
+    both.n_blocks = seq_dblocks(kv);
     int rc = kv_swap_out(&m->swap, &both, &kv->swapped);
     if (rc == 0) { /* both's release returned every block */
         kv->table.n_blocks = kv->xtable.n_blocks = 0;
@@ -656,19 +657,6 @@ static int swap_out_seq(dp_kv_mgr *m, dp_kv_seq *kv)
     }
     free(both.blocks);
     return rc;
-}
-
-/* Grows t's array to hold n blocks (no blocks taken). */
-static int table_room(dp_block_table *t, int32_t n)
-{
-    if (n <= t->cap)
-        return 0;
-    int32_t *b = realloc(t->blocks, (size_t)n * sizeof *b);
-    if (!b)
-        return DP_ENOMEM;
-    t->blocks = b;
-    t->cap = n;
-    return 0;
 }
 
 /* Brings a cache swap_out_seq saved back, bit for bit, into new blocks;
@@ -682,9 +670,9 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
     const int32_t nc = kv->swapped.n_blocks - nx;
     dp_block_table both;
     kv_table_init(&both);
-    int rc = table_room(&kv->table, nc);
+    int rc = kv_table_room(&kv->table, nc);
     if (rc == 0)
-        rc = table_room(&kv->xtable, nx);
+        rc = kv_table_room(&kv->xtable, nx);
     if (rc == 0)
         rc = kv_swap_in(&m->swap, &kv->swapped, &both, 0);
     if (rc) {

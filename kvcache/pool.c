@@ -140,8 +140,7 @@ int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens)
     return kv_table_reserve_bt(t, p, n_tokens, p->block_tokens);
 }
 
-/* Room for need entries in t (doubling). */
-static int table_room(dp_block_table *t, int32_t need)
+int kv_table_room(dp_block_table *t, int32_t need)
 {
     if (need <= t->cap)
         return 0;
@@ -163,7 +162,7 @@ int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int3
         return 0;
     if (need - t->n_blocks > p->n_free)
         return DP_ENOSPC;
-    if (table_room(t, need))
+    if (kv_table_room(t, need))
         return DP_ENOMEM;
     while (t->n_blocks < need) {
         int rc = kv_pool_alloc(p, &t->blocks[t->n_blocks]);
@@ -176,7 +175,7 @@ int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int3
 
 int kv_table_push(dp_block_table *t, dp_kv_pool *p, int32_t block)
 {
-    if (table_room(t, t->n_blocks + 1))
+    if (kv_table_room(t, t->n_blocks + 1))
         return DP_ENOMEM;
     kv_pool_ref(p, block);
     t->blocks[t->n_blocks++] = block;

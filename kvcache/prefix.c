@@ -88,19 +88,6 @@ void prefix_register(dp_prefix_cache *pc, int32_t block, uint64_t hash, const in
     u64map_put(&pc->map, hash, block);
 }
 
-static int grow_table(dp_block_table *t)
-{
-    if (t->n_blocks < t->cap)
-        return 0;
-    int32_t cap = t->cap ? t->cap * 2 : 8;
-    int32_t *b = realloc(t->blocks, (size_t)cap * sizeof *b);
-    if (!b)
-        return DP_ENOMEM;
-    t->blocks = b;
-    t->cap = cap;
-    return 0;
-}
-
 int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tokens,
                      dp_block_table *t, int32_t *from_host, uint64_t *last_hash)
 {
@@ -112,7 +99,7 @@ int32_t prefix_match(dp_prefix_cache *pc, const int32_t *tokens, int32_t max_tok
         const int32_t *want = tokens + (size_t)b * bt;
         const size_t wbytes = (size_t)bt * sizeof *want;
         uint64_t nh = prefix_chain(pc, h, want, bt);
-        if (grow_table(t))
+        if (kv_table_room(t, t->n_blocks + 1))
             break;
         int32_t blk = u64map_get(&pc->map, nh);
         if (blk >= 0) {

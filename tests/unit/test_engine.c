@@ -1478,6 +1478,30 @@ static void conv_turn(dp_engine *e, int32_t *conv, int32_t *n_conv, int32_t max_
         conv[(*n_conv)++] = res->toks[i];
 }
 
+/* One conversation on an engine with options o (256 blocks, 8 sequences):
+ * a first prompt of `first` tokens, then `more` new tokens a turn, each
+ * turn resending the whole conversation with its gen-token replies;
+ * res[turn], and the engine's stats once it is idle. */
+static void run_conversation(world *w, const dp_engine_opts *o, int n_turns, int32_t first,
+                             int32_t more, int32_t gen, uint64_t seed, result *res,
+                             dp_engine_stats *st)
+{
+    next_opts = *o;
+    next_opts_set = true;
+    dp_engine *e = start(w, 256, 8);
+    next_opts_set = false;
+    static int32_t conv[2048];
+    int32_t n_conv = 0;
+    uint64_t x = seed;
+    for (int turn = 0; turn < n_turns; turn++) {
+        conv_add_text(w, conv, &n_conv, turn == 0 ? first : more, &x);
+        conv_turn(e, conv, &n_conv, gen, &res[turn]);
+    }
+    check_idle(e);
+    engine_get_stats(e, st);
+    engine_destroy(e);
+}
+
 static void check_same_turns(const result *a, const result *b, int n_turns, const char *what)
 {
     for (int turn = 0; turn < n_turns; turn++)
@@ -1565,20 +1589,7 @@ static void test_reply_reuse(world *w)
         o.compress.window = 16;
         o.reuse_replies = mode == 0;
         o.resume_turns = false; /* the reply through the prefix cache */
-        next_opts = o;
-        next_opts_set = true;
-        dp_engine *e = start(w, 256, 8);
-        next_opts_set = false;
-        static int32_t conv[2048];
-        int32_t n_conv = 0;
-        uint64_t x = 7;
-        for (int turn = 0; turn < 5; turn++) {
-            conv_add_text(w, conv, &n_conv, turn == 0 ? 40 : 16, &x);
-            conv_turn(e, conv, &n_conv, 24, &res[mode][turn]);
-        }
-        check_idle(e);
-        engine_get_stats(e, &st[mode]);
-        engine_destroy(e);
+        run_conversation(w, &o, 5, 40, 16, 24, 7, res[mode], &st[mode]);
     }
     check_same_turns(res[0], res[1], 5, "with the reply reused");
     CHECK(st[0].reply_blocks_kept >= 4);
@@ -1613,21 +1624,9 @@ static void test_resume_turns(world *w)
         o.decode_kv_type = ENGINE_DECODE_KV_SAME;
         o.resume_turns = mode != 1;
         o.reuse_replies = false; /* mode 1: every turn computed from its tokens */
-        next_opts = o;
-        next_opts_set = true;
-        dp_engine *e = start(w, 256, 8);
-        next_opts_set = false;
-        static int32_t conv[2048];
-        int32_t n_conv = 0;
-        uint64_t x = 11;
-        for (int turn = 0; turn < TURNS; turn++) {
-            conv_add_text(w, conv, &n_conv, turn == 0 ? FIRST : NEW, &x);
-            conv_turn(e, conv, &n_conv, GEN, &res[mode][turn]);
+        run_conversation(w, &o, TURNS, FIRST, NEW, GEN, 11, res[mode], &st[mode]);
+        for (int turn = 0; turn < TURNS; turn++)
             CHECK_EQ_INT(res[mode][turn].n, GEN);
-        }
-        check_idle(e);
-        engine_get_stats(e, &st[mode]);
-        engine_destroy(e);
     }
     check_same_turns(res[0], res[1], TURNS, "when continued from the parked turn");
     for (int mode = 0; mode < 3; mode += 2) {
@@ -1856,20 +1855,7 @@ static void test_exempt_layers(world *w)
         dp_engine_opts co = o;
         co.dualpath = mode == 1;
         co.reuse_replies = false;
-        next_opts = co;
-        next_opts_set = true;
-        dp_engine *e = start(w, 256, 8);
-        next_opts_set = false;
-        static int32_t conv[2048];
-        int32_t n_conv = 0;
-        uint64_t x = 17;
-        for (int turn = 0; turn < TURNS; turn++) {
-            conv_add_text(w, conv, &n_conv, turn == 0 ? FIRST : NEW, &x);
-            conv_turn(e, conv, &n_conv, GEN, mode ? &conv_on[turn] : &conv_off[turn]);
-        }
-        check_idle(e);
-        engine_get_stats(e, &cst[mode]);
-        engine_destroy(e);
+        run_conversation(w, &co, TURNS, FIRST, NEW, GEN, 17, mode ? conv_on : conv_off, &cst[mode]);
     }
     CHECK_EQ_INT(cst[1].turns_resumed, TURNS - 1);
     CHECK(cst[1].tokens_evicted > 0);

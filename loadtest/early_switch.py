@@ -38,65 +38,15 @@ usage: loadtest/early_switch.py [--bin B] [--model M] [--prompts N] [--gen N]
        [--conc-kv-mib N] [--out FILE]
 """
 import argparse
-import json
 import os
 import random
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
+
+from dp_daemon import Daemon
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, binary, model, extra, log):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([binary, "--config", "", "--model", model, "--listen",
-                                      f"127.0.0.1:{self.port}", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 600  # a hang, not a verdict
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit(f"early_switch: the daemon exited; see {log}")
-            if time.time() > deadline:
-                self.proc.kill()
-                sys.exit(f"early_switch: the daemon never became healthy; see {log}")
-            try:
-                if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-
-    def post(self, path, body):
-        req = urllib.request.Request(self.url + path, json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-
-    def metrics(self):
-        out = {}
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line and not line.startswith("#"):
-                    k, v = line.rsplit(" ", 1)
-                    out[k] = float(v)
-        return out
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait(timeout=60)
-        self.log.close()
 
 
 def used_blocks(m):

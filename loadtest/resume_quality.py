@@ -22,14 +22,10 @@ usage: loadtest/resume_quality.py [--bin B] [--model M] [--conversations N]
        [--turns N] [--gen N] [--out FILE]
 """
 import argparse
-import json
 import os
 import random
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
+
+from dp_daemon import Daemon
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -41,52 +37,6 @@ FOLLOW = ["Who is the main character?", "What happens next?", "Where does the st
           "How does it end?", "Give the story a title.", "What did they learn?",
           "Describe the weather in the story.", "Which moment is the saddest?",
           "Tell it again in one sentence.", "What would you change?"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Daemon:
-    def __init__(self, binary, model, extra, log):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(log, "w")
-        self.proc = subprocess.Popen([binary, "--config", "", "--model", model, "--listen",
-                                      f"127.0.0.1:{self.port}", *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 600  # a hang, not a verdict
-        while True:
-            if self.proc.poll() is not None:
-                sys.exit(f"resume_quality: the daemon exited; see {log}")
-            if time.time() > deadline:
-                self.proc.kill()
-                sys.exit(f"resume_quality: the daemon never became healthy; see {log}")
-            try:
-                if urllib.request.urlopen(self.url + "/health", timeout=2).status == 200:
-                    return
-            except OSError:
-                time.sleep(0.2)
-
-    def stop(self):
-        self.proc.terminate()
-        self.proc.wait()
-        self.log.close()
-
-    def post(self, path, body):
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())
-
-    def metric(self, name):
-        with urllib.request.urlopen(self.url + "/metrics", timeout=30) as r:
-            for line in r.read().decode().splitlines():
-                if line.startswith(name + " "):
-                    return float(line.split()[1])
-        return 0.0
 
 
 def conversations(n, turns, seed=7):

@@ -257,14 +257,16 @@ static const char *quotable(const char *s)
 }
 
 /* "dualpath": {"enabled", "keep_ratio", "scorer", "keep_system",
- * "keep_prefix", "exempt_layers"}: the per-request override of the server's
- * dual-path defaults; every member is optional. */
+ * "keep_prefix", "exempt_layers", "decode_kv_type"}: the per-request
+ * override of the server's dual-path defaults; every member is optional. */
 #define DUALPATH_MEMBERS                                                                   \
-    "'enabled', 'keep_ratio', 'scorer', 'keep_system', 'keep_prefix' and 'exempt_layers'"
+    "'enabled', 'keep_ratio', 'scorer', 'keep_system', 'keep_prefix', 'exempt_layers' and " \
+    "'decode_kv_type'"
 static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
 {
-    static const char *const members[] = {"enabled", "keep_ratio", "scorer", "keep_system",
-                                          "keep_prefix", "exempt_layers"};
+    static const char *const members[] = {"enabled",     "keep_ratio",    "scorer",
+                                          "keep_system", "keep_prefix",   "exempt_layers",
+                                          "decode_kv_type"};
     dp_request_params *p = &r->params;
     cJSON *d = field(root, "dualpath");
     if (!d)
@@ -307,6 +309,20 @@ static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
             return api_err_invalid(e, "dualpath.exempt_layers",
                                    "'dualpath.exempt_layers' must be a whole number of layers >= 0");
         p->exempt = (int16_t)(ex->valuedouble + 1);
+    }
+    /* The KV types' names (llama.cpp's); the engine checks that the server
+     * keeps it. */
+    cJSON *kt = field(d, "decode_kv_type");
+    if (kt) {
+        int t = -1;
+        for (int i = 0; cJSON_IsString(kt) && i < DP_KV_TYPE_COUNT; i++)
+            if (!strcmp(kt->valuestring, dp_kv_type_name(i)))
+                t = i;
+        if (t < 0)
+            return api_err_invalid(e, "dualpath.decode_kv_type",
+                                   "'dualpath.decode_kv_type' must be one of 'f32', 'f16', 'q8_0' "
+                                   "and 'q4_0'");
+        p->kv_type = (int8_t)(t + 1);
     }
     cJSON *en = field(d, "enabled");
     if (en) {

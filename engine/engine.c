@@ -323,6 +323,14 @@ static dp_compress_opts request_copts(const dp_engine *e, const dp_request *req)
     return co;
 }
 
+/* The request's decode type (an index in e->kv.dt; check_request refused
+ * one the server does not keep). */
+static uint8_t request_dt(const dp_engine *e, const dp_request_params *p)
+{
+    int i = p->kv_type > 0 ? kv_mgr_dtype(&e->kv, (dp_kv_type)(p->kv_type - 1)) : 0;
+    return i > 0 ? (uint8_t)i : 0;
+}
+
 static int admit_request(dp_engine *e, dp_request *req)
 {
     eng_seq *es = calloc(1, sizeof *es);
@@ -336,8 +344,10 @@ static int admit_request(dp_engine *e, dp_request *req)
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
     }
-    if (es->seq)
+    if (es->seq) {
         es->seq->kv.exempt = p->exempt != 1;
+        es->seq->kv.dt = request_dt(e, p);
+    }
     if (es->seq)
         es->seq->kv.whole_if_room = es->seq->kv.dual && p->conversation &&
                                     p->dualpath_mode == DP_DUALPATH_DEFAULT &&
@@ -763,7 +773,8 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
 {
     const dp_kv_mgr *m = &e->kv;
     /* In one arena a decode block takes an arena block, whatever it uses of it. */
-    const double dper = (double)(m->shared ? m->prefill_block_bytes : m->decode_block_bytes) / m->dbt;
+    const double dper = (double)(m->shared ? m->prefill_block_bytes : m->decode_block_bytes) /
+                        m->dt[es->seq->kv.dt].bt;
     const double pper = (double)m->prefill_block_bytes / m->pool.block_tokens;
     const int32_t all = es->tokens_kept + es->tokens_evicted;
     const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
@@ -1200,7 +1211,7 @@ static void run_step(dp_engine *e)
             e->t_seq[no] = es;
             e->b_out[no++] = nt - 1;
         }
-        e->b_store[i] = (uint8_t)it->path;
+        e->b_store[i] = kv_seq_store(&q->kv, it->path);
         int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
         memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
         for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
@@ -1209,7 +1220,7 @@ static void run_step(dp_engine *e)
             int32_t *xr = e->x_tables + (size_t)i * (size_t)x_max, nx;
             if (kv_seq_has_x(&q->kv)) {
                 nx = kv_mgr_x_row(&e->kv, &q->kv, xr, x_max);
-                e->x_store[i] = DP_KV_STORE_EXEMPT;
+                e->x_store[i] = kv_seq_xstore(&q->kv);
             } else {
                 nx = q->kv.table.n_blocks;
                 memcpy(xr, row, (size_t)nx * sizeof *xr);
@@ -1871,11 +1882,25 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
     if (p->exempt > 1 && p->exempt - 1 != e->kv.n_exempt)
         return dp_err(err, errsz, DP_EINVAL, "dualpath.exempt_layers must be 0 or this server's "
                       "exempt_layers (%d), got %d", e->kv.n_exempt, p->exempt - 1);
+    /* A decode type other than the server's is another view of the arena
+     * (kv_mgr_dtype): there where the backend has views. */
+    if (p->kv_type > 0 && !e->dual)
+        return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type: dualpath is disabled on "
+                      "this server");
+    if (p->kv_type > 0 && kv_mgr_dtype(&e->kv, (dp_kv_type)(p->kv_type - 1)) < 0) {
+        char have[64] = "";
+        for (int i = 0; i < e->kv.n_dt; i++)
+            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "",
+                     dp_kv_type_name(e->kv.dt[i].type));
+        return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s is not available on "
+                      "this server (it keeps %s)", dp_kv_type_name(p->kv_type - 1), have);
+    }
     /* Can it ever fit, alone in the pools? The manager's one formula. */
     const dp_compress_opts co = request_copts(e, req);
     dp_kv_seq kv;
     kv_seq_init(&kv, runs_dual(e, p), &co);
     kv.exempt = p->exempt != 1;
+    kv.dt = request_dt(e, p);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
     bool fits = kv_mgr_can_fit(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);

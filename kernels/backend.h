@@ -53,10 +53,11 @@ typedef struct dp_kv_layout {
 
 typedef struct dp_kv_store dp_kv_store;
 
-/* A step addresses at most this many stores (the prefill and decode pools,
- * and the decode path's exempt layers); the stores[] argument of the ops
- * below always has this many entries, NULL where unused. */
-#define DP_KV_MAX_STORES 3
+/* A step addresses at most this many stores (the prefill pool, and for each
+ * decode type, DP_KV_TYPE_COUNT at most, the decode pool and its exempt
+ * layers); the stores[] argument of the ops below always has this many
+ * entries, NULL where unused. */
+#define DP_KV_MAX_STORES 9
 
 /* A step's batch as the backend sees it: a flat list of tokens, each with its
  * sequence, its rotary position and its cache slot. A token's K/V go to slot

@@ -83,33 +83,92 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
     }
 }
 
-/* The exempt layers' store: the decode pool's memory folded (backend.h
+/* dt[0]: the server's decode type (its store and geometry set up by
+ * kv_mgr_init); in one arena on a backend with KV views, each other type a
+ * request may ask for, read from the same blocks, that holds a token in no
+ * more bytes than the prefill path does (a decode copy larger than the
+ * prompt it stands for would only cost memory). */
+static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
+{
+    m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
+                             .block_bytes = m->decode_block_bytes, .layout = *dl,
+                             .store = m->dstore, .by_ref = m->by_ref};
+    m->dt[0].layout.n_blocks = m->dpool->n_blocks;
+    m->n_dt = 1;
+    dp_backend *be = m->be;
+    if (!be || !m->shared || !be->ops->kv_view)
+        return 0;
+    dp_kv_layout one = *pl;
+    one.block_tokens = one.n_blocks = 1;
+    const size_t pper = be->ops->kv_bytes_per_block(be, &one);
+    for (int t = 0; t < DP_KV_TYPE_COUNT; t++) {
+        if (t == (int)dl->type)
+            continue;
+        dp_kv_layout l = one;
+        l.type = (dp_kv_type)t;
+        const size_t per = be->ops->kv_bytes_per_block(be, &l);
+        if (!per || per > pper)
+            continue; /* not kept by this backend at this head size, or larger */
+        dp_kv_dtype *d = &m->dt[m->n_dt];
+        l.block_tokens = (int32_t)(m->prefill_block_bytes / per);
+        *d = (dp_kv_dtype){.type = l.type, .bt = l.block_tokens,
+                           .block_bytes = be->ops->kv_bytes_per_block(be, &l)};
+        l.n_blocks = m->dpool->n_blocks;
+        d->layout = l;
+        if (t == (int)pl->type) { /* the arena itself */
+            d->store = m->store;
+            d->by_ref = true;
+        } else {
+            int rc = be->ops->kv_view(be, m->store, &l, &d->store);
+            if (rc == DP_ENOMEM)
+                return rc;
+            if (rc)
+                continue;
+        }
+        m->n_dt++;
+    }
+    return 0;
+}
+
+int kv_mgr_dtype(const dp_kv_mgr *m, dp_kv_type type)
+{
+    for (int i = 0; i < m->n_dt; i++)
+        if (m->dt[i].type == type)
+            return i;
+    return -1;
+}
+
+/* The exempt layers' stores: the decode pool's memory folded (backend.h
  * kv_view) so that one decode block holds xfold blocks of the first n
- * layers, in the decode type: a sequence's exempt table costs n / n_layers
+ * layers, in each decode type: a sequence's exempt table costs n / n_layers
  * of a compact table of the same length. */
 static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, size_t errsz)
 {
     dp_backend *be = m->be;
-    const dp_kv_layout *dl = &m->dlayout;
-    if (n > dl->n_layers)
+    const int32_t n_layers = m->dt[0].layout.n_layers;
+    if (n > n_layers)
         return dp_err(err, errsz, DP_EINVAL, "engine: exempt_layers %d exceeds the model's %d "
-                      "layers", n, dl->n_layers);
+                      "layers", n, n_layers);
     if (!m->shared || !be->ops->kv_view)
         return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: exempt_layers needs one KV arena "
                       "for both paths and a backend with KV views (the %s backend%s)",
                       be->ops->name, be->ops->kv_view ? ", without decode_pool_blocks" : " has none");
-    dp_kv_layout xl = *dl;
-    xl.n_layers = n;
-    m->xfold = dl->n_layers / n;
+    m->xfold = n_layers / n;
     if ((int64_t)n_dblocks * m->xfold > INT32_MAX)
         return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");
-    xl.n_blocks = n_dblocks * m->xfold;
-    int rc = be->ops->kv_view(be, m->store, &xl, &m->xstore);
-    if (rc)
-        return dp_err(err, errsz, rc, "engine: cannot view the KV arena as %d exempt layers",
-                      n);
+    for (int i = 0; i < m->n_dt; i++) {
+        dp_kv_dtype *d = &m->dt[i];
+        dp_kv_layout xl = d->layout;
+        xl.n_layers = n;
+        xl.n_blocks = n_dblocks * m->xfold;
+        int rc = be->ops->kv_view(be, m->store, &xl, &d->xstore);
+        if (rc)
+            return dp_err(err, errsz, rc, "engine: cannot view the KV arena as %d exempt layers "
+                          "of %s", n, dp_kv_type_name(d->type));
+        d->xbt = m->xfold * d->bt;
+    }
     m->n_exempt = n;
-    m->xbt = m->xfold * m->dbt;
+    m->xstore = m->dt[0].xstore;
     return 0;
 }
 
@@ -205,7 +264,10 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
             goto fail;
         }
     }
-    m->dlayout = dl;
+    if ((rc = dtypes_init(m, &dl, &l))) {
+        rc = dp_err(err, errsz, rc, "out of memory");
+        goto fail;
+    }
     if (o->dual && o->exempt_layers > 0 && be &&
         (rc = exempt_init(m, o->exempt_layers, n_dblocks, err, errsz)))
         goto fail;
@@ -224,14 +286,16 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 rc = dp_err(err, errsz, rc, "out of memory");
                 goto fail;
             }
-            kv_migrator_set_exempt(&m->mig, m->xstore);
             /* Preempted compact caches wait in host memory, up to four times
              * what the decode path can hold (vLLM keeps a fixed swap space of a
              * few GiB): each waiting sequence holds at most its own cache,
              * and a refused swap-out falls back to a recompute that may
-             * change the sequence's continuation. */
-            size_t dbytes = (size_t)n_dblocks * m->decode_block_bytes;
-            m->has_swap = kv_swap_init(&m->swap, be, m->dstore, m->dpool, 4 * dbytes) == 0;
+             * change the sequence's continuation. In one arena the copies
+             * are of arena blocks, whatever type reads them. */
+            dp_kv_store *ss = m->shared ? m->store : m->dstore;
+            size_t dbytes = (size_t)n_dblocks * (m->shared ? m->prefill_block_bytes
+                                                           : m->decode_block_bytes);
+            m->has_swap = kv_swap_init(&m->swap, be, ss, m->dpool, 4 * dbytes) == 0;
         }
     }
     if (o->prefix_cache) {
@@ -275,10 +339,15 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         park_drop(m, m->n_parked - 1);
     free(m->parked);
     free(m->park_cnt);
-    if (m->rscratch)
-        m->be->ops->kv_destroy(m->be, m->rscratch);
-    if (m->xstore) /* views before their base */
-        m->be->ops->kv_destroy(m->be, m->xstore);
+    for (int i = 0; i < m->n_dt; i++) { /* views before their base */
+        dp_kv_dtype *d = &m->dt[i];
+        if (d->rscratch)
+            m->be->ops->kv_destroy(m->be, d->rscratch);
+        if (d->xstore)
+            m->be->ops->kv_destroy(m->be, d->xstore);
+        if (i > 0 && d->store != m->store)
+            m->be->ops->kv_destroy(m->be, d->store);
+    }
     if (m->dstore && m->dstore != m->store)
         m->be->ops->kv_destroy(m->be, m->dstore);
     if (m->store)
@@ -300,17 +369,24 @@ void kv_mgr_destroy(dp_kv_mgr *m)
 
 /* ---- needs and reservations ---------------------------------------------- */
 
-/* Decode-path blocks that hold n tokens. */
-static int32_t dblocks_for(const dp_kv_mgr *m, int64_t n)
+/* Tokens per decode block of the sequence's decode type. */
+static inline int32_t seq_bt(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    return (int32_t)((n + m->dbt - 1) / m->dbt);
+    return m->dt[kv->dt].bt;
+}
+
+/* Decode-path blocks that hold n tokens of the sequence's type. */
+static int32_t dblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
+{
+    return (int32_t)((n + seq_bt(m, kv) - 1) / seq_bt(m, kv));
 }
 
 /* Decode blocks an exempt table of n positions takes (0: the sequence keeps
  * none). */
 static int32_t xblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
-    return m->n_exempt > 0 && kv->exempt && kv->dual ? (int32_t)((n + m->xbt - 1) / m->xbt) : 0;
+    const int32_t xbt = m->dt[kv->dt].xbt;
+    return m->n_exempt > 0 && kv->exempt && kv->dual ? (int32_t)((n + xbt - 1) / xbt) : 0;
 }
 
 /* An exempt table's batch row: entry i (xbt / xfold slots) of block
@@ -335,7 +411,14 @@ static int32_t front_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_ke
     int32_t f = compress_front(&kv->copts, n_keep);
     if (f > n_keep - 1)
         f = n_keep - 1;
-    return f > 0 ? f / m->dbt * m->dbt : 0;
+    return f > 0 ? f / seq_bt(m, kv) * seq_bt(m, kv) : 0;
+}
+
+/* Whether the sequence may share a copy of its prefix in decode blocks
+ * (dpx) or a kept share: those are in the server's decode type. */
+static inline bool seq_shares(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return m->share_front && kv->dt == 0;
 }
 
 /* Leading slots of a compaction to n_keep of n_slots that the new table
@@ -347,9 +430,9 @@ static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slot
 {
     if (n_keep < 1 || n_keep > n_slots)
         return 0;
-    if (m->by_ref)
+    if (m->dt[kv->dt].by_ref)
         return front_slots(m, kv, n_keep);
-    if (!m->share_front)
+    if (!seq_shares(m, kv))
         return 0;
     if (!kv->dshare)
         return 0;
@@ -398,7 +481,8 @@ static uint64_t kept_tag(const dp_compress_opts *co, int32_t n_keep)
 }
 
 /* Slots of a compaction to n_keep that a kept share can hold: its whole
- * decode blocks, fewer than n_keep (the copy is never empty). */
+ * decode blocks (of the server's type), fewer than n_keep (the copy is
+ * never empty). */
 static int32_t kept_slots(const dp_kv_mgr *m, int32_t n_keep)
 {
     return n_keep > 0 ? (n_keep - 1) / m->dbt * m->dbt : 0;
@@ -421,7 +505,7 @@ static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *token
                          int32_t n_keep)
 {
     const int32_t ks = kept_slots(m, n_keep);
-    if (!m->dpx.e || !tokens || ks < m->dbt)
+    if (!m->dpx.e || !tokens || ks < m->dbt || !seq_shares(m, kv))
         return -1;
     int32_t id = dprefix_find_kept(&m->dpx, tokens, n, kept_tag(&kv->copts, n_keep));
     return id >= 0 && dprefix_slots(&m->dpx, id) == ks && m->dpx.e[id].cols == n_keep ? id : -1;
@@ -453,7 +537,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         /* (What it holds by reference: its front at the earliest switch.) */
         const int32_t e0 = m->early_min < c ? m->early_min : c;
         n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
-        n.decode = dblocks_for(m, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / m->dbt +
+        n.decode = dblocks_for(m, kv, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / seq_bt(m, kv) +
                    xblocks_for(m, kv, (int64_t)c + n_more);
         return n;
     }
@@ -463,7 +547,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     if (m->decode_budget > 0) {
         /* Recompression holds it below the budget, whatever it generates
          * (while it runs, both tables: a copied prefix is in both). */
-        int64_t cap = (int64_t)kv_seq_prefix(kv) * (m->by_ref ? 1 : 2) + m->decode_budget +
+        int64_t cap = (int64_t)kv_seq_prefix(kv) * (m->dt[kv->dt].by_ref ? 1 : 2) + m->decode_budget +
                       m->budget_keep + 1;
         if (d > cap)
             d = cap;
@@ -476,7 +560,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         m->dpx.e[kv->kshare - 1].cols == keep)
         r = dprefix_slots(&m->dpx, kv->kshare - 1);
     /* Exempt layers keep every token, whatever the budget. */
-    n.decode = dblocks_for(m, d) - r / m->dbt + xblocks_for(m, kv, (int64_t)c + n_more);
+    n.decode = dblocks_for(m, kv, d) - r / seq_bt(m, kv) + xblocks_for(m, kv, (int64_t)c + n_more);
     return n;
 }
 
@@ -494,8 +578,8 @@ bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
         return false;
     /* What decode_reserve takes for a table of n_slots (less the front it
      * holds by reference), as the migration will ask. */
-    const int32_t need = dblocks_for(m, kv->n_slots) -
-                         ref_slots(m, kv, kv->n_slots, kv->n_slots) / m->dbt +
+    const int32_t need = dblocks_for(m, kv, kv->n_slots) -
+                         ref_slots(m, kv, kv->n_slots, kv->n_slots) / seq_bt(m, kv) +
                          xblocks_for(m, kv, kv->n_slots);
     int32_t own;
     /* (Parked turns' blocks are room: the switch takes them back.) */
@@ -554,7 +638,7 @@ static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int
 static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
                           int32_t *took)
 {
-    return decode_reserve_bt(m, kv, t, n_slots, m->dbt, took);
+    return decode_reserve_bt(m, kv, t, n_slots, seq_bt(m, kv), took);
 }
 
 /* The sequence's exempt table covering n positions (none kept: nothing). */
@@ -562,7 +646,7 @@ static int x_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n, 
 {
     if (took)
         *took = 0;
-    return xblocks_for(m, kv, n) > 0 ? decode_reserve_bt(m, kv, t, n, m->xbt, took) : 0;
+    return xblocks_for(m, kv, n) > 0 ? decode_reserve_bt(m, kv, t, n, m->dt[kv->dt].xbt, took) : 0;
 }
 
 /* The blocks of a decode_reserve go back (t destroyed) and its promise with them. */
@@ -661,13 +745,11 @@ static int swap_out_seq(dp_kv_mgr *m, dp_kv_seq *kv)
 
 /* Brings a cache swap_out_seq saved back, bit for bit, into new blocks;
  * then (n_slots > 0) its compact table covers n_slots and its exempt table
- * x_n + 1, from blocks the caller made room for. */
+ * x_n + 1, from blocks the caller made room for. (The swap space counts in
+ * whole blocks; the tables in the sequence's decode type.) */
 static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
 {
-    const int32_t nx = kv->swapped_x;
-    if (nx == 0)
-        return kv_swap_in(&m->swap, &kv->swapped, &kv->table, n_slots);
-    const int32_t nc = kv->swapped.n_blocks - nx;
+    const int32_t nx = kv->swapped_x, nc = kv->swapped.n_blocks - nx;
     dp_block_table both;
     kv_table_init(&both);
     int rc = kv_table_room(&kv->table, nc);
@@ -680,7 +762,8 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
         return rc;
     }
     memcpy(kv->table.blocks, both.blocks, (size_t)nc * sizeof(int32_t));
-    memcpy(kv->xtable.blocks, both.blocks + nc, (size_t)nx * sizeof(int32_t));
+    if (nx > 0) /* (no exempt table: xtable.blocks may be NULL) */
+        memcpy(kv->xtable.blocks, both.blocks + nc, (size_t)nx * sizeof(int32_t));
     kv->table.n_blocks = nc;
     kv->xtable.n_blocks = nx;
     kv->swapped_x = 0;
@@ -688,8 +771,9 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
     if (n_slots > 0) {
         /* (Room made by the caller: cannot fail. Were it to, the next
          * step's growth asks again.) */
-        if (kv_table_reserve_bt(&kv->table, m->dpool, n_slots, m->dbt) ||
-            kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1, m->xbt))
+        if (kv_table_reserve_bt(&kv->table, m->dpool, n_slots, seq_bt(m, kv)) ||
+            (nx > 0 && kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1,
+                                           m->dt[kv->dt].xbt)))
             dp_log(DP_LOG_DEBUG, "kvcache: a swapped-in cache found no block for its next token");
     }
     return 0;
@@ -854,9 +938,11 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
     park_put(m, &(dp_kv_parked){*kv, copy, n_computed, ++m->park_clock});
     m->parks++;
     const bool dual = kv->dual, exempt = kv->exempt;
+    const uint8_t dt = kv->dt;
     const dp_compress_opts co = kv->copts;
     kv_seq_init(kv, dual, &co); /* the tables moved to the parked cache */
     kv->exempt = exempt;
+    kv->dt = dt;
     return true;
 }
 
@@ -874,7 +960,7 @@ static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t 
         const dp_kv_parked *p = &m->parked[i];
         const int32_t lim = p->n < n - 1 ? p->n : n - 1;
         if (lim < p->kv.mig_pos || !same_settings(&p->kv.copts, &kv->copts) ||
-            (m->n_exempt > 0 && p->kv.exempt != kv->exempt))
+            p->kv.dt != kv->dt || (m->n_exempt > 0 && p->kv.exempt != kv->exempt))
             continue;
         int32_t c = 0;
         while (c < lim && p->tokens[c] == tokens[c])
@@ -978,12 +1064,12 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * holds past the match (a reply the client did not send back as it
      * was generated) goes back to the pool. */
     dp_kv_parked p = park_take(m, i);
-    const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, slots);
+    const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, &p.kv, slots);
     /* (Its exempt layers hold positions 0..c.) */
     const int32_t keep_x = xblocks_for(m, &p.kv, c);
     /* The rest of the prompt and the first generated token, on the decode
      * path; a spilled cache first comes back whole from the swap space. */
-    const int32_t total = dblocks_for(m, (int64_t)slots + (n_tokens - c) + 1) +
+    const int32_t total = dblocks_for(m, &p.kv, (int64_t)slots + (n_tokens - c) + 1) +
                           xblocks_for(m, &p.kv, (int64_t)n_tokens + 1);
     const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
     const int32_t spilled = p.kv.swapped.buf ? p.kv.swapped.n_blocks : 0;
@@ -1108,7 +1194,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * it becomes one of the share's users (left again if not admitted, or
      * if it runs whole), so the share outlives whoever holds it now until
      * this sequence migrates. */
-    if (m->share_front && kv->dual && !kv->dshare) {
+    if (seq_shares(m, kv) && kv->dual && !kv->dshare) {
         int32_t s = front_slots(m, kv, compress_n_keep(&kv->copts, n_tokens));
         int32_t share = s > 0 ? dprefix_find(&m->dpx, tokens, s) : -1;
         if (share >= 0) {
@@ -1126,7 +1212,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * prefill pool whole, so a running prefill never waits for blocks; with
      * dualpath the decode pool promises its compressed size and a block. */
     if (m->shared && kv->dual &&
-        !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, m->dbt))) {
+        !kv_mgr_fits(m, kv_mgr_need(m, kv, n_tokens, seq_bt(m, kv)))) {
         /* Its prompt and its compressed copy never fit at once: it runs
          * whole, as with dualpath off (kv_mgr_can_fit). */
         kv->dual = false;
@@ -1136,13 +1222,13 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
                "this memory", n_tokens);
     }
     const bool dual = m->dual && kv->dual;
-    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? m->dbt : 1);
+    dp_kv_need need = kv_mgr_need(m, kv, n_tokens, dual ? seq_bt(m, kv) : 1);
     /* A predicted early switch is planned when it needs less than the
      * switch at the prompt's end (with a quantized decode path it does) and
      * fits at all. */
     kv->early_at = dual && !kv->kshare ? early_point(m, kv, got, n_tokens) : 0;
     if (kv->early_at > 0) {
-        dp_kv_need en = kv_mgr_need(m, kv, n_tokens, m->dbt);
+        dp_kv_need en = kv_mgr_need(m, kv, n_tokens, seq_bt(m, kv));
         if (en.prefill + en.decode < need.prefill + need.decode && kv_mgr_fits(m, en))
             need = en;
         else
@@ -1191,7 +1277,7 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
          * blocks no need counts (a later swap-in would not make room for
          * them). */
         const bool x = kv_seq_has_x(kv);
-        int32_t need = dblocks_for(m, slots) - kv->table.n_blocks, from_promise;
+        int32_t need = dblocks_for(m, kv, slots) - kv->table.n_blocks, from_promise;
         if (need < 0)
             need = 0;
         if (x && xblocks_for(m, kv, (int64_t)kv->x_n + n) > kv->xtable.n_blocks)
@@ -1245,20 +1331,20 @@ void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n
 
 #define MIGRATE_BATCH 64
 
-/* Room in the scratch store for n blocks of the decode layout. */
-static int scratch_reserve(dp_kv_mgr *m, int32_t n)
+/* Room in a decode type's scratch store for n blocks of its layout. */
+static int scratch_reserve(dp_kv_mgr *m, dp_kv_dtype *d, int32_t n)
 {
-    if (n <= m->rscratch_blocks)
+    if (n <= d->rscratch_blocks)
         return 0;
-    if (m->rscratch)
-        m->be->ops->kv_destroy(m->be, m->rscratch);
-    m->rscratch = NULL;
-    m->rscratch_blocks = 0;
-    dp_kv_layout l = m->dlayout;
+    if (d->rscratch)
+        m->be->ops->kv_destroy(m->be, d->rscratch);
+    d->rscratch = NULL;
+    d->rscratch_blocks = 0;
+    dp_kv_layout l = d->layout;
     l.n_blocks = n;
-    int rc = m->be->ops->kv_create(m->be, &l, &m->rscratch);
+    int rc = m->be->ops->kv_create(m->be, &l, &d->rscratch);
     if (rc == 0)
-        m->rscratch_blocks = n;
+        d->rscratch_blocks = n;
     return rc;
 }
 
@@ -1289,8 +1375,9 @@ static void note_compaction(dp_kv_seq *kv, const dp_kv_migration *g)
 static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
 {
     dp_kv_seq *kv = g->kv;
-    const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / m->dbt;
-    const int32_t n_rows = g->n_keep - nref, nblk = dblocks_for(m, n_rows);
+    dp_kv_dtype *d = &m->dt[kv->dt];
+    const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / d->bt;
+    const int32_t n_rows = g->n_keep - nref, nblk = dblocks_for(m, kv, n_rows);
     /* Its kept share, if any, goes (its new table holds the front at
      * most): then the blocks it holds alone are what releasing its table
      * frees, and they must cover its new table (some may be held by a
@@ -1302,7 +1389,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
         frees += m->dpool->refcnt[kv->table.blocks[b]] == 1;
     if (nblk > frees && !decode_room(m, kv, nblk - frees, &own))
         return DP_ENOSPC; /* it decodes over its budget until there is room */
-    int rc = scratch_reserve(m, nblk);
+    int rc = scratch_reserve(m, d, nblk);
     int32_t *ids = rc ? NULL : malloc((size_t)nblk * sizeof *ids);
     if (!ids) {
         dp_log(DP_LOG_WARN, "kvcache: no memory to recompress a sequence; it decodes over its "
@@ -1315,7 +1402,8 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
                      .n_slots = kv->n_slots, .dst = ids, .n_dst_blocks = nblk, .n_keep = g->n_keep,
                      .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q, .n_ref = nref,
                      .attn = &kv->attn};
-    if ((rc = kv_migrate(&m->mig, m->dstore, m->rscratch, &mv, 1))) {
+    kv_migrator_set_exempt(&m->mig, NULL); /* (a recompression: no exempt layers move) */
+    if ((rc = kv_migrate(&m->mig, d->store, d->rscratch, &mv, 1))) {
         free(ids);
         return rc;
     }
@@ -1336,7 +1424,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     /* From the blocks it just freed, whatever others were promised (their
      * promises may exceed the free blocks while sequences grow past
      * theirs: the freed ones are its own). */
-    if ((rc = kv_table_reserve_bt(&kv->table, m->dpool, g->n_keep, m->dbt)) == 0) {
+    if ((rc = kv_table_reserve_bt(&kv->table, m->dpool, g->n_keep, d->bt)) == 0) {
         const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
         int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)n_rows);
         rc = keep ? 0 : DP_ENOMEM;
@@ -1346,7 +1434,7 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
         dp_compact_seq cs = {ids, nblk, kv->table.blocks + nb, kv->table.n_blocks - nb, n_rows,
                              keep};
         if (rc == 0)
-            rc = m->be->ops->kv_compact(m->be, m->rscratch, m->dstore, &cs, 1);
+            rc = m->be->ops->kv_compact(m->be, d->rscratch, d->store, &cs, 1);
     }
     free(ids);
     if (rc) {
@@ -1373,8 +1461,9 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     return 0;
 }
 
-/* Up to MIGRATE_BATCH sequences, all on path src. */
-static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src)
+/* Up to MIGRATE_BATCH sequences, all on path src, all of decode type d. */
+static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src,
+                             dp_kv_dtype *d)
 {
     dp_kv_move mv[MIGRATE_BATCH];
     dp_block_table tables[MIGRATE_BATCH];
@@ -1407,7 +1496,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep);
         const int32_t *refb = kv->table.blocks;
         share[k] = 0;
-        if (m->share_front && src == DP_PATH_PREFILL) {
+        if (seq_shares(m, kv) && src == DP_PATH_PREFILL) {
             nref = 0;
             int32_t s = g->tokens ? front_slots(m, kv, g->n_keep) : 0;
             /* The share admission joined, unless the front shrank since (an
@@ -1434,7 +1523,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t kslots = 0, found = -1;
         uint64_t tag = 0;
         const int32_t *keep_given = NULL;
-        if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0) {
+        if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0 &&
+            seq_shares(m, kv)) {
             /* The share admission joined is found again, unless its
              * compaction changed since (an early switch keeps fewer). */
             kslots = kept_slots(m, g->n_keep);
@@ -1452,7 +1542,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                     tag = 0;
             }
         }
-        const int32_t nb = nref / m->dbt;
+        const int32_t nb = nref / d->bt;
         int rc = g->n_keep < 1 ? DP_EINVAL : 0;
         for (int32_t b = 0; rc == 0 && b < nb; b++)
             rc = kv_table_push(&tables[k], m->dpool, refb[b]);
@@ -1509,7 +1599,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
             kid[k] = found + 1;
         } else if (tag) {
             int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, tag, tables[k].blocks,
-                                          kslots, held[k] / m->dbt, rows, g->n_keep);
+                                          kslots, held[k] / d->bt, rows, g->n_keep);
             if (id >= 0) {
                 kid[k] = id + 1;
                 keep_out = dprefix_keep(&m->dpx, id);
@@ -1531,8 +1621,9 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         g->n_ref = nref;
         ok[k++] = g;
     }
-    int rc = k == 0 ? 0 : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : m->dstore,
-                                     m->dstore, mv, k);
+    kv_migrator_set_exempt(&m->mig, d->xstore);
+    int rc = k == 0 ? 0 : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : d->store,
+                                     d->store, mv, k);
     if (rc)
         dp_log(DP_LOG_ERROR, "kvcache: migration of %d sequences failed (%s); they keep their "
                "caches", k, dp_strerror(rc));
@@ -1574,7 +1665,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                  * instead: the promise for its whole prompt on the decode
                  * path is one block again, as any migration's (and its
                  * exempt table's next block). */
-                int32_t want = 1 + xblocks_for(m, kv, (int64_t)kv->n_slots + m->dbt) -
+                int32_t want = 1 + xblocks_for(m, kv, (int64_t)kv->n_slots + d->bt) -
                                kv->xtable.n_blocks;
                 if (want < 1)
                     want = 1;
@@ -1599,7 +1690,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->table = tables[i];
         kv->path = DP_PATH_DECODE;
         kv->n_slots = g->n_keep;
-        kv->ref_blocks = held[i] / m->dbt;
+        kv->ref_blocks = held[i] / d->bt;
         attn_acc_reset(&kv->attn); /* its slots were rearranged */
     }
     for (int32_t i = 0; i < n_pins; i++)
@@ -1615,7 +1706,7 @@ int kv_mgr_note_query(dp_kv_mgr *m, dp_kv_seq *kv, const float *q, int64_t q_str
 {
     if (kv->path != DP_PATH_DECODE || slot < 0 || slot >= kv->n_slots)
         return DP_EINVAL;
-    return compressor_accumulate(&m->mig.comp, &kv->attn, m->dstore, kv->table.blocks, q, q_stride,
+    return compressor_accumulate(&m->mig.comp, &kv->attn, m->dt[kv->dt].store, kv->table.blocks, q, q_stride,
                                  slot);
 }
 
@@ -1633,21 +1724,23 @@ int32_t kv_mgr_migrate(dp_kv_mgr *m, dp_kv_migration *mg, int32_t n)
     }
     int32_t moved = 0;
     dp_kv_migration *batch[MIGRATE_BATCH];
-    for (int src = DP_PATH_PREFILL; src <= DP_PATH_DECODE; src++) {
-        int32_t k = 0;
-        for (int32_t i = 0; i < n; i++) {
-            if (mg[i].rc != 1 || mg[i].kv->path != (dp_path)src)
-                continue;
-            mg[i].rc = 0;
-            batch[k++] = &mg[i];
-            if (k == MIGRATE_BATCH) {
-                moved += migrate_batch(m, batch, k, (dp_path)src);
-                k = 0;
+    /* One backend call per source pool and decode type. */
+    for (int src = DP_PATH_PREFILL; src <= DP_PATH_DECODE; src++)
+        for (int t = 0; t < m->n_dt; t++) {
+            int32_t k = 0;
+            for (int32_t i = 0; i < n; i++) {
+                if (mg[i].rc != 1 || mg[i].kv->path != (dp_path)src || mg[i].kv->dt != t)
+                    continue;
+                mg[i].rc = 0;
+                batch[k++] = &mg[i];
+                if (k == MIGRATE_BATCH) {
+                    moved += migrate_batch(m, batch, k, (dp_path)src, &m->dt[t]);
+                    k = 0;
+                }
             }
+            if (k > 0)
+                moved += migrate_batch(m, batch, k, (dp_path)src, &m->dt[t]);
         }
-        if (k > 0)
-            moved += migrate_batch(m, batch, k, (dp_path)src);
-    }
     /* A prompt that could not move stays whole on the prefill path for good
      * (it no longer needs the decode pool's promise). */
     for (int32_t i = 0; i < n; i++)
@@ -1699,7 +1792,7 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     int64_t slots = (int64_t)kv->n_slots + 1;
     /* What the copy holds, or what the next token needs where that is more. */
     const int32_t nx = kv->swapped_x, nc = kv->swapped.n_blocks - nx;
-    int32_t need = dblocks_for(m, slots) > nc ? dblocks_for(m, slots) : nc;
+    int32_t need = dblocks_for(m, kv, slots) > nc ? dblocks_for(m, kv, slots) : nc;
     if (nx) {
         const int32_t x = xblocks_for(m, kv, (int64_t)kv->x_n + 1);
         need += x > nx ? x : nx;
@@ -1749,7 +1842,7 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     }
     dp_compact_seq cs = {kv->table.blocks, kv->table.n_blocks, t.blocks, t.n_blocks, (int32_t)n,
                          keep};
-    if (m->be->ops->kv_compact(m->be, m->dstore, m->store, &cs, 1) == 0) {
+    if (m->be->ops->kv_compact(m->be, m->dt[kv->dt].store, m->store, &cs, 1) == 0) {
         for (int32_t i = 0; i < nb; i++)
             name_next_block(m, kv, t.blocks[i], tokens);
         m->reply_blocks += nb;

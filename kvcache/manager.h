@@ -73,6 +73,9 @@ typedef struct dp_kv_seq {
      * table stays complete in every layer. exempt false: none for this
      * sequence (a request that asked for none). */
     bool exempt;
+    /* Its decode type: dp_kv_mgr.dt[dt] (0: the server's decode_kv_type;
+     * a request may ask for another, kv_mgr_dtype). */
+    uint8_t dt;
     dp_block_table xtable;
     int32_t x_n;
     int32_t swapped_x;        /* of swapped.n_blocks, the last ones are xtable's */
@@ -95,7 +98,7 @@ static inline bool kv_seq_same_compaction(const dp_kv_seq *a, const dp_kv_seq *b
     const dp_compress_opts *x = &a->copts, *y = &b->copts;
     return a->dual && b->dual && x->scorer == y->scorer && x->scorer != DP_SCORER_RANDOM &&
            x->keep_ratio == y->keep_ratio && x->sinks == y->sinks && x->window == y->window &&
-           x->prefix == y->prefix;
+           x->prefix == y->prefix && a->dt == b->dt;
 }
 /* The sequence must have been freed by kv_mgr_free. */
 void kv_seq_destroy(dp_kv_seq *kv);
@@ -125,6 +128,27 @@ typedef struct dp_kv_mgr_opts {
     int32_t exempt_layers;
 } dp_kv_mgr_opts;
 
+/* A type the decode path keeps tokens in: the server's decode_kv_type
+ * (dp_kv_mgr.dt[0]) and, in one arena on a backend with KV views, each
+ * other type a request may ask for ("dualpath": {"decode_kv_type"}). Each
+ * is the arena read as that type (a view; the prefill type's is the arena
+ * itself): its blocks are arena blocks, so one free list, one accounting
+ * and one swap space serve every type, and a block holds bt tokens of it. */
+#define DP_KV_DTYPES DP_KV_TYPE_COUNT
+typedef struct dp_kv_dtype {
+    dp_kv_type type;
+    int32_t bt;                  /* tokens per decode block */
+    size_t block_bytes;          /* of a decode block of this type */
+    dp_kv_layout layout;         /* n_blocks: the decode pool's */
+    dp_kv_store *store;          /* the decode pool read as this type */
+    bool by_ref;                 /* the prefill type in one arena: a decode table can hold
+                                  * prefill blocks (a prefix kept whole stays shared) */
+    dp_kv_store *xstore;         /* its exempt layers (a folded view), NULL: none */
+    int32_t xbt;                 /* slots per exempt-table block */
+    dp_kv_store *rscratch;       /* a staged recompression's kept rows (rscratch_blocks) */
+    int32_t rscratch_blocks;
+} dp_kv_dtype;
+
 /* A finished turn's compact cache, kept (held, evicted first when memory
  * is short) for the conversation's next turn: kv_mgr_park. */
 typedef struct dp_kv_parked {
@@ -140,14 +164,16 @@ typedef struct dp_kv_mgr {
     dp_kv_pool pool;             /* the prefill path's pool (the only one without dualpath) */
     dp_kv_store *store;
     dp_kv_pool *dpool;           /* the decode path's: &pool when shared, else &dpool_own */
-    dp_kv_store *dstore;         /* store when shared */
+    dp_kv_store *dstore;         /* the server's decode type's (dt[0].store): store when
+                                  * shared in the prefill type */
     bool shared;                 /* both paths draw on one arena */
     bool by_ref;                 /* ... in one type: a decode table can hold prefill blocks,
                                   * so a prefix kept whole stays shared (kv_mgr_migrate) */
-    int32_t dbt;                 /* tokens per decode-path block (more than the prefill
-                                  * path's when a shared arena's decode type is smaller) */
+    int32_t dbt;                 /* tokens per decode-path block of the server's type (more
+                                  * than the prefill path's when a shared arena's decode
+                                  * type is smaller); dt[kv->dt].bt is a sequence's */
     bool share_front;            /* ... otherwise such a prefix is shared in decode blocks of
-                                  * its own, copied once (dpx) */
+                                  * its own, copied once (dpx; the server's type only) */
     dp_dprefix dpx;
     dp_kv_pool dpool_own;
     bool has_pc, has_host, has_swap;
@@ -157,9 +183,8 @@ typedef struct dp_kv_mgr {
     dp_kv_migrator mig;
     int32_t decode_budget, budget_keep;
     int32_t early_min, early_chunk; /* dp_kv_mgr_opts' */
-    dp_kv_layout dlayout;        /* the decode path's layout (for the scratch below) */
-    dp_kv_store *rscratch;       /* a staged recompression's kept rows (rscratch_blocks) */
-    int32_t rscratch_blocks;
+    dp_kv_dtype dt[DP_KV_DTYPES]; /* the decode types (dt[0]: the server's) */
+    int32_t n_dt;
     int32_t decode_reserved;     /* decode blocks promised to sequences, not yet taken */
     size_t prefill_block_bytes, decode_block_bytes;
     /* Counters. */
@@ -184,10 +209,10 @@ typedef struct dp_kv_mgr {
     int64_t park_spills;         /* parked caches moved to the swap space for room */
     int64_t park_restores;       /* ... and copied back by their next turn */
     /* Exempt layers: n_exempt layers, each decode-pool block holding xfold
-     * blocks of them (xbt slots), through xstore (a folded view of the
-     * arena, backend.h kv_view). */
-    int32_t n_exempt, xfold, xbt;
-    dp_kv_store *xstore;
+     * blocks of them (dt[].xbt slots), through each type's xstore (a folded
+     * view of the arena, backend.h kv_view). */
+    int32_t n_exempt, xfold;
+    dp_kv_store *xstore;         /* the server's decode type's (dt[0].xstore) */
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
@@ -195,6 +220,10 @@ typedef struct dp_kv_mgr {
  * (decode.n_blocks > 0). */
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz);
 void kv_mgr_destroy(dp_kv_mgr *m);
+/* The index in m->dt of a decode type (a request's decode_kv_type), or -1
+ * where this server cannot keep it (split pools, a backend without KV
+ * views, a head size the type cannot hold). */
+int kv_mgr_dtype(const dp_kv_mgr *m, dp_kv_type type);
 
 /* What a sequence needs, in blocks of each pool. */
 typedef struct dp_kv_need {
@@ -335,13 +364,28 @@ static inline dp_kv_pool *kv_mgr_pool_of(dp_kv_mgr *m, const dp_kv_seq *kv)
 {
     return kv->path == DP_PATH_DECODE ? m->dpool : &m->pool;
 }
-/* The stores as a batch indexes them (dp_path, then the exempt layers'). */
+/* The stores as a batch indexes them: the prefill path's, then for each
+ * decode type its decode pool's and its exempt layers' (the server's at
+ * DP_PATH_DECODE and DP_KV_STORE_EXEMPT). */
 #define DP_KV_STORE_EXEMPT 2
 static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
 {
+    for (int i = 0; i < DP_KV_MAX_STORES; i++)
+        stores[i] = NULL;
     stores[DP_PATH_PREFILL] = m->store;
-    stores[DP_PATH_DECODE] = m->dstore;
-    stores[DP_KV_STORE_EXEMPT] = m->xstore;
+    for (int i = 0; i < m->n_dt; i++) {
+        stores[DP_PATH_DECODE + 2 * i] = m->dt[i].store;
+        stores[DP_KV_STORE_EXEMPT + 2 * i] = m->dt[i].xstore;
+    }
+}
+/* The store index a batch gives a sequence on a path, and its exempt layers'. */
+static inline uint8_t kv_seq_store(const dp_kv_seq *kv, dp_path path)
+{
+    return path == DP_PATH_PREFILL ? (uint8_t)DP_PATH_PREFILL : (uint8_t)(DP_PATH_DECODE + 2 * kv->dt);
+}
+static inline uint8_t kv_seq_xstore(const dp_kv_seq *kv)
+{
+    return (uint8_t)(DP_KV_STORE_EXEMPT + 2 * kv->dt);
 }
 /* Whether the sequence reads its exempt layers from an exempt table. */
 static inline bool kv_seq_has_x(const dp_kv_seq *kv)

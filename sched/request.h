@@ -49,6 +49,8 @@ typedef struct dp_request_params {
     float keep_ratio;             /* 0: default; else (0, 1] */
     int16_t exempt;               /* 0: default; else exempt layers + 1 (the server's, or
                                    * none) */
+    int8_t kv_type;               /* the decode path's KV type: 0: the server's; else
+                                   * dp_kv_type + 1 */
     int32_t keep_prefix;          /* first prompt tokens kept whole on the decode path
                                    * (the API sets a chat's system prompt here); 0: none */
     bool conversation;            /* a chat turn after an earlier reply (an assistant or

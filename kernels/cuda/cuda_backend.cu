@@ -496,6 +496,9 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return DP_EINVAL;
     if (b->n_exempt > 0)
         return DP_EUNSUPPORTED; /* exempt layers need KV views (kv_view), which it lacks */
+    for (int32_t s = 0; s < b->n_seqs; s++)
+        if (b->seq_store[s] >= CUDA_KV_STORES)
+            return DP_EUNSUPPORTED; /* other decode types are views too */
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* One token per sequence (so every query tile is one token) and no

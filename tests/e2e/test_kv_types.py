@@ -69,6 +69,35 @@ def test_usage_reports_bytes(quantized):
     assert uf["kv_bytes"] < uf["kv_bytes_full"] * (0.55 if kind == "q8_0" else 0.3)
 
 
+def test_per_request_decode_type(quantized):
+    """"dualpath": {"decode_kv_type"} keeps one request's decode path in
+    another type on the same arena: its kept tokens cost that type's bytes
+    (16, 30 or 56 tokens in a 16-token f16 block), the same tokens are kept,
+    and a type the server cannot keep, or an unknown name, is a 400 naming
+    the field while the daemon keeps serving."""
+    kind, d = quantized
+    per_block = {"f16": 16, "q8_0": 30, "q4_0": 56}
+    seen = {}
+    for t in per_block:
+        u = chat(d, PROMPT + " Which boat came in first?", max_tokens=8,
+                 dualpath={"decode_kv_type": t})["usage"]["dualpath"]
+        assert u["kv_bytes"] == round(u["tokens_kept"] * F16_TOKEN_BYTES * 16 / per_block[t]), (t, u)
+        seen[t] = u
+    assert len({(u["tokens_kept"], u["kv_bytes_full"]) for u in seen.values()}) == 1, seen
+    assert seen["f16"]["kv_bytes"] > seen["q8_0"]["kv_bytes"] > seen["q4_0"]["kv_bytes"]
+    default = chat(d, PROMPT + " Which boat came in first?", max_tokens=8)["usage"]["dualpath"]
+    assert default == seen[kind]
+    for bad, words in (("f32", "decode_kv_type f32 is not available"),
+                       ("q5_1", "'dualpath.decode_kv_type' must be one of"),
+                       (8, "'dualpath.decode_kv_type' must be one of")):
+        st, _, raw = d.request("POST", "/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2,
+            "dualpath": {"decode_kv_type": bad}})
+        e = json.loads(raw)
+        assert st == 400 and words in e["error"]["message"], e
+    assert chat(d, "Hi", max_tokens=2)["choices"][0]["message"]["content"] is not None
+
+
 @pytest.mark.heavy
 def test_long_replies_fit_quantized():
     """Eight replies of 200 tokens after short prompts in a 28 MiB arena

@@ -29,6 +29,7 @@ typedef struct result {
     size_t text_len;
     dp_finish finish;
     int32_t completion_tokens;
+    int64_t kv_bytes;        /* usage.dualpath's */
     bool done;
     float logprob[MAXTOK];   /* each generated token's (logprobs on) */
     /* Prompt logprobs: events in arrival order (position, logprob, rank). */
@@ -99,6 +100,7 @@ typedef struct req_spec {
     float bias;
     int32_t keep_prefix;  /* tokens kept whole on the decode path (a system prompt) */
     int16_t exempt;       /* dualpath.exempt_layers + 1 (0: the server's) */
+    int8_t kv_type;       /* dualpath.decode_kv_type: dp_kv_type + 1 (0: the server's) */
 } req_spec;
 
 static dp_request *make_req(const req_spec *sp, result *res)
@@ -118,6 +120,7 @@ static dp_request *make_req(const req_spec *sp, result *res)
     prm.ignore_eos = sp->ignore_eos;
     prm.keep_prefix = sp->keep_prefix;
     prm.exempt = sp->exempt;
+    prm.kv_type = sp->kv_type;
     prm.sampling.top_k = sp->top_k;
     prm.sampling.min_p = sp->min_p;
     prm.sampling.presence_penalty = sp->presence_penalty;
@@ -200,6 +203,7 @@ static int absorb(dp_event *ev)
         } else {
             r->finish = x->finish;
             r->completion_tokens = x->completion_tokens;
+            r->kv_bytes = x->kv_bytes;
             r->done = true;
             finished++;
         }
@@ -1463,10 +1467,14 @@ static void conv_add_text(const world *w, int32_t *conv, int32_t *n_conv, int32_
     }
 }
 
+/* Where set, the decode type conversation turn i asks for (req_spec.kv_type). */
+static const int8_t *conv_kv_types;
+
 static void conv_turn(dp_engine *e, int32_t *conv, int32_t *n_conv, int32_t max_tokens,
-                      result *res)
+                      int8_t kv_type, result *res)
 {
-    req_spec sp = {.n_prompt = *n_conv, .max_tokens = max_tokens, .ignore_eos = true};
+    req_spec sp = {.n_prompt = *n_conv, .max_tokens = max_tokens, .ignore_eos = true,
+                   .kv_type = kv_type};
     memcpy(sp.prompt, conv, (size_t)*n_conv * sizeof(int32_t));
     memset(res, 0, sizeof *res);
     dp_request *r = make_req(&sp, res);
@@ -1495,7 +1503,7 @@ static void run_conversation(world *w, const dp_engine_opts *o, int n_turns, int
     uint64_t x = seed;
     for (int turn = 0; turn < n_turns; turn++) {
         conv_add_text(w, conv, &n_conv, turn == 0 ? first : more, &x);
-        conv_turn(e, conv, &n_conv, gen, &res[turn]);
+        conv_turn(e, conv, &n_conv, gen, conv_kv_types ? conv_kv_types[turn] : 0, &res[turn]);
     }
     check_idle(e);
     engine_get_stats(e, st);
@@ -1544,7 +1552,7 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         for (int turn = 0; turn < 5; turn++) {
             /* New user text: plen0 tokens on the first turn, 24 after. */
             conv_add_text(w, conv[mode], &n_conv[mode], turn == 0 ? plen0 : 24, &x);
-            conv_turn(e, conv[mode], &n_conv[mode], 12, &res[mode][turn]);
+            conv_turn(e, conv[mode], &n_conv[mode], 12, 0, &res[mode][turn]);
             /* A distractor with a different prompt of the same size takes the
              * prefill pool's free blocks, evicting the conversation's. */
             req_spec d = {.n_prompt = (pool_blocks - 1) * 16, .max_tokens = 2, .ignore_eos = true};
@@ -1684,7 +1692,7 @@ static void test_resume_turns(world *w)
             conv[n_conv++] = a[mode][0].toks[k];
         uint64_t x = 5;
         conv_add_text(w, conv, &n_conv, NEW, &x);
-        conv_turn(e, conv, &n_conv, GEN, &t2[mode]);
+        conv_turn(e, conv, &n_conv, GEN, 0, &t2[mode]);
         check_idle(e);
         engine_get_stats(e, &ps[mode]);
         engine_destroy(e);
@@ -1725,7 +1733,7 @@ static void test_resume_turns(world *w)
             int32_t n = 0;
             uint64_t x = 21 + (uint64_t)busy;
             conv_add_text(w, conv, &n, 60, &x);
-            conv_turn(e, conv, &n, 12, &r1); /* a first turn: migrates and parks */
+            conv_turn(e, conv, &n, 12, 0, &r1); /* a first turn: migrates and parks */
             conv_add_text(w, conv, &n, 16, &x);
             static req_spec s2, sd;
             s2 = (req_spec){.n_prompt = n, .max_tokens = 12, .ignore_eos = true};
@@ -1893,6 +1901,192 @@ static void test_exempt_layers(world *w)
            "requests asking for none served as without\n", TURNS, (long long)cst[1].turns_resumed);
 }
 
+/* Per-request decode types ("dualpath": {"decode_kv_type"}): each is
+ * another view of the one arena, so requests of three types share one pool,
+ * one batch and one swap space. A request's output depends on its own type
+ * only: mixed in an arena small enough to swap, each gives the tokens of a
+ * server whose decode_kv_type is that type (exact matmul: every batch
+ * composition computes the same bits). Its usage.dualpath.kv_bytes is its
+ * type's. */
+static void test_decode_types(world *w)
+{
+    enum { N = 12, T = 3, GEN = 200 };
+    static req_spec sp[N], ref[N];
+    static result mixed[N], pure[N];
+    const int32_t types[T] = {DP_KV_F16, DP_KV_Q8_0, DP_KV_Q4_0};
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 20 + urand(30), .max_tokens = GEN, .ignore_eos = true};
+        for (int k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = urand(w->vocab);
+        /* Every third the server's (q8_0), asked for by name or not. */
+        sp[i].kv_type = i % T == 1 && i % 2 ? 0 : (int8_t)(types[i % T] + 1);
+    }
+    const bool can_exact = w->be->ops->set_exact != NULL;
+    const bool exact = can_exact && w->be->ops->get_exact && w->be->ops->get_exact(w->be);
+    if (can_exact)
+        w->be->ops->set_exact(w->be, true);
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.decode_kv_type = DP_KV_Q8_0;
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    dp_engine_stats st, rst;
+    /* Under a decode budget each type recompresses in its own store. */
+    for (int budget = 0; budget <= 64; budget += 64) {
+        o.decode_budget = budget;
+        o.n_blocks = 28;
+        next_opts = o;
+        next_opts_set = defer_start = true;
+        dp_engine *e = start(w, o.n_blocks, 32);
+        next_opts_set = defer_start = false;
+        run_requests(e, sp, N, mixed, false, DP_DUALPATH_DEFAULT, &st);
+        engine_destroy(e);
+        CHECK(budget > 0 || st.swap_outs >= 5); /* (recompression keeps them all in) */
+        CHECK_EQ_INT(st.swap_ins, st.swap_outs);
+        CHECK_EQ_INT(st.decode_recomputes, 0);
+        CHECK_EQ_INT(st.migrations, N);
+        CHECK(budget == 0 || st.recompressions > 0);
+        for (int t = 0; t < T; t++) {
+            int n = 0;
+            for (int i = t; i < N; i += T) {
+                ref[n] = sp[i];
+                ref[n++].kv_type = 0;
+            }
+            dp_engine_opts to = o;
+            to.decode_kv_type = types[t];
+            to.n_blocks = 1024;
+            run_with(w, &to, ref, n, pure, &rst, DP_DUALPATH_DEFAULT);
+            CHECK_EQ_INT(rst.migrations, n);
+            for (int k = 0, i = t; i < N; i += T, k++) {
+                CHECK_EQ_INT(mixed[i].n, GEN);
+                CHECK_MSG(same_tokens(&mixed[i], &pure[k]), "decode type %s, budget %d: request "
+                          "%d differs from a server of that type", dp_kv_type_name(types[t]),
+                          budget, i);
+                CHECK_EQ_INT(mixed[i].kv_bytes, pure[k].kv_bytes);
+            }
+        }
+        printf("decode types: %d requests of f16, q8_0 and q4_0 in one %d-block arena, decode "
+               "budget %d (%lld preemptions, %lld swapped out and back, %lld recompressions) "
+               "identical to servers of each type\n", N, o.n_blocks, budget,
+               (long long)st.preemptions, (long long)st.swap_outs, (long long)st.recompressions);
+    }
+    /* A conversation in f16 on the q8_0 server continues its parked turns
+     * as on an f16 server; in one that changes type every turn a parked
+     * cache serves only a later turn of its own type. */
+    enum { TURNS = 4 };
+    static result ca[TURNS], cb[TURNS], cc[TURNS];
+    dp_engine_stats cs[3];
+    static const int8_t f16_turns[TURNS] = {DP_KV_F16 + 1, DP_KV_F16 + 1, DP_KV_F16 + 1,
+                                            DP_KV_F16 + 1};
+    static const int8_t mixed_turns[TURNS] = {DP_KV_F16 + 1, DP_KV_Q4_0 + 1, 0, DP_KV_F16 + 1};
+    o.decode_budget = 0;
+    o.reuse_replies = false;
+    conv_kv_types = f16_turns;
+    run_conversation(w, &o, TURNS, 40, 16, 24, 23, ca, &cs[0]);
+    conv_kv_types = mixed_turns;
+    run_conversation(w, &o, TURNS, 40, 16, 24, 23, cc, &cs[2]);
+    conv_kv_types = NULL;
+    dp_engine_opts fo = o;
+    fo.decode_kv_type = DP_KV_F16;
+    run_conversation(w, &fo, TURNS, 40, 16, 24, 23, cb, &cs[1]);
+    CHECK_EQ_INT(cs[0].turns_resumed, TURNS - 1);
+    CHECK_EQ_INT(cs[1].turns_resumed, TURNS - 1);
+    check_same_turns(ca, cb, TURNS, "in f16 on a q8_0 server (against an f16 server)");
+    /* (Only the last turn continues one: the first's, in its type.) */
+    CHECK_EQ_INT(cs[2].turns_resumed, 1);
+    CHECK(same_tokens(&cc[0], &ca[0]));
+
+    /* The same prompt in each type: fewer bytes the smaller the type. */
+    static req_spec one[T];
+    static result r3[T];
+    for (int t = 0; t < T; t++) {
+        one[t] = sp[0];
+        one[t].kv_type = (int8_t)(types[t] + 1);
+    }
+    o.decode_budget = 0;
+    o.n_blocks = 1024;
+    run_with(w, &o, one, T, r3, &rst, DP_DUALPATH_DEFAULT);
+    CHECK(r3[0].kv_bytes > r3[1].kv_bytes && r3[1].kv_bytes > r3[2].kv_bytes);
+    if (can_exact)
+        w->be->ops->set_exact(w->be, exact);
+    printf("decode types: usage.dualpath.kv_bytes of one prompt: f16 %lld, q8_0 %lld, q4_0 %lld\n",
+           (long long)r3[0].kv_bytes, (long long)r3[1].kv_bytes, (long long)r3[2].kv_bytes);
+}
+
+/* The prefill type asked for at keep 1.0 on a server whose decode type is
+ * q8_0 keeps the prompt's exact bytes: dualpath off's outputs (exact
+ * matmul). A type the server cannot keep is refused by name. */
+static void test_decode_type_exact(world *w)
+{
+    enum { N = 8 };
+    static req_spec sp[N];
+    static result off[N], on[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 20 + urand(40), .max_tokens = 60, .ignore_eos = true,
+                           .kv_type = DP_KV_F16 + 1};
+        for (int k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = urand(w->vocab);
+    }
+    const bool was_exact = exact_kv;
+    exact_kv = false; /* the f16 arena */
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    o.dualpath = false;
+    o.n_blocks = 1024;
+    dp_engine_stats st;
+    if (w->be->ops->set_exact) {
+        const bool exact = w->be->ops->get_exact && w->be->ops->get_exact(w->be);
+        w->be->ops->set_exact(w->be, true);
+        for (int i = 0; i < N; i++)
+            sp[i].kv_type = 0; /* (dualpath off: no decode path to name) */
+        run_with(w, &o, sp, N, off, &st, DP_DUALPATH_DEFAULT);
+        for (int i = 0; i < N; i++)
+            sp[i].kv_type = DP_KV_F16 + 1;
+        o.dualpath = true;
+        o.decode_kv_type = DP_KV_Q8_0;
+        o.compress.keep_ratio = 1.0f;
+        run_with(w, &o, sp, N, on, &st, DP_DUALPATH_DEFAULT);
+        w->be->ops->set_exact(w->be, exact);
+        for (int i = 0; i < N; i++)
+            CHECK_MSG(same_tokens(&on[i], &off[i]), "f16 asked for at keep 1.0: request %d "
+                      "differs from dualpath off", i);
+        CHECK_EQ_INT(st.migrations, N);
+        CHECK_EQ_INT(st.tokens_evicted, 0);
+    }
+    /* f32 would hold a token in more bytes than the f16 prefill path. */
+    o.dualpath = true;
+    o.decode_kv_type = DP_KV_Q8_0;
+    next_opts = o;
+    next_opts_set = true;
+    dp_engine *e = start(w, 64, 8);
+    next_opts_set = false;
+    req_spec bad = sp[0];
+    bad.kv_type = DP_KV_F32 + 1;
+    result r;
+    dp_request *req = make_req(&bad, &r);
+    char err[DP_ERRLEN];
+    CHECK(engine_submit(e, req, err, sizeof err) == DP_EINVAL);
+    CHECK_MSG(strstr(err, "decode_kv_type f32 is not available") && strstr(err, "q4_0"), "%s", err);
+    request_unref(req);
+    engine_destroy(e);
+    /* Without dualpath there is no decode path to keep in a type. */
+    o.dualpath = false;
+    next_opts = o;
+    next_opts_set = true;
+    e = start(w, 64, 8);
+    next_opts_set = false;
+    bad.kv_type = DP_KV_Q8_0 + 1;
+    req = make_req(&bad, &r);
+    CHECK(engine_submit(e, req, err, sizeof err) == DP_EINVAL);
+    CHECK_MSG(strstr(err, "dualpath is disabled") != NULL, "%s", err);
+    request_unref(req);
+    engine_destroy(e);
+    exact_kv = was_exact;
+    printf("decode types: f16 asked for at keep 1.0 on a q8_0 server identical to dualpath off; "
+           "f32 refused (%s)\n", "larger than the prefill path's");
+}
+
 int main(void)
 {
     world w;
@@ -1966,6 +2160,8 @@ int main(void)
                                  "tiny32 q4_0 decode pool preemption (split)");
     }
     test_quantized_decode(&w);
+    test_decode_types(&w);
+    test_decode_type_exact(&w);
     test_system_prompt_typed(&w);
     test_early_admission(&w);
     world_close(&w);

@@ -415,10 +415,17 @@ static int32_t front_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_ke
 }
 
 /* Whether the sequence may share a copy of its prefix in decode blocks
- * (dpx) or a kept share: those are in the server's decode type. */
+ * (dpx): those are in the server's decode type. */
 static inline bool seq_shares(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
     return m->share_front && kv->dt == 0;
+}
+
+/* Whether it may take or name a kept share (dpx, in the server's type's
+ * blocks; in any arena, unlike a prefix copy). */
+static inline bool seq_keeps_shared(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return m->dpx.e && kv->dt == 0;
 }
 
 /* Leading slots of a compaction to n_keep of n_slots that the new table
@@ -505,7 +512,7 @@ static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *token
                          int32_t n_keep)
 {
     const int32_t ks = kept_slots(m, n_keep);
-    if (!m->dpx.e || !tokens || ks < m->dbt || !seq_shares(m, kv))
+    if (!seq_keeps_shared(m, kv) || !tokens || ks < m->dbt)
         return -1;
     int32_t id = dprefix_find_kept(&m->dpx, tokens, n, kept_tag(&kv->copts, n_keep));
     return id >= 0 && dprefix_slots(&m->dpx, id) == ks && m->dpx.e[id].cols == n_keep ? id : -1;
@@ -1523,8 +1530,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         int32_t kslots = 0, found = -1;
         uint64_t tag = 0;
         const int32_t *keep_given = NULL;
-        if (src == DP_PATH_PREFILL && g->tokens && m->dpx.e && g->n_keep > 0 &&
-            seq_shares(m, kv)) {
+        if (src == DP_PATH_PREFILL && g->tokens && g->n_keep > 0 && seq_keeps_shared(m, kv)) {
             /* The share admission joined is found again, unless its
              * compaction changed since (an early switch keeps fewer). */
             kslots = kept_slots(m, g->n_keep);
@@ -1807,6 +1813,11 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
 {
     if (!m->reuse_replies || !m->be || kv->path != DP_PATH_DECODE || kv->swapped.buf ||
         kv->recompressed || kv->mig_pos <= 0)
+        return;
+    /* A request's own decode type writes back only where it loses nothing
+     * (the prefill type): the prefix cache serves every request, and one
+     * that asked for f16 must not read another's q4_0 rows. */
+    if (kv->dt != 0 && !m->dt[kv->dt].by_ref)
         return;
     /* From the window on, the compact cache holds every position whole, in
      * order: position p is at slot p + off in every head (the window's kept

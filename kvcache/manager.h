@@ -92,13 +92,13 @@ typedef struct dp_kv_seq {
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co);
 /* Whether two sequences with the same tokens would compact them alike (a
  * kept share of one serves the other; the random scorer is seeded per
- * request and never shares). */
+ * request and never shares; kept shares are in the server's decode type). */
 static inline bool kv_seq_same_compaction(const dp_kv_seq *a, const dp_kv_seq *b)
 {
     const dp_compress_opts *x = &a->copts, *y = &b->copts;
     return a->dual && b->dual && x->scorer == y->scorer && x->scorer != DP_SCORER_RANDOM &&
            x->keep_ratio == y->keep_ratio && x->sinks == y->sinks && x->window == y->window &&
-           x->prefix == y->prefix && a->dt == b->dt;
+           x->prefix == y->prefix && a->dt == 0 && b->dt == 0;
 }
 /* The sequence must have been freed by kv_mgr_free. */
 void kv_seq_destroy(dp_kv_seq *kv);

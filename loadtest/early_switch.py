@@ -33,9 +33,21 @@ of the three daemons at --conc-kv-mib of KV memory (where a prompt's
 prefill blocks bind admission): peak and mean running requests (polled every
 50 ms), preemptions, wall time.
 
+Then the timing run (--time-prompts N, 0: none): what the early switch
+costs in prefill time, where its signals are measured but a plain text
+never switches, and where a repetitive prompt does. The defaults and
+--early-switch run side by side (both daemons up, each request alone,
+the two daemons taking turns prompt by prompt, the first of each pair
+alternating), on N prompts of --time-words words of each workload, every
+prompt new to both (nothing from a prefix cache), max_tokens 1: the time
+to the end of the prompt. Reported: the median seconds of each, their
+ratio, and the stability signals measured per prompt
+(dualpath_early_signals_total).
+
 usage: loadtest/early_switch.py [--bin B] [--model M] [--prompts N] [--gen N]
        [--words N] [--text FILE] [--kv-mib N] [--conc N] [--conc-words N]
-       [--conc-kv-mib N] [--out FILE]
+       [--conc-kv-mib N] [--time-prompts N] [--time-words N] [--only-time]
+       [--out FILE]
 """
 import argparse
 import os
@@ -123,6 +135,51 @@ def identical_prefix(a, b):
     return n
 
 
+def timing(a):
+    """The timing run (module docstring): a markdown table."""
+    words = open(a.text, errors="replace").read().split()
+    rng = random.Random(3)
+    work = {"text": [], "tickets": []}
+    for i in range(a.time_prompts):
+        # Passages that start at different words: no two share a prefix.
+        start = (i * 997) % max(len(words) - a.time_words, 1)
+        work["text"].append(text_prompt(" ".join(words[start:start + a.time_words]))[0])
+        work["tickets"].append(tickets(rng, a.time_words)[0])
+    logdir = os.environ.get("TMPDIR", "/tmp")
+    ds = {mode: Daemon(a.bin, a.model, ["--kv-memory", f"{a.kv_mib}MiB"] + extra,
+                       os.path.join(logdir, f"early-switch-time-{mode}.log"))
+          for mode, extra in (("end", []), ("early", ["--early-switch"]))}
+    lines = [f"{a.time_prompts} prompts of each workload, each new to both daemons, "
+             "max_tokens 1, the two daemons taking turns:", "",
+             "| workload | prompt tokens | switch at the prompt's end s (median) | "
+             "early switch s (median) | ratio | switched early | signals per prompt |",
+             "|---|---|---|---|---|---|---|"]
+    try:
+        for w, prompts in work.items():
+            secs = {"end": [], "early": []}
+            m0 = ds["early"].metrics()
+            ptok = 0
+            for i, prompt in enumerate(prompts):
+                order = ("end", "early") if i % 2 == 0 else ("early", "end")
+                for mode in order:
+                    t0 = time.time()
+                    o = ds[mode].post("/v1/completions", {"prompt": prompt, "max_tokens": 1,
+                                                          "temperature": 0})
+                    secs[mode].append(time.time() - t0)
+                ptok += o["usage"]["prompt_tokens"]
+            m1 = ds["early"].metrics()
+            sig = m1.get("dualpath_early_signals_total", 0) - m0.get("dualpath_early_signals_total", 0)
+            sw = m1.get("dualpath_early_switches_total", 0) - m0.get("dualpath_early_switches_total", 0)
+            med = {k: sorted(v)[len(v) // 2] for k, v in secs.items()}
+            n = len(prompts)
+            lines.append("| %s | %.0f | %.3f | %.3f | %.3f | %d/%d | %.1f |" % (
+                w, ptok / n, med["end"], med["early"], med["early"] / med["end"], sw, n, sig / n))
+    finally:
+        for d in ds.values():
+            d.stop()
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=os.path.join(ROOT, "build/daemon/dualpathd"))
@@ -137,7 +194,17 @@ def main():
                     help="the concurrency run: this many long ticket prompts at once")
     ap.add_argument("--conc-words", type=int, default=1200)
     ap.add_argument("--conc-kv-mib", type=int, default=96)
+    ap.add_argument("--time-prompts", type=int, default=12)
+    ap.add_argument("--time-words", type=int, default=2000)
+    ap.add_argument("--only-time", action="store_true", help="the timing run alone")
     a = ap.parse_args()
+    if a.only_time:
+        table = timing(a)
+        print(table)
+        if a.out:
+            with open(a.out, "w") as f:
+                f.write(table + "\n")
+        return
 
     rng = random.Random(1)
     words = open(a.text, errors="replace").read().split()
@@ -257,6 +324,8 @@ def main():
         lines.append("| %s | %.0f | %d/%d | %d | %.1f | %d | %.1f |" % (
             {"whole": "dualpath off", "end": "switch at the prompt's end",
              "early": "early switch"}[mode], ptok, sw, a.conc, pk, mean, pre, wall))
+    if a.time_prompts > 0:
+        lines += ["", timing(a)]
     table = "\n".join(lines)
     print(table)
     if a.out:

@@ -810,12 +810,16 @@ static void test_shared_prompt(world *w)
         for (int k = 0; k < P; k++)
             sp[i].prompt[k] = i == 0 ? urand(w->vocab) : sp[0].prompt[k];
     }
-    for (int on = 0; on < 2; on++) {
+    /* Dualpath off, split pools, one arena of one type. */
+    static const char *const modes[] = {"off", "on", "on, one arena"};
+    for (int mode = 0; mode < 3; mode++) {
+        const bool on = mode > 0;
         dp_engine_opts o;
         engine_opts_default(&o);
         o.dualpath = on;
         o.n_blocks = 256;
-        o.n_blocks_decode = on ? 256 : 0;
+        o.n_blocks_decode = mode == 1 ? 256 : 0;
+        o.decode_kv_type = ENGINE_DECODE_KV_SAME;
         dp_engine_stats st, one;
         static result alone[1];
         run_with(w, &o, sp, 1, alone, &one, DP_DUALPATH_DEFAULT);
@@ -824,7 +828,8 @@ static void test_shared_prompt(world *w)
         defer_start = false;
         for (int i = 0; i < N; i++)
             CHECK_MSG(same_tokens(&res[i], &alone[0]), "dualpath %s: copy %d differs from the "
-                      "prompt alone", on ? "on" : "off", i);
+                      "prompt alone", modes[mode], i);
+        CHECK_EQ_INT(st.kept_shares, on ? N - 1 : 0);
         CHECK_EQ_INT(st.tokens_in_place, on ? (N - 1) * 128 : 0);
         /* Per copy: below one block (16) of recompute. With SnapKV a copy
          * would compute its window (32) too, but it waits for the first's
@@ -832,10 +837,10 @@ static void test_shared_prompt(world *w)
         const int64_t per_copy = 16;
         int64_t prompt = st.prompt_tokens;
         CHECK_MSG(prompt <= P + (N - 1) * per_copy, "dualpath %s: %lld prompt tokens computed for "
-                  "n = %d copies of %d", on ? "on" : "off", (long long)prompt, N, P);
+                  "n = %d copies of %d", modes[mode], (long long)prompt, N, P);
         printf("shared prompt (dualpath %s): n = %d copies of a %d-token prompt computed %lld "
                "prompt tokens (%d without sharing); %lld kept tokens by reference\n",
-               on ? "on" : "off", N, P, (long long)prompt, N * P, (long long)st.tokens_in_place);
+               modes[mode], N, P, (long long)prompt, N * P, (long long)st.tokens_in_place);
     }
 }
 
@@ -1996,6 +2001,21 @@ static void test_decode_types(world *w)
     /* (Only the last turn continues one: the first's, in its type.) */
     CHECK_EQ_INT(cs[2].turns_resumed, 1);
     CHECK(same_tokens(&cc[0], &ca[0]));
+
+    /* Replies are written back to the prefix cache (which every request
+     * reads) in the server's type, not in a lossier one a request chose. */
+    static result cr[TURNS];
+    static const int8_t q4_turns[TURNS] = {DP_KV_Q4_0 + 1, DP_KV_Q4_0 + 1, DP_KV_Q4_0 + 1,
+                                           DP_KV_Q4_0 + 1};
+    dp_engine_opts ro = o;
+    ro.reuse_replies = true;
+    ro.resume_turns = false; /* (parked turns stand for the reply instead) */
+    run_conversation(w, &ro, TURNS, 40, 16, 24, 29, cr, &cs[0]);
+    conv_kv_types = q4_turns;
+    run_conversation(w, &ro, TURNS, 40, 16, 24, 29, cr, &cs[1]);
+    conv_kv_types = NULL;
+    CHECK(cs[0].reply_blocks_kept > 0);
+    CHECK_EQ_INT(cs[1].reply_blocks_kept, 0);
 
     /* The same prompt in each type: fewer bytes the smaller the type. */
     static req_spec one[T];

@@ -1550,9 +1550,10 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
 
 /* The layout of a pool's store: the model's geometry, the configured type.
  * The decode path's "auto" is q8_0 over an f16 cache where the backend keeps
- * q8_0 (the CPU's; CUDA has no quantized KV kernels yet): half the bytes of
- * f16 at KL 0.005 nats/token with the whole cache's retrieval
- * (docs/dualpath.md's KV-type table); an f32 cache asked for exactness. */
+ * q8_0 and it was measured there (kv_quant_default: the CPU's; CUDA's q8_0
+ * kernels have not run on a device yet): half the bytes of f16 at KL 0.005
+ * nats/token with the whole cache's retrieval (docs/dualpath.md's KV-type
+ * table); an f32 cache asked for exactness. */
 static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
                                  int32_t block_tokens, int32_t n_blocks, bool decode)
 {
@@ -1563,7 +1564,7 @@ static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_eng
     else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO && o->kv_type == DP_KV_F16) {
         dp_kv_layout q = l;
         q.type = DP_KV_Q8_0;
-        if (be->ops->kv_view && be->ops->kv_bytes_per_block(be, &q) > 0)
+        if (be->ops->kv_view && be->ops->kv_quant_default && be->ops->kv_bytes_per_block(be, &q) > 0)
             l.type = DP_KV_Q8_0;
     }
     return l;

@@ -246,6 +246,12 @@ typedef struct dp_backend_ops {
      * view; base must outlive it. */
     int (*kv_view)(dp_backend *be, dp_kv_store *base, const dp_kv_layout *layout,
                    dp_kv_store **out);
+    /* Stores one step may address (batch seq_store / x_seq_store below
+     * this); 0: DP_KV_MAX_STORES. */
+    int32_t kv_max_stores;
+    /* The decode path's "auto" type is q8_0 here (measured on this
+     * backend); false: the prefill path's type. */
+    bool kv_quant_default;
 
     /* Device memory: free and total bytes of the device (the start-up memory
      * plan sizes the KV pools from them when kv_memory is 0 = auto). NULL on

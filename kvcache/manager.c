@@ -88,6 +88,13 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
  * request may ask for, read from the same blocks, that holds a token in no
  * more bytes than the prefill path does (a decode copy larger than the
  * prompt it stands for would only cost memory). */
+/* Stores a step of the backend may address (kv_mgr_stores' layout). */
+static int32_t max_stores(const dp_backend *be)
+{
+    const int32_t n = be ? be->ops->kv_max_stores : 0;
+    return n > 0 && n < DP_KV_MAX_STORES ? n : DP_KV_MAX_STORES;
+}
+
 static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
 {
     m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
@@ -101,7 +108,9 @@ static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout 
     dp_kv_layout one = *pl;
     one.block_tokens = one.n_blocks = 1;
     const size_t pper = be->ops->kv_bytes_per_block(be, &one);
-    for (int t = 0; t < DP_KV_TYPE_COUNT; t++) {
+    /* (Type i's decode store is stores[DP_PATH_DECODE + 2i]: the backend
+     * must address it.) */
+    for (int t = 0; t < DP_KV_TYPE_COUNT && DP_PATH_DECODE + 2 * m->n_dt < max_stores(be); t++) {
         if (t == (int)dl->type)
             continue;
         dp_kv_layout l = one;
@@ -149,14 +158,16 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
     if (n > n_layers)
         return dp_err(err, errsz, DP_EINVAL, "engine: exempt_layers %d exceeds the model's %d "
                       "layers", n, n_layers);
-    if (!m->shared || !be->ops->kv_view)
+    if (!m->shared || !be->ops->kv_view || DP_KV_STORE_EXEMPT >= max_stores(be))
         return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: exempt_layers needs one KV arena "
-                      "for both paths and a backend with KV views (the %s backend%s)",
-                      be->ops->name, be->ops->kv_view ? ", without decode_pool_blocks" : " has none");
+                      "for both paths and a backend with KV views of their own (the %s "
+                      "backend%s)", be->ops->name,
+                      !be->ops->kv_view || DP_KV_STORE_EXEMPT >= max_stores(be)
+                          ? " has none" : ", without decode_pool_blocks");
     m->xfold = n_layers / n;
     if ((int64_t)n_dblocks * m->xfold > INT32_MAX)
         return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");
-    for (int i = 0; i < m->n_dt; i++) {
+    for (int i = 0; i < m->n_dt && DP_KV_STORE_EXEMPT + 2 * i < max_stores(be); i++) {
         dp_kv_dtype *d = &m->dt[i];
         dp_kv_layout xl = d->layout;
         xl.n_layers = n;

@@ -561,6 +561,7 @@ static const dp_backend_ops cpu_ops = {
     .weight_free = cpu_weight_free,
     .kv_create = kv_create,
     .kv_view = kv_view,
+    .kv_quant_default = true,
     .kv_destroy = kv_destroy,
     .kv_bytes_per_block = kv_block_bytes,
     .kv_layout = kv_get_layout,

@@ -83,11 +83,14 @@ __global__ void __launch_bounds__(NT)
 
     const int32_t s = bd.seq[t0];
     const int32_t st = bd.seq_store[s];
-    const int32_t bt = cuda_pick(kd.block_tokens, st);
-    const size_t layer_off =
-        (size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) * (size_t)n_kv * (size_t)bt * (size_t)hd;
-    const __half *kbase = cuda_pick(kd.k, st) + layer_off;
-    const __half *vbase = cuda_pick(kd.v, st) + layer_off;
+    const int32_t bt = cuda_pick(kd.block_tokens, st), ktype = cuda_pick(kd.type, st);
+    const size_t row_bytes = (size_t)cuda_pick(kd.row_bytes, st);
+    const size_t blk_bytes = (size_t)cuda_pick(kd.blk_bytes, st);
+    const size_t layer_off = (size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) * blk_bytes;
+    const uint8_t *kbase = cuda_pick(kd.k, st) + layer_off;
+    const uint8_t *vbase = cuda_pick(kd.v, st) + layer_off;
+    /* A quantized store's rows are dequantized into the f16 tiles. */
+    const bool quant = cuda_kv_quant(ktype);
     const int32_t *table = bd.block_tables + (size_t)s * (size_t)max_blocks;
 
     float *qs = (float *)cuda_att_raw;             /* [ROWS][hd] */
@@ -157,10 +160,17 @@ __global__ void __launch_bounds__(NT)
                 if (idx < KT * vecs && j < nk) {
                     const int32_t p = k0 + j;
                     const int32_t blk = table[p / bt];
-                    const size_t off = (((size_t)blk * (size_t)n_kv + (size_t)kvh) * (size_t)bt +
-                                        (size_t)(p % bt)) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
-                    kk[u] = *(const uint4 *)(kbase + off);
-                    vv[u] = *(const uint4 *)(vbase + off);
+                    const size_t row = (size_t)blk * blk_bytes +
+                                       ((size_t)kvh * (size_t)bt + (size_t)(p % bt)) * row_bytes;
+                    if (quant) {
+                        cuda_kv_load8(kbase + row, ktype, vi, (__half2 *)&kk[u]);
+                        cuda_kv_load8(vbase + row, ktype, vi, (__half2 *)&vv[u]);
+                    } else {
+                        const size_t off = row + (size_t)vi * CUDA_KV_VEC * sizeof(__half);
+                        CUDA_CHECK_ALIGN(kbase + off, 16);
+                        kk[u] = *(const uint4 *)(kbase + off);
+                        vv[u] = *(const uint4 *)(vbase + off);
+                    }
                 }
             }
 #pragma unroll

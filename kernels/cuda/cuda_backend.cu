@@ -365,13 +365,35 @@ static void cuda_host_free(dp_backend *be, void *p)
 
 /* ---- KV stores ----------------------------------------------------------- */
 
+/* f16 rows (an f32 layout is kept in f16 too), or q8_0 / q4_0 rows where
+ * head_dim is whole groups of 32. */
 static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
-    /* Every store is f16 here; the quantized types have no CUDA kernels yet. */
-    if (dp_kv_type_quantized(l->type))
+    if (cuda_kv_quant(l->type) && l->head_dim % CUDA_QK)
         return 0;
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
-           (size_t)l->head_dim * sizeof(__half);
+           cuda_kv_row_bytes(l->type, l->head_dim);
+}
+
+/* The geometry every store shares: rows the kernels can read. */
+static bool cuda_kv_layout_ok(const dp_kv_layout *l)
+{
+    if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
+        l->n_blocks <= 0)
+        return false;
+    /* The kernels move f16 rows as 16-byte vectors and size shared memory
+     * for head_dim <= 256 (every LLaMA-family model fits). */
+    if (l->head_dim % CUDA_KV_VEC || l->head_dim > CUDA_MAX_HEAD_DIM) {
+        dp_log(DP_LOG_ERROR, "cuda: head_dim %d is not supported (a multiple of %d up to %d)",
+               l->head_dim, CUDA_KV_VEC, CUDA_MAX_HEAD_DIM);
+        return false;
+    }
+    if (cuda_kv_quant(l->type) && l->head_dim % CUDA_QK) {
+        dp_log(DP_LOG_ERROR, "cuda: a %s KV cache needs head_dim in groups of %d (got %d)",
+               dp_kv_type_name(l->type), CUDA_QK, l->head_dim);
+        return false;
+    }
+    return true;
 }
 
 static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
@@ -381,21 +403,14 @@ static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **o
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
         l->n_blocks <= 0)
         return DP_EINVAL;
-    if (dp_kv_type_quantized(l->type)) {
-        dp_log(DP_LOG_ERROR, "cuda: KV type %s is not supported (f16 only)", dp_kv_type_name(l->type));
+    if (!cuda_kv_layout_ok(l))
         return DP_EUNSUPPORTED;
-    }
-    /* The kernels move KV rows as 16-byte vectors and size shared memory
-     * for head_dim <= 256 (every LLaMA-family model fits). */
-    if (l->head_dim % CUDA_KV_VEC || l->head_dim > CUDA_MAX_HEAD_DIM) {
-        dp_log(DP_LOG_ERROR, "cuda: head_dim %d is not supported (a multiple of %d up to %d)",
-               l->head_dim, CUDA_KV_VEC, CUDA_MAX_HEAD_DIM);
-        return DP_EUNSUPPORTED;
-    }
     dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
     kv->l = *l;
+    kv->row_bytes = cuda_kv_row_bytes(l->type, l->head_dim);
+    kv->blk_bytes = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
     size_t half = cuda_kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
     if (cudaMalloc((void **)&kv->k, half) != cudaSuccess ||
         cudaMalloc((void **)&kv->v, half) != cudaSuccess) {
@@ -427,9 +442,42 @@ static void cuda_kv_destroy(dp_backend *be, dp_kv_store *kv)
     cuda_bind(c);
     cuda_graphs_clear(c);
     cudaStreamSynchronize(c->stream);
-    cudaFree(kv->k);
-    cudaFree(kv->v);
+    if (!kv->view) {
+        cudaFree(kv->k);
+        cudaFree(kv->v);
+    }
     free(kv);
+}
+
+/* The base's memory read in another type (backend.h kv_view): the same
+ * geometry and block count, each block within the base's bytes, the
+ * base's block stride. Folded views (the exempt layers' third store) are
+ * not kept: a step addresses two stores here (kv_max_stores). */
+static int cuda_kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l,
+                        dp_kv_store **out)
+{
+    const dp_kv_layout *b = &base->l;
+    if (l->n_layers != b->n_layers || l->n_blocks != b->n_blocks ||
+        l->n_kv_heads != b->n_kv_heads || l->head_dim != b->head_dim)
+        return DP_EUNSUPPORTED;
+    if (!cuda_kv_layout_ok(l))
+        return DP_EUNSUPPORTED;
+    const size_t row = cuda_kv_row_bytes(l->type, l->head_dim);
+    /* Rows of f16 are moved as 16-byte vectors: blocks must stay aligned. */
+    if ((size_t)l->n_kv_heads * (size_t)l->block_tokens * row > base->blk_bytes ||
+        (!cuda_kv_quant(l->type) && base->blk_bytes % 16))
+        return DP_EINVAL;
+    dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
+    if (!kv)
+        return DP_ENOMEM;
+    kv->l = *l;
+    kv->row_bytes = row;
+    kv->blk_bytes = base->blk_bytes;
+    kv->k = base->k;
+    kv->v = base->v;
+    kv->view = true;
+    *out = kv;
+    return 0;
 }
 
 static const dp_kv_layout *cuda_kv_get_layout(dp_backend *be, const dp_kv_store *kv)
@@ -680,6 +728,11 @@ static dp_backend_ops cuda_make_ops(void)
     o.kv_destroy = cuda_kv_destroy;
     o.kv_bytes_per_block = cuda_kv_block_bytes;
     o.kv_layout = cuda_kv_get_layout;
+    o.kv_view = cuda_kv_view;
+    o.kv_max_stores = CUDA_KV_STORES;
+    /* Not measured on a device yet: the decode path's auto stays f16
+     * (decode_kv_type = q8_0 asks for the quantized one). */
+    o.kv_quant_default = false;
     o.batch_set = cuda_batch_set;
     o.recover = cuda_recover_op;
     o.embed = cuda_embed;

@@ -31,6 +31,9 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
         d->v[i] = kv->v;
         d->n_blocks[i] = kv->l.n_blocks;
         d->block_tokens[i] = kv->l.block_tokens;
+        d->type[i] = cuda_kv_quant(kv->l.type) ? kv->l.type : DP_KV_F16;
+        d->row_bytes[i] = (int32_t)kv->row_bytes;
+        d->blk_bytes[i] = (int64_t)kv->blk_bytes;
         d->n_kv = kv->l.n_kv_heads;
         d->head_dim = kv->l.head_dim;
         any = true;
@@ -200,7 +203,9 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
 
 /* ---- KV write ------------------------------------------------------------------
  * One thread per (token, kv head, 8 dims): converts 8 floats of K and of V to
- * fp16 and stores each as one 16-byte vector into the token's slot. */
+ * fp16 and stores each as one 16-byte vector into the token's slot. In a
+ * quantized store the first quarter of those threads each quantize a group
+ * of 32 dims (the CPU's rounding, so both backends write the same bytes). */
 __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_dev bd,
                                      int32_t max_blocks, int32_t n_tokens, const float *k,
                                      const float *v)
@@ -218,11 +223,20 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
         return; /* a padding token (backend.h step_pad) has no slot */
     const int32_t s = bd.seq[i];
     const int32_t st = bd.seq_store[s];
-    const int32_t bt = cuda_pick(kd.block_tokens, st);
+    const int32_t bt = cuda_pick(kd.block_tokens, st), type = cuda_pick(kd.type, st);
+    if (cuda_kv_quant(type) && vi >= hd / CUDA_QK)
+        return;
     const int32_t block = bd.block_tables[(size_t)s * (size_t)max_blocks + (size_t)(slot / bt)];
-    const size_t row = (((size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) + (size_t)block) * (size_t)n_kv +
-                        (size_t)h) * (size_t)bt + (size_t)(slot % bt);
-    const size_t dst = row * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
+    const size_t row = cuda_kv_off(layer, cuda_pick(kd.n_blocks, st), block,
+                                   cuda_pick(kd.blk_bytes, st), h, bt, slot % bt,
+                                   (size_t)cuda_pick(kd.row_bytes, st));
+    uint8_t *kr = cuda_pick(kd.k, st) + row, *vr = cuda_pick(kd.v, st) + row;
+    if (cuda_kv_quant(type)) {
+        const size_t src = ((size_t)i * n_kv + h) * (size_t)hd + (size_t)vi * CUDA_QK;
+        cuda_kv_group_put(kr, type, vi, k + src);
+        cuda_kv_group_put(vr, type, vi, v + src);
+        return;
+    }
     const size_t src = ((size_t)i * n_kv + h) * (size_t)hd + (size_t)vi * CUDA_KV_VEC;
     __align__(16) __half2 hk[CUDA_KV_VEC / 2], hv[CUDA_KV_VEC / 2];
 #pragma unroll
@@ -230,8 +244,10 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
         hk[j] = __floats2half2_rn(k[src + 2 * j], k[src + 2 * j + 1]);
         hv[j] = __floats2half2_rn(v[src + 2 * j], v[src + 2 * j + 1]);
     }
-    *(uint4 *)(cuda_pick(kd.k, st) + dst) = *(const uint4 *)hk;
-    *(uint4 *)(cuda_pick(kd.v, st) + dst) = *(const uint4 *)hv;
+    const size_t o = (size_t)vi * CUDA_KV_VEC * sizeof(__half);
+    CUDA_CHECK_ALIGN(kr + o, 16);
+    *(uint4 *)(kr + o) = *(const uint4 *)hk;
+    *(uint4 *)(vr + o) = *(const uint4 *)hv;
 }
 
 void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,

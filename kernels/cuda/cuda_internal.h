@@ -35,22 +35,47 @@ extern "C" {
     kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 #endif
 
+/* KV rows: f16 (DP_KV_F16; an f32 layout is kept in f16 too), or the
+ * CPU's q8_0 / q4_0 rows (kernels/quant.c): per 32 values an f16 scale d,
+ * then 32 int8 (x = d * q) or 16 bytes of nibbles (x = d * (q - 8), value
+ * j in the low nibble of byte j, value j + 16 in its high nibble). The same
+ * bytes as the CPU backend's, so host copies and the two backends agree. */
+#define CUDA_QK 32
+static inline __host__ __device__ bool cuda_kv_quant(int32_t type)
+{
+    return type == DP_KV_Q8_0 || type == DP_KV_Q4_0;
+}
+static inline __host__ __device__ size_t cuda_kv_row_bytes(int32_t type, int32_t hd)
+{
+    return type == DP_KV_Q8_0 ? (size_t)hd / CUDA_QK * 34
+           : type == DP_KV_Q4_0 ? (size_t)hd / CUDA_QK * 18
+                                : (size_t)hd * sizeof(__half);
+}
+
 struct dp_kv_store {
     dp_kv_layout l;
-    __half *k; /* [layer][block][kv_head][token][head_dim] */
-    __half *v;
+    /* [layer][block] blocks of blk_bytes, each [kv_head][token] rows of
+     * row_bytes. A view (kv_view) reads its base's memory in another type:
+     * its blocks keep the base's stride, blk_bytes. */
+    uint8_t *k;
+    uint8_t *v;
+    size_t row_bytes, blk_bytes;
+    bool view;
 };
 
 /* The stores of a step, as kernels see them (passed by value). Every store
- * of a model shares n_kv_heads and head_dim; block geometry may differ. */
-/* The two paths' stores: a third (exempt layers) needs kv_view, which this
- * backend lacks, so batch_set refuses a batch that names one. */
+ * of a model shares n_kv_heads and head_dim; block geometry and type may
+ * differ. The two paths' stores: a third (exempt layers, other decode
+ * types) is refused by batch_set (kv_max_stores). */
 #define CUDA_KV_STORES 2
 typedef struct cuda_kv_desc {
-    __half *k[CUDA_KV_STORES];
-    __half *v[CUDA_KV_STORES];
+    uint8_t *k[CUDA_KV_STORES];
+    uint8_t *v[CUDA_KV_STORES];
     int32_t n_blocks[CUDA_KV_STORES];
     int32_t block_tokens[CUDA_KV_STORES];
+    int32_t type[CUDA_KV_STORES];
+    int32_t row_bytes[CUDA_KV_STORES];
+    int64_t blk_bytes[CUDA_KV_STORES];
     int32_t n_kv;
     int32_t head_dim;
 } cuda_kv_desc;
@@ -66,6 +91,142 @@ __device__ __forceinline__ T cuda_pick(const T (&a)[CUDA_KV_STORES], int32_t i)
 
 /* Fills d from stores[]; false when every entry is NULL. */
 bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d);
+
+/* ---- quantized KV rows on the device ------------------------------------------------
+ * Every access is aligned to its size (a row of q8_0 is 34-byte groups:
+ * its scale and its values are only 2-byte aligned), so values are read as
+ * bytes and halves, never as wider words. CUDA_CHECK_ALIGN is the
+ * emulator's check (tests/gpu/emu.h); on a device it is nothing. */
+#ifndef CUDA_CHECK_ALIGN
+#define CUDA_CHECK_ALIGN(p, n)
+#endif
+
+static __device__ __forceinline__ float cuda_kv_scale(const uint8_t *g)
+{
+    CUDA_CHECK_ALIGN(g, 2);
+    return __half2float(*(const __half *)g);
+}
+
+/* Values [8 * i8, 8 * i8 + 8) of a quantized row, as 4 half2 (d * q
+ * computed in f32, rounded once to f16, as the f16 tile holds them). */
+static __device__ __forceinline__ void cuda_kv_load8(const uint8_t *row, int32_t type, int32_t i8,
+                                                     __half2 *out)
+{
+    const int32_t g = i8 / 4, j0 = (i8 % 4) * 8;
+    float x[8];
+    if (type == DP_KV_Q8_0) {
+        const uint8_t *b = row + (size_t)g * 34;
+        const float d = cuda_kv_scale(b);
+        const int8_t *q = (const int8_t *)(b + 2) + j0;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = d * (float)q[j];
+    } else {
+        const uint8_t *b = row + (size_t)g * 18;
+        const float d = cuda_kv_scale(b);
+        const uint8_t *q = b + 2 + (j0 & 15);
+        const int sh = j0 < 16 ? 0 : 4;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = d * (float)(((q[j] >> sh) & 15) - 8);
+    }
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        out[j] = __floats2half2_rn(x[2 * j], x[2 * j + 1]);
+}
+
+/* Group g (values 32g .. 32g + 31) of a row of any type, in f32 (as the
+ * CPU's dequantization gives them). */
+static __device__ __forceinline__ void cuda_kv_group_get(const uint8_t *row, int32_t type,
+                                                         int32_t g, float *x)
+{
+    if (type == DP_KV_Q8_0) {
+        const uint8_t *b = row + (size_t)g * 34;
+        const float d = cuda_kv_scale(b);
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int j = 0; j < CUDA_QK; j++)
+            x[j] = d * (float)q[j];
+    } else if (type == DP_KV_Q4_0) {
+        const uint8_t *b = row + (size_t)g * 18;
+        const float d = cuda_kv_scale(b);
+        for (int j = 0; j < 16; j++) {
+            x[j] = d * (float)((b[2 + j] & 15) - 8);
+            x[j + 16] = d * (float)((b[2 + j] >> 4) - 8);
+        }
+    } else {
+        const __half *h = (const __half *)row + (size_t)g * CUDA_QK;
+        CUDA_CHECK_ALIGN(h, 2);
+        for (int j = 0; j < CUDA_QK; j++)
+            x[j] = __half2float(h[j]);
+    }
+}
+
+/* The CPU's rounding (kernels/quant.c q_round): nearest, ties away from
+ * zero, clamped first; NaN gives 0. */
+static __device__ __forceinline__ int cuda_q_round(float x, int lo, int hi)
+{
+    if (x != x)
+        return 0;
+    if (x <= (float)lo)
+        return lo;
+    if (x >= (float)hi)
+        return hi;
+    const int q = (int)(x < 0.0f ? x - 0.5f : x + 0.5f);
+    return q < lo ? lo : q > hi ? hi : q;
+}
+
+/* Writes group g of a row from 32 f32 values: the CPU's quantization
+ * (kernels/quant.c quant_q8_0 / quant_q4_0), the scale rounded to f16
+ * first and the values divided by it as stored; f16 rounds each value. */
+static __device__ __forceinline__ void cuda_kv_group_put(uint8_t *row, int32_t type, int32_t g,
+                                                         const float *x)
+{
+    if (type == DP_KV_Q8_0) {
+        uint8_t *b = row + (size_t)g * 34;
+        float amax = 0.0f;
+        for (int j = 0; j < CUDA_QK; j++)
+            amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
+        const __half dh = __float2half_rn(amax / 127.0f);
+        CUDA_CHECK_ALIGN(b, 2);
+        *(__half *)b = dh;
+        const float d = __half2float(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+        int8_t *q = (int8_t *)(b + 2);
+        for (int j = 0; j < CUDA_QK; j++)
+            q[j] = (int8_t)cuda_q_round(x[j] * id, -127, 127);
+    } else if (type == DP_KV_Q4_0) {
+        uint8_t *b = row + (size_t)g * 18;
+        float amax = 0.0f, m = 0.0f;
+        for (int j = 0; j < CUDA_QK; j++)
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                m = x[j];
+            }
+        const __half dh = __float2half_rn(m / -8.0f);
+        CUDA_CHECK_ALIGN(b, 2);
+        *(__half *)b = dh;
+        const float d = __half2float(dh), id = d != 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 16; j++) {
+            const int lo = cuda_q_round(x[j] * id, -8, 7) + 8;
+            const int hi = cuda_q_round(x[j + 16] * id, -8, 7) + 8;
+            b[2 + j] = (uint8_t)(lo | (hi << 4));
+        }
+    } else {
+        __half *h = (__half *)row + (size_t)g * CUDA_QK;
+        CUDA_CHECK_ALIGN(h, 2);
+        for (int j = 0; j < CUDA_QK; j++)
+            h[j] = __float2half_rn(x[j]);
+    }
+}
+
+/* Byte offset of (layer, block, head, token)'s row in a store. */
+static __host__ __device__ __forceinline__ size_t cuda_kv_off(int32_t layer, int32_t n_blocks,
+                                                              int32_t block, int64_t blk_bytes,
+                                                              int32_t head, int32_t bt, int32_t tok,
+                                                              size_t row_bytes)
+{
+    return ((size_t)layer * (size_t)n_blocks + (size_t)block) * (size_t)blk_bytes +
+           ((size_t)head * (size_t)bt + (size_t)tok) * row_bytes;
+}
 
 /* Device copies of the step's index arrays (one allocation, see batch_set). */
 typedef struct cuda_batch_dev {

@@ -54,33 +54,84 @@ static int32_t *cuda_kvp_commit(cuda_backend *c, size_t n)
     return c->kvp_idx;
 }
 
-/* Row of (layer, block, head, token) in a store, in elements. */
-__device__ __forceinline__ size_t kvp_row(int32_t layer, int32_t n_blocks, int32_t block,
-                                          int32_t n_kv, int32_t head, int32_t bt, int32_t tok,
-                                          int32_t hd)
+/* A store as the KV-path kernels read it (passed by value). */
+typedef struct kvp_store {
+    uint8_t *k, *v;
+    dp_kv_layout l;
+    int32_t type;        /* DP_KV_F16 (f32 layouts are kept in f16), Q8_0 or Q4_0 */
+    int64_t row_bytes, blk_bytes;
+} kvp_store;
+
+static kvp_store kvp_of(const dp_kv_store *kv)
 {
-    return ((((size_t)layer * (size_t)n_blocks + (size_t)block) * (size_t)n_kv + (size_t)head) *
-                (size_t)bt + (size_t)tok) * (size_t)hd;
+    kvp_store s;
+    s.k = kv->k;
+    s.v = kv->v;
+    s.l = kv->l;
+    s.type = cuda_kv_quant(kv->l.type) ? kv->l.type : DP_KV_F16;
+    s.row_bytes = (int64_t)kv->row_bytes;
+    s.blk_bytes = (int64_t)kv->blk_bytes;
+    return s;
+}
+
+/* Byte offset of the row of (layer, block, head, token) in a store. */
+__device__ __forceinline__ size_t kvp_row(const kvp_store &s, int32_t layer, int32_t block,
+                                          int32_t head, int32_t tok)
+{
+    return cuda_kv_off(layer, s.l.n_blocks, block, s.blk_bytes, head, s.l.block_tokens, tok,
+                       (size_t)s.row_bytes);
+}
+
+/* q . row for a key row of any type (q: hd floats). */
+__device__ __forceinline__ float kvp_dot(const uint8_t *row, int32_t type, const float *q, int32_t hd)
+{
+    float d = 0.0f;
+    if (!cuda_kv_quant(type)) {
+        const __half2 *r = (const __half2 *)row;
+        CUDA_CHECK_ALIGN(r, 4);
+        for (int32_t e = 0; e < hd / 2; e++) {
+            const float2 f = __half22float2(r[e]);
+            d = fmaf(q[2 * e], f.x, fmaf(q[2 * e + 1], f.y, d));
+        }
+        return d;
+    }
+    float x[CUDA_QK];
+    for (int32_t g = 0; g < hd / CUDA_QK; g++) {
+        cuda_kv_group_get(row, type, g, x);
+        for (int32_t e = 0; e < CUDA_QK; e++)
+            d = fmaf(q[g * CUDA_QK + e], x[e], d);
+    }
+    return d;
 }
 
 /* ---- key norms ------------------------------------------------------------------- */
 
-__global__ void cuda_knorm_kernel(const __half *k, dp_kv_layout l, const int32_t *table,
-                                  int32_t n_slots, float *out)
+__global__ void cuda_knorm_kernel(kvp_store st, const int32_t *table, int32_t n_slots, float *out)
 {
+    const dp_kv_layout l = st.l;
     const int64_t total = (int64_t)l.n_layers * l.n_kv_heads * n_slots;
     for (int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int32_t s = (int32_t)(idx % n_slots);
         const int32_t h = (int32_t)((idx / n_slots) % l.n_kv_heads);
         const int32_t layer = (int32_t)(idx / ((int64_t)n_slots * l.n_kv_heads));
-        const __half2 *r = (const __half2 *)(k + kvp_row(layer, l.n_blocks, table[s / l.block_tokens],
-                                                         l.n_kv_heads, h, l.block_tokens,
-                                                         s % l.block_tokens, l.head_dim));
+        const uint8_t *row = st.k + kvp_row(st, layer, table[s / l.block_tokens], h,
+                                            s % l.block_tokens);
         float ss = 0.0f;
-        for (int32_t d = 0; d < l.head_dim / 2; d++) {
-            const float2 f = __half22float2(r[d]);
-            ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+        if (!cuda_kv_quant(st.type)) {
+            const __half2 *r = (const __half2 *)row;
+            CUDA_CHECK_ALIGN(r, 4);
+            for (int32_t d = 0; d < l.head_dim / 2; d++) {
+                const float2 f = __half22float2(r[d]);
+                ss = fmaf(f.x, f.x, fmaf(f.y, f.y, ss));
+            }
+        } else {
+            float x[CUDA_QK];
+            for (int32_t g = 0; g < l.head_dim / CUDA_QK; g++) {
+                cuda_kv_group_get(row, st.type, g, x);
+                for (int32_t e = 0; e < CUDA_QK; e++)
+                    ss = fmaf(x[e], x[e], ss);
+            }
         }
         out[idx] = sqrtf(ss); /* idx is [layer][kv_head][slot] already */
     }
@@ -109,7 +160,7 @@ void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *t
     int64_t blocks = (total + KVP_THREADS - 1) / KVP_THREADS;
     if (blocks > (int64_t)c->sm_count * 32)
         blocks = (int64_t)c->sm_count * 32;
-    CUDA_LAUNCH(cuda_knorm_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, kv->k, *l, dt,
+    CUDA_LAUNCH(cuda_knorm_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, kvp_of(kv), dt,
                 n_slots, out);
     cuda_check_launch(c, "kv_score_knorm");
 }
@@ -144,10 +195,11 @@ __device__ float kvp_block_reduce(float v, float *red, bool is_max)
 }
 
 __global__ void __launch_bounds__(KVP_THREADS)
-    cuda_sattn_kernel(const __half *k, dp_kv_layout l, const int32_t *table, int32_t n_slots,
+    cuda_sattn_kernel(kvp_store st, const int32_t *table, int32_t n_slots,
                       const float *q, int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q,
                       int32_t n_heads, float scale, float *scratch, float *out)
 {
+    const dp_kv_layout l = st.l;
     __shared__ float qs[CUDA_MAX_HEAD_DIM];
     __shared__ float red[32];
     const int32_t layer = blockIdx.x / l.n_kv_heads, kvh = blockIdx.x % l.n_kv_heads;
@@ -166,13 +218,8 @@ __global__ void __launch_bounds__(KVP_THREADS)
             __syncthreads();
             float mx = -INFINITY;
             for (int32_t s = threadIdx.x; s < n; s += blockDim.x) {
-                const __half2 *r = (const __half2 *)(k + kvp_row(layer, l.n_blocks, table[s / bt],
-                                                                 l.n_kv_heads, kvh, bt, s % bt, hd));
-                float d = 0.0f;
-                for (int32_t e = 0; e < hd / 2; e++) {
-                    const float2 f = __half22float2(r[e]);
-                    d = fmaf(qs[2 * e], f.x, fmaf(qs[2 * e + 1], f.y, d));
-                }
+                float d = kvp_dot(st.k + kvp_row(st, layer, table[s / bt], kvh, s % bt), st.type,
+                                  qs, hd);
                 d *= scale;
                 sc[s] = d;
                 mx = fmaxf(mx, d);
@@ -224,33 +271,66 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
     if (!d || cuda_scratch_grow(c, (void **)&c->kvp_scratch, &c->kvp_scratch_cap,
                                 rows * (size_t)n_slots, sizeof(float)))
         return;
-    CUDA_LAUNCH(cuda_sattn_kernel, (unsigned)rows, KVP_THREADS, 0, c->stream, kv->k, *l, d, n_slots,
-                q, q_layer_stride, d + n_tab, n_q, n_heads, scale, c->kvp_scratch, out);
+    CUDA_LAUNCH(cuda_sattn_kernel, (unsigned)rows, KVP_THREADS, 0, c->stream, kvp_of(kv), d,
+                n_slots, q, q_layer_stride, d + n_tab, n_q, n_heads, scale, c->kvp_scratch, out);
     cuda_check_launch(c, "kv_score_attn");
 }
 
 /* ---- compaction ----------------------------------------------------------------------
- * One thread per (sequence, layer, head, kept slot, 16-byte vector): copies
- * that piece of the K row and the V row. Work is flattened over sequences
+ * One thread per (sequence, layer, head, kept slot, piece): copies that
+ * piece of the K row and the V row. A piece is a 16-byte vector (8 dims)
+ * between f16 stores, else a group of 32 dims: bytes as they are between
+ * stores of one quantized type, else through f32 (exact when widening,
+ * quantized with the CPU's rounding on the way into q8_0 / q4_0, so the
+ * two backends write the same bytes). Work is flattened over sequences
  * with a prefix sum of their row counts (rows = n_layers * n_kv * n_keep,
- * ordered like keep[]), found by binary search: the sequences of one call are
- * few, and the copy is bound by memory, not by the search. */
+ * ordered like keep[]), found by binary search: the sequences of one call
+ * are few, and the copy is bound by memory, not by the search. */
 
 typedef struct cuda_compact_seq_dev {
     int32_t src_off, dst_off, keep_off, n_keep;
 } cuda_compact_seq_dev;
 
-__global__ void cuda_compact_kernel(const __half *sk, const __half *sv, dp_kv_layout ls,
-                                    __half *dk, __half *dv, dp_kv_layout ld,
-                                    const int64_t *row_start, const cuda_compact_seq_dev *sq,
-                                    const int32_t *idx, int32_t n_seqs, int64_t total_rows)
+/* A group's bytes in a quantized row. */
+__device__ __forceinline__ int32_t kvp_group_bytes(int32_t type)
 {
-    const int32_t vecs = ls.head_dim / CUDA_KV_VEC;
-    const int64_t total = total_rows * vecs;
+    return type == DP_KV_Q8_0 ? 34 : 18;
+}
+
+/* One piece (vi) of a row from s to d. */
+__device__ __forceinline__ void kvp_copy_piece(const uint8_t *s, int32_t st, uint8_t *d, int32_t dt,
+                                               int32_t vi)
+{
+    if (!cuda_kv_quant(st) && !cuda_kv_quant(dt)) {
+        const size_t o = (size_t)vi * CUDA_KV_VEC * sizeof(__half);
+        CUDA_CHECK_ALIGN(s + o, 16);
+        CUDA_CHECK_ALIGN(d + o, 16);
+        *(uint4 *)(d + o) = *(const uint4 *)(s + o);
+    } else if (st == dt) { /* the group's bytes, as halves (groups are 2-byte aligned) */
+        const int32_t gb = kvp_group_bytes(st);
+        const uint16_t *a = (const uint16_t *)(s + (size_t)vi * gb);
+        uint16_t *b = (uint16_t *)(d + (size_t)vi * gb);
+        CUDA_CHECK_ALIGN(a, 2);
+        CUDA_CHECK_ALIGN(b, 2);
+        for (int32_t i = 0; i < gb / 2; i++)
+            b[i] = a[i];
+    } else {
+        float x[CUDA_QK];
+        cuda_kv_group_get(s, st, vi, x);
+        cuda_kv_group_put(d, dt, vi, x);
+    }
+}
+
+__global__ void cuda_compact_kernel(kvp_store src, kvp_store dst, const int64_t *row_start,
+                                    const cuda_compact_seq_dev *sq, const int32_t *idx,
+                                    int32_t n_seqs, int64_t total_rows, int32_t pieces)
+{
+    const dp_kv_layout ls = src.l, ld = dst.l;
+    const int64_t total = total_rows * pieces;
     for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
          t += (int64_t)gridDim.x * blockDim.x) {
-        const int64_t row = t / vecs;
-        const int32_t vi = (int32_t)(t % vecs);
+        const int64_t row = t / pieces;
+        const int32_t vi = (int32_t)(t % pieces);
         int32_t lo = 0, hi = n_seqs - 1; /* last sequence whose start <= row */
         while (lo < hi) {
             const int32_t mid = (lo + hi + 1) / 2;
@@ -267,12 +347,10 @@ __global__ void cuda_compact_kernel(const __half *sk, const __half *sv, dp_kv_la
         const int32_t from = idx[q.keep_off + r];
         const int32_t sb = idx[q.src_off + from / ls.block_tokens];
         const int32_t db = idx[q.dst_off + s / ld.block_tokens];
-        const size_t so = kvp_row(layer, ls.n_blocks, sb, ls.n_kv_heads, h, ls.block_tokens,
-                                  from % ls.block_tokens, ls.head_dim) + (size_t)vi * CUDA_KV_VEC;
-        const size_t doff = kvp_row(layer, ld.n_blocks, db, ld.n_kv_heads, h, ld.block_tokens,
-                                    s % ld.block_tokens, ld.head_dim) + (size_t)vi * CUDA_KV_VEC;
-        *(uint4 *)(dk + doff) = *(const uint4 *)(sk + so);
-        *(uint4 *)(dv + doff) = *(const uint4 *)(sv + so);
+        const size_t so = kvp_row(src, layer, sb, h, from % ls.block_tokens);
+        const size_t doff = kvp_row(dst, layer, db, h, s % ld.block_tokens);
+        kvp_copy_piece(src.k + so, src.type, dst.k + doff, dst.type, vi);
+        kvp_copy_piece(src.v + so, src.type, dst.v + doff, dst.type, vi);
     }
 }
 
@@ -340,23 +418,27 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     int32_t *d = cuda_kvp_commit(c, n_hdr + n_idx);
     if (!d)
         return c->failed ? c->failed : DP_ENOMEM;
-    const int64_t total = total_rows * (ls->head_dim / CUDA_KV_VEC);
+    const kvp_store ss = kvp_of(src), ds = kvp_of(dst);
+    const int32_t pieces = !cuda_kv_quant(ss.type) && !cuda_kv_quant(ds.type)
+                               ? ls->head_dim / CUDA_KV_VEC
+                               : ls->head_dim / CUDA_QK;
+    const int64_t total = total_rows * pieces;
     int64_t blocks = (total + KVP_THREADS - 1) / KVP_THREADS;
     if (blocks > (int64_t)c->sm_count * 32)
         blocks = (int64_t)c->sm_count * 32;
     /* A sequence with n_keep == 0 has no rows; the binary search never
      * lands on it because the next sequence starts at the same row. */
-    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, src->k, src->v,
-                *ls, dst->k, dst->v, *ld, (const int64_t *)d,
-                (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs), d + n_hdr, n_seqs, total_rows);
+    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, ss, ds,
+                (const int64_t *)d, (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs),
+                d + n_hdr, n_seqs, total_rows, pieces);
     cuda_check_launch(c, "kv_compact");
     return c->failed;
 }
 
 /* ---- host tier: one block to and from host memory ---------------------------------
  * The host image is the CPU backend's order, per layer K then V, each
- * [kv_head][token][head_dim], but in fp16 (kv_bytes_per_block is this
- * backend's size). A block's rows of one layer are contiguous on the device,
+ * [kv_head][token] rows of the store's type (fp16 rows are [head_dim];
+ * kv_bytes_per_block is this backend's size). A block's rows of one layer are contiguous on the device,
  * n_blocks rows apart from layer to layer: one 2-D copy moves all layers' K,
  * another all V.
  *
@@ -376,10 +458,10 @@ static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block
     if (block < 0 || block >= l->n_blocks)
         return DP_EINVAL;
     cuda_bind(c);
-    const size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * (size_t)l->head_dim *
-                       sizeof(__half);
-    const size_t dev_pitch = per * (size_t)l->n_blocks, host_pitch = 2 * per;
-    const size_t off = per * (size_t)block;
+    /* The block's own bytes (a view's may use less than its stride). */
+    const size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    const size_t dev_pitch = kv->blk_bytes * (size_t)l->n_blocks, host_pitch = 2 * per;
+    const size_t off = kv->blk_bytes * (size_t)block;
     uint8_t *h = (uint8_t *)host;
     uint8_t *dk = (uint8_t *)kv->k + off, *dv = (uint8_t *)kv->v + off;
     cudaError_t e = cudaSuccess;

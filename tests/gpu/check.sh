@@ -221,9 +221,14 @@ fi
 # A real request through the whole daemon: start it on a free port, wait for
 # /health, one greedy chat completion (a non-empty answer), /metrics naming the
 # backend, SIGTERM, exit status 0.
+# serve_check [NAME DAEMON-ARGS...]: NAME (default none) names its log
+# (dualpathd-NAME.log); a named run sends a prompt long enough to migrate to
+# the decode path, and checks /metrics for the migration.
 serve_check() {
     local bin="$BUILD/daemon/dualpathd" model="${DP_GPU_MODEL:-}" port pid body resp answer i rc
-    local dlog="$OUT/dualpathd.log" synthetic=0
+    local name="${1:-}" dlog="$OUT/dualpathd.log" synthetic=0
+    [ $# -gt 0 ] && shift
+    [ -n "$name" ] && dlog="$OUT/dualpathd-$name.log"
     if [ -z "$model" ]; then
         for model in models/SmolLM2-135M-Instruct.Q4_1.gguf "$DEPS"/model/*.gguf ""; do
             [ -f "$model" ] && break
@@ -251,8 +256,8 @@ serve_check() {
     else
         port=$(( 20000 + RANDOM % 20000 ))
     fi
-    echo "check.sh: $bin --model $model --device $SERVE_DEVICE --listen 127.0.0.1:$port (log: $dlog)"
-    "$bin" --config "" --model "$model" --device "$SERVE_DEVICE" --listen "127.0.0.1:$port" \
+    echo "check.sh: $bin --model $model --device $SERVE_DEVICE --listen 127.0.0.1:$port $* (log: $dlog)"
+    "$bin" --config "" --model "$model" --device "$SERVE_DEVICE" --listen "127.0.0.1:$port" "$@" \
         > "$dlog" 2>&1 &
     pid=$!
     SERVE_PID=$pid
@@ -291,7 +296,13 @@ EOF
         sleep 0.2
     done
     echo "check.sh: /health answered after $(( SERVE_LIMIT - (deadline - $(date +%s)) )) s"
-    body='{"messages": [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}], "max_tokens": 24, "temperature": 0'
+    local content="What is the capital of France? Answer in one sentence."
+    if [ -n "$name" ]; then
+        # About 250 tokens: past the compression floor, so the prompt moves
+        # to the decode path (and its type) at its end.
+        content="$(printf 'The harbour of Marseille is old and busy, and boats come in every morning. %.0s' $(seq 1 15))$content"
+    fi
+    body='{"messages": [{"role": "user", "content": "'"$content"'"}], "max_tokens": 24, "temperature": 0'
     # Random weights may well pick the end token first: the synthetic model's
     # answer must not stop there.
     [ "$synthetic" = 1 ] && body="$body, \"ignore_eos\": true"
@@ -320,6 +331,10 @@ sys.stdout.buffer.write(c.encode("utf-8", "backslashreplace"))' 2>/dev/null)
     if [ $ok = 1 ] && ! _http GET /metrics 2>/dev/null | grep -q "backend=\"$want_backend\""; then
         ok=0; why="/metrics does not name the $want_backend backend"
     fi
+    if [ $ok = 1 ] && [ -n "$name" ] &&
+        ! _http GET /metrics 2>/dev/null | grep -q '^dualpath_migrations_total{.*} [1-9]'; then
+        ok=0; why="no migration to the decode path ($*)"
+    fi
     kill -TERM "$pid" 2>/dev/null
     for i in $(seq 1 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     if kill -0 "$pid" 2>/dev/null; then
@@ -340,17 +355,26 @@ sys.stdout.buffer.write(c.encode("utf-8", "backslashreplace"))' 2>/dev/null)
     return 0
 }
 
-step serve
-SERVE_DETAIL=""
-serve_check
-src=$?
-SERVE_PID=""
-if [ $src -eq 0 ]; then step_done ok 0 "$SERVE_DETAIL"
-else
-    step_done failed "$src" "$SERVE_DETAIL"
-    [ $src -eq 2 ] && [ $RC -eq 0 ] && RC=2
-    [ $src -eq 1 ] && { [ $RC -eq 0 ] || [ $RC -eq 2 ]; } && RC=1
-fi
+# serve_step STEP [NAME DAEMON-ARGS...]
+serve_step() {
+    step "$1"
+    shift
+    SERVE_DETAIL=""
+    serve_check "$@"
+    local src=$?
+    SERVE_PID=""
+    if [ $src -eq 0 ]; then step_done ok 0 "$SERVE_DETAIL"
+    else
+        step_done failed "$src" "$SERVE_DETAIL"
+        [ $src -eq 2 ] && [ $RC -eq 0 ] && RC=2
+        [ $src -eq 1 ] && { [ $RC -eq 0 ] || [ $RC -eq 2 ]; } && RC=1
+    fi
+}
+
+serve_step serve
+# The quantized decode path on the device (the CPU's auto; CUDA's is f16 until
+# this has run on one): a long prompt migrates into a q8_0 view of the arena.
+serve_step serve-q8_0 q8_0 --decode-kv-type q8_0
 
 case $RC in
     0) finish 0 "all GPU checks passed" ;;

@@ -56,6 +56,16 @@ void __syncthreads(void);
 void __syncwarp(unsigned mask = 0xffffffffu);
 float __shfl_xor_sync(unsigned mask, float v, int lane_mask);
 
+/* A device access of n bytes must be n-aligned (a misaligned one faults on
+ * a GPU; the host would not notice): kernels check the accesses whose
+ * alignment is not obvious (cuda_internal.h CUDA_CHECK_ALIGN). */
+void emu_misaligned(const void *p, int n, const char *file, int line);
+#define CUDA_CHECK_ALIGN(p, n)                                                                     \
+    do {                                                                                           \
+        if ((uintptr_t)(p) % (uintptr_t)(n))                                                       \
+            emu_misaligned((const void *)(p), (int)(n), __FILE__, __LINE__);                       \
+    } while (0)
+
 /* Device math the host library lacks (glibc declares an __expf it does not
  * export). */
 #define __expf(x) expf(x)

@@ -112,10 +112,13 @@ static std::vector<float> run_case(const cfg_spec &c, const std::vector<seq_spec
     cuda_kv_desc kd;
     memset(&kd, 0, sizeof kd);
     for (int s = 0; s < n_stores; s++) {
-        kd.k[s] = K[s].data();
-        kd.v[s] = V[s].data();
+        kd.k[s] = (uint8_t *)K[s].data();
+        kd.v[s] = (uint8_t *)V[s].data();
         kd.n_blocks[s] = c.nb[s];
         kd.block_tokens[s] = c.bt[s];
+        kd.type[s] = DP_KV_F16;
+        kd.row_bytes[s] = c.hd * (int32_t)sizeof(__half);
+        kd.blk_bytes[s] = (int64_t)c.n_kv * c.bt[s] * kd.row_bytes[s];
     }
     kd.n_kv = c.n_kv;
     kd.head_dim = c.hd;

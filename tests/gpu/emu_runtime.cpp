@@ -376,6 +376,12 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
 
 /* Device allocations are poisoned with NaN bytes: nothing may rely on
  * cudaMalloc returning zeros. */
+void emu_misaligned(const void *p, int n, const char *file, int line)
+{
+    fprintf(stderr, "emu: misaligned %d-byte device access at %p (%s:%d)\n", n, p, file, line);
+    abort();
+}
+
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     emu_no_capture("cudaMalloc");

@@ -46,7 +46,7 @@ typedef struct dp_engine_opts {
     int32_t exempt_layers;       /* the decode path keeps every token in its first layers
                                   * (kvcache/manager.h); 0: none */
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
-    int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA: always f16) */
+    int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA keeps f32 in f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
                                   * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: q8_0
                                   * over an f16 cache where the backend keeps it) */

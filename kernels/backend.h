@@ -48,7 +48,7 @@ typedef struct dp_kv_layout {
     int32_t head_dim;
     int32_t block_tokens;
     int32_t n_blocks;
-    int32_t type;        /* dp_kv_type (CUDA: always f16 whatever is asked) */
+    int32_t type;        /* dp_kv_type (CUDA: f32 is kept in f16) */
 } dp_kv_layout;
 
 typedef struct dp_kv_store dp_kv_store;

@@ -83,11 +83,6 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
     }
 }
 
-/* dt[0]: the server's decode type (its store and geometry set up by
- * kv_mgr_init); in one arena on a backend with KV views, each other type a
- * request may ask for, read from the same blocks, that holds a token in no
- * more bytes than the prefill path does (a decode copy larger than the
- * prompt it stands for would only cost memory). */
 /* Stores a step of the backend may address (kv_mgr_stores' layout). */
 static int32_t max_stores(const dp_backend *be)
 {
@@ -95,6 +90,11 @@ static int32_t max_stores(const dp_backend *be)
     return n > 0 && n < DP_KV_MAX_STORES ? n : DP_KV_MAX_STORES;
 }
 
+/* dt[0]: the server's decode type (its store and geometry set up by
+ * kv_mgr_init); in one arena on a backend with KV views, each other type a
+ * request may ask for, read from the same blocks, that holds a token in no
+ * more bytes than the prefill path does (a decode copy larger than the
+ * prompt it stands for would only cost memory). */
 static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
 {
     m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
@@ -160,10 +160,11 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
                       "layers", n, n_layers);
     if (!m->shared || !be->ops->kv_view || DP_KV_STORE_EXEMPT >= max_stores(be))
         return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: exempt_layers needs one KV arena "
-                      "for both paths and a backend with KV views of their own (the %s "
-                      "backend%s)", be->ops->name,
-                      !be->ops->kv_view || DP_KV_STORE_EXEMPT >= max_stores(be)
-                          ? " has none" : ", without decode_pool_blocks");
+                      "for both paths and a backend whose steps read a third KV store, a view "
+                      "of it (the %s backend%s)", be->ops->name,
+                      !be->ops->kv_view                        ? " has no KV views"
+                      : DP_KV_STORE_EXEMPT >= max_stores(be) ? " reads two stores per step"
+                                                             : ", without decode_pool_blocks");
     m->xfold = n_layers / n;
     if ((int64_t)n_dblocks * m->xfold > INT32_MAX)
         return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");

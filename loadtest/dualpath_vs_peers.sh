@@ -16,7 +16,12 @@
 # how deep the conversations it served were (mean prompt tokens per request).
 #
 # Reported per server and workload: peak and mean concurrent sequences (the
-# server's running gauge, polled every 0.2 s while the load runs), output
+# server's running gauge, polled every 0.2 s while the load runs), for
+# multi-turn also over the first cycle (until the first session has sent
+# all its turns: every session is then in its first conversation, so every
+# server is measured at the same conversation depths whatever its speed,
+# where the whole run's mean lets a faster server go deeper and hold more
+# history per sequence; with the depth served in it), output
 # tok/s streamed (every token received in the time limit, requests still
 # running included) and of completed requests only, TTFT p50/p99,
 # preemptions.
@@ -40,7 +45,9 @@
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
 #   TURNS (default 10), SESSIONS (multi-turn sessions at once, default 8),
 #   PREFIX (default 200), THREADS (default nproc),
-#   CELL_S (time limit per run, default 120), SERVERS, BUDGET, LLAMA_NP, DP_MODEL_PATH,
+#   CELL_S (time limit per run, default 120), MT_CELL_S (the multi-turn runs', default
+#   CELL_S: long enough for a session to end on the slowest server), WORKLOADS (default
+#   "chat multiturn multiturn-64"), SERVERS, BUDGET, LLAMA_NP, DP_MODEL_PATH,
 #   DP_DAEMON, LLAMA_BIN (directory of llama-server; default:
 #   tools/llama-cpp.sh's).
 set -u -o pipefail
@@ -56,7 +63,8 @@ while [ $# -gt 0 ]; do
     esac
 done
 CONC=${CONC:-32}; REQS=${REQS:-64}; TURNS=${TURNS:-10}; PREFIX=${PREFIX:-200}; SESSIONS=${SESSIONS:-8}
-THREADS=${THREADS:-$(nproc)}; CELL_S=${CELL_S:-120}
+THREADS=${THREADS:-$(nproc)}; CELL_S=${CELL_S:-120}; MT_CELL_S=${MT_CELL_S:-$CELL_S}
+WORKLOADS=${WORKLOADS:-chat multiturn multiturn-64}
 MODEL=${DP_MODEL_PATH:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 DAEMON=${DP_DAEMON:-$root/build/daemon/dualpathd}
 LOADGEN=${DP_LOADGEN:-$root/build/loadtest/dp-loadgen}
@@ -91,11 +99,14 @@ SERVERS=${SERVERS:-off on on-q8_0 on-q4_0 llama llama-q8_0}
 running_gauge() { # url -> the running-sequences gauge of either server
     curl -s "$1/metrics" | awk '/^dualpath_requests_running /{print $2} /^llamacpp:requests_processing /{print $2}' | head -1
 }
-poll_peak() { # url file: "max mean" of the gauge so far, until killed
+poll_peak() { # url file: "max mean" of the gauge so far, until killed; every
+    # sample with its time in file.samples
     local peak=0 sum=0 n=0 v
+    : > "$2.samples"
     while :; do
         v=$(running_gauge "$1"); v=${v%.*}
         if [ -n "$v" ]; then
+            echo "$(date +%s.%N) $v" >> "$2.samples"
             [ "$v" -gt "$peak" ] && peak=$v
             sum=$(( sum + v )); n=$(( n + 1 ))
             # Written aside and renamed: the poller is killed at any moment,
@@ -111,35 +122,66 @@ run_cell() { # label workload-args...
     echo "0 0" > "$work/peak"
     poll_peak "$URL" "$work/peak" & local poller=$!
     local pre0; pre0=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
-    "$LOADGEN" --base-url "$URL" --api chat --no-progress -q -t "$CELL_S" --seed 7 \
+    local t0; t0=$(date +%s.%N)
+    "$LOADGEN" --base-url "$URL" --api chat --no-progress -q -t "$CELL_T" --seed 7 \
         --json "$work/$label.json" "$@" >/dev/null 2>"$work/$label.err"
     kill "$poller" 2>/dev/null; wait "$poller" 2>/dev/null
     local pre1; pre1=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
     local pre="n/a"
     [ -n "$pre0" ] && pre=$(( ${pre1%.*} - ${pre0%.*} ))
-    "$PY" - "$work/$label.json" "$label" "$(cat "$work/peak")" "$pre" >> "$work/rows" <<'PY'
+    "$PY" - "$work/$label.json" "$label" "$(cat "$work/peak")" "$pre" "$work/peak.samples" "$t0" \
+        "$TURNS" >> "$work/rows" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 peak, mean10 = sys.argv[3].split()
-print("| %s | %s | %.1f | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f |" % (sys.argv[2], peak,
-      int(mean10) / 10, r["streamed_output_throughput"], r["output_throughput"],
-      r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
-      r["total_output_tokens"], r["total_input_tokens"] / max(1, r["completed"]), r["failed"], r["duration"]))
+# Multi-turn: the first cycle, until the first session has sent all its
+# turns (every session is then in its first conversation, at the same
+# turns on every server, whatever its speed): the mean of the gauge then,
+# and the mean prompt tokens of the requests answered in it. "-" when no
+# session finished in the time limit.
+win, wtok = "-", "-"
+reqs = [q for q in r.get("requests", []) if q.get("session") is not None]
+if reqs:
+    last = int(sys.argv[7]) - 1  # turns are counted from 0
+    ends = {}
+    for q in reqs:
+        if q["ok"] and q["turn"] == last and q["session"] not in ends:
+            ends[q["session"]] = q["start_s"] + q["e2el_ms"] / 1e3
+    if ends:
+        end = min(ends.values())
+        t0 = float(sys.argv[6])
+        samples = [float(l.split()[1]) for l in open(sys.argv[5])
+                   if l.strip() and float(l.split()[0]) - t0 <= end]
+        done = [q for q in reqs if q["ok"] and q["start_s"] + q["e2el_ms"] / 1e3 <= end]
+        if samples:
+            win = "%.1f" % (sum(samples) / len(samples))
+        if done:
+            wtok = "%.0f" % (sum(q["prompt_tokens"] for q in done) / len(done))
+print("| %s | %s | %.1f | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f |" % (
+      sys.argv[2], peak, int(mean10) / 10, win, wtok, r["streamed_output_throughput"],
+      r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
+      r["total_output_tokens"], r["total_input_tokens"] / max(1, r["completed"]), r["failed"],
+      r["duration"]))
 PY
 }
 serve_and_run() { # name command...
     local name=$1; shift
     "$@" >"$work/$name.log" 2>&1 & local pid=$!
     wait_health || { echo "$name did not start; see $work/$name.log" >&2; kill $pid; return 1; }
-    run_cell "$name chat" --workload prefix --prefix-len "$PREFIX" --input-len 20:120 \
-        --no-max-tokens -n "$REQS" -c "$CONC"
-    run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 -n 0 -c "$SESSIONS"
+    CELL_T=$CELL_S
+    case " $WORKLOADS " in *" chat "*)
+        run_cell "$name chat" --workload prefix --prefix-len "$PREFIX" --input-len 20:120 \
+            --no-max-tokens -n "$REQS" -c "$CONC" ;; esac
+    CELL_T=$MT_CELL_S
+    case " $WORKLOADS " in *" multiturn "*)
+        run_cell "$name multiturn" --workload chat --turns "$TURNS" --input-len 20:60 \
+            --output-len 64 -n 0 -c "$SESSIONS" ;; esac
     # The same sessions with every reply 64 tokens long (ignore_eos): the
     # servers' replies differ (eviction changes the text), and where one
     # stops earlier its tok/s counts more prompt work per token.
-    run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
-        --output-len 64 --ignore-eos -n 0 -c "$SESSIONS"
+    case " $WORKLOADS " in *" multiturn-64 "*)
+        run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
+            --output-len 64 --ignore-eos -n 0 -c "$SESSIONS" ;; esac
     kill -TERM $pid; wait $pid 2>/dev/null
 }
 : > "$work/rows"
@@ -165,10 +207,10 @@ done
 {
     echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
-    echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per run."
+    echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per chat run, ${MT_CELL_S} s per multi-turn run."
     echo
-    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | mean concurrent seqs, first cycle | mean prompt tokens, first cycle | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

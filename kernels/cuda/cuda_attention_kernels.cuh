@@ -163,8 +163,8 @@ __global__ void __launch_bounds__(NT)
                     const size_t row = (size_t)blk * blk_bytes +
                                        ((size_t)kvh * (size_t)bt + (size_t)(p % bt)) * row_bytes;
                     if (quant) {
-                        cuda_kv_load8(kbase + row, ktype, vi, (__half2 *)&kk[u]);
-                        cuda_kv_load8(vbase + row, ktype, vi, (__half2 *)&vv[u]);
+                        kk[u] = cuda_kv_load8(kbase + row, ktype, vi);
+                        vv[u] = cuda_kv_load8(vbase + row, ktype, vi);
                     } else {
                         const size_t off = row + (size_t)vi * CUDA_KV_VEC * sizeof(__half);
                         CUDA_CHECK_ALIGN(kbase + off, 16);

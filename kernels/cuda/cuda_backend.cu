@@ -457,6 +457,8 @@ static int cuda_kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l
                         dp_kv_store **out)
 {
     const dp_kv_layout *b = &base->l;
+    if (l->type < 0 || l->type >= DP_KV_TYPE_COUNT)
+        return DP_EINVAL;
     if (l->n_layers != b->n_layers || l->n_blocks != b->n_blocks ||
         l->n_kv_heads != b->n_kv_heads || l->head_dim != b->head_dim)
         return DP_EUNSUPPORTED;
@@ -542,11 +544,13 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return c->failed;
     if (b->n_tokens < 1 || b->n_seqs < 1 || b->max_blocks < 1 || b->n_out < 0)
         return DP_EINVAL;
+    /* A step addresses two stores here (kv_max_stores): exempt layers and
+     * decode types other than the server's would be more. */
     if (b->n_exempt > 0)
-        return DP_EUNSUPPORTED; /* exempt layers need KV views (kv_view), which it lacks */
+        return DP_EUNSUPPORTED;
     for (int32_t s = 0; s < b->n_seqs; s++)
         if (b->seq_store[s] >= CUDA_KV_STORES)
-            return DP_EUNSUPPORTED; /* other decode types are views too */
+            return DP_EUNSUPPORTED;
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* One token per sequence (so every query tile is one token) and no

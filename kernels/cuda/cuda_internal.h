@@ -6,6 +6,7 @@
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#include <string.h>
 
 /* The project's headers are C without extern "C" guards. */
 extern "C" {
@@ -107,10 +108,10 @@ static __device__ __forceinline__ float cuda_kv_scale(const uint8_t *g)
     return __half2float(*(const __half *)g);
 }
 
-/* Values [8 * i8, 8 * i8 + 8) of a quantized row, as 4 half2 (d * q
- * computed in f32, rounded once to f16, as the f16 tile holds them). */
-static __device__ __forceinline__ void cuda_kv_load8(const uint8_t *row, int32_t type, int32_t i8,
-                                                     __half2 *out)
+/* Values [8 * i8, 8 * i8 + 8) of a quantized row as the 16 bytes of 8
+ * halves an f16 row would hold there (d * q computed in f32, rounded once
+ * to f16, as the f16 tile holds them). */
+static __device__ __forceinline__ uint4 cuda_kv_load8(const uint8_t *row, int32_t type, int32_t i8)
 {
     const int32_t g = i8 / 4, j0 = (i8 % 4) * 8;
     float x[8];
@@ -130,9 +131,13 @@ static __device__ __forceinline__ void cuda_kv_load8(const uint8_t *row, int32_t
         for (int j = 0; j < 8; j++)
             x[j] = d * (float)(((q[j] >> sh) & 15) - 8);
     }
+    __half2 h[4];
 #pragma unroll
     for (int j = 0; j < 4; j++)
-        out[j] = __floats2half2_rn(x[2 * j], x[2 * j + 1]);
+        h[j] = __floats2half2_rn(x[2 * j], x[2 * j + 1]);
+    uint4 out; /* (through memcpy: no access of a uint4 as half2) */
+    memcpy(&out, h, sizeof out);
+    return out;
 }
 
 /* Group g (values 32g .. 32g + 31) of a row of any type, in f32 (as the
@@ -162,7 +167,10 @@ static __device__ __forceinline__ void cuda_kv_group_get(const uint8_t *row, int
 }
 
 /* The CPU's rounding (kernels/quant.c q_round): nearest, ties away from
- * zero, clamped first; NaN gives 0. */
+ * zero, clamped first; NaN gives 0. x is the product x * (1 / d), rounded
+ * on its own: __fmul_rn and __fadd_rn keep nvcc from fusing it with the
+ * 0.5 into one FMA, which rounds once where the CPU rounds twice (a value
+ * just under 0.5 would then give 0 where the CPU gives 1). */
 static __device__ __forceinline__ int cuda_q_round(float x, int lo, int hi)
 {
     if (x != x)
@@ -171,7 +179,7 @@ static __device__ __forceinline__ int cuda_q_round(float x, int lo, int hi)
         return lo;
     if (x >= (float)hi)
         return hi;
-    const int q = (int)(x < 0.0f ? x - 0.5f : x + 0.5f);
+    const int q = (int)(x < 0.0f ? __fadd_rn(x, -0.5f) : __fadd_rn(x, 0.5f));
     return q < lo ? lo : q > hi ? hi : q;
 }
 
@@ -192,7 +200,7 @@ static __device__ __forceinline__ void cuda_kv_group_put(uint8_t *row, int32_t t
         const float d = __half2float(dh), id = d > 0.0f ? 1.0f / d : 0.0f;
         int8_t *q = (int8_t *)(b + 2);
         for (int j = 0; j < CUDA_QK; j++)
-            q[j] = (int8_t)cuda_q_round(x[j] * id, -127, 127);
+            q[j] = (int8_t)cuda_q_round(__fmul_rn(x[j], id), -127, 127);
     } else if (type == DP_KV_Q4_0) {
         uint8_t *b = row + (size_t)g * 18;
         float amax = 0.0f, m = 0.0f;
@@ -206,8 +214,8 @@ static __device__ __forceinline__ void cuda_kv_group_put(uint8_t *row, int32_t t
         *(__half *)b = dh;
         const float d = __half2float(dh), id = d != 0.0f ? 1.0f / d : 0.0f;
         for (int j = 0; j < 16; j++) {
-            const int lo = cuda_q_round(x[j] * id, -8, 7) + 8;
-            const int hi = cuda_q_round(x[j + 16] * id, -8, 7) + 8;
+            const int lo = cuda_q_round(__fmul_rn(x[j], id), -8, 7) + 8;
+            const int hi = cuda_q_round(__fmul_rn(x[j + 16], id), -8, 7) + 8;
             b[2 + j] = (uint8_t)(lo | (hi << 4));
         }
     } else {

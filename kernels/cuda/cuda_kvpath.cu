@@ -280,9 +280,9 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
  * One thread per (sequence, layer, head, kept slot, piece): copies that
  * piece of the K row and the V row. A piece is a 16-byte vector (8 dims)
  * between f16 stores, else a group of 32 dims: bytes as they are between
- * stores of one quantized type, else through f32 (exact when widening,
- * quantized with the CPU's rounding on the way into q8_0 / q4_0, so the
- * two backends write the same bytes). Work is flattened over sequences
+ * stores of one quantized type, else through f32 (d * q rounded once to
+ * f16 on the way out of q8_0 / q4_0, the CPU's quantization on the way in,
+ * so the two backends write the same bytes). Work is flattened over sequences
  * with a prefix sum of their row counts (rows = n_layers * n_kv * n_keep,
  * ordered like keep[]), found by binary search: the sequences of one call
  * are few, and the copy is bound by memory, not by the search. */

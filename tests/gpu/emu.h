@@ -69,6 +69,9 @@ void emu_misaligned(const void *p, int n, const char *file, int line);
 /* Device math the host library lacks (glibc declares an __expf it does not
  * export). */
 #define __expf(x) expf(x)
+/* IEEE single operations, never fused (the host build has no FMA). */
+#define __fmul_rn(a, b) ((a) * (b))
+#define __fadd_rn(a, b) ((a) + (b))
 #define rsqrtf(x) (1.0f / sqrtf(x))
 static inline int min(int a, int b) { return a < b ? a : b; }
 static inline int max(int a, int b) { return a > b ? a : b; }

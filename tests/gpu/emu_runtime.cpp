@@ -374,14 +374,16 @@ cudaError_t cudaFuncSetAttribute(const void *func, enum cudaFuncAttribute attr, 
     return cudaSuccess;
 }
 
-/* Device allocations are poisoned with NaN bytes: nothing may rely on
- * cudaMalloc returning zeros. */
+/* A device access the kernels checked (emu.h CUDA_CHECK_ALIGN) was not
+ * aligned to its size: a GPU would fault. */
 void emu_misaligned(const void *p, int n, const char *file, int line)
 {
     fprintf(stderr, "emu: misaligned %d-byte device access at %p (%s:%d)\n", n, p, file, line);
     abort();
 }
 
+/* Device allocations are poisoned with NaN bytes: nothing may rely on
+ * cudaMalloc returning zeros. */
 cudaError_t cudaMalloc(void **p, size_t size)
 {
     emu_no_capture("cudaMalloc");

@@ -952,16 +952,26 @@ static void check_capture(dp_backend *be[2])
     hbatch_free(&hb);
 }
 
-/* Scales each group of 32 values by a power of two from 1/8 to 8, or to
- * zero (one in eight): quantized groups then have scales of their own, so
- * a group read with another's scale, or an all-zero group, shows. */
+/* Gives each group of 32 values a scale of its own (a power of two from
+ * 1/4 to 4), so that a group read with another's scale shows, or makes it
+ * one of three edge cases: all zero; exact ties (a 127 sets q8_0's scale to
+ * 1, then +-(j + 0.5): each rounds half away from zero); q4_0's clamp (a
+ * -4 first sets its scale to 0.5, so every +4 maps to 8, clamped to 7). */
 static void vary_groups(float *p, size_t n)
 {
     for (size_t g = 0; g + 32 <= n; g += 32) {
         const int k = (int)(rnd64() % 8);
-        const float sc = k == 7 ? 0.0f : ldexpf(1.0f, k - 3);
-        for (size_t j = 0; j < 32; j++)
-            p[g + j] *= sc;
+        for (size_t j = 0; j < 32; j++) {
+            float *x = &p[g + j];
+            if (k == 7)
+                *x = 0.0f;
+            else if (k == 6)
+                *x = j == 0 ? 127.0f : (j % 2 ? -1.0f : 1.0f) * ((float)j + 0.5f);
+            else if (k == 5)
+                *x = j == 0 || j % 3 == 1 ? -4.0f : 4.0f;
+            else
+                *x *= ldexpf(1.0f, k - 2);
+        }
     }
 }
 

@@ -98,8 +98,7 @@ static int32_t max_stores(const dp_backend *be)
 static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
 {
     m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
-                             .block_bytes = m->decode_block_bytes, .layout = *dl,
-                             .store = m->dstore, .by_ref = m->by_ref};
+                             .layout = *dl, .store = m->dstore, .by_ref = m->by_ref};
     m->dt[0].layout.n_blocks = m->dpool->n_blocks;
     m->n_dt = 1;
     dp_backend *be = m->be;
@@ -120,8 +119,7 @@ static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout 
             continue; /* not kept by this backend at this head size, or larger */
         dp_kv_dtype *d = &m->dt[m->n_dt];
         l.block_tokens = (int32_t)(m->prefill_block_bytes / per);
-        *d = (dp_kv_dtype){.type = l.type, .bt = l.block_tokens,
-                           .block_bytes = be->ops->kv_bytes_per_block(be, &l)};
+        *d = (dp_kv_dtype){.type = l.type, .bt = l.block_tokens};
         l.n_blocks = m->dpool->n_blocks;
         d->layout = l;
         if (t == (int)pl->type) { /* the arena itself */
@@ -180,7 +178,6 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
         d->xbt = m->xfold * d->bt;
     }
     m->n_exempt = n;
-    m->xstore = m->dt[0].xstore;
     return 0;
 }
 

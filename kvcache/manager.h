@@ -138,7 +138,6 @@ typedef struct dp_kv_mgr_opts {
 typedef struct dp_kv_dtype {
     dp_kv_type type;
     int32_t bt;                  /* tokens per decode block */
-    size_t block_bytes;          /* of a decode block of this type */
     dp_kv_layout layout;         /* n_blocks: the decode pool's */
     dp_kv_store *store;          /* the decode pool read as this type */
     bool by_ref;                 /* the prefill type in one arena: a decode table can hold
@@ -212,7 +211,6 @@ typedef struct dp_kv_mgr {
      * blocks of them (dt[].xbt slots), through each type's xstore (a folded
      * view of the arena, backend.h kv_view). */
     int32_t n_exempt, xfold;
-    dp_kv_store *xstore;         /* the server's decode type's (dt[0].xstore) */
 } dp_kv_mgr;
 
 /* be NULL: pools only (no stores, no swap, no migration). The arena is

@@ -396,6 +396,17 @@ static bool cuda_kv_layout_ok(const dp_kv_layout *l)
     return true;
 }
 
+/* The fields of a store that follow from its layout; blk_bytes: its block
+ * stride (a view's is its base's; 0: its own blocks'). */
+static void cuda_kv_fields(dp_kv_store *kv, const dp_kv_layout *l, size_t blk_bytes)
+{
+    kv->l = *l;
+    kv->type = cuda_kv_quant(l->type) ? l->type : DP_KV_F16;
+    kv->row_bytes = cuda_kv_row_bytes(l->type, l->head_dim);
+    kv->blk_bytes = blk_bytes ? blk_bytes
+                              : (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+}
+
 static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
     cuda_backend *c = cuda_of(be);
@@ -408,9 +419,7 @@ static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **o
     dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
-    kv->l = *l;
-    kv->row_bytes = cuda_kv_row_bytes(l->type, l->head_dim);
-    kv->blk_bytes = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    cuda_kv_fields(kv, l, 0);
     size_t half = cuda_kv_block_bytes(be, l) / 2 * (size_t)l->n_blocks;
     if (cudaMalloc((void **)&kv->k, half) != cudaSuccess ||
         cudaMalloc((void **)&kv->v, half) != cudaSuccess) {
@@ -472,9 +481,7 @@ static int cuda_kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l
     dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
-    kv->l = *l;
-    kv->row_bytes = row;
-    kv->blk_bytes = base->blk_bytes;
+    cuda_kv_fields(kv, l, base->blk_bytes);
     kv->k = base->k;
     kv->v = base->v;
     kv->view = true;

@@ -31,7 +31,7 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
         d->v[i] = kv->v;
         d->n_blocks[i] = kv->l.n_blocks;
         d->block_tokens[i] = kv->l.block_tokens;
-        d->type[i] = cuda_kv_quant(kv->l.type) ? kv->l.type : DP_KV_F16;
+        d->type[i] = kv->type;
         d->row_bytes[i] = (int32_t)kv->row_bytes;
         d->blk_bytes[i] = (int64_t)kv->blk_bytes;
         d->n_kv = kv->l.n_kv_heads;

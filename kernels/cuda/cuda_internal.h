@@ -60,6 +60,7 @@ struct dp_kv_store {
      * its blocks keep the base's stride, blk_bytes. */
     uint8_t *k;
     uint8_t *v;
+    int32_t type;   /* the rows the kernels read: DP_KV_F16 (for an f32 layout too), Q8_0, Q4_0 */
     size_t row_bytes, blk_bytes;
     bool view;
 };

@@ -54,32 +54,12 @@ static int32_t *cuda_kvp_commit(cuda_backend *c, size_t n)
     return c->kvp_idx;
 }
 
-/* A store as the KV-path kernels read it (passed by value). */
-typedef struct kvp_store {
-    uint8_t *k, *v;
-    dp_kv_layout l;
-    int32_t type;        /* DP_KV_F16 (f32 layouts are kept in f16), Q8_0 or Q4_0 */
-    int64_t row_bytes, blk_bytes;
-} kvp_store;
-
-static kvp_store kvp_of(const dp_kv_store *kv)
-{
-    kvp_store s;
-    s.k = kv->k;
-    s.v = kv->v;
-    s.l = kv->l;
-    s.type = cuda_kv_quant(kv->l.type) ? kv->l.type : DP_KV_F16;
-    s.row_bytes = (int64_t)kv->row_bytes;
-    s.blk_bytes = (int64_t)kv->blk_bytes;
-    return s;
-}
-
 /* Byte offset of the row of (layer, block, head, token) in a store. */
-__device__ __forceinline__ size_t kvp_row(const kvp_store &s, int32_t layer, int32_t block,
+__device__ __forceinline__ size_t kvp_row(const dp_kv_store &s, int32_t layer, int32_t block,
                                           int32_t head, int32_t tok)
 {
-    return cuda_kv_off(layer, s.l.n_blocks, block, s.blk_bytes, head, s.l.block_tokens, tok,
-                       (size_t)s.row_bytes);
+    return cuda_kv_off(layer, s.l.n_blocks, block, (int64_t)s.blk_bytes, head, s.l.block_tokens,
+                       tok, s.row_bytes);
 }
 
 /* q . row for a key row of any type (q: hd floats). */
@@ -106,7 +86,7 @@ __device__ __forceinline__ float kvp_dot(const uint8_t *row, int32_t type, const
 
 /* ---- key norms ------------------------------------------------------------------- */
 
-__global__ void cuda_knorm_kernel(kvp_store st, const int32_t *table, int32_t n_slots, float *out)
+__global__ void cuda_knorm_kernel(dp_kv_store st, const int32_t *table, int32_t n_slots, float *out)
 {
     const dp_kv_layout l = st.l;
     const int64_t total = (int64_t)l.n_layers * l.n_kv_heads * n_slots;
@@ -160,7 +140,7 @@ void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *t
     int64_t blocks = (total + KVP_THREADS - 1) / KVP_THREADS;
     if (blocks > (int64_t)c->sm_count * 32)
         blocks = (int64_t)c->sm_count * 32;
-    CUDA_LAUNCH(cuda_knorm_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, kvp_of(kv), dt,
+    CUDA_LAUNCH(cuda_knorm_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, *kv, dt,
                 n_slots, out);
     cuda_check_launch(c, "kv_score_knorm");
 }
@@ -195,7 +175,7 @@ __device__ float kvp_block_reduce(float v, float *red, bool is_max)
 }
 
 __global__ void __launch_bounds__(KVP_THREADS)
-    cuda_sattn_kernel(kvp_store st, const int32_t *table, int32_t n_slots,
+    cuda_sattn_kernel(dp_kv_store st, const int32_t *table, int32_t n_slots,
                       const float *q, int64_t q_layer_stride, const int32_t *q_slot, int32_t n_q,
                       int32_t n_heads, float scale, float *scratch, float *out)
 {
@@ -271,7 +251,7 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
     if (!d || cuda_scratch_grow(c, (void **)&c->kvp_scratch, &c->kvp_scratch_cap,
                                 rows * (size_t)n_slots, sizeof(float)))
         return;
-    CUDA_LAUNCH(cuda_sattn_kernel, (unsigned)rows, KVP_THREADS, 0, c->stream, kvp_of(kv), d,
+    CUDA_LAUNCH(cuda_sattn_kernel, (unsigned)rows, KVP_THREADS, 0, c->stream, *kv, d,
                 n_slots, q, q_layer_stride, d + n_tab, n_q, n_heads, scale, c->kvp_scratch, out);
     cuda_check_launch(c, "kv_score_attn");
 }
@@ -321,7 +301,7 @@ __device__ __forceinline__ void kvp_copy_piece(const uint8_t *s, int32_t st, uin
     }
 }
 
-__global__ void cuda_compact_kernel(kvp_store src, kvp_store dst, const int64_t *row_start,
+__global__ void cuda_compact_kernel(dp_kv_store src, dp_kv_store dst, const int64_t *row_start,
                                     const cuda_compact_seq_dev *sq, const int32_t *idx,
                                     int32_t n_seqs, int64_t total_rows, int32_t pieces)
 {
@@ -418,8 +398,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     int32_t *d = cuda_kvp_commit(c, n_hdr + n_idx);
     if (!d)
         return c->failed ? c->failed : DP_ENOMEM;
-    const kvp_store ss = kvp_of(src), ds = kvp_of(dst);
-    const int32_t pieces = !cuda_kv_quant(ss.type) && !cuda_kv_quant(ds.type)
+    const int32_t pieces = !cuda_kv_quant(src->type) && !cuda_kv_quant(dst->type)
                                ? ls->head_dim / CUDA_KV_VEC
                                : ls->head_dim / CUDA_QK;
     const int64_t total = total_rows * pieces;
@@ -428,7 +407,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
         blocks = (int64_t)c->sm_count * 32;
     /* A sequence with n_keep == 0 has no rows; the binary search never
      * lands on it because the next sequence starts at the same row. */
-    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, ss, ds,
+    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, *src, *dst,
                 (const int64_t *)d, (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs),
                 d + n_hdr, n_seqs, total_rows, pieces);
     cuda_check_launch(c, "kv_compact");

@@ -975,21 +975,16 @@ static void vary_groups(float *p, size_t n)
     }
 }
 
-/* One block of an f16 or f32 store as floats, [layer][K, V][head][token]
- * [dim] (the CPU keeps K transposed per head: put back in row order). */
-static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
+/* A host image of one block of an f16 or f32 store (bytes long) as floats,
+ * [layer][K, V][head][token][dim]. A host image is its backend's own block
+ * layout (it never crosses backends): the CPU keeps K transposed per head
+ * ([head_dim][token], kernels/cpu/cpu_internal.h), so its K goes back to
+ * row order ([token][head_dim]) for comparisons. */
+static float *image_floats(dp_backend *be, const dp_kv_layout *l, const uint8_t *img, size_t bytes)
 {
-    const dp_kv_layout *l = be->ops->kv_layout(be, kv);
-    dp_kv_layout one = *l;
-    one.n_blocks = 1;
-    const size_t bytes = be->ops->kv_bytes_per_block(be, &one);
-    const size_t per = (size_t)l->n_kv_heads * l->block_tokens * l->head_dim, n = 2 * l->n_layers * per;
+    const int32_t bt = l->block_tokens, hd = l->head_dim;
+    const size_t per = (size_t)l->n_kv_heads * bt * hd, n = 2 * (size_t)l->n_layers * per;
     const size_t es = bytes / n;
-    const bool pinned = be->ops->host_alloc && be->ops->host_free;
-    uint8_t *img = pinned ? be->ops->host_alloc(be, bytes) : xmalloc(bytes);
-    if (!img || be->ops->kv_block_read(be, kv, block, img))
-        die(EXIT_CHECK, "%s: kv_block_read failed", be->ops->name);
-    be_wait(be);
     float *out = xmalloc(n * sizeof(float));
     for (size_t e = 0; e < n; e++) {
         uint16_t h;
@@ -1000,12 +995,7 @@ static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
             out[e] = dp_fp16_to_f32(h);
         }
     }
-    if (pinned)
-        be->ops->host_free(be, img);
-    else
-        free(img);
     if (!strcmp(be->ops->name, "cpu")) {
-        const int32_t bt = l->block_tokens, hd = l->head_dim;
         float *t = xmalloc(per * sizeof(float));
         for (int32_t L = 0; L < l->n_layers; L++) {
             float *k = out + (size_t)L * 2 * per;
@@ -1017,6 +1007,26 @@ static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
         }
         free(t);
     }
+    return out;
+}
+
+/* One block of an f16 or f32 store, read to the host, as image_floats. */
+static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
+{
+    const dp_kv_layout *l = be->ops->kv_layout(be, kv);
+    dp_kv_layout one = *l;
+    one.n_blocks = 1;
+    const size_t bytes = be->ops->kv_bytes_per_block(be, &one);
+    const bool pinned = be->ops->host_alloc && be->ops->host_free;
+    uint8_t *img = pinned ? be->ops->host_alloc(be, bytes) : xmalloc(bytes);
+    if (!img || be->ops->kv_block_read(be, kv, block, img))
+        die(EXIT_CHECK, "%s: kv_block_read failed", be->ops->name);
+    be_wait(be);
+    float *out = image_floats(be, &one, img, bytes);
+    if (pinned)
+        be->ops->host_free(be, img);
+    else
+        free(img);
     return out;
 }
 
@@ -1129,34 +1139,7 @@ static void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
                 be[b]->ops->kv_block_read(be[b], src, spare, img2))
                 die(EXIT_CHECK, "%s: kv_block_read/write failed", be[b]->ops->name);
             be_wait(be[b]);
-            blk[b] = xmalloc(blk_elems * sizeof(float));
-            for (size_t e = 0; e < blk_elems; e++) {
-                uint16_t hv16;
-                if (esize == 4) {
-                    memcpy(&blk[b][e], img + 4 * e, 4);
-                } else {
-                    memcpy(&hv16, img + 2 * e, 2);
-                    blk[b][e] = dp_fp16_to_f32(hv16);
-                }
-            }
-            /* A host image is its backend's own block layout (it never
-             * crosses backends): the CPU keeps K transposed per head
-             * ([head_dim][token], kernels/cpu/cpu_internal.h), so its K goes
-             * back to row order ([token][head_dim]) before the comparison. */
-            if (!strcmp(be[b]->ops->name, "cpu")) {
-                const size_t per = (size_t)n_kv * bt_src * hd;
-                float *t = xmalloc(per * sizeof(float));
-                for (int32_t l = 0; l < n_layers; l++) {
-                    float *k = blk[b] + (size_t)l * 2 * per;
-                    for (int32_t h = 0; h < n_kv; h++)
-                        for (int32_t tk = 0; tk < bt_src; tk++)
-                            for (int32_t d = 0; d < hd; d++)
-                                t[((size_t)h * bt_src + tk) * hd + d] =
-                                    k[((size_t)h * hd + d) * bt_src + tk];
-                    memcpy(k, t, per * sizeof(float));
-                }
-                free(t);
-            }
+            blk[b] = image_floats(be[b], &ls, img, bbytes);
             roundtrip[b] = memcmp(img, img2, bbytes) == 0 && (esize == 2 || esize == 4);
             if (pinned) {
                 be[b]->ops->host_free(be[b], img);

@@ -1080,6 +1080,8 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
     }
 }
 
+static void update_gauges(dp_engine *e);
+
 static void run_step(dp_engine *e)
 {
     double t0 = dp_now();
@@ -1093,6 +1095,10 @@ static void run_step(dp_engine *e)
         e->stats.running_peak = e->sched.n_running;
         pthread_mutex_unlock(&e->stats_mu);
     }
+    /* The gauges describe the step now running: a step that prefills the
+     * requests it just admitted can take most of a second on a CPU, and
+     * until its end they would still read as waiting. */
+    update_gauges(e);
     if (plan.n_items == 0) {
         /* Nothing fits. If nothing runs either, the head of the queue can
          * never fit (submit checks against the pools, so this is a safety

@@ -275,14 +275,23 @@ static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
  * for SnapKV's captured queries). */
 static bool admit(dp_sched *s, dp_seq *q)
 {
+    /* Busy: others run now, wait behind q, or ran beside each other in the
+     * last step. The last is a burst's trace: sessions whose turns ended
+     * together send their next turns together, and the first of them to
+     * arrive finds nothing running while the others are a few milliseconds
+     * behind it. Taken for idle, it would recompute its history whole
+     * (kvcache/manager.h, whole_if_room) while the rest of the burst waited
+     * behind that prefill. A server used by one conversation at a time
+     * runs one sequence per step and stays idle between its turns. */
+    const bool busy = s->run_head != NULL || q->next != NULL || s->last_items > 1;
     if (q->kv.swapped.buf)
-        return kv_mgr_swap_in(s->kv, &q->kv, s->run_head != NULL) == 0;
+        return kv_mgr_swap_in(s->kv, &q->kv, busy) == 0;
     if (shares_pending_prefix(s, q))
         return false;
     int32_t reused = 0;
     /* A tail of the whole prompt: nothing comes from the prefix cache. */
     int32_t tail = q->scores_prompt ? q->n_tokens : q->tail_min;
-    if (kv_mgr_admit(s->kv, &q->kv, q->tokens, q->n_tokens, tail, s->run_head != NULL, &reused) != 0)
+    if (kv_mgr_admit(s->kv, &q->kv, q->tokens, q->n_tokens, tail, busy, &reused) != 0)
         return false;
     q->n_computed = reused;
     q->reused_tokens = reused;
@@ -379,4 +388,5 @@ void sched_commit(dp_sched *s, const dp_sched_plan *p)
         kv_mgr_commit(s->kv, &q->kv, q->tokens, p->items[i].n);
         q->scheduled = false;
     }
+    s->last_items = p->n_items;
 }

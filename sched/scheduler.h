@@ -86,6 +86,7 @@ typedef struct dp_sched {
     int32_t n_waiting, n_running;
     uint64_t next_order;
     int64_t n_preemptions;
+    int32_t last_items;       /* sequences in the last step committed (a burst's trace) */
     dp_sched_item *items;     /* plan storage, max_seqs entries */
 } dp_sched;
 

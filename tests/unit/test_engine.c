@@ -1721,7 +1721,9 @@ static void test_resume_turns(world *w)
      * (params.conversation) whose previous turn is parked runs whole on an
      * idle engine with room (its parked cache dropped), and continues the
      * parked cache when it arrives with another sequence (submitted
-     * together: the other is admitted first). */
+     * together: the other is admitted first), or alone right after a burst
+     * (its first turn ran beside another conversation's, both ending in
+     * the same step: the burst's next turns are on their way). */
     {
         dp_engine_opts o;
         engine_opts_default(&o);
@@ -1731,14 +1733,34 @@ static void test_resume_turns(world *w)
         dp_engine *e = start(w, 256, 8);
         next_opts_set = false;
         char err[DP_ERRLEN];
-        dp_engine_stats g[2];
-        for (int busy = 0; busy < 2; busy++) {
+        dp_engine_stats g[3];
+        for (int mode = 0; mode < 3; mode++) { /* idle, busy, after a burst */
             static int32_t conv[512];
-            static result r1, r2, rd;
+            static result r1, r2, rd, rb;
             int32_t n = 0;
-            uint64_t x = 21 + (uint64_t)busy;
+            uint64_t x = 21 + (uint64_t)mode;
             conv_add_text(w, conv, &n, 60, &x);
-            conv_turn(e, conv, &n, 12, 0, &r1); /* a first turn: migrates and parks */
+            if (mode == 2) {
+                /* A first turn and another conversation's, together. */
+                static req_spec s1, sb;
+                s1 = (req_spec){.n_prompt = n, .max_tokens = 12, .ignore_eos = true};
+                memcpy(s1.prompt, conv, (size_t)n * sizeof *conv);
+                sb = s1;
+                for (int32_t k = 0; k < sb.n_prompt; k++)
+                    sb.prompt[k] = (int32_t)((k * 53u + 7u) % (unsigned)w->vocab);
+                memset(&r1, 0, sizeof r1);
+                memset(&rb, 0, sizeof rb);
+                dp_request *rq[2] = {make_req(&s1, &r1), make_req(&sb, &rb)};
+                CHECK_MSG(engine_submit_all(e, rq, 2, err, sizeof err) == 0, "%s", err);
+                request_unref(rq[0]);
+                request_unref(rq[1]);
+                collect(e, 2);
+                CHECK_EQ_INT(r1.n, 12);
+                for (int32_t i = 0; i < r1.n; i++)
+                    conv[n++] = r1.toks[i];
+            } else {
+                conv_turn(e, conv, &n, 12, 0, &r1); /* a first turn: migrates and parks */
+            }
             conv_add_text(w, conv, &n, 16, &x);
             static req_spec s2, sd;
             s2 = (req_spec){.n_prompt = n, .max_tokens = 12, .ignore_eos = true};
@@ -1750,25 +1772,26 @@ static void test_resume_turns(world *w)
             memset(&rd, 0, sizeof rd);
             dp_request *rq[2] = {make_req(&sd, &rd), make_req(&s2, &r2)};
             rq[1]->params.conversation = true;
-            if (busy)
+            if (mode == 1)
                 CHECK_MSG(engine_submit_all(e, rq, 2, err, sizeof err) == 0, "%s", err);
             else
                 CHECK_MSG(engine_submit(e, rq[1], err, sizeof err) == 0, "%s", err);
             request_unref(rq[0]);
             request_unref(rq[1]);
-            collect(e, busy ? 2 : 1);
+            collect(e, mode == 1 ? 2 : 1);
             CHECK_EQ_INT(r2.n, 12);
-            engine_get_stats(e, &g[busy]);
+            engine_get_stats(e, &g[mode]);
         }
         check_idle(e);
         engine_destroy(e);
         CHECK_EQ_INT(g[0].turns_resumed, 0);
         CHECK_EQ_INT(g[1].turns_resumed, 1);
+        CHECK_EQ_INT(g[2].turns_resumed, 2);
     }
     printf("parked turns in a 48-block arena: %lld moved to the swap space for room (%lld dropped), "
            "0 preemptions, outputs as without them; a later turn copied its cache back and "
            "answered as where nothing was spilled; a chat turn alone ran whole, one beside another "
-           "request continued its parked turn\n", (long long)ps[0].parked_spills,
+           "request or right after a burst continued its parked turn\n", (long long)ps[0].parked_spills,
            (long long)ps[0].parked_evictions);
 }
 

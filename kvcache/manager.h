@@ -261,8 +261,10 @@ bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv);
  * tokens[0..n_tokens - tail) is taken back (tail >= 1 leaves the last tokens
  * to compute) and the prefill pool reserves the rest, and the decode pool
  * its compressed size plus a block (less a decode-pool share of its prefix
- * that others hold now). While others run (busy) a watermark of
- * decode blocks stays free. Returns 0 and sets *reused (the tokens already
+ * that others hold now). While others run or are about to (busy, the
+ * scheduler's: others running or queued, or a burst's last step) a
+ * watermark of decode blocks stays free and a later chat turn is not run
+ * whole (whole_if_room). Returns 0 and sets *reused (the tokens already
  * in the cache), or DP_ENOSPC: nothing changed. */
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
                  int32_t tail, bool busy, int32_t *reused);

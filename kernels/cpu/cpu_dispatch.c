@@ -88,6 +88,14 @@ static void choose(void)
            chosen->name);
 }
 
+const cpu_kern *cpu_kern_level(const char *name)
+{
+    for (size_t i = 0; i < N_LEVELS; i++)
+        if (!strcmp(name, levels[i].name))
+            return levels[i].supported() ? levels[i].k : NULL;
+    return NULL;
+}
+
 const cpu_kern *cpu_kern_get(void)
 {
     pthread_once(&once, choose);

@@ -129,6 +129,9 @@ extern const cpu_kern cpu_kern_avx2, cpu_kern_avx512;
 
 /* The level the process runs (chosen once, see cpu_dispatch.c). */
 const cpu_kern *cpu_kern_get(void);
+/* The level of that name where this build has it and this CPU runs it, else
+ * NULL (tests compare levels on one machine). */
+const cpu_kern *cpu_kern_level(const char *name);
 /* True when matmuls use the exact f32 path (DP_CPU_EXACT or
  * backend_cpu_set_exact). */
 bool cpu_exact_get(void);

@@ -464,7 +464,6 @@ Q8_FIXED(4)
     }
 FAST_TYPES(DEFINE_Q8)
 
-#if !VEC_AVX512
 /* ---- Weights repacked in groups of 8 rows (CPU_LAYOUT_X8): for each block,
  * 4 activation bytes broadcast against a vector of the 8 rows' bytes give
  * the 8 rows' products in its 8 lanes, and the 8 rows' scales are one
@@ -475,13 +474,35 @@ FAST_TYPES(DEFINE_Q8)
  * takes one unsigned operand) and each chunk's pairs go to i32 at once (2 *
  * 128 * 127 per pair leaves no room to add chunks in i16). Each activation
  * row's sums run in the same order whatever the batch: a row's result does
- * not depend on the rows beside it. */
+ * not depend on the rows beside it. With AVX-512 VNNI (256-bit, VL) one
+ * dpbusd adds each 4-byte product group straight into i32: the same integer
+ * sums (none of the i16 steps above saturates), so the AVX2 and AVX-512
+ * levels give the same bits, in fewer instructions on the latter. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define X8_VNNI 1
+#else
+#define X8_VNNI 0
+#endif
 static inline __m256i bcast4(const int8_t *q)
 {
     int32_t v;
     memcpy(&v, q, 4);
     return _mm256_set1_epi32(v);
 }
+
+/* The Q4 kernel's per-block sums: pairs in i16 then one madd (AVX2), or i32
+ * lanes throughout (VNNI, where the final madd is not needed); the Q8_0
+ * kernel's: each chunk into i32. */
+#if X8_VNNI
+#define X8_ACC16(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#define X8_SUM16(acc, ones) ((void)(ones), (acc))
+#define X8_ACC32(acc, u, s, ones) ((void)(ones), _mm256_dpbusd_epi32((acc), (u), (s)))
+#else
+#define X8_ACC16(acc, u, s) _mm256_add_epi16((acc), _mm256_maddubs_epi16((u), (s)))
+#define X8_SUM16(acc, ones) _mm256_madd_epi16((acc), (ones))
+#define X8_ACC32(acc, u, s, ones) \
+    _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), (ones)))
+#endif
 
 /* Q4_1 (MINS 1: 8 mins follow the scales) or Q4_0 (MINS 0: m = -8 d). */
 #define X8_Q4(G, MINS)                                                                          \
@@ -505,10 +526,8 @@ static inline __m256i bcast4(const int8_t *q)
                 const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);              \
                 for (int i = 0; i < G; i++) {                                                   \
                     const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
-                    s16[i] = _mm256_add_epi16(s16[i],                                           \
-                                              _mm256_maddubs_epi16(lo, bcast4(q + 4 * k)));     \
-                    s16[i] = _mm256_add_epi16(                                                  \
-                        s16[i], _mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k)));              \
+                    s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                           \
+                    s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));                      \
                 }                                                                               \
             }                                                                                   \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
@@ -516,7 +535,7 @@ static inline __m256i bcast4(const int8_t *q)
                                    : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));                  \
             for (int i = 0; i < G; i++) {                                                       \
                 const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
-                const __m256 dot = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16[i], ones));         \
+                const __m256 dot = _mm256_cvtepi32_ps(X8_SUM16(s16[i], ones));                  \
                 acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
                 acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                    \
             }                                                                                   \
@@ -555,8 +574,7 @@ X8_Q4(4, 0)
                 for (int i = 0; i < G; i++) {                                                   \
                     const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
                     const __m256i a = _mm256_sign_epi8(bcast4(q + 4 * k), v);                   \
-                    s32[i] = _mm256_add_epi32(s32[i],                                           \
-                                              _mm256_madd_epi16(_mm256_maddubs_epi16(u, a), ones)); \
+                    s32[i] = X8_ACC32(s32[i], u, a, ones);                                      \
                 }                                                                               \
             }                                                                                   \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
@@ -605,9 +623,6 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
     }
 }
 #define K_X8 true
-#else
-#define K_X8 false
-#endif
 
 static bool k_q8_supports(const dp_weight *w)
 {
@@ -624,12 +639,10 @@ static bool k_q8_supports(const dp_weight *w)
 
 static void k_mm_q8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m, float *y)
 {
-#if !VEC_AVX512
     if (w->layout == CPU_LAYOUT_X8) {
         mmq_x8(w, r0, nt, xq, m, y);
         return;
     }
-#endif
     switch (w->type) {
 #define CASE_Q(id, name, bytes) \
     case id: mmq_##name(w, r0, nt, xq, m, y); return;

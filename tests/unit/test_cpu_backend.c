@@ -9,6 +9,7 @@
 #include "common/dp.h"
 #include "kernels/backend.h"
 #include "kernels/quant.h"
+#include "kernels/cpu/cpu_internal.h"
 #include "kernels/topk.h"
 #include "t.h"
 
@@ -107,7 +108,7 @@ static void test_matmul(dp_backend *be)
 {
     uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
-    /* 64 and 48 rows: Q4_1 repacked in groups of 8 at the avx2 level. */
+    /* 64 and 48 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512 levels). */
     int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}, {48, 64}};
     const bool was_exact = be->ops->get_exact(be);
     for (int mode = 0; mode < 2; mode++) {
@@ -674,8 +675,54 @@ static void test_packed_rows(dp_backend *be, uint32_t type)
     free(raw);
 }
 
+/* The weights repacked in groups of 8 rows are read by the same kernels at
+ * the avx2 and avx512 levels, the latter adding each 4-byte product group
+ * into i32 with VNNI where the former sums pairs in i16 first: the integer
+ * sums are the same, so the products must be the same bits, at every batch
+ * size (on a machine with both levels). */
+static void test_x8_levels(void)
+{
+#ifdef DP_CPU_X86_LEVELS
+    const cpu_kern *a = cpu_kern_level("avx2"), *b = cpu_kern_level("avx512");
+    if (!a || !b || !a->x8 || !b->x8) {
+        printf("repacked matmul, avx2 against avx512: not both on this CPU, skipped\n");
+        return;
+    }
+    enum { ROWS = 48, COLS = 256, M = 9 };
+    const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0};
+    float x[M * COLS];
+    for (int i = 0; i < M * COLS; i++)
+        x[i] = (float)((i * 7919) % 257 - 128) / 31.0f;
+    cpu_q8 xq[M * (COLS / 32)];
+    for (int i = 0; i < M; i++)
+        a->quantize_q8(x + (size_t)i * COLS, COLS, xq + (size_t)i * (COLS / 32));
+    int compared = 0;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t nb;
+        uint8_t *raw = make_weight(types[t], ROWS, COLS, &nb);
+        uint8_t *packed = aligned_alloc(64, (nb + 63) & ~(size_t)63);
+        cpu_x8_pack(types[t], raw, ROWS, COLS, packed);
+        dp_weight w = {.type = types[t], .rows = ROWS, .cols = COLS, .data = packed,
+                       .nbytes = nb, .layout = CPU_LAYOUT_X8};
+        for (int32_t m = 1; m <= M; m++) {
+            float ya[M * ROWS], yb[M * ROWS];
+            a->mm_q8(&w, 0, ROWS, xq, m, ya);
+            b->mm_q8(&w, 0, ROWS, xq, m, yb);
+            CHECK_MSG(memcmp(ya, yb, (size_t)m * ROWS * sizeof *ya) == 0,
+                      "%s, %d rows: the levels differ", quant_type_name(types[t]), m);
+            compared++;
+        }
+        free(packed);
+        free(raw);
+    }
+    printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0 at 1..%d activation "
+           "rows, %d products bit-identical\n", M, compared);
+#endif
+}
+
 int main(void)
 {
+    test_x8_levels();
     for (int threads = 1; threads <= 2; threads++) {
         dp_backend *be;
         char err[DP_ERRLEN];

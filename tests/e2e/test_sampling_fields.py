@@ -27,16 +27,31 @@ def ids_of(text):
     return o["tokens"]
 
 
-SHORT = {"messages": [{"role": "user", "content": "What is the capital of France?"}],
-         "temperature": 0, "max_tokens": 60}
+# Questions whose greedy answer may end within a few tokens. Which of them
+# does depends on the kernels' arithmetic (a near-tie at the first token can
+# turn a one-line answer into a long one), so the tests take the first that
+# does on this daemon.
+SHORT_QUESTIONS = ["What is the capital of France?", "What is 2 + 2?", "Say hello.",
+                   "Name one colour.", "Is water wet? Answer yes or no."]
+
+
+def short_chat():
+    """A greedy chat request and its free answer, which ends by itself (the
+    end-of-turn token) in under 20 tokens."""
+    tried = []
+    for q in SHORT_QUESTIONS:
+        body = {"messages": [{"role": "user", "content": q}], "temperature": 0, "max_tokens": 60}
+        st, free = post("/v1/chat/completions", body)
+        assert st == 200, free
+        if free["choices"][0]["finish_reason"] == "stop" and free["usage"]["completion_tokens"] < 20:
+            return body, free
+        tried.append((q, free["choices"][0]["message"]["content"]))
+    pytest.fail("no question got a short greedy answer: %r" % tried)
 
 
 def test_min_tokens_holds_back_the_end():
-    st, free = post("/v1/chat/completions", SHORT)
-    assert st == 200, free
-    n_free = free["usage"]["completion_tokens"]
-    assert free["choices"][0]["finish_reason"] == "stop" and n_free < 20, free
-    st, held = post("/v1/chat/completions", dict(SHORT, min_tokens=25))
+    body, free = short_chat()
+    st, held = post("/v1/chat/completions", dict(body, min_tokens=25))
     assert st == 200, held
     assert held["usage"]["completion_tokens"] >= 25, held
     # The first tokens are the free answer's (greedy; only the end was masked).
@@ -85,11 +100,10 @@ def test_stop_token_ids_end_the_output():
 
 def test_special_stop_token_adds_no_text():
     # <|im_end|> ends a chat turn; as a stop id with ignore_eos it still ends it, textless.
-    st, free = post("/v1/chat/completions", SHORT)
-    assert st == 200, free
+    body, free = short_chat()
     end = ids_of("<|im_end|>")
     assert len(end) == 1, end
-    st, o = post("/v1/chat/completions", dict(SHORT, ignore_eos=True, stop_token_ids=end))
+    st, o = post("/v1/chat/completions", dict(body, ignore_eos=True, stop_token_ids=end))
     assert st == 200, o
     assert o["choices"][0]["finish_reason"] == "stop"
     assert o["choices"][0]["message"]["content"] == free["choices"][0]["message"]["content"]

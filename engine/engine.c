@@ -1090,11 +1090,6 @@ static void run_step(dp_engine *e)
     recompress_over_budget(e);
     dp_sched_plan plan;
     sched_schedule(&e->sched, &plan);
-    if (e->sched.n_running > e->stats.running_peak) {
-        pthread_mutex_lock(&e->stats_mu);
-        e->stats.running_peak = e->sched.n_running;
-        pthread_mutex_unlock(&e->stats_mu);
-    }
     /* The gauges describe the step now running: a step that prefills the
      * requests it just admitted can take most of a second on a CPU, and
      * until its end they would still read as waiting. */
@@ -1360,6 +1355,8 @@ static void update_gauges(dp_engine *e)
 {
     pthread_mutex_lock(&e->stats_mu);
     e->stats.running = e->sched.n_running;
+    if (e->stats.running > e->stats.running_peak)
+        e->stats.running_peak = e->stats.running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     dp_kv_mgr *m = &e->kv;
     int32_t on_decode = 0, decode_held = 0, exempt = 0;

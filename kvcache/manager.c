@@ -1062,9 +1062,10 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     if (i < 0)
         return 1;
     /* A later chat turn under compress_turns = auto that arrives while
-     * nothing else runs (busy: the scheduler's, a burst included), with room for it whole in blocks no one holds (its
-     * own parked cache's included), runs whole: the exact history, as with
-     * dualpath off; its parked cache is dropped. Under load it continues
+     * nothing else runs (busy: the scheduler's, a burst included), with
+     * room for it whole in blocks no one holds (its own parked cache's
+     * included), runs whole: the exact history, as with dualpath off; its
+     * parked cache is dropped. Under load it continues
      * the compact cache: computing the history again would cost every
      * running sequence its share of the steps, and holding it whole the
      * memory others need (measured in docs/dualpath.md: a rule on memory

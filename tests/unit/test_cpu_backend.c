@@ -108,8 +108,10 @@ static void test_matmul(dp_backend *be)
 {
     uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
-    /* 64 and 48 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512 levels). */
-    int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}, {48, 64}};
+    /* 64, 48 and 384 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512
+     * levels). 257 and 384 rows: tiles of more than 16 rows at decode
+     * batches with 2 threads (cpu_matmul.c, dot_tile), 384's a repacked 48. */
+    int64_t shapes[][2] = {{100, 64}, {64, 96}, {257, 128}, {48, 64}, {384, 64}};
     const bool was_exact = be->ops->get_exact(be);
     for (int mode = 0; mode < 2; mode++) {
         be->ops->set_exact(be, mode == 0);

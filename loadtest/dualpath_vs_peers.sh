@@ -116,9 +116,21 @@ poll_peak() { # url file: "max mean" of the gauge so far, until killed; every
         sleep 0.2
     done
 }
+wait_idle() { # url: until the previous cell's requests are gone (a client
+    # that stopped at its time limit leaves them to be cancelled; counted in
+    # the next cell's gauge they read as a peak of its own); 120 s at most
+    local i v
+    for i in $(seq 600); do
+        v=$(running_gauge "$1"); v=${v%.*}
+        [ "${v:-0}" -eq 0 ] && return 0
+        sleep 0.2
+    done
+    echo "warning: $v requests still running after 120 s" >&2
+}
 . "$here/serve_lib.sh"
 run_cell() { # label workload-args...
     local label=$1; shift
+    wait_idle "$URL"
     echo "0 0" > "$work/peak"
     poll_peak "$URL" "$work/peak" & local poller=$!
     local pre0; pre0=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')

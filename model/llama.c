@@ -19,10 +19,11 @@ struct dp_llama {
     dp_hparams hp;
     dp_backend *be;
     int32_t max_tokens, max_out;
+    bool capture;           /* false: no query capture buffer (llama_init_ex) */
     dp_weight tok_embd, out_norm, output;
     layer_w *layers;
     /* Activations, sized for max_tokens. */
-    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture;
+    float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
     /* A decode step padded for the backend (backend.h step_pad): host
      * arrays, grown on demand. */
     int32_t *pad_i32;
@@ -34,12 +35,17 @@ const dp_hparams *llama_hparams(const dp_llama *m) { return &m->hp; }
 dp_backend *llama_backend(const dp_llama *m) { return m->be; }
 int32_t llama_max_tokens(const dp_llama *m) { return m->max_tokens; }
 int32_t llama_max_out(const dp_llama *m) { return m->max_out; }
+static int32_t capture_rows(int32_t max_tokens, int32_t max_out)
+{
+    int64_t c = (int64_t)max_out * DP_MAX_CAPTURE;
+    return c < max_tokens ? (int32_t)c : max_tokens;
+}
+
 int32_t llama_capture_capacity(const dp_llama *m)
 {
-    int64_t c = (int64_t)m->max_out * DP_MAX_CAPTURE;
-    return c < m->max_tokens ? (int32_t)c : m->max_tokens;
+    return m->capture ? capture_rows(m->max_tokens, m->max_out) : 0;
 }
-const float *llama_captured_queries(const dp_llama *m) { return m->capture; }
+const float *llama_captured_queries(const dp_llama *m) { return m->capture_q; }
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
@@ -102,15 +108,49 @@ void llama_destroy(dp_llama *m)
     }
     free(m->pad_i32);
     free(m->pad_store);
-    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture};
+    float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture_q};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
             be->ops->free(be, bufs[i]);
     free(m);
 }
 
+/* The activation buffers: one table for llama_init_ex, which allocates
+ * them, and llama_activation_bytes, which plans memory before a load. */
+enum { ACT_X, ACT_XN, ACT_Q, ACT_K, ACT_V, ACT_ATT, ACT_TMP, ACT_GATE, ACT_UP, ACT_OUTX, ACT_LOGITS,
+       ACT_CAPTURE, ACT_N };
+
+static void act_floats(const dp_hparams *hp, int32_t max_tokens, int32_t max_out, bool capture,
+                       size_t n[ACT_N])
+{
+    const size_t T = (size_t)max_tokens, qd = (size_t)hp->n_heads * (size_t)hp->head_dim;
+    const size_t kvd = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+    n[ACT_X] = n[ACT_XN] = n[ACT_TMP] = T * (size_t)hp->dim;
+    n[ACT_Q] = n[ACT_ATT] = T * qd;
+    n[ACT_K] = n[ACT_V] = T * kvd;
+    n[ACT_GATE] = n[ACT_UP] = T * (size_t)hp->ffn;
+    n[ACT_OUTX] = (size_t)max_out * (size_t)hp->dim;
+    n[ACT_LOGITS] = (size_t)max_out * (size_t)hp->vocab;
+    n[ACT_CAPTURE] = capture ? (size_t)hp->n_layers * (size_t)capture_rows(max_tokens, max_out) * qd : 0;
+}
+
+size_t llama_activation_bytes(const dp_hparams *hp, int32_t max_tokens, int32_t max_out, bool capture)
+{
+    size_t n[ACT_N], sum = 0;
+    act_floats(hp, max_tokens, max_out, capture, n);
+    for (int i = 0; i < ACT_N; i++)
+        sum += n[i] * sizeof(float);
+    return sum;
+}
+
 int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
                int32_t max_out, char *err, size_t errsz)
+{
+    return llama_init_ex(out, g, be, max_tokens, max_out, 0, err, errsz);
+}
+
+int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
+                  int32_t max_out, unsigned flags, char *err, size_t errsz)
 {
     if (max_tokens < 1 || max_out < 1 || max_out > max_tokens)
         return dp_err(err, errsz, DP_EINVAL, "model: bad batch limits (%d tokens, %d outputs)",
@@ -121,6 +161,7 @@ int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tok
     m->be = be;
     m->max_tokens = max_tokens;
     m->max_out = max_out;
+    m->capture = !(flags & DP_LLAMA_NO_CAPTURE);
     int rc = hparams_load(&m->hp, g, err, errsz);
     if (rc)
         goto fail;
@@ -155,20 +196,17 @@ int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tok
         LW(w_down, "ffn_down", hp->dim, hp->ffn);
 #undef LW
     }
-    size_t T = (size_t)max_tokens;
-    struct {
-        float **p;
-        size_t n;
-    } acts[] = {
-        {&m->x, T * hp->dim}, {&m->xn, T * hp->dim}, {&m->q, T * qd}, {&m->k, T * kvd},
-        {&m->v, T * kvd}, {&m->att, T * qd}, {&m->tmp, T * hp->dim}, {&m->gate, T * hp->ffn},
-        {&m->up, T * hp->ffn}, {&m->outx, (size_t)max_out * hp->dim},
-        {&m->logits, (size_t)max_out * hp->vocab},
-        {&m->capture, (size_t)hp->n_layers * (size_t)llama_capture_capacity(m) * qd},
-    };
-    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++) {
-        *acts[i].p = be->ops->alloc(be, acts[i].n * sizeof(float));
-        if (!*acts[i].p) {
+    size_t n[ACT_N];
+    act_floats(hp, max_tokens, max_out, m->capture, n);
+    float **acts[ACT_N] = {[ACT_X] = &m->x, [ACT_XN] = &m->xn, [ACT_Q] = &m->q, [ACT_K] = &m->k,
+                           [ACT_V] = &m->v, [ACT_ATT] = &m->att, [ACT_TMP] = &m->tmp,
+                           [ACT_GATE] = &m->gate, [ACT_UP] = &m->up, [ACT_OUTX] = &m->outx,
+                           [ACT_LOGITS] = &m->logits, [ACT_CAPTURE] = &m->capture_q};
+    for (int i = 0; i < ACT_N; i++) {
+        if (!n[i])
+            continue;
+        *acts[i] = be->ops->alloc(be, n[i] * sizeof(float));
+        if (!*acts[i]) {
             rc = dp_err(err, errsz, DP_ENOMEM, "out of memory for activations (%d tokens)", max_tokens);
             goto fail;
         }
@@ -261,7 +299,7 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
         op->matmul(be, m->v, m->xn, &L->wv, n);
         op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
         if (b->n_capture > 0)
-            op->capture_rows(be, m->capture + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
+            op->capture_rows(be, m->capture_q + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
         op->kv_write(be, stores, l, m->k, m->v);
         op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale);
         op->matmul(be, m->tmp, m->att, &L->wo, n);

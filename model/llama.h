@@ -36,6 +36,16 @@ typedef struct dp_llama dp_llama;
  * and max_out logit rows per step. */
 int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
                int32_t max_out, char *err, size_t errsz);
+/* llama_init with flags: DP_LLAMA_NO_CAPTURE allocates no query capture
+ * buffer (llama_capture_capacity 0: a batch with n_capture > 0 is refused),
+ * for callers that never migrate (a benchmark: 1 GiB on a 7B model). */
+#define DP_LLAMA_NO_CAPTURE 1u
+int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
+                  int32_t max_out, unsigned flags, char *err, size_t errsz);
+/* Bytes of the activation buffers llama_init allocates for these limits
+ * (capture: with the query capture buffer), for memory plans made before
+ * a load; the backend's own scratch is not included. */
+size_t llama_activation_bytes(const dp_hparams *hp, int32_t max_tokens, int32_t max_out, bool capture);
 void llama_destroy(dp_llama *m);
 
 const dp_hparams *llama_hparams(const dp_llama *m);

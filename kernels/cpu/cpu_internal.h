@@ -3,6 +3,7 @@
 #ifndef DP_KERNELS_CPU_INTERNAL_H
 #define DP_KERNELS_CPU_INTERNAL_H
 
+#include <math.h>
 #include <string.h>
 #ifdef __x86_64__
 #include <immintrin.h>
@@ -173,8 +174,13 @@ static inline float kv_h2f(uint16_t h)
 #endif
 }
 
+/* f32 to an f16 K/V element, saturated at +-65504: an inf kept in the cache
+ * would turn its attention rows into NaN. The CUDA backend's stores do the
+ * same (cuda_sat_half); NaN stays NaN. */
 static inline uint16_t kv_f2h(float f)
 {
+    if (fabsf(f) > 65504.0f)
+        f = copysignf(65504.0f, f);
 #ifdef __F16C__
     return (uint16_t)_cvtss_sh(f, _MM_FROUND_TO_NEAREST_INT);
 #else

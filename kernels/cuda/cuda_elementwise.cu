@@ -89,15 +89,9 @@ __device__ float cuda_block_sum(float v, float *red)
     return v;
 }
 
-/* The fp16 value a matmul feeds the GEMM: saturated at the fp16 range so
- * that no inf reaches it (inf * 0 would turn into NaN); a NaN compares false
- * and stays NaN, so a bug upstream still shows in the output. */
-__device__ __forceinline__ __half cuda_gemm_half(float v)
-{
-    if (fabsf(v) > 65504.0f)
-        v = copysignf(65504.0f, v);
-    return __float2half_rn(v);
-}
+/* The fp16 value a matmul feeds the GEMM: saturated (cuda_sat_half) so
+ * that no inf reaches it. */
+__device__ __forceinline__ __half cuda_gemm_half(float v) { return cuda_sat_half(v); }
 
 /* One block per row; f32 accumulation (the CPU uses double, the difference
  * is far below fp16 rounding for any dim a model has). oh, when set, gets
@@ -241,8 +235,8 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
     __align__(16) __half2 hk[CUDA_KV_VEC / 2], hv[CUDA_KV_VEC / 2];
 #pragma unroll
     for (int j = 0; j < CUDA_KV_VEC / 2; j++) {
-        hk[j] = __floats2half2_rn(k[src + 2 * j], k[src + 2 * j + 1]);
-        hv[j] = __floats2half2_rn(v[src + 2 * j], v[src + 2 * j + 1]);
+        hk[j] = __halves2half2(cuda_sat_half(k[src + 2 * j]), cuda_sat_half(k[src + 2 * j + 1]));
+        hv[j] = __halves2half2(cuda_sat_half(v[src + 2 * j]), cuda_sat_half(v[src + 2 * j + 1]));
     }
     const size_t o = (size_t)vi * CUDA_KV_VEC * sizeof(__half);
     CUDA_CHECK_ALIGN(kr + o, 16);

@@ -172,6 +172,17 @@ static __device__ __forceinline__ void cuda_kv_group_get(const uint8_t *row, int
  * on its own: __fmul_rn and __fadd_rn keep nvcc from fusing it with the
  * 0.5 into one FMA, which rounds once where the CPU rounds twice (a value
  * just under 0.5 would then give 0 where the CPU gives 1). */
+/* f32 to f16, saturated at the f16 range (as the CPU's kv_f2h): a K or V
+ * value over 65504 kept as inf would make its attention rows NaN, and
+ * inf * 0 in a GEMM is NaN too. A NaN compares false and stays NaN, so a
+ * bug upstream still shows. */
+static __device__ __forceinline__ __half cuda_sat_half(float v)
+{
+    if (fabsf(v) > 65504.0f)
+        v = copysignf(65504.0f, v);
+    return __float2half_rn(v);
+}
+
 static __device__ __forceinline__ int cuda_q_round(float x, int lo, int hi)
 {
     if (x != x)
@@ -223,7 +234,7 @@ static __device__ __forceinline__ void cuda_kv_group_put(uint8_t *row, int32_t t
         __half *h = (__half *)row + (size_t)g * CUDA_QK;
         CUDA_CHECK_ALIGN(h, 2);
         for (int j = 0; j < CUDA_QK; j++)
-            h[j] = __float2half_rn(x[j]);
+            h[j] = cuda_sat_half(x[j]);
     }
 }
 

@@ -120,6 +120,7 @@ struct dp_engine {
     atomic_bool debug_stall;   /* TEST HOOK: engine_debug_stall() */
     atomic_bool debug_lose;    /* TEST HOOK: engine_debug_device_lost() */
     atomic_bool device_lost;   /* the backend said DP_EDEVICE: nothing runs any more */
+    int32_t failed_streak;     /* forward passes failed in a row (engine thread) */
     pthread_t thread;
     bool started;
     dp_engine_notify_fn notify;
@@ -1078,6 +1079,15 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
         if (es)
             finish_seq(e, es, DP_FINISH_ERROR, "internal error in the forward pass", false);
     }
+    /* An error the backend calls survivable that comes back step after step
+     * (a launch refused for its configuration is a bug, not bad luck) would
+     * fail every request for ever while /health says ok: taken as a lost
+     * device instead, so that the daemon exits and is restarted. */
+    if (++e->failed_streak >= DP_ENGINE_FAIL_STREAK) {
+        dp_log(DP_LOG_ERROR, "engine: %d forward passes failed in a row (the last: %s)",
+               e->failed_streak, dp_strerror(rc));
+        lose_device(e);
+    }
 }
 
 static void update_gauges(dp_engine *e);
@@ -1265,6 +1275,7 @@ static void run_step(dp_engine *e)
         return;
     }
     sched_commit(&e->sched, &plan);
+    e->failed_streak = 0;
     note_decode_queries(e, &plan, nc);
     if (ns > 0)
         emit_prompt_logprobs(e, no, ns);

@@ -189,10 +189,14 @@ dp_event *engine_take_events(dp_engine *e);
 void engine_get_stats(dp_engine *e, dp_engine_stats *s);
 int32_t engine_context_length(const dp_engine *e);
 int32_t engine_max_queue(const dp_engine *e); /* 0: no limit */
-/* Thread-safe: the backend reported the device lost (DP_EDEVICE). Every
+/* Thread-safe: the backend reported the device lost (DP_EDEVICE), or
+ * DP_ENGINE_FAIL_STREAK forward passes failed in a row. Every
  * request then fails (engine_submit with DP_EDEVICE) and the server should
  * exit non-zero so that it is restarted. The engine notifies when it happens. */
 bool engine_device_lost(const dp_engine *e);
+/* Forward passes failing in a row (each with an error the backend survives)
+ * after which the device counts as lost all the same. */
+#define DP_ENGINE_FAIL_STREAK 8
 /* TEST HOOK only (DUALPATHD_DEBUG_DEVICE_LOST): the next step fails as if
  * the backend had lost the device. Thread-safe. */
 void engine_debug_device_lost(dp_engine *e);

@@ -11,7 +11,10 @@
 
 /* Errors the CUDA context survives: an allocation that failed, a launch
  * or copy refused for its arguments or resources, a graph capture the
- * runtime invalidated. They fail the step they happen in and nothing else.
+ * runtime invalidated. They fail the step they happen in and nothing else;
+ * some of them (an invalid configuration) are bugs that would come back
+ * every step, and the engine takes DP_ENGINE_FAIL_STREAK failed steps in a
+ * row as a lost device.
  * Every other error (an illegal address, a failed launch, an uncorrectable
  * ECC error, a device gone) is sticky: the context is unusable until the
  * process ends, so the backend reports DP_EDEVICE from then on and the
@@ -88,12 +91,27 @@ void cuda_check_launch(cuda_backend *c, const char *what)
         cuda_note_error(c, what, e);
 }
 
-/* cuBLAS: an allocation or argument failure is recoverable; anything else
- * (an execution failure: a kernel that faulted) counts as sticky. */
+/* cuBLAS: a refusal up front (no memory, an argument, a shape or type the
+ * library or this architecture does not support) leaves the context as it
+ * was and is recoverable; anything else (an execution failure: a kernel that
+ * faulted) counts as sticky. A refusal that comes back every step is taken
+ * as fatal by the engine (DP_ENGINE_FAIL_STREAK), not here. */
+static bool cuda_blas_recoverable(cublasStatus_t s)
+{
+    switch (s) {
+    case CUBLAS_STATUS_ALLOC_FAILED:
+    case CUBLAS_STATUS_INVALID_VALUE:
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+        return true;
+    default:
+        return false;
+    }
+}
+
 static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
 {
-    cuda_fail(c, s != CUBLAS_STATUS_ALLOC_FAILED && s != CUBLAS_STATUS_INVALID_VALUE, what,
-              cublasGetStatusString(s));
+    cuda_fail(c, !cuda_blas_recoverable(s), what, cublasGetStatusString(s));
 }
 
 int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem)

@@ -844,14 +844,15 @@ static void test_shared_prompt(world *w)
     }
 }
 
-/* A backend whose step #fault_at fails with fault_rc (at batch_set, the
- * start of every forward pass). */
+/* A backend whose steps #fault_at .. #fault_at + fault_n - 1 fail with
+ * fault_rc (at batch_set, the start of every forward pass). */
 static const dp_backend_ops *real_ops;
-static int fault_at, fault_rc, n_steps_seen;
+static int fault_at, fault_n = 1, fault_rc, n_steps_seen;
 
 static int faulty_batch_set(dp_backend *be, const dp_batch *b)
 {
-    if (n_steps_seen++ == fault_at)
+    const int i = n_steps_seen++;
+    if (i >= fault_at && i < fault_at + fault_n)
         return fault_rc;
     return real_ops->batch_set(be, b);
 }
@@ -934,6 +935,44 @@ static void test_step_failure(world *w)
     w->be->ops = real_ops;
     printf("step failure: a failed step failed its 2 sequences, the 2 waiting ran as in a clean "
            "run; a lost device failed all %d and refuses new requests\n", N);
+}
+
+/* Errors the backend survives, step after step: DP_ENGINE_FAIL_STREAK - 1
+ * failed steps in a row fail their sequences and the rest run; one more
+ * and the device counts as lost (the daemon then exits to be restarted). */
+static void test_failure_streak(world *w)
+{
+    enum { N = 2 * DP_ENGINE_FAIL_STREAK + 4 };
+    static req_spec sp[N];
+    static result res[N];
+    for (int i = 0; i < N; i++) {
+        sp[i] = (req_spec){.n_prompt = 6 + i % 5, .max_tokens = 4, .ignore_eos = true};
+        for (int k = 0; k < sp[i].n_prompt; k++)
+            sp[i].prompt[k] = (int32_t)((i * 17 + k * 5) % w->vocab);
+    }
+    for (int lose = 0; lose < 2; lose++) {
+        fault_n = DP_ENGINE_FAIL_STREAK - 1 + lose;
+        dp_engine *e = run_faulty(w, sp, N, res, 0, DP_EIO);
+        dp_engine_stats st;
+        engine_get_stats(e, &st);
+        CHECK_EQ_INT(st.failed_steps, fault_n);
+        CHECK(engine_device_lost(e) == (lose == 1));
+        int failed = 0, done = 0;
+        for (int i = 0; i < N; i++) {
+            failed += res[i].finish == DP_FINISH_ERROR;
+            done += res[i].finish == DP_FINISH_LENGTH;
+        }
+        /* max_seqs 2: each failed step failed the two it ran. */
+        if (lose)
+            CHECK_MSG(failed == N, "lost: %d of %d failed", failed, N);
+        else
+            CHECK_MSG(failed == 2 * fault_n && done == N - failed, "%d failed, %d done", failed, done);
+        printf("failure streak: %d failed steps in a row: %d requests failed, %d done, device %s\n",
+               fault_n, failed, done, engine_device_lost(e) ? "lost" : "kept");
+        engine_destroy(e);
+    }
+    fault_n = 1;
+    w->be->ops = real_ops;
 }
 
 /* A system prompt kept whole (keep_prefix) and shared: requests whose
@@ -2154,6 +2193,7 @@ int main(void)
     test_cancel(&w);
     test_limits(&w);
     test_step_failure(&w);
+    test_failure_streak(&w);
     test_prompt_logprobs(&w);
     test_constrained(&w);
     test_device_sampling(&w, specs, 16, "tiny");

@@ -6,7 +6,11 @@
  * 3 no usable CUDA device (tests/gpu/check.sh relies on 3).
  *
  *   check_kernels [--seed N] [--no-bench] [--bench-only] [--bench-small] [--self-test]
+ *                 [--faults] [--plan SIZE]
  *
+ * The seed is 1 unless --seed gives another: a run repeats the last one.
+ * --plan SIZE prints the benchmark's memory plan for a device of SIZE (80GiB,
+ * 141GiB: check_bench.c) without a device, and exits 0 when every case fits.
  * --bench-small runs the benchmark code on a tiny model with tiny sizes (its
  * figures mean nothing; it checks the code path, e.g. under the emulator).
  * --self-test runs the comparisons with the CPU backend on both sides (no GPU
@@ -16,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
@@ -27,12 +30,9 @@
 #include "kernels/topk.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "sched/generate.h"
 #include "tools/synth_gguf.h"
 
-#define EXIT_CHECK 1
-#define EXIT_SETUP 2
-#define EXIT_NO_DEVICE 3
+#include "check_common.h"
 
 /* Tolerances: relative L2 error of the CUDA result against the CPU's. fp16
  * storage of weights, activations fed to GEMMs and KV rounds at 2^-11
@@ -40,210 +40,6 @@
 #define TOL_GEMM 2e-3
 #define TOL_ATT 2e-3
 #define TOL_EW 1e-3
-
-static uint64_t g_rs;
-static int g_failed;
-static int g_checks;
-
-static uint64_t rnd64(void)
-{
-    g_rs ^= g_rs << 13;
-    g_rs ^= g_rs >> 7;
-    g_rs ^= g_rs << 17;
-    return g_rs;
-}
-
-static float frand(void) /* uniform in [-1, 1) */
-{
-    return (float)((rnd64() >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
-}
-
-static void fill(float *p, size_t n, float amp)
-{
-    for (size_t i = 0; i < n; i++)
-        p[i] = frand() * amp;
-}
-
-static void die(int code, const char *fmt, const char *msg)
-{
-    fprintf(stderr, "check_kernels: ");
-    fprintf(stderr, fmt, msg);
-    fprintf(stderr, "\n");
-    exit(code);
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = malloc(n ? n : 1);
-    if (!p)
-        die(EXIT_SETUP, "%s", "out of host memory");
-    return p;
-}
-
-/* ---- buffers on a backend --------------------------------------------------- */
-
-static float *dev_alloc(dp_backend *be, size_t n)
-{
-    float *p = be->ops->alloc(be, n * sizeof(float));
-    if (!p)
-        die(EXIT_SETUP, "%s: out of backend memory", be->ops->name);
-    return p;
-}
-
-static void dev_put(dp_backend *be, float *d, const float *h, size_t n)
-{
-    if (be->ops->upload(be, d, h, n * sizeof(float)))
-        die(EXIT_SETUP, "%s: upload failed", be->ops->name);
-}
-
-static void dev_get(dp_backend *be, float *h, const float *d, size_t n)
-{
-    if (be->ops->download(be, h, d, n * sizeof(float)))
-        die(EXIT_CHECK, "%s: download failed (an op failed, see the log above)", be->ops->name);
-}
-
-/* Fills a backend buffer with NaN, so an element an op forgets to write shows. */
-static void dev_poison(dp_backend *be, float *d, size_t n)
-{
-    float *h = xmalloc(n * sizeof *h);
-    for (size_t i = 0; i < n; i++)
-        h[i] = NAN;
-    dev_put(be, d, h, n);
-    free(h);
-}
-
-static float *dev_from(dp_backend *be, const float *h, size_t n)
-{
-    float *d = dev_alloc(be, n);
-    dev_put(be, d, h, n);
-    return d;
-}
-
-/* ---- comparison ------------------------------------------------------------------ */
-
-static void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
-                   double tol)
-{
-    double num = 0, den = 0;
-    size_t nan_got = 0, nan_ref = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(got[i])) {
-            nan_got++;
-            continue;
-        }
-        if (!isfinite(ref[i])) {
-            nan_ref++;
-            continue;
-        }
-        double d = (double)got[i] - (double)ref[i];
-        num += d * d;
-        den += (double)ref[i] * ref[i];
-    }
-    double rel = sqrt(num / (den > 0 ? den : 1));
-    bool ok = nan_got == 0 && nan_ref == 0 && rel <= tol;
-    g_checks++;
-    if (!ok)
-        g_failed++;
-    printf("  %-12s %-46s rel %.2e (tol %.0e)%s%s\n", op, what, rel, tol,
-           nan_got ? "  NON-FINITE in cuda output" : (nan_ref ? "  NON-FINITE in cpu output" : ""),
-           ok ? "  ok" : "  FAIL");
-    if (nan_got)
-        printf("  %-12s %zu of %zu elements not finite\n", "", nan_got, n);
-}
-
-/* ---- a batch on both backends ------------------------------------------------------ */
-
-typedef struct hbatch {
-    int32_t n_tokens, n_seqs, max_blocks, n_out;
-    int32_t *tokens, *pos, *seq, *slot, *tables, *out_tokens;
-    uint8_t *seq_store;
-} hbatch;
-
-static void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks)
-{
-    memset(b, 0, sizeof *b);
-    b->n_tokens = n_tokens;
-    b->n_seqs = n_seqs;
-    b->max_blocks = max_blocks;
-    b->tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
-    b->pos = xmalloc((size_t)n_tokens * sizeof(int32_t));
-    b->seq = xmalloc((size_t)n_tokens * sizeof(int32_t));
-    b->slot = xmalloc((size_t)n_tokens * sizeof(int32_t));
-    b->out_tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
-    b->tables = calloc((size_t)n_seqs * (size_t)max_blocks, sizeof(int32_t));
-    b->seq_store = calloc((size_t)n_seqs, 1);
-    if (!b->tables || !b->seq_store)
-        die(EXIT_SETUP, "%s", "out of host memory");
-    for (int32_t i = 0; i < n_tokens; i++) {
-        b->tokens[i] = 0;
-        b->pos[i] = i;
-        b->seq[i] = 0;
-        b->slot[i] = 0;
-        b->out_tokens[i] = i;
-    }
-}
-
-static void hbatch_free(hbatch *b)
-{
-    free(b->tokens);
-    free(b->pos);
-    free(b->seq);
-    free(b->slot);
-    free(b->out_tokens);
-    free(b->tables);
-    free(b->seq_store);
-}
-
-static void hbatch_set(dp_backend *be, const hbatch *h)
-{
-    dp_batch b = {.n_tokens = h->n_tokens, .tokens = h->tokens, .pos = h->pos, .seq = h->seq,
-                  .slot = h->slot, .n_seqs = h->n_seqs, .seq_store = h->seq_store,
-                  .block_tables = h->tables, .max_blocks = h->max_blocks, .n_out = h->n_out,
-                  .out_tokens = h->out_tokens};
-    if (be->ops->batch_set(be, &b))
-        die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
-}
-
-/* ---- synthetic models ------------------------------------------------------------------
- * A LLaMA of a preset shape with seeded random weights, written to memory and
- * opened: every check and the benchmark use one, so nothing is downloaded. */
-
-typedef struct synth_model {
-    dp_synth_shape sh;
-    void *buf;
-    dp_gguf g;
-} synth_model;
-
-static void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type)
-{
-    char err[DP_ERRLEN] = "out of memory", msg[DP_ERRLEN + 64];
-    if (synth_shape_preset(preset, &sm->sh)) {
-        snprintf(msg, sizeof msg, "no %s preset", preset);
-        die(EXIT_SETUP, "%s", msg);
-    }
-    gguf_writer w;
-    size_t size;
-    int rc = gguf_writer_init(&w);
-    if (!rc) {
-        /* The buffer is the writer's output, independent of the writer. */
-        rc = synth_llama_build(&w, &sm->sh, seed, type, err, sizeof err);
-        if (!rc)
-            rc = gguf_writer_finish_mem(&w, &sm->buf, &size);
-        gguf_writer_destroy(&w);
-    }
-    if (!rc && (rc = gguf_open_mem(&sm->g, sm->buf, size, err, sizeof err)))
-        free(sm->buf);
-    if (rc) {
-        snprintf(msg, sizeof msg, "%s synthetic model: %s", preset, err);
-        die(EXIT_SETUP, "%s", msg);
-    }
-}
-
-static void synth_close(synth_model *sm)
-{
-    gguf_close(&sm->g);
-    free(sm->buf);
-}
 
 /* ---- op checks ----------------------------------------------------------------------- */
 
@@ -1030,6 +826,59 @@ static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
     return out;
 }
 
+/* K and V beyond the f16 range: both backends store f16 rows saturated at
+ * +-65504 (an inf kept in the cache makes its attention rows NaN on the
+ * device while the CPU, in f32, would be fine), with the same bits. */
+static void check_kv_saturate(dp_backend *be[2])
+{
+    enum { NKV = 2, HD = 64, BT = 16 };
+    const size_t nkv = (size_t)BT * NKV * HD;
+    float *k = xmalloc(nkv * sizeof(float)), *v = xmalloc(nkv * sizeof(float));
+    fill(k, nkv, 4.0f);
+    fill(v, nkv, 4.0f);
+    const float big[] = {65504.0f, 65519.0f, 65520.0f, 7e4f, 1e5f, 3e38f, INFINITY};
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        k[i * 37 % nkv] = big[i];
+        v[i * 53 % nkv] = -big[i];
+        k[(i * 91 + 5) % nkv] = -big[i];
+        v[(i * 29 + 7) % nkv] = big[i];
+    }
+    hbatch hb;
+    hbatch_alloc(&hb, BT, 1, 1);
+    for (int32_t i = 0; i < BT; i++)
+        hb.pos[i] = hb.slot[i] = i;
+    hb.tables[0] = 0;
+    hb.n_out = 1;
+    float *img[2];
+    for (int b = 0; b < 2; b++) {
+        dp_kv_layout l = {1, NKV, HD, BT, 1, DP_KV_F16};
+        dp_kv_store *kv;
+        if (be[b]->ops->kv_create(be[b], &l, &kv))
+            die(EXIT_SETUP, "%s: kv_create (f16) failed", be[b]->ops->name);
+        dp_kv_store *st[DP_KV_MAX_STORES] = {kv, NULL};
+        hbatch_set(be[b], &hb);
+        run_kv_write(be[b], st, 0, k, v, nkv);
+        img[b] = block_floats(be[b], kv, 0);
+        be[b]->ops->kv_destroy(be[b], kv);
+    }
+    size_t n = 2 * nkv, nonfinite = 0, differ = 0, at_max = 0;
+    for (size_t i = 0; i < n; i++) {
+        nonfinite += !isfinite(img[0][i]) || !isfinite(img[1][i]);
+        differ += memcmp(&img[0][i], &img[1][i], sizeof(float)) != 0;
+        at_max += fabsf(img[1][i]) == 65504.0f;
+    }
+    const bool ok = nonfinite == 0 && differ == 0 && at_max == 4 * (sizeof big / sizeof big[0]);
+    g_checks++;
+    g_failed += !ok;
+    printf("  %-12s %-46s %zu at +-65504, %zu not finite, %zu differ%s\n", "kv_write",
+           "f16 store, K/V beyond the f16 range", at_max, nonfinite, differ, ok ? "  ok" : "  FAIL");
+    free(img[0]);
+    free(img[1]);
+    free(k);
+    free(v);
+    hbatch_free(&hb);
+}
+
 /* dtype: the destination store's type. DP_KV_F32: both stores in the
  * default type (f32 on the CPU, f16 on CUDA). Quantized: the source in f16
  * on both backends and the destination in dtype, so that both quantize the
@@ -1499,13 +1348,105 @@ static void check_faults(dp_backend *be)
     synth_close(&sm);
 }
 
-/* ---- greedy generation on both backends ----------------------------------------------- */
+/* ---- greedy generation, teacher-forced ---------------------------------------------
+ * The CPU generates GEN_NEW tokens per sequence greedily (its own argmax at
+ * each step); CUDA runs the same steps fed the CPU's tokens, and its argmax
+ * must equal the CPU's at every decision where the CPU's best two logits are
+ * more than GEN_MARGIN row standard deviations apart. Fed its own tokens,
+ * one fp16-vs-f32 near tie would make every later token differ; fed the
+ * CPU's, a near tie costs that one decision, which is counted apart and
+ * cannot fail the check (the seed alone fixes the model and prompts, so a
+ * rerun sees the same ties). */
 
 static uint64_t g_seed;
 
-static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
+enum { GEN_SEQS = 4, GEN_NEW = 32, GEN_BT = 16, GEN_BPS = 5 };
+#define GEN_MARGIN 0.05
+
+typedef struct gen_decision {
+    int32_t cpu, cuda;   /* argmax of each backend's logits */
+    float gap;           /* the CPU's best minus second best, in row stds */
+} gen_decision;
+
+static void row_stats(const float *x, int32_t n, int32_t *best, float *gap)
+{
+    int32_t b = 0;
+    double s = 0, s2 = 0;
+    for (int32_t i = 0; i < n; i++) {
+        b = x[i] > x[b] ? i : b;
+        s += x[i];
+        s2 += (double)x[i] * x[i];
+    }
+    float second = -INFINITY;
+    for (int32_t i = 0; i < n; i++)
+        if (i != b && x[i] > second)
+            second = x[i];
+    const double var = s2 / n - (s / n) * (s / n);
+    *best = b;
+    *gap = (float)((x[b] - second) / sqrt(var > 0 ? var : 1e-30));
+}
+
+/* Runs the prompts then GEN_NEW - 1 decode steps on be. forced NULL: each
+ * step's input is this backend's own argmax (written to tokens); otherwise
+ * forced[s][j] is the input. Every decision's logits go to logits
+ * [GEN_NEW][GEN_SEQS][vocab]. */
+static void gen_forced(dp_backend *be, const dp_gguf *g, int32_t *const prompts[GEN_SEQS],
+                       const int32_t lens[GEN_SEQS], const int32_t (*forced)[GEN_NEW],
+                       int32_t (*tokens)[GEN_NEW], float *logits)
 {
     char err[DP_ERRLEN];
+    dp_llama *m;
+    if (llama_init(&m, g, be, 64, GEN_SEQS, err, sizeof err))
+        die(EXIT_SETUP, "llama_init: %s", err);
+    const int32_t vocab = llama_hparams(m)->vocab;
+    dp_kv_layout l = llama_kv_layout(m, GEN_BT, GEN_SEQS * GEN_BPS);
+    dp_kv_store *kv;
+    if (be->ops->kv_create(be, &l, &kv))
+        die(EXIT_SETUP, "%s", "kv_create failed");
+    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
+    hbatch hb;
+    hbatch_alloc(&hb, 64, GEN_SEQS, GEN_BPS);
+    for (int32_t s = 0; s < GEN_SEQS; s++)
+        for (int32_t j = 0; j < GEN_BPS; j++)
+            hb.tables[s * GEN_BPS + j] = s * GEN_BPS + j;
+    for (int32_t step = 0; step < GEN_NEW; step++) {
+        int32_t n = 0;
+        for (int32_t s = 0; s < GEN_SEQS; s++) {
+            if (step == 0) {
+                for (int32_t j = 0; j < lens[s]; j++, n++) {
+                    hb.tokens[n] = prompts[s][j];
+                    hb.pos[n] = hb.slot[n] = j;
+                    hb.seq[n] = s;
+                }
+            } else {
+                hb.tokens[n] = forced ? forced[s][step - 1] : tokens[s][step - 1];
+                hb.pos[n] = hb.slot[n] = lens[s] + step - 1;
+                hb.seq[n] = s;
+                n++;
+            }
+            hb.out_tokens[s] = n - 1;
+        }
+        dp_batch b = {.n_tokens = n, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
+                      .slot = hb.slot, .n_seqs = GEN_SEQS, .seq_store = hb.seq_store,
+                      .block_tables = hb.tables, .max_blocks = GEN_BPS, .n_out = GEN_SEQS,
+                      .out_tokens = hb.out_tokens};
+        float *lg = logits + (size_t)step * GEN_SEQS * vocab;
+        if (llama_forward(m, &b, stores, lg))
+            die(EXIT_CHECK, "%s: generation step failed", be->ops->name);
+        for (int32_t s = 0; s < GEN_SEQS; s++) {
+            float gap;
+            row_stats(lg + (size_t)s * vocab, vocab, &tokens[s][step], &gap);
+        }
+    }
+    hbatch_free(&hb);
+    be->ops->kv_destroy(be, kv);
+    llama_destroy(m);
+}
+
+/* required: the check counts (a disagreement at a decisive step fails it);
+ * otherwise it is reported only. */
+static int check_generation(dp_backend *be[2], uint32_t type, bool required)
+{
     /* A stream of its own, from the seed alone: the model and prompts do
      * not change when checks before this one draw more numbers. */
     const uint64_t saved = g_rs;
@@ -1514,58 +1455,62 @@ static int check_generation(dp_backend *be[2], uint32_t type, int32_t required)
         g_rs = 1;
     synth_model sm;
     synth_open(&sm, "tiny", rnd64(), type);
-    const dp_synth_shape sh = sm.sh;
-    const dp_gguf *g = &sm.g;
-    enum { NSEQ = 4, NEW = 32 };
-    const int32_t lens[NSEQ] = {5, 17, 33, 1};
-    int32_t *prompts[NSEQ], out[2][NSEQ][NEW];
-    for (int i = 0; i < NSEQ; i++) {
+    const int32_t vocab = (int32_t)sm.sh.vocab;
+    const int32_t lens[GEN_SEQS] = {5, 17, 33, 1};
+    int32_t *prompts[GEN_SEQS];
+    for (int i = 0; i < GEN_SEQS; i++) {
         prompts[i] = xmalloc((size_t)lens[i] * sizeof(int32_t));
         for (int32_t j = 0; j < lens[i]; j++)
-            prompts[i][j] = (int32_t)(rnd64() % (sh.vocab - 3));
+            prompts[i][j] = (int32_t)(rnd64() % (uint64_t)(vocab - 3));
     }
-    for (int b = 0; b < 2; b++) {
-        dp_llama *m;
-        dp_gen gen;
-        if (llama_init(&m, g, be[b], 64, 8, err, sizeof err))
-            die(EXIT_SETUP, "llama_init: %s", err);
-        if (gen_init(&gen, m, 16, 64, err, sizeof err))
-            die(EXIT_SETUP, "gen_init: %s", err);
-        dp_gen_seq sq[NSEQ];
-        memset(sq, 0, sizeof sq);
-        for (int i = 0; i < NSEQ; i++) {
-            sq[i].prompt = prompts[i];
-            sq[i].n_prompt = lens[i];
-            sq[i].max_new = NEW;
-            sq[i].sampling.temperature = 0;
-            sq[i].out = out[b][i];
+    const size_t nl = (size_t)GEN_NEW * GEN_SEQS * vocab;
+    float *lg[2] = {xmalloc(nl * sizeof(float)), xmalloc(nl * sizeof(float))};
+    int32_t cpu_tok[GEN_SEQS][GEN_NEW], dev_tok[GEN_SEQS][GEN_NEW];
+    gen_forced(be[0], &sm.g, prompts, lens, NULL, cpu_tok, lg[0]);
+    gen_forced(be[1], &sm.g, prompts, lens, (const int32_t(*)[GEN_NEW])cpu_tok, dev_tok, lg[1]);
+    int decisive = 0, agree = 0, ties = 0, tie_agree = 0;
+    float min_gap_miss = INFINITY;
+    for (int32_t step = 0; step < GEN_NEW; step++)
+        for (int32_t s = 0; s < GEN_SEQS; s++) {
+            int32_t best;
+            float gap;
+            row_stats(lg[0] + ((size_t)step * GEN_SEQS + s) * vocab, vocab, &best, &gap);
+            const bool same = dev_tok[s][step] == cpu_tok[s][step];
+            if (gap > GEN_MARGIN) {
+                decisive++;
+                agree += same;
+                if (!same && gap < min_gap_miss)
+                    min_gap_miss = gap;
+            } else {
+                ties++;
+                tie_agree += same;
+            }
         }
-        if (gen_run(&gen, sq, NSEQ, NULL, NULL, NULL, err, sizeof err))
-            die(EXIT_CHECK, "generation: %s", err);
-        gen_destroy(&gen);
-        llama_destroy(m);
+    /* How far the logits along the CPU's path are apart (information: the
+     * op checks above hold the tolerances). */
+    double num = 0, den = 0;
+    for (size_t i = 0; i < nl; i++) {
+        const double d = (double)lg[1][i] - lg[0][i];
+        num += d * d;
+        den += (double)lg[0][i] * lg[0][i];
     }
-    int ok = 1, total = 0;
-    char line[256];
-    int off = snprintf(line, sizeof line, "tiny %s, %d seqs x %d greedy tokens: agree", quant_type_name(type),
-                       NSEQ, NEW);
-    for (int i = 0; i < NSEQ; i++) {
-        int32_t a = 0;
-        while (a < NEW && out[0][i][a] == out[1][i][a])
-            a++;
-        total += a;
-        if (a < required)
-            ok = 0;
-        off += snprintf(line + off, sizeof line - (size_t)off, " %d", a);
-    }
+    const bool ok = agree == decisive;
     g_checks++;
-    if (required > 0 && !ok)
+    if (required && !ok)
         g_failed++;
-    printf("  %-12s %s (%d/%d identical prefix tokens%s)%s\n", "generate", line, total, NSEQ * NEW,
-           required > 0 ? "" : ", report only",
-           required > 0 ? (ok ? "  ok" : "  FAIL: required identical first tokens") : "");
-    for (int i = 0; i < NSEQ; i++)
+    char what[96];
+    snprintf(what, sizeof what, "tiny %s, %d seqs x %d greedy, teacher-forced", quant_type_name(type),
+             GEN_SEQS, GEN_NEW);
+    printf("  %-12s %-46s argmax agrees %d/%d decisive (gap > %.2f std), %d/%d near ties; "
+           "logits rel %.1e%s", "generate", what, agree, decisive, GEN_MARGIN, tie_agree, ties,
+           sqrt(num / (den > 0 ? den : 1)), required ? "" : " (report only)");
+    if (!ok)
+        printf("; smallest gap missed %.3f", min_gap_miss);
+    printf("%s\n", ok ? "  ok" : (required ? "  FAIL" : "  differs"));
+    for (int i = 0; i < GEN_SEQS; i++)
         free(prompts[i]);
+    free(lg[0]);
+    free(lg[1]);
     synth_close(&sm);
     g_rs = saved;
     return ok;
@@ -1759,290 +1704,30 @@ static void check_graphs(dp_backend *cpu)
     synth_close(&sm);
 }
 
-/* ---- benchmark ------------------------------------------------------------------------- */
-
-#define CU(call)                                                                                \
-    do {                                                                                        \
-        cudaError_t e_ = (call);                                                                \
-        if (e_ != cudaSuccess)                                                                  \
-            die(EXIT_SETUP, "%s", cudaGetErrorString(e_));                                     \
-    } while (0)
-
-/* Device-to-device copy rate, counting read + write bytes (what a kernel
- * streaming weights sees as its ceiling). */
-static double measure_bandwidth(size_t bytes)
+/* "80GiB", "81559MiB", "141GB", or bytes. */
+static size_t parse_size(const char *a)
 {
-    void *a, *b;
-    CU(cudaMalloc(&a, bytes));
-    CU(cudaMalloc(&b, bytes));
-    CU(cudaMemset(a, 1, bytes));
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    CU(cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice));
-    const int iters = 10;
-    CU(cudaEventRecord(e0, 0));
-    for (int i = 0; i < iters; i++)
-        CU(cudaMemcpyAsync(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
-    float ms;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cudaFree(a);
-    cudaFree(b);
-    return 2.0 * (double)bytes * iters / (ms * 1e-3);
-}
-
-/* fp16 GEMM with f32 accumulation and output, the configuration the backend
- * uses, at a large square shape. */
-static double measure_gemm(int n)
-{
-    void *a, *b, *c;
-    CU(cudaMalloc(&a, (size_t)n * n * 2));
-    CU(cudaMalloc(&b, (size_t)n * n * 2));
-    CU(cudaMalloc(&c, (size_t)n * n * 4));
-    CU(cudaMemset(a, 0, (size_t)n * n * 2));
-    CU(cudaMemset(b, 0, (size_t)n * n * 2));
-    cublasHandle_t h;
-    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
-        die(EXIT_SETUP, "%s", "cublasCreate failed");
-    const float one = 1.0f, zero = 0.0f;
-    cudaEvent_t e0, e1;
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
-    const int iters = 20;
-    for (int i = -3; i < iters; i++) {
-        if (i == 0)
-            CU(cudaEventRecord(e0, 0));
-        if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, a, CUDA_R_16F, n, b, CUDA_R_16F,
-                         n, &zero, c, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
-                         CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-            die(EXIT_SETUP, "%s", "cublasGemmEx failed");
-    }
-    CU(cudaEventRecord(e1, 0));
-    CU(cudaEventSynchronize(e1));
-    float ms;
-    CU(cudaEventElapsedTime(&ms, e0, e1));
-    cudaEventDestroy(e0);
-    cudaEventDestroy(e1);
-    cublasDestroy(h);
-    cudaFree(a);
-    cudaFree(b);
-    cudaFree(c);
-    return 2.0 * n * (double)n * n * iters / (ms * 1e-3);
-}
-
-/* The benchmark's sizes: the real one, and a miniature that exercises the
- * same code in seconds (--bench-small, for the emulator). */
-typedef struct bench_cfg {
-    const char *shape;
-    size_t bw_bytes;
-    int gemm_n;
-    int32_t max_b, prompt, ctx, steps;
-    int32_t batches[4];
-    int32_t cmp_seqs, cmp_slots, cmp_keep;
-} bench_cfg;
-
-static const bench_cfg BENCH_FULL = {"7b", (size_t)4 << 30, 8192, 256, 2048, 512, 8,
-                                     {1, 16, 64, 256}, 16, 2048, 1024};
-static const bench_cfg BENCH_SMALL = {"tiny", (size_t)1 << 20, 64, 4, 64, 32, 2,
-                                      {1, 2, 3, 4}, 2, 64, 32};
-
-static int run_bench(dp_backend *gpu, const bench_cfg *bc)
-{
-    char err[DP_ERRLEN];
-    printf("\nbenchmark (%s-shaped synthetic model, fp16 weights)\n", bc->shape);
-    const double bw = measure_bandwidth(bc->bw_bytes);
-    const double flops = measure_gemm(bc->gemm_n);
-    printf("  device-to-device bandwidth  %.2f TB/s (cudaMemcpy of %.0f MiB, read + write)\n",
-           bw / 1e12, (double)bc->bw_bytes / (1 << 20));
-    printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (%d^3, f32 accumulate)\n", flops / 1e12,
-           bc->gemm_n);
-
-    double t0 = dp_now();
-    synth_model sm;
-    synth_open(&sm, bc->shape, 7, DP_TYPE_F16);
-    const dp_synth_shape sh = sm.sh;
-    double t1 = dp_now();
-    const int32_t max_b = bc->max_b, prompt = bc->prompt;
-    dp_llama *m;
-    if (llama_init(&m, &sm.g, gpu, prompt, max_b, err, sizeof err))
-        die(EXIT_SETUP, "llama_init: %s", err);
-    double t2 = dp_now();
-    printf("  model: %u layers, dim %u, %u/%u heads, ffn %u, vocab %u: built in %.0f s, loaded in %.1f s\n",
-           sh.n_layers, sh.dim, sh.n_heads, sh.n_kv_heads, sh.ffn, sh.vocab, t1 - t0, t2 - t1);
-    synth_close(&sm);
-
-    const dp_hparams *hp = llama_hparams(m);
-    const double hd = hp->head_dim;
-    const double layer_params = (double)hp->dim * (hp->n_heads * hd) * 2 +
-                                (double)hp->dim * (hp->n_kv_heads * hd) * 2 + 3.0 * hp->dim * hp->ffn;
-    const double matmul_params = layer_params * hp->n_layers;
-    const double head_params = (double)hp->dim * hp->vocab;
-    /* Bytes a decode step must read: every weight once (fp16), plus the KV
-     * of every attended slot (fp16 K and V, every layer). */
-    const double weight_bytes = 2.0 * (matmul_params + head_params);
-    const double kv_bytes_per_slot = 2.0 * 2.0 * hp->n_layers * hp->n_kv_heads * hd;
-
-    const int32_t ctx = bc->ctx, warm = 2, steps = bc->steps, bt = 16;
-    const int32_t bps = (ctx + warm + steps + bt - 1) / bt;
-    int32_t n_blocks = max_b * bps;
-    if (n_blocks < prompt / bt)
-        n_blocks = prompt / bt;
-    dp_kv_layout l = llama_kv_layout(m, bt, n_blocks);
-    dp_kv_store *kv;
-    if (gpu->ops->kv_create(gpu, &l, &kv))
-        die(EXIT_SETUP, "%s", "kv_create failed for the benchmark");
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
-    float *logits;
-    CU(cudaMallocHost((void **)&logits, (size_t)max_b * hp->vocab * sizeof(float)));
-
-    printf("  %-24s %12s %12s %8s   %s\n", "case", "tokens/s", "limit", "ratio", "notes");
-    const int32_t *bs = bc->batches;
-    hbatch hb;
-    hbatch_alloc(&hb, prompt, max_b, bps > prompt / bt ? bps : prompt / bt);
-    for (size_t bi = 0; bi < 4; bi++) {
-        const int32_t B = bs[bi];
-        dp_batch b = {.n_tokens = B, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
-                      .slot = hb.slot, .n_seqs = B, .seq_store = hb.seq_store,
-                      .block_tables = hb.tables, .max_blocks = bps, .n_out = B,
-                      .out_tokens = hb.out_tokens};
-        for (int32_t i = 0; i < B; i++) {
-            hb.seq[i] = i;
-            hb.out_tokens[i] = i;
-            for (int32_t j = 0; j < bps; j++)
-                hb.tables[(size_t)i * bps + j] = i * bps + j;
-        }
-        /* Each batch size twice: steps issued op by op, then recorded and
-         * replayed (the default); the same slots are rewritten. */
-        double t_mode[2] = {0, 0}, kv_read = 0;
-        for (int graphs = 0; graphs < 2; graphs++) {
-            if (gpu->ops->step_graphs)
-                gpu->ops->step_graphs(gpu, graphs ? DP_GRAPHS_ON : DP_GRAPHS_OFF, NULL);
-            else if (graphs)
-                break;
-            kv_read = 0;
-            for (int32_t s = 0; s < warm + steps; s++) {
-                for (int32_t i = 0; i < B; i++) {
-                    hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
-                    hb.pos[i] = hb.slot[i] = ctx + s;
-                }
-                double a = dp_now();
-                if (llama_forward(m, &b, stores, logits))
-                    die(EXIT_CHECK, "%s", "decode step failed");
-                if (s >= warm) {
-                    t_mode[graphs] += dp_now() - a;
-                    kv_read += (double)B * (ctx + s + 1) * kv_bytes_per_slot;
-                }
-            }
-        }
-        const double t = t_mode[1] > 0 ? t_mode[1] : t_mode[0];
-        const double tps = (double)B * steps / t;
-        const double limit = (double)B * steps / ((weight_bytes * steps + kv_read) / bw);
-        char name[32], notes[160];
-        snprintf(name, sizeof name, "decode batch %d", B);
-        snprintf(notes, sizeof notes, "ctx %d; %.1f GB weights + %.1f GB KV per step; step %.2f ms, "
-                 "eager %.2f ms (graphs x%.2f)", ctx, weight_bytes / 1e9, kv_read / steps / 1e9,
-                 1e3 * t / steps, 1e3 * t_mode[0] / steps, t_mode[1] > 0 ? t_mode[0] / t_mode[1] : 1.0);
-        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit, notes);
-    }
-    {
-        dp_batch b = {.n_tokens = prompt, .tokens = hb.tokens, .pos = hb.pos, .seq = hb.seq,
-                      .slot = hb.slot, .n_seqs = 1, .seq_store = hb.seq_store,
-                      .block_tables = hb.tables, .max_blocks = prompt / bt, .n_out = 1,
-                      .out_tokens = hb.out_tokens};
-        for (int32_t i = 0; i < prompt; i++) {
-            hb.tokens[i] = (int32_t)(rnd64() % (uint64_t)hp->vocab);
-            hb.pos[i] = hb.slot[i] = i;
-            hb.seq[i] = 0;
-        }
-        for (int32_t j = 0; j < prompt / bt; j++)
-            hb.tables[j] = j;
-        hb.out_tokens[0] = prompt - 1;
-        double t = 0;
-        const int runs = 3;
-        for (int r = -1; r < runs; r++) {
-            double a = dp_now();
-            if (llama_forward(m, &b, stores, logits))
-                die(EXIT_CHECK, "%s", "prefill step failed");
-            if (r >= 0)
-                t += dp_now() - a;
-        }
-        const double tps = (double)prompt * runs / t;
-        const double limit = flops / (2.0 * matmul_params);
-        char notes[96];
-        snprintf(notes, sizeof notes, "%d-token prompt; limit = GEMM rate / (2 x %.2fB params)", prompt,
-                 matmul_params / 1e9);
-        char name[32];
-        snprintf(name, sizeof name, "prefill %d", prompt);
-        printf("  %-24s %12.1f %12.1f %7.1f%%   %s\n", name, tps, limit, 100.0 * tps / limit,
-               notes);
-    }
-    if (gpu->ops->kv_compact) {
-        /* 16 prefill sequences of 2048 tokens keep 1024 rows per (layer, head),
-         * copied within the benchmark store into disjoint blocks (the engine
-         * copies between pools; the bytes are the same). The time includes
-         * the host's validation and upload of the keep lists (16M indices). */
-        const int32_t n_seqs = bc->cmp_seqs, n_slots = bc->cmp_slots, n_keep = bc->cmp_keep;
-        const int32_t nsb = n_slots / bt, ndb = n_keep / bt;
-        if ((int64_t)n_seqs * (nsb + ndb) > n_blocks)
-            die(EXIT_SETUP, "%s", "benchmark store too small for kv_compact");
-        const size_t per = (size_t)hp->n_layers * hp->n_kv_heads * n_keep;
-        int32_t *tables = xmalloc((size_t)n_seqs * (nsb + ndb) * sizeof(int32_t));
-        int32_t *keep = xmalloc((size_t)n_seqs * per * sizeof(int32_t));
-        dp_compact_seq *cs = xmalloc((size_t)n_seqs * sizeof *cs);
-        for (int32_t i = 0; i < n_seqs * (nsb + ndb); i++)
-            tables[i] = i;
-        for (int32_t i = 0; i < n_seqs; i++) {
-            int32_t *kp = keep + (size_t)i * per;
-            for (size_t lh = 0; lh < per / n_keep; lh++) {
-                int32_t k = 0;
-                for (int32_t sl = 0; sl < n_slots && k < n_keep; sl++)
-                    if ((int64_t)(rnd64() % (uint64_t)(n_slots - sl)) < n_keep - k)
-                        kp[lh * n_keep + k++] = sl;
-            }
-            cs[i] = (dp_compact_seq){tables + (size_t)i * nsb, nsb,
-                                     tables + (size_t)n_seqs * nsb + (size_t)i * ndb, ndb, n_keep, kp};
-        }
-        float *sync_buf = dev_alloc(gpu, 1);
-        double t = 0;
-        for (int r = 0; r < 3; r++) {
-            double a = dp_now();
-            if (gpu->ops->kv_compact(gpu, kv, kv, cs, n_seqs))
-                die(EXIT_CHECK, "%s", "kv_compact failed");
-            if (gpu->ops->download(gpu, logits, sync_buf, sizeof(float)))
-                die(EXIT_CHECK, "%s", "kv_compact: sync failed");
-            if (r > 0)
-                t += dp_now() - a;
-        }
-        t /= 2;
-        const double moved = 2.0 * 2.0 * (double)n_seqs * per * hd * 2.0; /* K+V, read+write */
-        char notes[192];
-        snprintf(notes, sizeof notes, "%.2f ms per migrated sequence (%d seqs x %d of %d rows per "
-                 "head; %.2f GB moved in %.1f ms, incl. host)", t * 1e3 / n_seqs, n_seqs, n_keep,
-                 n_slots, moved / 1e9, t * 1e3);
-        printf("  %-24s %7.0f GB/s %7.0f GB/s %7.1f%%   %s\n", "kv_compact", moved / t / 1e9, bw / 1e9,
-               100.0 * moved / t / bw, notes);
-        gpu->ops->free(gpu, sync_buf);
-        free(tables);
-        free(keep);
-        free(cs);
-    } else {
-        printf("  %-24s %s\n", "kv_compact", "kv_compact: not in this build");
-    }
-    hbatch_free(&hb);
-    cudaFreeHost(logits);
-    gpu->ops->kv_destroy(gpu, kv);
-    llama_destroy(m);
-    return 0;
+    char *end;
+    const double v = strtod(a, &end);
+    double mul = 1;
+    if (!strcmp(end, "GiB") || !strcmp(end, "G"))
+        mul = 1024.0 * 1024 * 1024;
+    else if (!strcmp(end, "MiB") || !strcmp(end, "M"))
+        mul = 1024.0 * 1024;
+    else if (!strcmp(end, "GB"))
+        mul = 1e9;
+    else if (*end)
+        die(EXIT_SETUP, "--plan %s: a size such as 80GiB, 81559MiB or 141GB", a);
+    if (!(v > 0))
+        die(EXIT_SETUP, "--plan %s: a size such as 80GiB, 81559MiB or 141GB", a);
+    return (size_t)(v * mul);
 }
 
 int main(int argc, char **argv)
 {
-    uint64_t seed = (uint64_t)time(NULL);
+    uint64_t seed = CHECK_DEFAULT_SEED;
     bool bench = true, checks = true, self_test = false, bench_small = false, faults = false;
+    const char *plan = NULL;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--seed") == 0 && i + 1 < argc)
             seed = strtoull(argv[++i], NULL, 0);
@@ -2056,12 +1741,16 @@ int main(int argc, char **argv)
             self_test = true, bench = false;
         else if (strcmp(argv[i], "--faults") == 0)
             faults = true, checks = bench = false;
+        else if (strcmp(argv[i], "--plan") == 0 && i + 1 < argc)
+            plan = argv[++i];
         else {
             fprintf(stderr, "usage: %s [--seed N] [--no-bench] [--bench-only] [--bench-small] "
-                    "[--self-test] [--faults]\n", argv[0]);
+                    "[--self-test] [--faults] [--plan SIZE]\n", argv[0]);
             return EXIT_SETUP;
         }
     }
+    if (plan) /* no device needed */
+        return bench_plan_dry(parse_size(plan), bench_small);
     g_rs = seed ? seed : 1;
     g_seed = seed;
     char err[DP_ERRLEN];
@@ -2080,8 +1769,9 @@ int main(int argc, char **argv)
         backend_destroy(be[0]);
         return EXIT_NO_DEVICE;
     }
-    printf("check_kernels: seed %llu (rerun with --seed %llu)%s\n", (unsigned long long)seed,
-           (unsigned long long)seed, self_test ? ", self-test: cpu against cpu" : "");
+    printf("check_kernels: seed %llu%s (rerun with --seed %llu)%s\n", (unsigned long long)seed,
+           seed == CHECK_DEFAULT_SEED ? " (the default)" : "", (unsigned long long)seed,
+           self_test ? ", self-test: cpu against cpu" : "");
     if (checks) {
         printf("ops: cuda against the cpu reference (relative L2 error)\n");
         check_matmul(be);
@@ -2092,6 +1782,7 @@ int main(int argc, char **argv)
         check_embed_gather(be);
         check_attention(be);
         check_capture(be);
+        check_kv_saturate(be);
         check_kvpath(be, DP_KV_F32);
         check_kvpath(be, DP_KV_Q8_0);
         check_kvpath(be, DP_KV_Q4_0);
@@ -2099,8 +1790,8 @@ int main(int argc, char **argv)
         printf("generation: greedy tokens, cpu against cuda\n");
         /* F16 weights: both backends hold the same weights, so only activation
          * and KV rounding differ; the first tokens must agree. */
-        check_generation(be, DP_TYPE_F16, 8);
-        check_generation(be, DP_TYPE_Q8_0, 0);
+        check_generation(be, DP_TYPE_F16, true);
+        check_generation(be, DP_TYPE_Q8_0, false);
         check_forward_topk(be);
         if (!self_test) {
             printf("recorded decode steps: graphs against eager issue\n");
@@ -2117,7 +1808,7 @@ int main(int argc, char **argv)
     int rc = g_failed ? EXIT_CHECK : 0;
     backend_destroy(be[0]);
     if (bench && !self_test)
-        run_bench(be[1], bench_small ? &BENCH_SMALL : &BENCH_FULL);
+        bench_run(be[1], bench_small);
     backend_destroy(be[1]);
     return rc;
 }

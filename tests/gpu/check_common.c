@@ -1,0 +1,201 @@
+/* check_common.c: what every part of the GPU checks shares: the seeded
+ * random stream, buffers on a backend, the comparison report, host batches
+ * and synthetic models built in memory. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_common.h"
+
+uint64_t g_rs;
+int g_failed;
+int g_checks;
+
+uint64_t rnd64(void)
+{
+    g_rs ^= g_rs << 13;
+    g_rs ^= g_rs >> 7;
+    g_rs ^= g_rs << 17;
+    return g_rs;
+}
+
+float frand(void) /* uniform in [-1, 1) */
+{
+    return (float)((rnd64() >> 11) * 0x1.0p-53) * 2.0f - 1.0f;
+}
+
+void fill(float *p, size_t n, float amp)
+{
+    for (size_t i = 0; i < n; i++)
+        p[i] = frand() * amp;
+}
+
+void die(int code, const char *fmt, const char *msg)
+{
+    fprintf(stderr, "check_kernels: ");
+    fprintf(stderr, fmt, msg);
+    fprintf(stderr, "\n");
+    exit(code);
+}
+
+void *xmalloc(size_t n)
+{
+    void *p = malloc(n ? n : 1);
+    if (!p)
+        die(EXIT_SETUP, "%s", "out of host memory");
+    return p;
+}
+
+/* ---- buffers on a backend --------------------------------------------------- */
+
+float *dev_alloc(dp_backend *be, size_t n)
+{
+    float *p = be->ops->alloc(be, n * sizeof(float));
+    if (!p)
+        die(EXIT_SETUP, "%s: out of backend memory", be->ops->name);
+    return p;
+}
+
+void dev_put(dp_backend *be, float *d, const float *h, size_t n)
+{
+    if (be->ops->upload(be, d, h, n * sizeof(float)))
+        die(EXIT_SETUP, "%s: upload failed", be->ops->name);
+}
+
+void dev_get(dp_backend *be, float *h, const float *d, size_t n)
+{
+    if (be->ops->download(be, h, d, n * sizeof(float)))
+        die(EXIT_CHECK, "%s: download failed (an op failed, see the log above)", be->ops->name);
+}
+
+/* Fills a backend buffer with NaN, so an element an op forgets to write shows. */
+void dev_poison(dp_backend *be, float *d, size_t n)
+{
+    float *h = xmalloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++)
+        h[i] = NAN;
+    dev_put(be, d, h, n);
+    free(h);
+}
+
+float *dev_from(dp_backend *be, const float *h, size_t n)
+{
+    float *d = dev_alloc(be, n);
+    dev_put(be, d, h, n);
+    return d;
+}
+
+/* ---- comparison ------------------------------------------------------------------ */
+
+void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
+                   double tol)
+{
+    double num = 0, den = 0;
+    size_t nan_got = 0, nan_ref = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(got[i])) {
+            nan_got++;
+            continue;
+        }
+        if (!isfinite(ref[i])) {
+            nan_ref++;
+            continue;
+        }
+        double d = (double)got[i] - (double)ref[i];
+        num += d * d;
+        den += (double)ref[i] * ref[i];
+    }
+    double rel = sqrt(num / (den > 0 ? den : 1));
+    bool ok = nan_got == 0 && nan_ref == 0 && rel <= tol;
+    g_checks++;
+    if (!ok)
+        g_failed++;
+    printf("  %-12s %-46s rel %.2e (tol %.0e)%s%s\n", op, what, rel, tol,
+           nan_got ? "  NON-FINITE in cuda output" : (nan_ref ? "  NON-FINITE in cpu output" : ""),
+           ok ? "  ok" : "  FAIL");
+    if (nan_got)
+        printf("  %-12s %zu of %zu elements not finite\n", "", nan_got, n);
+}
+
+/* ---- a batch on both backends ------------------------------------------------------ */
+
+void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks)
+{
+    memset(b, 0, sizeof *b);
+    b->n_tokens = n_tokens;
+    b->n_seqs = n_seqs;
+    b->max_blocks = max_blocks;
+    b->tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->pos = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->seq = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->slot = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->out_tokens = xmalloc((size_t)n_tokens * sizeof(int32_t));
+    b->tables = calloc((size_t)n_seqs * (size_t)max_blocks, sizeof(int32_t));
+    b->seq_store = calloc((size_t)n_seqs, 1);
+    if (!b->tables || !b->seq_store)
+        die(EXIT_SETUP, "%s", "out of host memory");
+    for (int32_t i = 0; i < n_tokens; i++) {
+        b->tokens[i] = 0;
+        b->pos[i] = i;
+        b->seq[i] = 0;
+        b->slot[i] = 0;
+        b->out_tokens[i] = i;
+    }
+}
+
+void hbatch_free(hbatch *b)
+{
+    free(b->tokens);
+    free(b->pos);
+    free(b->seq);
+    free(b->slot);
+    free(b->out_tokens);
+    free(b->tables);
+    free(b->seq_store);
+}
+
+void hbatch_set(dp_backend *be, const hbatch *h)
+{
+    dp_batch b = {.n_tokens = h->n_tokens, .tokens = h->tokens, .pos = h->pos, .seq = h->seq,
+                  .slot = h->slot, .n_seqs = h->n_seqs, .seq_store = h->seq_store,
+                  .block_tables = h->tables, .max_blocks = h->max_blocks, .n_out = h->n_out,
+                  .out_tokens = h->out_tokens};
+    if (be->ops->batch_set(be, &b))
+        die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
+}
+
+/* ---- synthetic models ------------------------------------------------------------------
+ * A LLaMA of a preset shape with seeded random weights, written to memory and
+ * opened: every check and the benchmark use one, so nothing is downloaded. */
+
+void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type)
+{
+    char err[DP_ERRLEN] = "out of memory", msg[DP_ERRLEN + 64];
+    if (synth_shape_preset(preset, &sm->sh)) {
+        snprintf(msg, sizeof msg, "no %s preset", preset);
+        die(EXIT_SETUP, "%s", msg);
+    }
+    gguf_writer w;
+    size_t size;
+    int rc = gguf_writer_init(&w);
+    if (!rc) {
+        /* The buffer is the writer's output, independent of the writer. */
+        rc = synth_llama_build(&w, &sm->sh, seed, type, err, sizeof err);
+        if (!rc)
+            rc = gguf_writer_finish_mem(&w, &sm->buf, &size);
+        gguf_writer_destroy(&w);
+    }
+    if (!rc && (rc = gguf_open_mem(&sm->g, sm->buf, size, err, sizeof err)))
+        free(sm->buf);
+    if (rc) {
+        snprintf(msg, sizeof msg, "%s synthetic model: %s", preset, err);
+        die(EXIT_SETUP, "%s", msg);
+    }
+}
+
+void synth_close(synth_model *sm)
+{
+    gguf_close(&sm->g);
+    free(sm->buf);
+}

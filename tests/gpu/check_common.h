@@ -1,0 +1,77 @@
+/* check_common.h: the helpers the GPU checks share (check_kernels.c, the
+ * op and generation checks; check_bench.c, the benchmark and its memory plan). */
+#ifndef DP_TESTS_GPU_CHECK_COMMON_H
+#define DP_TESTS_GPU_CHECK_COMMON_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dp.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "tools/synth_gguf.h"
+
+#define EXIT_CHECK 1
+#define EXIT_SETUP 2
+#define EXIT_NO_DEVICE 3
+
+/* The seed when none is given: the same checks on every run, so that a
+ * failure is reproduced by running again (--seed N draws other data). */
+#define CHECK_DEFAULT_SEED 1
+
+/* The random stream (xorshift64), the checks run and those that failed. */
+extern uint64_t g_rs;
+extern int g_failed;
+extern int g_checks;
+
+uint64_t rnd64(void);
+float frand(void); /* uniform in [-1, 1) */
+void fill(float *p, size_t n, float amp);
+/* Prints "check_kernels: " fmt (with msg) and exits with code. */
+void die(int code, const char *fmt, const char *msg) __attribute__((noreturn));
+void *xmalloc(size_t n);
+
+/* Buffers of n floats on a backend; dev_poison fills one with NaN, so an
+ * element an op forgets to write shows. */
+float *dev_alloc(dp_backend *be, size_t n);
+void dev_put(dp_backend *be, float *d, const float *h, size_t n);
+void dev_get(dp_backend *be, float *h, const float *d, size_t n);
+void dev_poison(dp_backend *be, float *d, size_t n);
+float *dev_from(dp_backend *be, const float *h, size_t n);
+
+/* One comparison: relative L2 error of got against ref, within tol. */
+void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
+            double tol);
+
+/* A batch's host arrays. */
+typedef struct hbatch {
+    int32_t n_tokens, n_seqs, max_blocks, n_out;
+    int32_t *tokens, *pos, *seq, *slot, *tables, *out_tokens;
+    uint8_t *seq_store;
+} hbatch;
+
+void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks);
+void hbatch_free(hbatch *b);
+void hbatch_set(dp_backend *be, const hbatch *h);
+
+/* A LLaMA of a preset shape with seeded random weights, written to memory
+ * and opened: every check and the benchmark use one, nothing is downloaded. */
+typedef struct synth_model {
+    dp_synth_shape sh;
+    void *buf;
+    dp_gguf g;
+} synth_model;
+
+void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type);
+void synth_close(synth_model *sm);
+
+/* The 7B-shaped benchmark (check_bench.c): runs it on gpu, sized from the
+ * device's free memory; small: a miniature that runs the same code in
+ * seconds (its figures mean nothing). */
+int bench_run(dp_backend *gpu, bool small);
+/* The benchmark's memory plan for a device of total_bytes, computed without
+ * one (--plan): prints it; 0 when every case fits, 1 when one is skipped. */
+int bench_plan_dry(size_t total_bytes, bool small);
+
+#endif

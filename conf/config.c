@@ -49,7 +49,7 @@ typedef struct opt_desc {
 
 static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL};
 /* Indexed by dp_kv_type. */
-static const char *const kv_types[] = {"f32", "f16", NULL};
+static const char *const kv_types[] = {"f32", "f16", "q8_0", "q4_0", NULL};
 /* "same", then dp_kv_type + 1. */
 static const char *const decode_kv_types[] = {"auto", "same", "f32", "f16", "q8_0", "q4_0", NULL};
 static const char *const turn_modes[] = {"auto", "always", "never", NULL};
@@ -150,7 +150,8 @@ static const opt_desc options[] = {
     {"prefix_cache", DP_CONF_BOOL, F(prefix_cache), "true", 0, 0, NULL, NULL, 0, GROUP_KV, NULL,
      "reuse prefill blocks of earlier prompts (the next turn of a chat) [kvcache]"},
     {"kv_cache_type", DP_CONF_ENUM, F(kv_cache_type), "f16", 0, 0, kv_types, NULL, 0, GROUP_KV, NULL,
-     "element type of the KV cache; f16 as llama.cpp, f32 exact (CUDA: f16 always) [kernels]"},
+     "KV cache type: f16 as llama.cpp, f32 exact (CUDA: f16); q8_0, q4_0: no dualpath "
+     "[kernels]"},
 
     {"dualpath", DP_CONF_BOOL, F(dualpath), "true", 0, 0, NULL, NULL, 0, GROUP_DUALPATH, NULL,
      "compress the KV cache when a sequence moves to decoding [sched, kvcache]"},

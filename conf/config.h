@@ -71,7 +71,7 @@ typedef struct dp_config {
     int decode_block_tokens;
     uint64_t host_tier_bytes;
     bool prefix_cache;
-    int kv_cache_type;      /* dp_kv_type: 0 f32, 1 f16 */
+    int kv_cache_type;      /* dp_kv_type: 0 f32, 1 f16, 2 q8_0, 3 q4_0 */
 
     /* Dual path: what survives the prefill -> decode switch (kvcache/, sched/) */
     bool dualpath;

@@ -1678,6 +1678,16 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                     "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
         goto fail;
     }
+    /* A quantized whole cache is dualpath off's (llama.cpp's -ctk q8_0):
+     * the prefill path keeps f16 or f32, and the decode path's type is
+     * decode_kv_type. */
+    if (e->dual && dp_kv_type_quantized(opts->kv_type)) {
+        rc = dp_err(err, errsz, DP_EINVAL, "engine: kv_cache_type %s keeps the whole cache "
+                    "quantized and needs dualpath = false; with the dual path the prefill path "
+                    "keeps f16 or f32 and decode_kv_type sets the decode path's type",
+                    dp_kv_type_name(opts->kv_type));
+        goto fail;
+    }
     /* The path detector's settings (the KV manager plans predicted early
      * switches with its min_tokens). */
     if (e->dual) {

@@ -4,10 +4,11 @@ tokens where a block holds 16 f16 tokens), usage.dualpath reports the bytes
 kept against the whole cache's, and eight long chat replies that need more
 than the arena in f16 fit it in q8_0."""
 import json
+import subprocess
 
 import pytest
 
-from conftest import Daemon, parallel
+from conftest import BIN, MODEL, Daemon, parallel
 
 # SmolLM2-135M: 30 layers x 3 KV heads x 64, K and V.
 F16_TOKEN_BYTES = 30 * 3 * 64 * 2 * 2
@@ -122,3 +123,28 @@ def test_long_replies_fit_quantized():
     print(f"8 x 200-token replies in 28 MiB: f16 decode path {out['f16'][0]:.0f} preemptions "
           f"(peak {out['f16'][1]:.0f} running), q8_0 {out['q8_0'][0]:.0f} (peak {out['q8_0'][1]:.0f})")
     assert out["q8_0"][0] == 0
+
+
+def test_quantized_whole_cache_with_dualpath_off():
+    """kv_cache_type = q8_0 with the dual path off (llama.cpp's -ctk q8_0
+    -ctv q8_0): the same kv_memory holds 64/34 of the f16 blocks (rows of
+    64 values: 128 bytes in f16, 68 in q8_0), a chat is answered, and the
+    same prompt's greedy answer starts as f16's does. With the dual path on
+    the setting is refused at start, naming it."""
+    got = {}
+    for kind in ("f16", "q8_0"):
+        d = Daemon(extra=["--no-dualpath", "--kv-memory", "64MiB", "--kv-cache-type", kind],
+                   log_name=f"dualpathd-whole-{kind}")
+        try:
+            blocks = metric(d, 'dualpath_kv_blocks_capacity{pool="prefill"}')
+            o = chat(d, PROMPT + " What did Mira count?", max_tokens=12)
+            got[kind] = (blocks, o["choices"][0]["message"]["content"])
+            assert o["usage"]["completion_tokens"] > 0
+        finally:
+            assert d.stop() == 0
+    assert got["q8_0"][0] == int(got["f16"][0] * 128 // 68), got
+    assert got["q8_0"][1].split()[:2] == got["f16"][1].split()[:2], got
+    r = subprocess.run([BIN, "--config", "", "--model", MODEL, "--listen", "127.0.0.1:0",
+                        "--kv-cache-type", "q8_0"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "kv_cache_type q8_0" in r.stderr and "dualpath = false" in r.stderr, r.stderr

@@ -791,6 +791,52 @@ static void test_quantized_decode(world *w)
            st[2].running_peak, same[1], N, same[2], N);
 }
 
+/* A whole cache in q8_0 or q4_0 with the dual path off (kv_cache_type, as
+ * llama.cpp's -ctk/-ctv): the same bytes hold 1.88x / 3.56x the f16
+ * blocks; requests together in a small pool (preempted and recomputed)
+ * give the tokens each gives alone; with the dual path on the server
+ * refuses the setting, naming it. */
+static void test_quantized_whole_cache(world *w, req_spec *specs, int n)
+{
+    const int32_t types[3] = {DP_KV_F16, DP_KV_Q8_0, DP_KV_Q4_0};
+    int32_t blocks[3];
+    for (int t = 0; t < 3; t++) {
+        dp_engine_opts o;
+        engine_opts_default(&o);
+        o.dualpath = false;
+        o.kv_type = types[t];
+        o.max_batched_tokens = 128;
+        o.max_seqs = 32;
+        o.kv_bytes = (int64_t)4 << 20;
+        dp_engine *e;
+        char err[DP_ERRLEN];
+        CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
+        dp_engine_stats st;
+        engine_get_stats(e, &st);
+        blocks[t] = st.blocks_total;
+        engine_destroy(e);
+        if (t == 0)
+            continue;
+        /* 40 blocks of 16 tokens: the sequences preempt one another. */
+        next_opts = o;
+        next_opts.kv_bytes = 0;
+        next_opts_set = true;
+        char what[64];
+        snprintf(what, sizeof what, "tiny32 %s whole cache, dualpath off, 40-block pool",
+                 dp_kv_type_name(types[t]));
+        concurrent_equals_alone(w, specs, n, 40, what);
+        next_opts_set = false;
+        o.dualpath = true;
+        CHECK(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == DP_EINVAL);
+        CHECK_MSG(strstr(err, "kv_cache_type") && strstr(err, "dualpath = false"), "%s", err);
+    }
+    /* Blocks of 16 tokens x 32 values: f16 64 bytes a row, q8_0 34, q4_0 18. */
+    CHECK_EQ_INT(blocks[1], (int32_t)((int64_t)blocks[0] * 64 / 34));
+    CHECK_EQ_INT(blocks[2], (int32_t)((int64_t)blocks[0] * 64 / 18));
+    printf("quantized whole cache (dualpath off): 4 MiB hold %d blocks in f16, %d in q8_0, %d in "
+           "q4_0; with dualpath on the setting is refused\n", blocks[0], blocks[1], blocks[2]);
+}
+
 /* n = 4 (four requests with one prompt, submitted together) prefills the
  * prompt once: the copies wait for its blocks to be named and take them by
  * reference. Each copy computes only what it cannot share: the last partial
@@ -2243,6 +2289,17 @@ int main(void)
                                  "tiny32 q4_0 decode pool preemption (split)");
     }
     test_quantized_decode(&w);
+    {
+        static req_spec q[12];
+        for (int i = 0; i < 12; i++) {
+            /* Short prompts, long replies: growth runs out of blocks. */
+            q[i] = (req_spec){.n_prompt = 8 + urand(12), .max_tokens = 80 + urand(40),
+                              .ignore_eos = true};
+            for (int k = 0; k < q[i].n_prompt; k++)
+                q[i].prompt[k] = urand(w.vocab);
+        }
+        test_quantized_whole_cache(&w, q, 12);
+    }
     test_decode_types(&w);
     test_decode_type_exact(&w);
     test_system_prompt_typed(&w);

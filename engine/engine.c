@@ -753,7 +753,7 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
     if (kind == DP_COMPACT_RECOMPRESS)
         return kv_mgr_budget_keep(&e->kv, kv);
     if (kind == DP_COMPACT_PROMPT_END)
-        return kv_mgr_migration_keep(&e->kv, kv, es->seq->n_prompt);
+        return kv_mgr_prompt_end_keep(&e->kv, kv, es->seq->n_prompt);
     if (kind == DP_COMPACT_MIGRATION)
         return kv_mgr_migration_keep(&e->kv, kv, kv->n_slots);
     /* An early switch moves the prompt so far to the decode path whole (in

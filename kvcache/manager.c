@@ -1134,6 +1134,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     kv->copts = co;
     kv->whole_if_room = wir;
     kv->early_end = kv->early_at = 0;
+    kv->hist_slots = slots;
     kv->decode_reserve = need > 0 ? need : 0;
     m->decode_reserved += kv->decode_reserve;
     /* Its tables cover the rest of the prompt now, as an admitted prompt's
@@ -1378,6 +1379,7 @@ static void note_compaction(dp_kv_seq *kv, const dp_kv_migration *g)
         kv->exact_from = g->pos - (stretch < kv->copts.window ? stretch : kv->copts.window);
         kv->mig_pos = g->pos;
         kv->mig_keep = g->n_keep;
+        kv->hist_slots = 0;
     } else {
         kv->recompressed = true;
     }
@@ -1415,7 +1417,8 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     }
     for (int32_t b = 0; b < nblk; b++)
         ids[b] = b;
-    dp_kv_move mv = {.co = &kv->copts, .src = kv->table.blocks, .n_src_blocks = kv->table.n_blocks,
+    const dp_compress_opts co = g->pos > 0 ? kv_seq_prompt_end_opts(kv) : kv->copts;
+    dp_kv_move mv = {.co = &co, .src = kv->table.blocks, .n_src_blocks = kv->table.n_blocks,
                      .n_slots = kv->n_slots, .dst = ids, .n_dst_blocks = nblk, .n_keep = g->n_keep,
                      .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q, .n_ref = nref,
                      .attn = &kv->attn};
@@ -1483,6 +1486,7 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                              dp_kv_dtype *d)
 {
     dp_kv_move mv[MIGRATE_BATCH];
+    dp_compress_opts cos[MIGRATE_BATCH]; /* each move's options (kv_seq_prompt_end_opts) */
     dp_block_table tables[MIGRATE_BATCH];
     dp_kv_migration *ok[MIGRATE_BATCH], *staged[MIGRATE_BATCH];
     /* share: the decode-pool share a migration holds once it moves (id + 1;
@@ -1627,7 +1631,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
                 leave_kept(m, kv); /* joined at admission, not taken */
             kv->kshare = kid[k];
         }
-        mv[k] = (dp_kv_move){.co = &kv->copts, .src = kv->table.blocks,
+        cos[k] = src == DP_PATH_DECODE && g->pos > 0 ? kv_seq_prompt_end_opts(kv) : kv->copts;
+        mv[k] = (dp_kv_move){.co = &cos[k], .src = kv->table.blocks,
                              .n_src_blocks = kv->table.n_blocks, .n_slots = kv->n_slots,
                              .dst = tables[k].blocks + nb, .n_dst_blocks = tables[k].n_blocks - nb,
                              .n_keep = g->n_keep, .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q,

@@ -48,6 +48,9 @@ typedef struct dp_kv_seq {
     int32_t mig_keep;         /* slots they were compacted to */
     int32_t exact_from;       /* from this position on, position p is at slot
                                * p + mig_keep - mig_pos in every head (the window's) */
+    int32_t hist_slots;       /* a turn that continued a parked cache: the slots of that
+                               * history, kept as they are at its prompt's end (only
+                               * its new text is compacted: 0 for none) */
     int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate), or
                                * to a decode-pool share (dshare, kshare) */
@@ -421,6 +424,34 @@ static inline int32_t kv_mgr_migration_keep(const dp_kv_mgr *m, const dp_kv_seq 
     if (m->decode_budget > 0 && k > kv_mgr_budget_keep(m, kv)) {
         int32_t b = kv_mgr_budget_keep(m, kv);
         k = b < n ? b : n;
+    }
+    return k;
+}
+/* The options a compaction at a prompt's end on the decode path runs with:
+ * the sequence's, with the parked history of a resumed turn (hist_slots)
+ * kept whole at the front. That history was chosen when its own turn
+ * ended; scored again by a new turn's queries, which do not ask about it,
+ * it lost what the user had said, turn after turn (multi-turn recall,
+ * docs/dualpath.md). */
+static inline dp_compress_opts kv_seq_prompt_end_opts(const dp_kv_seq *kv)
+{
+    dp_compress_opts co = kv->copts;
+    if (kv->hist_slots > co.prefix && kv->hist_slots > co.sinks)
+        co.prefix = kv->hist_slots;
+    return co;
+}
+/* Slots a resumed turn keeps at its prompt's end (n_slots now): its history,
+ * and its new text compressed as a prompt of its own; as a migration, no
+ * more than a recompression under a decode budget would keep. */
+static inline int32_t kv_mgr_prompt_end_keep(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_prompt)
+{
+    if (kv->hist_slots <= 0)
+        return kv_mgr_migration_keep(m, kv, n_prompt);
+    const dp_compress_opts co = kv_seq_prompt_end_opts(kv);
+    int32_t k = compress_n_keep(&co, kv->n_slots);
+    if (m->decode_budget > 0 && k > kv_mgr_budget_keep(m, kv)) {
+        int32_t b = kv_mgr_budget_keep(m, kv);
+        k = b < kv->n_slots ? b : kv->n_slots;
     }
     return k;
 }

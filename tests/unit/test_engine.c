@@ -1703,9 +1703,9 @@ static void test_reply_reuse(world *w)
  * (kv_mgr_park): a 5-turn conversation computes only each turn's new text
  * (and the reply's last token, never fed), not its history. At keep 1.0 in
  * the prefill path's type the compact cache is the whole cache, so every
- * turn equals a full recompute's. At keep 0.5 the resumed prompt is
- * compacted again at its end, to half its tokens (the e2e tests resume over
- * the real model's q8_0 decode path). Parked
+ * turn equals a full recompute's. At keep 0.5 the resumed prompt's new
+ * text is compacted at its end, its parked history kept as it was (the e2e
+ * tests resume over the real model's q8_0 decode path). Parked
  * caches never cost an admission: in a small arena the oldest move to the
  * swap space, and nobody is preempted for them. */
 static void test_resume_turns(world *w)
@@ -1737,13 +1737,23 @@ static void test_resume_turns(world *w)
     CHECK_EQ_INT(st[1].turns_resumed, 0);
     CHECK(st[1].prompt_tokens > st[0].prompt_tokens);
     CHECK_EQ_INT(st[0].tokens_evicted, 0);
-    /* keep 0.5: the first migration and the 4 prompt ends each keep half
-     * (sinks and window included) of the prompt. */
-    int64_t want = 0;
-    for (int turn = 0, len = FIRST; turn < TURNS; turn++, len += GEN + NEW) {
+    /* keep 0.5: the first migration keeps half its prompt (sinks and
+     * window included); each later prompt end keeps the parked history it
+     * continued as it was (the last kept slots and the reply but its last
+     * token) and compacts only its new text (that token and NEW more), as
+     * a prompt of its own. Compacting the whole again (the rule before)
+     * kept 5 x half of each prompt. */
+    int64_t want = 0, keep = 0;
+    for (int turn = 0; turn < TURNS; turn++) {
         dp_compress_opts co = {.scorer = DP_SCORER_SNAPKV, .keep_ratio = 0.5f, .sinks = 2,
                                .window = 16};
-        want += compress_n_keep(&co, len);
+        if (turn == 0) {
+            keep = compress_n_keep(&co, FIRST);
+        } else {
+            co.prefix = (int32_t)keep + GEN - 1;
+            keep = compress_n_keep(&co, co.prefix + NEW + 1);
+        }
+        want += keep;
     }
     CHECK_EQ_INT(st[2].tokens_kept, want);
     printf("resumed turns: %d turns, %d continued from the parked turn; prompt tokens computed "

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """resume_quality.py: what parked turns cost in answers, through the daemon.
 
-Three daemons run one after the other on the same model: dualpath off (the
-whole cache: the reference), the defaults (a later turn continues its
-previous turn's parked compact cache) and --no-resume-turns (a later turn
-computes its history again from its tokens, whole while memory has room).
+Four daemons run one after the other on the same model: dualpath off (the
+whole cache: the reference), the defaults (one request at a time leaves the
+server idle, where a later turn runs whole), --compress-turns always (a
+later turn continues its previous turn's parked compact cache, as under
+load) and --no-resume-turns (a later turn computes its history again from
+its tokens, whole while memory has room).
 Each answers the same conversations greedily, turn after turn, every turn's
 history being the reference's own earlier replies (so that each turn is
 compared on the same messages). A daemon's parked cache then holds its own
@@ -67,7 +69,12 @@ def main():
     ap.add_argument("--out")
     a = ap.parse_args()
     convs = conversations(a.conversations, a.turns)
-    modes = [("dualpath off", ["--no-dualpath"]), ("defaults (parked turns)", []),
+    # One request at a time leaves the server idle, where the defaults run a
+    # later turn whole (compress_turns = auto): the parked path is measured
+    # with --compress-turns always, which continues it as a busy server does.
+    modes = [("dualpath off", ["--no-dualpath"]),
+             ("defaults, idle (later turns run whole)", []),
+             ("parked turns (--compress-turns always)", ["--compress-turns", "always"]),
              ("--no-resume-turns", ["--no-resume-turns"])]
     replies = {}
     stats = {}

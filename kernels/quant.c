@@ -499,6 +499,28 @@ static void quant_q4_0(const float *restrict x, uint8_t *restrict b, int64_t nb)
     }
 }
 
+void quant_asym_roundtrip(float *x, int32_t n, int32_t stride, int bits)
+{
+    if (n <= 0 || bits < 1 || bits > 8)
+        return;
+    float lo = x[0], hi = x[0];
+    for (int32_t i = 1; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    const int top = (1 << bits) - 1;
+    /* The minimum and the scale as stored (f16), the values divided by the
+     * stored scale: dequantization adds back exactly what was taken. */
+    const float m = dp_fp16_to_f32(dp_f32_to_fp16(lo));
+    const float d = dp_fp16_to_f32(dp_f32_to_fp16((hi - m) / (float)top));
+    const float id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int32_t i = 0; i < n; i++) {
+        float *v = &x[(size_t)i * stride];
+        *v = m + (float)q_round((*v - m) * id, 0, top) * d;
+    }
+}
+
 int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
 {
     if (n < 0 || n % 32 != 0)

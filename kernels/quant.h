@@ -71,6 +71,14 @@ int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
  * 0, or DP_EUNSUPPORTED for other types / DP_EINVAL. */
 int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
+/* Asymmetric quantization of n values at a stride, bits (1..8) per value,
+ * in place: each becomes m + q * d, q in [0, 2^bits - 1], the minimum m and
+ * the scale d = (max - m) / (2^bits - 1) rounded to f16 first (as they are
+ * stored), q the nearest level. KIVI's rounding (Liu et al. 2024: keys per
+ * channel over a group of tokens, values per token over groups of
+ * channels); tools/dp-eval measures what it costs before a kernel keeps it. */
+void quant_asym_roundtrip(float *x, int32_t n, int32_t stride, int bits);
+
 /* IEEE half and bfloat16 conversions (round to nearest even on the way in). */
 float dp_fp16_to_f32(uint16_t h);
 uint16_t dp_f32_to_fp16(float f);

@@ -18,12 +18,14 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
+#include "tools/kv_sim.h"
 
 #define BT 16          /* block tokens of both stores */
 #define CHUNK 512      /* prefill tokens per step */
 #define MAX_RATIOS 16
 #define MAX_SEEDS 16
 #define N_SCORERS (DP_SCORER_RANDOM + 1)
+#define MAX_DTYPES 8   /* decode types of one grid (simulated ones included) */
 
 typedef struct opts {
     const char *model, *text, *device, *markdown, *tag;
@@ -42,8 +44,9 @@ typedef struct opts {
     int kv_type;         /* dp_kv_type of the prefill store (and the decode store's default) */
     int dkv_type;        /* dp_kv_type of the compacted (decode-path) store */
     bool grid;           /* the decode-type x keep-ratio table instead (--grid) */
-    int dtypes[DP_KV_TYPE_COUNT];
+    int dtypes[MAX_DTYPES]; /* dp_kv_type, or a simulated type (tools/kv_sim.h) */
     int n_dtypes;
+    int32_t kivi_group;  /* simulated KIVI: key group in slots */
     int32_t passkey[8];  /* --grid: passkey prompt lengths */
     int n_passkey;
     int depths;          /* passkey depths per length */
@@ -674,6 +677,7 @@ typedef struct chat_set {
     float **q;              /* captured queries per prompt (host) */
     int32_t *table_a, *table_b; /* [n][max_blocks] */
     dp_kv_store *stores[DP_KV_MAX_STORES];
+    int sim_type;           /* the compacted store holds a simulated type (0: none) */
 } chat_set;
 
 typedef struct chat_result {
@@ -837,10 +841,17 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
 {
     const int32_t L = e->hp->n_layers, n = cs->n;
     int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
+    int32_t *sim_done = calloc((size_t)n, sizeof(int32_t));
     uint8_t *seq_store = malloc((size_t)n), *x_store = malloc((size_t)n);
     bool *live = calloc((size_t)n, sizeof(bool));
+    kv_sim sim = {0};
     int rc = DP_ENOMEM;
-    if (!n_keep || !seq_store || !x_store || !live)
+    if (!n_keep || !sim_done || !seq_store || !x_store || !live)
+        goto out;
+    /* A simulated type: whole groups rounded after the migration and as
+     * generated tokens fill them (kv_sim.h). */
+    if (cs->sim_type &&
+        (rc = kv_sim_init(&sim, e->be, cs->stores[1], kv_sim_bits(cs->sim_type), e->o->kivi_group)))
         goto out;
     memset(x_store, 2, (size_t)n);
     *kept = 0;
@@ -861,7 +872,8 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         }
         kv_migrator_set_exempt(&e->mig, cs->stores[2]);
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
-            (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)))
+            (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)) ||
+            (cs->sim_type && (rc = kv_sim_fill(&sim, mv.dst, n_keep[i], &sim_done[i]))))
             goto out;
         seq_store[i] = 1;
         live[i] = true;
@@ -903,10 +915,17 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
             out[(size_t)i * cs->gen + t] = am;
             if (tokenizer_is_eog(e->tok, am))
                 live[i] = false;
+            if (cs->sim_type &&
+                (rc = kv_sim_fill(&sim, cs->table_b + (size_t)i * cs->max_blocks_b, n_keep[i] + t,
+                                  &sim_done[i])))
+                goto out;
         }
     }
     rc = 0;
 out:
+    if (cs->sim_type)
+        kv_sim_destroy(&sim);
+    free(sim_done);
     kv_migrator_set_exempt(&e->mig, NULL);
     free(n_keep);
     free(seq_store);
@@ -1010,14 +1029,14 @@ typedef struct grid_cell {
 } grid_cell;
 
 typedef struct grid_result {
-    grid_cell c[DP_KV_TYPE_COUNT][MAX_RATIOS];
-    grid_cell ce[DP_KV_TYPE_COUNT][MAX_RATIOS]; /* --early: switched early (teacher-forced only) */
+    grid_cell c[MAX_DTYPES][MAX_RATIOS];
+    grid_cell ce[MAX_DTYPES][MAX_RATIOS]; /* --early: switched early (teacher-forced only) */
     int noise_ident;        /* the whole cache, each prompt alone vs all in one batch */
     double noise_prefix;
     acc full[8];
     int pk_full[8];         /* the uncompressed cache's own passkey hits */
-    double bytes[DP_KV_TYPE_COUNT]; /* bytes per token relative to the f16 prefill path */
-    int32_t dbt[DP_KV_TYPE_COUNT];  /* tokens per arena block on the decode path */
+    double bytes[MAX_DTYPES]; /* bytes per token relative to the f16 prefill path */
+    int32_t dbt[MAX_DTYPES];  /* tokens per arena block on the decode path (0: simulated) */
     double chat_len, seconds;
     int chat_n;
     int32_t n_layers;
@@ -1028,6 +1047,11 @@ static dp_compress_opts grid_opts(const opts *o, int ri)
     return (dp_compress_opts){o->scorer, o->ratios[ri], o->sinks, o->window, 1, 0};
 }
 
+/* A decode type's name, and the store that holds it (a simulated type's
+ * rounded values in f32). */
+static const char *dt_name(int t) { return kv_sim_bits(t) ? kv_sim_name(t) : dp_kv_type_name(t); }
+static int dt_store(int t) { return kv_sim_bits(t) ? DP_KV_F32 : t; }
+
 /* Bytes per token of a decode type in the daemon's arena: an arena block
  * holds BT tokens in the prefill path's type and as many of the decode
  * type as fit in the same bytes (kvcache/manager.c). */
@@ -1037,6 +1061,11 @@ static void grid_bytes(ev *e, grid_result *g)
     pl.type = DP_KV_F16;
     const size_t blk = e->be->ops->kv_bytes_per_block(e->be, &pl);
     for (int t = 0; t < e->o->n_dtypes; t++) {
+        if (kv_sim_bits(e->o->dtypes[t])) {
+            g->dbt[t] = 0;
+            g->bytes[t] = kv_sim_bytes(e->o->dtypes[t], e->hp->head_dim, e->o->kivi_group);
+            continue;
+        }
         dl.type = e->o->dtypes[t];
         dl.block_tokens = 1;
         size_t per = e->be->ops->kv_bytes_per_block(e->be, &dl);
@@ -1104,6 +1133,38 @@ static int early_switch_tf(ev *e, dp_kv_store *a, dp_kv_store *b, dp_kv_store *b
     return rc;
 }
 
+/* teacher_force over a simulated type in stores[1] (its kept slots
+ * [0, n_keep) just migrated, exact): the whole groups of the kept slots are
+ * rounded, then the continuation runs in chunks that each fill the open
+ * group, which is rounded before the next chunk reads it, as a kernel
+ * keeping the residual exact until its group fills would. The logits of
+ * all C tokens land in e->logits (buf: C rows of scratch). */
+static int teacher_force_sim(ev *e, dp_kv_store *const *stores, const int32_t *table, int32_t nb,
+                             int32_t n_keep, int32_t P, const int32_t *cont, int32_t C, int type,
+                             float *buf)
+{
+    kv_sim sim;
+    int32_t done = 0;
+    int rc = kv_sim_init(&sim, e->be, stores[1], kv_sim_bits(type), e->o->kivi_group);
+    if (!rc)
+        rc = kv_sim_fill(&sim, table, n_keep, &done);
+    for (int32_t i = 0; rc == 0 && i < C;) {
+        const int32_t slots = n_keep + i;
+        int32_t len = sim.group - (slots - done);
+        if (len > C - i)
+            len = C - i;
+        if ((rc = teacher_force(e, stores, 1, table, nb, slots, P + i, cont + i, len)))
+            break;
+        memcpy(buf + (size_t)i * e->vocab, e->logits, (size_t)len * e->vocab * sizeof(float));
+        i += len;
+        rc = kv_sim_fill(&sim, table, n_keep + i, &done);
+    }
+    if (!rc)
+        memcpy(e->logits, buf, (size_t)C * e->vocab * sizeof(float));
+    kv_sim_destroy(&sim);
+    return rc;
+}
+
 static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_result *g)
 {
     const opts *o = e->o;
@@ -1113,8 +1174,9 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     int32_t nb = (P + C + BT - 1) / BT;
     dp_kv_layout la = llama_kv_layout(e->m, BT, nb);
     la.type = o->kv_type;
-    dp_kv_store *a = NULL, *b[DP_KV_TYPE_COUNT] = {NULL}, *x[DP_KV_TYPE_COUNT] = {NULL},
-                *b2[DP_KV_TYPE_COUNT] = {NULL};
+    dp_kv_store *a = NULL, *b[MAX_DTYPES] = {NULL}, *x[MAX_DTYPES] = {NULL},
+                *b2[MAX_DTYPES] = {NULL};
+    float *sim_logits = NULL;
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
     double *scratch = malloc((size_t)e->vocab * sizeof(double));
@@ -1124,9 +1186,11 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &a)))
         goto out;
+    if (!(sim_logits = malloc((size_t)C * e->vocab * sizeof(float))))
+        goto out;
     for (int t = 0; t < o->n_dtypes; t++) {
         dp_kv_layout lb = la;
-        lb.type = o->dtypes[t];
+        lb.type = dt_store(o->dtypes[t]);
         if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])) || (rc = exempt_store(e, &lb, &x[t])) ||
             (o->early > 0 && (rc = e->be->ops->kv_create(e->be, &lb, &b2[t]))))
             goto out;
@@ -1155,8 +1219,14 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 kv_migrator_set_exempt(&e->mig, x[t]);
                 rc = kv_migrate(&e->mig, a, b[t], &mv, 1);
                 kv_migrator_set_exempt(&e->mig, NULL);
-                if (rc ||
-                    (rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C)))
+                if (rc)
+                    goto out;
+                if (kv_sim_bits(o->dtypes[t]))
+                    rc = teacher_force_sim(e, st, table, nb, n_keep, P, cont, C, o->dtypes[t],
+                                           sim_logits);
+                else
+                    rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C);
+                if (rc)
                     goto out;
                 acc_add(&g->c[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
                 if (o->early > 0 && o->early < P) {
@@ -1173,7 +1243,8 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
 out:
     if (a)
         e->be->ops->kv_destroy(e->be, a);
-    for (int t = 0; t < DP_KV_TYPE_COUNT; t++) {
+    free(sim_logits);
+    for (int t = 0; t < MAX_DTYPES; t++) {
         if (b[t])
             e->be->ops->kv_destroy(e->be, b[t]);
         if (x[t])
@@ -1192,6 +1263,8 @@ out:
 static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
 {
     dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->stores[1]);
+    cs->sim_type = kv_sim_bits(type) ? type : 0;
+    type = dt_store(type);
     if (lb.type == type && (cs->stores[2] != NULL) == (e->o->exempt > 0))
         return 0;
     e->be->ops->kv_destroy(e->be, cs->stores[1]);
@@ -1446,7 +1519,12 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                  "f16 cache (kept fraction at P = %d x the type's bytes per token in the arena: "
                  "an arena block holds %d f16 tokens", o->prefill[0], BT);
     for (int t = 0; t < o->n_dtypes; t++)
-        if (o->dtypes[t] != DP_KV_F16)
+        if (kv_sim_bits(o->dtypes[t]))
+            sb_printf(s, "; %s simulated: K per channel over %d slots and V per token over 32 "
+                         "channels in %d bits, an f16 scale and minimum per group, the newest "
+                         "slots exact until their group fills (%.3f of f16's bytes)",
+                      dt_name(o->dtypes[t]), o->kivi_group, kv_sim_bits(o->dtypes[t]), g->bytes[t]);
+        else if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
     if (o->exempt > 0)
         sb_printf(s, "; plus every token of the %d exempt layers, %d of their blocks in an arena "
@@ -1485,7 +1563,7 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
         for (int ri = 0; ri < o->n_ratios; ri++) {
             const grid_cell *c = &g->c[t][ri];
             double kept = (double)c->n_keep[0] / o->prefill[0];
-            sb_printf(s, "| %s | %.1f | %.3f |", dp_kv_type_name(o->dtypes[t]), o->ratios[ri],
+            sb_printf(s, "| %s | %.1f | %.3f |", dt_name(o->dtypes[t]), o->ratios[ri],
                       kept * g->bytes[t] + (o->exempt > 0 ? g->bytes[t] / e_fold(o, g) : 0.0));
             for (int pi = 0; pi < o->n_prefill; pi++)
                 sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
@@ -1500,7 +1578,7 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
             for (int ri = 0; ri < o->n_ratios; ri++) {
                 const grid_cell *c = &g->ce[t][ri];
                 double kept = (double)c->n_keep[0] / o->prefill[0];
-                sb_printf(s, "| %s, switched at %d | %.1f | %.3f |", dp_kv_type_name(o->dtypes[t]),
+                sb_printf(s, "| %s, switched at %d | %.1f | %.3f |", dt_name(o->dtypes[t]),
                           o->early, o->ratios[ri], kept * g->bytes[t]);
                 for (int pi = 0; pi < o->n_prefill; pi++)
                     sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
@@ -1754,17 +1832,24 @@ static int parse_kv_type(const char *v)
     return -1;
 }
 
+/* A grid's decode types may also be simulated ones (kivi4, kivi2: kv_sim.h). */
+static int parse_grid_type(const char *v)
+{
+    int t = parse_kv_type(v);
+    return t >= 0 ? t : kv_sim_parse(v);
+}
+
 static int parse_kv_types(const char *s, int *v)
 {
     int n = 0;
     char buf[64];
-    while (*s && n < DP_KV_TYPE_COUNT) {
+    while (*s && n < MAX_DTYPES) {
         size_t k = strcspn(s, ",");
         if (k == 0 || k >= sizeof buf)
             return -1;
         memcpy(buf, s, k);
         buf[k] = 0;
-        if ((v[n++] = parse_kv_type(buf)) < 0)
+        if ((v[n++] = parse_grid_type(buf)) < 0)
             return -1;
         s += k + (s[k] == ',');
     }
@@ -1779,7 +1864,8 @@ static void usage(void)
             "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
-            "               [--grid [--decode-kv-types f16,q8_0,q4_0] [--scorer snapkv]\n"
+            "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,kivi2] [--kivi-group 32]\n"
+            "                       [--scorer snapkv]\n"
             "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]]\n"
             "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
             "               [--markdown FILE [--tag NAME]]\n");
@@ -1806,6 +1892,7 @@ int main(int argc, char **argv)
               .dkv_type = -1,
               .dtypes = {DP_KV_F16, DP_KV_Q8_0, DP_KV_Q4_0},
               .n_dtypes = 3,
+              .kivi_group = 32,
               .passkey = {512, 1024, 2048, 4096},
               .n_passkey = 4,
               .depths = 10,
@@ -1864,6 +1951,8 @@ int main(int argc, char **argv)
             bad = (o.exempt = atoi(v)) < 0;
         else if (!strcmp(a, "--early"))
             bad = (o.early = atoi(v)) < 0;
+        else if (!strcmp(a, "--kivi-group"))
+            bad = (o.kivi_group = atoi(v)) <= 0 || o.kivi_group % BT;
         else if (!strcmp(a, "--cont"))
             bad = (o.cont = atoi(v)) < 1;
         else if (!strcmp(a, "--offset"))
@@ -1898,6 +1987,12 @@ int main(int argc, char **argv)
 
     if (o.dkv_type < 0)
         o.dkv_type = o.kv_type;
+    for (int t = 0; t < o.n_dtypes; t++)
+        if (kv_sim_bits(o.dtypes[t]) && (o.exempt > 0 || o.early > 0 || strcmp(o.device, "cpu"))) {
+            fprintf(stderr, "dp-eval: simulated types (%s) run on the cpu device, without --exempt "
+                    "and --early\n", kv_sim_name(o.dtypes[t]));
+            return 2;
+        }
     for (int i = 0; i < o.n_budgets; i++)
         if (o.budgets[i] <= o.sinks + o.window) {
             fprintf(stderr, "dp-eval: a decode budget must exceed sinks + window (%d)\n",

@@ -18,6 +18,7 @@ static float *vrow_f32(const dp_kv_store *kv, int32_t layer, int32_t block, int3
 {
     return (float *)kv->v + kv_vrow_off(kv, layer, block, head, tok);
 }
+#include "tools/kv_sim.h"
 #include "tools/synth_gguf.h"
 
 static uint64_t rs = 12345;
@@ -534,6 +535,87 @@ static void check_keep_all_logits(void)
     gguf_writer_destroy(&w);
 }
 
+/* dp-eval's simulated KIVI (tools/kv_sim.h) on an f32 store: kv_sim_fill
+ * rounds whole groups only (40 slots with groups of 32: slots 0..31), each
+ * key channel of a group and each 32-channel piece of a value row to at
+ * most 2^bits levels, within half a step of where it was, and leaves the
+ * residual (slots 32..39) and other sequences' blocks exact. */
+static void check_kv_sim(dp_backend *be)
+{
+    enum { SL = 2, SH = 2, SD = 64, SBT = 16, SNB = 6, N = 40, G = 32, BITS = 4 };
+    dp_kv_layout lay = {SL, SH, SD, SBT, SNB, DP_KV_F32};
+    dp_kv_store *kv;
+    CHECK(be->ops->kv_create(be, &lay, &kv) == 0);
+    const int32_t table[3] = {4, 1, 3}; /* out of order; blocks 0, 2, 5 are another's */
+    const int32_t other[3] = {0, 2, 5};
+    static float k0[SL][SH][SNB * SBT][SD], v0[SL][SH][SNB * SBT][SD];
+    for (int32_t l = 0; l < SL; l++)
+        for (int32_t h = 0; h < SH; h++)
+            for (int32_t s = 0; s < SNB * SBT; s++) {
+                for (int32_t d = 0; d < SD; d++) {
+                    k0[l][h][s][d] = frand() * (d == 7 ? 20.0f : 1.0f); /* an outlier channel */
+                    v0[l][h][s][d] = frand();
+                }
+                const int32_t blk = s < 3 * SBT ? table[s / SBT] : other[(s - 3 * SBT) / SBT];
+                kv_kput(kv, l, blk, h, s % SBT, k0[l][h][s]);
+                kv_vput(kv, l, blk, h, s % SBT, v0[l][h][s]);
+            }
+    kv_sim sim;
+    int32_t done = 0;
+    CHECK(kv_sim_init(&sim, be, kv, BITS, G) == 0);
+    CHECK(kv_sim_fill(&sim, table, N, &done) == 0);
+    CHECK_EQ_INT(done, G);
+    CHECK(kv_sim_fill(&sim, table, N, &done) == 0); /* nothing new is whole */
+    CHECK_EQ_INT(done, G);
+    for (int32_t l = 0; l < SL; l++)
+        for (int32_t h = 0; h < SH; h++) {
+            for (int32_t d = 0; d < SD; d++) {
+                float lo = k0[l][h][0][d], hi = lo, levels[G];
+                int n_levels = 0;
+                for (int32_t s = 0; s < G; s++) {
+                    lo = k0[l][h][s][d] < lo ? k0[l][h][s][d] : lo;
+                    hi = k0[l][h][s][d] > hi ? k0[l][h][s][d] : hi;
+                }
+                for (int32_t s = 0; s < G; s++) {
+                    float row[SD];
+                    kv_kget(kv, l, table[s / SBT], h, s % SBT, row);
+                    const double step = (hi - lo) / ((1 << BITS) - 1) * 1.002;
+                    CHECK(fabs((double)row[d] - k0[l][h][s][d]) <= step / 2 + 1e-3 * fabs((double)lo));
+                    int seen = 0;
+                    for (int i = 0; i < n_levels; i++)
+                        seen |= levels[i] == row[d];
+                    if (!seen)
+                        levels[n_levels++] = row[d];
+                }
+                CHECK(n_levels <= 1 << BITS);
+            }
+            for (int32_t s = 0; s < N; s++) {
+                float row[SD];
+                kv_kget(kv, l, table[s / SBT], h, s % SBT, row);
+                int differ = 0;
+                for (int32_t d = 0; d < SD; d++)
+                    differ += row[d] != k0[l][h][s][d];
+                if (s >= G)
+                    CHECK_MSG(differ == 0, "residual slot %d changed", s);
+                kv_vget(kv, l, table[s / SBT], h, s % SBT, row);
+                for (int32_t d = 0; d < SD; d++)
+                    if (s >= G)
+                        CHECK(row[d] == v0[l][h][s][d]);
+                    else
+                        CHECK(fabs((double)row[d] - v0[l][h][s][d]) <= 2.0 / 15 / 2 * 1.01 + 1e-3);
+            }
+            for (int32_t s = 3 * SBT; s < SNB * SBT; s++) {
+                float row[SD];
+                kv_kget(kv, l, other[(s - 3 * SBT) / SBT], h, s % SBT, row);
+                CHECK(memcmp(row, k0[l][h][s], sizeof row) == 0);
+            }
+        }
+    kv_sim_destroy(&sim);
+    be->ops->kv_destroy(be, kv);
+    printf("kv_sim: kivi4 rounds the whole group of 32 of 40 slots (keys per channel, values per "
+           "32 channels), leaves the residual and other blocks exact\n");
+}
+
 int main(void)
 {
     check_n_keep();
@@ -543,6 +625,7 @@ int main(void)
     check_selection(be, DP_KV_F32);
     check_selection(be, DP_KV_F16);
     check_compact(be);
+    check_kv_sim(be);
     backend_destroy(be);
     check_keep_all_logits();
     T_DONE("compress");

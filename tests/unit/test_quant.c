@@ -583,9 +583,51 @@ static void test_kv_quantize(void)
     CHECK(quant_quantize_row(DP_TYPE_Q4_1, x, q, 32) == DP_EUNSUPPORTED);
 }
 
+/* quant_asym_roundtrip: every value within half a step of where it was (the
+ * step as stored, f16), the group's extremes kept (the minimum exactly, up
+ * to its f16 rounding), a constant group exact, values at a stride only,
+ * and a second round trip changes nothing. */
+static void test_asym_roundtrip(void)
+{
+    for (int bits = 2; bits <= 4; bits += 2) {
+        enum { N = 32, STRIDE = 3 };
+        float x[N * STRIDE], y[N * STRIDE];
+        for (int i = 0; i < N * STRIDE; i++)
+            x[i] = (float)gauss() * 0.7f + 0.2f;
+        memcpy(y, x, sizeof x);
+        quant_asym_roundtrip(y, N, STRIDE, bits);
+        float lo = x[0], hi = x[0];
+        for (int i = 0; i < N; i++) {
+            lo = x[i * STRIDE] < lo ? x[i * STRIDE] : lo;
+            hi = x[i * STRIDE] > hi ? x[i * STRIDE] : hi;
+        }
+        const double step = (hi - lo) / ((1 << bits) - 1) * 1.002;
+        float ymin = y[0];
+        for (int i = 0; i < N * STRIDE; i++) {
+            if (i % STRIDE) {
+                CHECK(y[i] == x[i]); /* not in the group */
+                continue;
+            }
+            CHECK_MSG(fabs((double)y[i] - x[i]) <= step / 2 + 1e-3 * fabs((double)lo),
+                      "%d bits: %g -> %g (step %g)", bits, x[i], y[i], step);
+            ymin = y[i] < ymin ? y[i] : ymin;
+        }
+        CHECK(ymin == dp_fp16_to_f32(dp_f32_to_fp16(lo)));
+        float z[N * STRIDE];
+        memcpy(z, y, sizeof y);
+        quant_asym_roundtrip(z, N, STRIDE, bits);
+        CHECK(memcmp(z, y, sizeof y) == 0);
+    }
+    float c[8] = {1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f, 1.5f};
+    quant_asym_roundtrip(c, 8, 1, 4);
+    for (int i = 0; i < 8; i++)
+        CHECK(c[i] == 1.5f);
+}
+
 int main(void)
 {
     test_kv_quantize();
+    test_asym_roundtrip();
     test_table();
     test_fp16();
     test_bf16();

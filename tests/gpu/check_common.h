@@ -16,6 +16,13 @@
 #define EXIT_SETUP 2
 #define EXIT_NO_DEVICE 3
 
+/* Tolerances: relative L2 error of the CUDA result against the CPU's. fp16
+ * storage of weights, activations fed to GEMMs and KV rounds at 2^-11
+ * relative; these leave a few times that. */
+#define TOL_GEMM 2e-3
+#define TOL_ATT 2e-3
+#define TOL_EW 1e-3
+
 /* The seed when none is given: the same checks on every run, so that a
  * failure is reproduced by running again (--seed N draws other data). */
 #define CHECK_DEFAULT_SEED 1
@@ -65,6 +72,12 @@ typedef struct synth_model {
 
 void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type);
 void synth_close(synth_model *sm);
+
+/* The KV cache's ops (check_kvpath.c): CUDA (be[1]) against the CPU (be[0]). */
+void check_attention(dp_backend *be[2]);
+void check_capture(dp_backend *be[2]);
+void check_kv_saturate(dp_backend *be[2]);
+void check_kvpath(dp_backend *be[2], dp_kv_type dtype);
 
 /* The 7B-shaped benchmark (check_bench.c): runs it on gpu, sized from the
  * device's free memory; small: a miniature that runs the same code in

@@ -27,7 +27,8 @@
 # preemptions.
 #
 # Servers (SERVERS, default all, in this order): off (dualpathd
-# --no-dualpath), on (dualpathd's defaults), on-turns and on-whole-turns
+# --no-dualpath), off-q8_0 (the same with the whole cache in q8_0:
+# --kv-cache-type q8_0, quantization alone), on (dualpathd's defaults), on-turns and on-whole-turns
 # (later chat turns always compressed / never: --compress-turns always |
 # never; the default, auto, compresses them when memory binds), on-q8_0
 # and on-q4_0 (dualpath
@@ -39,7 +40,9 @@
 # bytes), llama-slots (llama-server with LLAMA_NP slots, default 4, each with
 # its share of the same context: llama-server does not preempt, so with one
 # unified context a chat without max_tokens fails once the sequences outgrow
-# it, while slots of their own stop each reply at its slot's end).
+# it, while slots of their own stop each reply at its slot's end),
+# llama-slots-q8_0 (the slots with a q8_0 KV and flash attention, its
+# context raised to the same bytes: size LLAMA_NP to the sessions).
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
@@ -202,6 +205,7 @@ LS="$LLAMA_BIN/llama-server -m $MODEL --host 127.0.0.1 --port $PORT -t $THREADS 
 for s in $SERVERS; do
     case "$s" in
         off) serve_and_run "dualpathd-off" $DP --no-dualpath ;;
+        off-q8_0) serve_and_run "dualpathd-off-q8_0" $DP --no-dualpath --kv-cache-type q8_0 ;;
         on) serve_and_run "dualpathd-on" $DP ;;
         on-q8_0) serve_and_run "dualpathd-on-q8_0" $DP --decode-kv-type q8_0 ;;
         on-q4_0) serve_and_run "dualpathd-on-q4_0" $DP --decode-kv-type q4_0 ;;
@@ -213,11 +217,14 @@ for s in $SERVERS; do
         llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;
         llama-slots) serve_and_run "llama-server-np$LLAMA_NP" "$LLAMA_BIN/llama-server" -m "$MODEL" \
             --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$LLAMA_NP" --metrics -c "$LLAMA_CTX" ;;
+        llama-slots-q8_0) serve_and_run "llama-server-np$LLAMA_NP-q8_0" "$LLAMA_BIN/llama-server" \
+            -m "$MODEL" --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$LLAMA_NP" --metrics \
+            -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;
         *) echo "unknown server $s" >&2; exit 2 ;;
     esac
 done
 {
-    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot);"
+    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot, $(( LLAMA_CTX_Q8 / LLAMA_NP )) in q8_0);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per chat run, ${MT_CELL_S} s per multi-turn run."
     echo

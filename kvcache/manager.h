@@ -338,7 +338,8 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
  * prompt and the reply, as the chat template renders them again): the
  * history is not computed again and stays compressed (in the decode type);
  * only the new text runs, on the decode path, and the prompt's end
- * compacts the whole to its keep ratio (DP_COMPACT_PROMPT_END in the
+ * compacts that new text to its keep ratio, the history kept as it was
+ * (hist_slots, kv_seq_prompt_end_opts; DP_COMPACT_PROMPT_END in the
  * engine). Parked caches hold their blocks until an admission, a growth or
  * a migration needs them: the oldest are dropped first, before anyone
  * running is preempted. Returns true when parked (kv is left empty; free it

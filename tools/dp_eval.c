@@ -851,7 +851,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
     /* A simulated type: whole groups rounded after the migration and as
      * generated tokens fill them (kv_sim.h). */
     if (cs->sim_type &&
-        (rc = kv_sim_init(&sim, e->be, cs->stores[1], kv_sim_bits(cs->sim_type), e->o->kivi_group)))
+        (rc = kv_sim_init(&sim, e->be, cs->stores[1], cs->sim_type, e->o->kivi_group)))
         goto out;
     memset(x_store, 2, (size_t)n);
     *kept = 0;
@@ -1049,8 +1049,8 @@ static dp_compress_opts grid_opts(const opts *o, int ri)
 
 /* A decode type's name, and the store that holds it (a simulated type's
  * rounded values in f32). */
-static const char *dt_name(int t) { return kv_sim_bits(t) ? kv_sim_name(t) : dp_kv_type_name(t); }
-static int dt_store(int t) { return kv_sim_bits(t) ? DP_KV_F32 : t; }
+static const char *dt_name(int t) { return kv_sim_is(t) ? kv_sim_name(t) : dp_kv_type_name(t); }
+static int dt_store(int t) { return kv_sim_is(t) ? DP_KV_F32 : t; }
 
 /* Bytes per token of a decode type in the daemon's arena: an arena block
  * holds BT tokens in the prefill path's type and as many of the decode
@@ -1061,7 +1061,7 @@ static void grid_bytes(ev *e, grid_result *g)
     pl.type = DP_KV_F16;
     const size_t blk = e->be->ops->kv_bytes_per_block(e->be, &pl);
     for (int t = 0; t < e->o->n_dtypes; t++) {
-        if (kv_sim_bits(e->o->dtypes[t])) {
+        if (kv_sim_is(e->o->dtypes[t])) {
             g->dbt[t] = 0;
             g->bytes[t] = kv_sim_bytes(e->o->dtypes[t], e->hp->head_dim, e->o->kivi_group);
             continue;
@@ -1145,7 +1145,7 @@ static int teacher_force_sim(ev *e, dp_kv_store *const *stores, const int32_t *t
 {
     kv_sim sim;
     int32_t done = 0;
-    int rc = kv_sim_init(&sim, e->be, stores[1], kv_sim_bits(type), e->o->kivi_group);
+    int rc = kv_sim_init(&sim, e->be, stores[1], type, e->o->kivi_group);
     if (!rc)
         rc = kv_sim_fill(&sim, table, n_keep, &done);
     for (int32_t i = 0; rc == 0 && i < C;) {
@@ -1221,7 +1221,7 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 kv_migrator_set_exempt(&e->mig, NULL);
                 if (rc)
                     goto out;
-                if (kv_sim_bits(o->dtypes[t]))
+                if (kv_sim_is(o->dtypes[t]))
                     rc = teacher_force_sim(e, st, table, nb, n_keep, P, cont, C, o->dtypes[t],
                                            sim_logits);
                 else
@@ -1263,7 +1263,7 @@ out:
 static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
 {
     dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->stores[1]);
-    cs->sim_type = kv_sim_bits(type) ? type : 0;
+    cs->sim_type = kv_sim_is(type) ? type : 0;
     type = dt_store(type);
     if (lb.type == type && (cs->stores[2] != NULL) == (e->o->exempt > 0))
         return 0;
@@ -1519,11 +1519,12 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                  "f16 cache (kept fraction at P = %d x the type's bytes per token in the arena: "
                  "an arena block holds %d f16 tokens", o->prefill[0], BT);
     for (int t = 0; t < o->n_dtypes; t++)
-        if (kv_sim_bits(o->dtypes[t]))
-            sb_printf(s, "; %s simulated: K per channel over %d slots and V per token over 32 "
-                         "channels in %d bits, an f16 scale and minimum per group, the newest "
-                         "slots exact until their group fills (%.3f of f16's bytes)",
-                      dt_name(o->dtypes[t]), o->kivi_group, kv_sim_bits(o->dtypes[t]), g->bytes[t]);
+        if (kv_sim_is(o->dtypes[t]))
+            sb_printf(s, "; %s simulated: K per channel over %d slots in %d bits and V per token "
+                         "over 32 channels in %d bits, an f16 scale and minimum per group, the "
+                         "newest slots exact until their group fills (%.3f of f16's bytes)",
+                      dt_name(o->dtypes[t]), o->kivi_group, kv_sim_kbits(o->dtypes[t]),
+                      kv_sim_vbits(o->dtypes[t]), g->bytes[t]);
         else if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
     if (o->exempt > 0)
@@ -1864,7 +1865,7 @@ static void usage(void)
             "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
-            "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,kivi2] [--kivi-group 32]\n"
+            "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,kivi2,kivi4v8] [--kivi-group 32]\n"
             "                       [--scorer snapkv]\n"
             "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]]\n"
             "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
@@ -1988,7 +1989,7 @@ int main(int argc, char **argv)
     if (o.dkv_type < 0)
         o.dkv_type = o.kv_type;
     for (int t = 0; t < o.n_dtypes; t++)
-        if (kv_sim_bits(o.dtypes[t]) && (o.exempt > 0 || o.early > 0 || strcmp(o.device, "cpu"))) {
+        if (kv_sim_is(o.dtypes[t]) && (o.exempt > 0 || o.early > 0 || strcmp(o.device, "cpu"))) {
             fprintf(stderr, "dp-eval: simulated types (%s) run on the cpu device, without --exempt "
                     "and --early\n", kv_sim_name(o.dtypes[t]));
             return 2;

@@ -14,45 +14,53 @@
 
 int kv_sim_parse(const char *name)
 {
-    int bits;
-    char tail;
-    if (sscanf(name, "kivi%d%c", &bits, &tail) != 1 || bits < 1 || bits > 8)
+    int k, v, n = 0;
+    if (sscanf(name, "kivi%dv%d%n", &k, &v, &n) == 2 && name[n] == 0) {
+        /* 4-bit keys, 8-bit values */
+    } else if (sscanf(name, "kivi%d%n", &k, &n) == 1 && name[n] == 0) {
+        v = k;
+    } else {
         return -1;
-    return KV_SIM_KIVI(bits);
+    }
+    return k >= 1 && k <= 8 && v >= 1 && v <= 8 ? KV_SIM_KIVI(k, v) : -1;
 }
 
 const char *kv_sim_name(int type)
 {
-    static const char *const names[] = {"kivi1", "kivi2", "kivi3", "kivi4",
-                                        "kivi5", "kivi6", "kivi7", "kivi8"};
-    const int b = kv_sim_bits(type);
-    return b >= 1 && b <= 8 ? names[b - 1] : "?";
+    static char buf[32];
+    const int k = kv_sim_kbits(type), v = kv_sim_vbits(type);
+    if (k == v)
+        snprintf(buf, sizeof buf, "kivi%d", k);
+    else
+        snprintf(buf, sizeof buf, "kivi%dv%d", k, v);
+    return buf;
 }
 
 double kv_sim_bytes(int type, int32_t head_dim, int32_t group)
 {
-    const double b = kv_sim_bits(type) / 8.0;
-    /* Per channel of a token: K b bytes + its share of 4 bytes (scale and
-     * minimum) per channel and group; V b bytes + 4 bytes per 32 channels. */
-    const double k = b + 4.0 / group, v = b + 4.0 / 32.0;
+    /* Per channel of a token: K kbits/8 bytes + its share of 4 bytes (scale
+     * and minimum) per channel and group; V vbits/8 + 4 bytes per 32
+     * channels. */
+    const double k = kv_sim_kbits(type) / 8.0 + 4.0 / group, v = kv_sim_vbits(type) / 8.0 + 4.0 / 32.0;
     (void)head_dim;
     return (k + v) / 4.0;
 }
 
-int kv_sim_init(kv_sim *s, dp_backend *be, dp_kv_store *store, int bits, int32_t group)
+int kv_sim_init(kv_sim *s, dp_backend *be, dp_kv_store *store, int type, int32_t group)
 {
     memset(s, 0, sizeof *s);
     const dp_kv_layout *l = be->ops->kv_layout(be, store);
     /* (The block image's layout is the CPU backend's.) */
-    if (strcmp(be->ops->name, "cpu") || l->type != DP_KV_F32 || group % l->block_tokens ||
-        l->head_dim % 32)
+    if (!kv_sim_is(type) || strcmp(be->ops->name, "cpu") || l->type != DP_KV_F32 ||
+        group % l->block_tokens || l->head_dim % 32)
         return DP_EINVAL;
     dp_kv_layout one = *l;
     one.n_blocks = 1;
     const size_t bytes = be->ops->kv_bytes_per_block(be, &one);
     s->be = be;
     s->store = store;
-    s->bits = bits;
+    s->kbits = kv_sim_kbits(type);
+    s->vbits = kv_sim_vbits(type);
     s->group = group;
     s->img = malloc(bytes);
     s->buf = malloc(bytes * (size_t)(group / l->block_tokens));
@@ -87,7 +95,7 @@ static int round_group(kv_sim *s, const int32_t *table, int32_t g0)
                     memcpy(col + (size_t)b * bt,
                            s->buf + (size_t)b * blk + (size_t)L * 2 * per + ((size_t)h * hd + d) * bt,
                            (size_t)bt * sizeof(float));
-                quant_asym_roundtrip(col, s->group, 1, s->bits);
+                quant_asym_roundtrip(col, s->group, 1, s->kbits);
                 for (int32_t b = 0; b < nb; b++)
                     memcpy(s->buf + (size_t)b * blk + (size_t)L * 2 * per + ((size_t)h * hd + d) * bt,
                            col + (size_t)b * bt, (size_t)bt * sizeof(float));
@@ -98,7 +106,7 @@ static int round_group(kv_sim *s, const int32_t *table, int32_t g0)
                     float *row = s->buf + (size_t)b * blk + (size_t)L * 2 * per + per +
                                  ((size_t)h * bt + t) * hd;
                     for (int32_t c = 0; c < hd; c += 32)
-                        quant_asym_roundtrip(row + c, 32, 1, s->bits);
+                        quant_asym_roundtrip(row + c, 32, 1, s->vbits);
                 }
         }
     for (int32_t b = 0; b < nb && !rc; b++)

@@ -89,10 +89,6 @@ __device__ float cuda_block_sum(float v, float *red)
     return v;
 }
 
-/* The fp16 value a matmul feeds the GEMM: saturated (cuda_sat_half) so
- * that no inf reaches it. */
-__device__ __forceinline__ __half cuda_gemm_half(float v) { return cuda_sat_half(v); }
-
 /* One block per row; f32 accumulation (the CPU uses double, the difference
  * is far below fp16 rounding for any dim a model has). oh, when set, gets
  * the output's fp16 copy for the matmuls that follow (the same values
@@ -114,7 +110,7 @@ __global__ void cuda_rmsnorm_kernel(float *out, __half *oh, const float *x, cons
         const float v = xr[d] * inv * cuda_ld(w, (size_t)d);
         o[d] = v;
         if (ohr)
-            ohr[d] = cuda_gemm_half(v);
+            ohr[d] = cuda_sat_half(v); /* no inf reaches the GEMM */
     }
 }
 
@@ -334,7 +330,7 @@ __global__ void cuda_to_half_kernel(__half *dst, const float *src, int64_t n)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
-        dst[i] = cuda_gemm_half(src[i]);
+        dst[i] = cuda_sat_half(src[i]);
     }
 }
 

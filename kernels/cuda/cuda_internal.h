@@ -167,11 +167,6 @@ static __device__ __forceinline__ void cuda_kv_group_get(const uint8_t *row, int
     }
 }
 
-/* The CPU's rounding (kernels/quant.c q_round): nearest, ties away from
- * zero, clamped first; NaN gives 0. x is the product x * (1 / d), rounded
- * on its own: __fmul_rn and __fadd_rn keep nvcc from fusing it with the
- * 0.5 into one FMA, which rounds once where the CPU rounds twice (a value
- * just under 0.5 would then give 0 where the CPU gives 1). */
 /* f32 to f16, saturated at the f16 range (as the CPU's kv_f2h): a K or V
  * value over 65504 kept as inf would make its attention rows NaN, and
  * inf * 0 in a GEMM is NaN too. A NaN compares false and stays NaN, so a
@@ -183,6 +178,11 @@ static __device__ __forceinline__ __half cuda_sat_half(float v)
     return __float2half_rn(v);
 }
 
+/* The CPU's rounding (kernels/quant.c q_round): nearest, ties away from
+ * zero, clamped first; NaN gives 0. x is the product x * (1 / d), rounded
+ * on its own: __fmul_rn and __fadd_rn keep nvcc from fusing it with the
+ * 0.5 into one FMA, which rounds once where the CPU rounds twice (a value
+ * just under 0.5 would then give 0 where the CPU gives 1). */
 static __device__ __forceinline__ int cuda_q_round(float x, int lo, int hi)
 {
     if (x != x)

@@ -416,17 +416,22 @@ static inline int32_t kv_mgr_budget_keep(const dp_kv_mgr *m, const dp_kv_seq *kv
 {
     return kv_seq_prefix(kv) + m->budget_keep;
 }
-/* Slots a prompt of n tokens keeps at its migration: its compressed size,
- * under a decode budget no more than a recompression would keep (else the
- * first decode step would recompress it again, before any decode query). */
-static inline int32_t kv_mgr_migration_keep(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n)
+/* k slots kept of n, under a decode budget no more than a recompression
+ * would keep (else the first decode step would recompress it again, before
+ * any decode query). */
+static inline int32_t kv_mgr_budget_cap(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t k, int32_t n)
 {
-    int32_t k = compress_n_keep(&kv->copts, n);
     if (m->decode_budget > 0 && k > kv_mgr_budget_keep(m, kv)) {
         int32_t b = kv_mgr_budget_keep(m, kv);
         k = b < n ? b : n;
     }
     return k;
+}
+/* Slots a prompt of n tokens keeps at its migration: its compressed size,
+ * capped under a decode budget. */
+static inline int32_t kv_mgr_migration_keep(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n)
+{
+    return kv_mgr_budget_cap(m, kv, compress_n_keep(&kv->copts, n), n);
 }
 /* The options a compaction at a prompt's end on the decode path runs with:
  * the sequence's, with the parked history of a resumed turn (hist_slots)
@@ -449,12 +454,7 @@ static inline int32_t kv_mgr_prompt_end_keep(const dp_kv_mgr *m, const dp_kv_seq
     if (kv->hist_slots <= 0)
         return kv_mgr_migration_keep(m, kv, n_prompt);
     const dp_compress_opts co = kv_seq_prompt_end_opts(kv);
-    int32_t k = compress_n_keep(&co, kv->n_slots);
-    if (m->decode_budget > 0 && k > kv_mgr_budget_keep(m, kv)) {
-        int32_t b = kv_mgr_budget_keep(m, kv);
-        k = b < kv->n_slots ? b : kv->n_slots;
-    }
-    return k;
+    return kv_mgr_budget_cap(m, kv, compress_n_keep(&co, kv->n_slots), kv->n_slots);
 }
 /* SnapKV under a decode budget scores its recompression with the sequence's
  * last `window` decode queries: whether the query of its next token is one

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/llama.h"
+
 #include "check_common.h"
 
 uint64_t g_rs;
@@ -198,4 +200,23 @@ void synth_close(synth_model *sm)
 {
     gguf_close(&sm->g);
     free(sm->buf);
+}
+
+void model_kv_open(dp_backend *be, const dp_gguf *g, int32_t max_tokens, int32_t max_out, int32_t bt,
+                   int32_t n_blocks, dp_llama **m, dp_kv_store **stores)
+{
+    char err[DP_ERRLEN];
+    if (llama_init(m, g, be, max_tokens, max_out, err, sizeof err))
+        die(EXIT_SETUP, "llama_init: %s", err);
+    dp_kv_layout l = llama_kv_layout(*m, bt, n_blocks);
+    for (int i = 0; i < DP_KV_MAX_STORES; i++)
+        stores[i] = NULL;
+    if (be->ops->kv_create(be, &l, &stores[0]))
+        die(EXIT_SETUP, "%s", "kv_create failed");
+}
+
+void model_kv_close(dp_backend *be, dp_llama *m, dp_kv_store **stores)
+{
+    be->ops->kv_destroy(be, stores[0]);
+    llama_destroy(m);
 }

@@ -73,6 +73,14 @@ typedef struct synth_model {
 void synth_open(synth_model *sm, const char *preset, uint64_t seed, uint32_t type);
 void synth_close(synth_model *sm);
 
+/* A model of g on be (max_tokens per step, max_out logit rows) and, in
+ * stores[0], a KV store of n_blocks blocks of bt tokens in its layout (the
+ * other stores NULL); model_kv_close frees both. */
+typedef struct dp_llama dp_llama;
+void model_kv_open(dp_backend *be, const dp_gguf *g, int32_t max_tokens, int32_t max_out, int32_t bt,
+                   int32_t n_blocks, dp_llama **m, dp_kv_store **stores);
+void model_kv_close(dp_backend *be, dp_llama *m, dp_kv_store **stores);
+
 /* The KV cache's ops (check_kvpath.c): CUDA (be[1]) against the CPU (be[0]). */
 void check_attention(dp_backend *be[2]);
 void check_capture(dp_backend *be[2]);

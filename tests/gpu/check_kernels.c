@@ -446,7 +446,6 @@ static void check_embed_gather(dp_backend *be[2])
 
 static void check_forward_topk(dp_backend *be[2])
 {
-    char err[DP_ERRLEN];
     synth_model sm;
     synth_open(&sm, "tiny", rnd64(), DP_TYPE_F16);
     const dp_synth_shape sh = sm.sh;
@@ -469,14 +468,9 @@ static void check_forward_topk(dp_backend *be[2])
                   .block_tables = hb.tables, .max_blocks = 1, .n_out = NOUT, .out_tokens = outs};
     for (int bi = 0; bi < 2; bi++) {
         dp_llama *m;
-        if (llama_init(&m, g, be[bi], 64, 8, err, sizeof err))
-            die(EXIT_SETUP, "llama_init: %s", err);
+        dp_kv_store *stores[DP_KV_MAX_STORES];
+        model_kv_open(be[bi], g, 64, 8, 16, 2, &m, stores);
         const int32_t vocab = llama_hparams(m)->vocab;
-        dp_kv_layout l = llama_kv_layout(m, 16, 2);
-        dp_kv_store *kv;
-        if (be[bi]->ops->kv_create(be[bi], &l, &kv))
-            die(EXIT_SETUP, "%s", "kv_create failed");
-        dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
         float *ref = xmalloc((size_t)NOUT * vocab * sizeof(float));
         float *again = xmalloc((size_t)NOUT * vocab * sizeof(float));
         int32_t ids[NOUT * K];
@@ -522,8 +516,7 @@ static void check_forward_topk(dp_backend *be[2])
                ok ? "consistent  ok" : "INCONSISTENT  FAIL");
         free(ref);
         free(again);
-        be[bi]->ops->kv_destroy(be[bi], kv);
-        llama_destroy(m);
+        model_kv_close(be[bi], m, stores);
     }
     hbatch_free(&hb);
     synth_close(&sm);
@@ -542,7 +535,6 @@ static void check_faults(dp_backend *be)
         printf("  faults: not on a device (needs the emulator)\n");
         return;
     }
-    char err[DP_ERRLEN];
     synth_model sm;
     synth_open(&sm, "tiny", rnd64(), DP_TYPE_F16);
     enum { NT = 6 };
@@ -557,14 +549,9 @@ static void check_faults(dp_backend *be)
                   .slot = hb.slot, .n_seqs = 1, .seq_store = hb.seq_store,
                   .block_tables = hb.tables, .max_blocks = 1, .n_out = 1, .out_tokens = outs};
     dp_llama *m;
-    if (llama_init(&m, &sm.g, be, 64, 8, err, sizeof err))
-        die(EXIT_SETUP, "llama_init: %s", err);
+    dp_kv_store *stores[DP_KV_MAX_STORES];
+    model_kv_open(be, &sm.g, 64, 8, 16, 1, &m, stores);
     const int32_t vocab = llama_hparams(m)->vocab;
-    dp_kv_layout l = llama_kv_layout(m, 16, 1);
-    dp_kv_store *kv;
-    if (be->ops->kv_create(be, &l, &kv))
-        die(EXIT_SETUP, "%s", "kv_create failed");
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
     float *ref = xmalloc((size_t)vocab * sizeof(float)), *got = xmalloc((size_t)vocab * sizeof(float));
     int rc0 = llama_forward(m, &b, stores, ref);
     emu_inject_error(cudaErrorLaunchOutOfResources, 0);
@@ -591,8 +578,7 @@ static void check_faults(dp_backend *be)
         printf("    forward returned %d, %d (want %d)\n", rc3, rc4, DP_EDEVICE);
     free(ref);
     free(got);
-    be->ops->kv_destroy(be, kv);
-    llama_destroy(m);
+    model_kv_close(be, m, stores);
     hbatch_free(&hb);
     synth_close(&sm);
 }
@@ -638,16 +624,10 @@ static void gen_forced(dp_backend *be, const dp_gguf *g, int32_t *const prompts[
                        const int32_t lens[GEN_SEQS], const int32_t (*forced)[GEN_NEW],
                        int32_t (*tokens)[GEN_NEW], float *logits)
 {
-    char err[DP_ERRLEN];
     dp_llama *m;
-    if (llama_init(&m, g, be, 64, GEN_SEQS, err, sizeof err))
-        die(EXIT_SETUP, "llama_init: %s", err);
+    dp_kv_store *stores[DP_KV_MAX_STORES];
+    model_kv_open(be, g, 64, GEN_SEQS, GEN_BT, GEN_SEQS * GEN_BPS, &m, stores);
     const int32_t vocab = llama_hparams(m)->vocab;
-    dp_kv_layout l = llama_kv_layout(m, GEN_BT, GEN_SEQS * GEN_BPS);
-    dp_kv_store *kv;
-    if (be->ops->kv_create(be, &l, &kv))
-        die(EXIT_SETUP, "%s", "kv_create failed");
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
     hbatch hb;
     hbatch_alloc(&hb, 64, GEN_SEQS, GEN_BPS);
     for (int32_t s = 0; s < GEN_SEQS; s++)
@@ -683,8 +663,7 @@ static void gen_forced(dp_backend *be, const dp_gguf *g, int32_t *const prompts[
         }
     }
     hbatch_free(&hb);
-    be->ops->kv_destroy(be, kv);
-    llama_destroy(m);
+    model_kv_close(be, m, stores);
 }
 
 /* required: the check counts (a disagreement at a decisive step fails it);
@@ -821,16 +800,10 @@ static int32_t gr_script(gr_step *st, int32_t vocab)
 static void gr_run(dp_backend *be, const dp_gguf *g, int policy, const gr_step *st, int32_t n_steps,
                    float *out, dp_graph_stats *stats)
 {
-    char err[DP_ERRLEN];
     dp_llama *m;
-    if (llama_init(&m, g, be, GR_MAXT, GR_MAXT, err, sizeof err))
-        die(EXIT_SETUP, "llama_init: %s", err);
+    dp_kv_store *stores[DP_KV_MAX_STORES];
+    model_kv_open(be, g, GR_MAXT, GR_MAXT, GR_BT, GR_SEQS * GR_BPS, &m, stores);
     const int32_t vocab = llama_hparams(m)->vocab;
-    dp_kv_layout l = llama_kv_layout(m, GR_BT, GR_SEQS * GR_BPS);
-    dp_kv_store *kv;
-    if (be->ops->kv_create(be, &l, &kv))
-        die(EXIT_SETUP, "%s", "kv_create failed");
-    dp_kv_store *stores[DP_KV_MAX_STORES] = {kv, NULL};
     if (be->ops->step_graphs)
         be->ops->step_graphs(be, policy, NULL);
     int32_t len[GR_SEQS] = {0};
@@ -865,8 +838,7 @@ static void gr_run(dp_backend *be, const dp_gguf *g, int policy, const gr_step *
     if (be->ops->step_graphs)
         be->ops->step_graphs(be, -1, stats);
     hbatch_free(&hb);
-    be->ops->kv_destroy(be, kv);
-    llama_destroy(m);
+    model_kv_close(be, m, stores);
 }
 
 static void check_graphs(dp_backend *cpu)

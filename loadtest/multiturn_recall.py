@@ -28,6 +28,7 @@ import os
 import random
 import re
 import shlex
+import threading
 import time
 
 from dp_daemon import Daemon
@@ -103,7 +104,7 @@ def run_config(a, name, flags, convs, idx):
     try:
         m0 = d.metrics()
         t0 = time.time()
-        barrier = __import__("threading").Barrier(len(convs))
+        barrier = threading.Barrier(len(convs))
         with concurrent.futures.ThreadPoolExecutor(len(convs)) as ex:
             res = list(ex.map(lambda s: run_session(d, s, a.gen, barrier), convs))
         dt = time.time() - t0

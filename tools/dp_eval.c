@@ -1063,7 +1063,7 @@ static void grid_bytes(ev *e, grid_result *g)
     for (int t = 0; t < e->o->n_dtypes; t++) {
         if (kv_sim_is(e->o->dtypes[t])) {
             g->dbt[t] = 0;
-            g->bytes[t] = kv_sim_bytes(e->o->dtypes[t], e->hp->head_dim, e->o->kivi_group);
+            g->bytes[t] = kv_sim_bytes(e->o->dtypes[t], e->o->kivi_group);
             continue;
         }
         dl.type = e->o->dtypes[t];

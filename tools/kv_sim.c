@@ -36,13 +36,12 @@ const char *kv_sim_name(int type)
     return buf;
 }
 
-double kv_sim_bytes(int type, int32_t head_dim, int32_t group)
+double kv_sim_bytes(int type, int32_t group)
 {
     /* Per channel of a token: K kbits/8 bytes + its share of 4 bytes (scale
      * and minimum) per channel and group; V vbits/8 + 4 bytes per 32
      * channels. */
     const double k = kv_sim_kbits(type) / 8.0 + 4.0 / group, v = kv_sim_vbits(type) / 8.0 + 4.0 / 32.0;
-    (void)head_dim;
     return (k + v) / 4.0;
 }
 

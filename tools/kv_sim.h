@@ -31,7 +31,7 @@ int kv_sim_parse(const char *name);
 /* Its name, as kv_sim_parse reads it (a static buffer: one per call). */
 const char *kv_sim_name(int type);
 /* Bytes per token relative to f16 K and V (the residual not counted). */
-double kv_sim_bytes(int type, int32_t head_dim, int32_t group);
+double kv_sim_bytes(int type, int32_t group);
 
 typedef struct kv_sim {
     dp_backend *be;

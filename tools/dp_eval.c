@@ -11,72 +11,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "common/dp.h"
-#include "kvcache/compress.h"
-#include "kvcache/migrate.h"
 #include "model/chat_template.h"
-#include "model/gguf.h"
-#include "model/llama.h"
-#include "model/tokenizer.h"
+#include "tools/dp_eval.h"
 #include "tools/kv_sim.h"
 
-#define BT 16          /* block tokens of both stores */
-#define CHUNK 512      /* prefill tokens per step */
-#define MAX_RATIOS 16
-#define MAX_SEEDS 16
-#define N_SCORERS (DP_SCORER_RANDOM + 1)
-#define MAX_DTYPES 8   /* decode types of one grid (simulated ones included) */
-
-typedef struct opts {
-    const char *model, *text, *device, *markdown, *tag;
-    int32_t prefill[8];
-    int n_prefill;
-    int32_t cont;        /* teacher-forced tokens */
-    int32_t offset;      /* first window's token offset in the text */
-    int windows;         /* context windows averaged per P */
-    float ratios[MAX_RATIOS];
-    int n_ratios;
-    int seeds;           /* random scorer: seeds 1..seeds */
-    int32_t sinks, window;
-    int chat;            /* chat prompts (0: skip the greedy check) */
-    int32_t gen;         /* greedy tokens per chat prompt */
-    int threads;
-    int kv_type;         /* dp_kv_type of the prefill store (and the decode store's default) */
-    int dkv_type;        /* dp_kv_type of the compacted (decode-path) store */
-    bool grid;           /* the decode-type x keep-ratio table instead (--grid) */
-    int dtypes[MAX_DTYPES]; /* dp_kv_type, or a simulated type (tools/kv_sim.h) */
-    int n_dtypes;
-    int32_t kivi_group;  /* simulated KIVI: key group in slots */
-    int32_t passkey[8];  /* --grid: passkey prompt lengths */
-    int n_passkey;
-    int depths;          /* passkey depths per length */
-    dp_scorer scorer;    /* --grid: the scorer (the daemon's default) */
-    int32_t budgets[8];  /* --budget: decode budgets evaluated (their own tables) */
-    int n_budgets;
-    float keep;          /* --budget: the keep ratio of the prompt's migration */
-    int32_t exempt;      /* --grid: exempt layers (the first layers keep every token) */
-    int32_t early;       /* --grid: also the early switch at this many prompt tokens (0: no) */
-} opts;
-
-typedef struct acc {
-    double nll, kl;
-    long agree, n;
-} acc;
-
-typedef struct ev {
-    const opts *o;
-    dp_gguf g;
-    dp_backend *be;
-    dp_llama *m;
-    dp_tokenizer *tok;
-    const dp_hparams *hp;
-    dp_kv_migrator mig; /* the manager's migration (kvcache/migrate.h) */
-    int32_t vocab, qd;
-    float *q_dev;    /* backend copy of the captured queries */
-    float *q_host;   /* [n_layers][DP_MAX_CAPTURE][qd] */
-    int32_t *bt_tokens, *bt_pos, *bt_seq, *bt_slot, *bt_out, *bt_cap;
-    float *logits;   /* [max_out * vocab] */
-} ev;
 
 static int die(const char *what, int rc, const char *err)
 {
@@ -123,6 +61,16 @@ static int prefill(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t 
         done += len;
     }
     return 0;
+}
+
+/* The greedy token of one row of logits. */
+static int32_t argmax(const float *row, int32_t n)
+{
+    int32_t am = 0;
+    for (int32_t v = 1; v < n; v++)
+        if (row[v] > row[am])
+            am = v;
+    return am;
 }
 
 /* An exempt layers' store beside a decode store of layout lb (NULL
@@ -668,17 +616,6 @@ static const char *const QUESTIONS[] = {
 };
 #define N_QUESTIONS ((int)(sizeof QUESTIONS / sizeof QUESTIONS[0]))
 
-typedef struct chat_set {
-    int n;
-    int32_t gen;            /* greedy tokens per prompt */
-    int32_t *len, *base_a, *base_b, *first; /* prompt length, first block in A / B, first token */
-    int32_t max_blocks_a, max_blocks_b, n_cap;
-    int32_t **prompt;
-    float **q;              /* captured queries per prompt (host) */
-    int32_t *table_a, *table_b; /* [n][max_blocks] */
-    dp_kv_store *stores[DP_KV_MAX_STORES];
-    int sim_type;           /* the compacted store holds a simulated type (0: none) */
-} chat_set;
 
 typedef struct chat_result {
     int identical[N_SCORERS][MAX_RATIOS][MAX_SEEDS];
@@ -723,43 +660,76 @@ static int chat_passages(ev *e, const int32_t *text, int32_t n_text, int n, char
     return 0;
 }
 
-/* Prefills n user messages (in the model's chat template) into store A,
- * keeping each prompt's captured queries and first greedy token; store B
- * (type btype) holds each compressed prompt and gen more tokens. */
-static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btype, chat_set *cs,
-                      char *err, size_t errsz)
+/* The acknowledgement between a document and its question (chat_build). */
+static const char ACK[] = "I have read it. Ask me about it.";
+
+/* Tokenizes one conversation of a chat set into cs->prompt[i], cs->len[i]
+ * and cs->split[i] (dp_eval.h chat_build). With agnostic, the text up to
+ * the end of the first message is tokenized on its own, as the daemon
+ * tokenizes a turn, and the rest after it. */
+static int chat_tokenize(ev *e, const dp_chat_template *ct, const char *msg, const char *question,
+                         bool agnostic, chat_set *cs, int i, char *err, size_t errsz)
+{
+    dp_chat_msg m[3] = {{"user", msg}, {"assistant", ACK}, {"user", question}};
+    char *full = NULL, *pre = NULL;
+    int rc = chat_template_apply(ct, m, question ? 3 : 1, true, &full, err, errsz);
+    if (!rc && question && agnostic)
+        rc = chat_template_apply(ct, m, 1, false, &pre, err, errsz);
+    size_t n_pre = 0, n_rest = 0, lp = pre ? strlen(pre) : 0;
+    int32_t *rest = NULL;
+    if (!rc && pre && strncmp(full, pre, lp) != 0)
+        rc = dp_err(err, errsz, DP_EINVAL, "the chat template does not render a conversation as "
+                    "its first turn followed by the rest");
+    if (!rc)
+        rc = tokenizer_encode(e->tok, pre ? pre : full, pre ? lp : strlen(full),
+                              tokenizer_add_bos(e->tok), true, &cs->prompt[i], &n_pre);
+    if (!rc && pre)
+        rc = tokenizer_encode(e->tok, full + lp, strlen(full + lp), false, true, &rest, &n_rest);
+    int32_t *all = NULL;
+    if (!rc && n_rest > 0 && !(all = realloc(cs->prompt[i], (n_pre + n_rest) * sizeof *all)))
+        rc = DP_ENOMEM;
+    if (all) {
+        memcpy(all + n_pre, rest, n_rest * sizeof *all);
+        cs->prompt[i] = all;
+    }
+    cs->len[i] = (int32_t)(n_pre + n_rest);
+    cs->split[i] = (int32_t)n_pre;
+    free(rest);
+    free(full);
+    free(pre);
+    return rc;
+}
+
+/* See dp_eval.h. Store A holds the split tokens of each prompt (its last
+ * window's queries captured there); store B the compacted prompt, the rest
+ * of the prompt and gen tokens. first[i]: the first greedy token when the
+ * whole prompt is compacted (-1: read after the compaction, chat_generate). */
+int chat_build(ev *e, char *const *msgs, char *const *questions, bool agnostic, int n, int32_t gen,
+               int32_t btype, chat_set *cs, char *err, size_t errsz)
 {
     const opts *o = e->o;
     memset(cs, 0, sizeof *cs);
     cs->n = n;
     cs->gen = gen;
     cs->len = calloc((size_t)n, sizeof(int32_t));
+    cs->split = calloc((size_t)n, sizeof(int32_t));
     cs->base_a = calloc((size_t)n, sizeof(int32_t));
     cs->base_b = calloc((size_t)n, sizeof(int32_t));
     cs->first = calloc((size_t)n, sizeof(int32_t));
     cs->prompt = calloc((size_t)n, sizeof(int32_t *));
     cs->q = calloc((size_t)n, sizeof(float *));
-    if (!cs->len || !cs->base_a || !cs->base_b || !cs->first || !cs->prompt || !cs->q)
+    if (!cs->len || !cs->split || !cs->base_a || !cs->base_b || !cs->first || !cs->prompt || !cs->q)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
     dp_chat_template ct;
-    int ct_rc = chat_template_init_model(&ct, NULL, 0, &e->g, e->tok, err, errsz);
-    if (ct_rc)
-        return ct_rc;
+    int rc = chat_template_init_model(&ct, NULL, 0, &e->g, e->tok, err, errsz);
+    if (rc)
+        return rc;
     int32_t blocks_a = 0, blocks_b = 0;
-    int rc = 0;
     for (int i = 0; i < n && !rc; i++) {
-        char *prompt_text = NULL;
-        dp_chat_msg m = {"user", msgs[i]};
-        rc = chat_template_apply(&ct, &m, 1, true, &prompt_text, err, errsz);
-        size_t n_ids = 0;
-        if (!rc)
-            rc = tokenizer_encode(e->tok, prompt_text, strlen(prompt_text), tokenizer_add_bos(e->tok),
-                                  true, &cs->prompt[i], &n_ids);
-        free(prompt_text);
-        if (rc)
+        if ((rc = chat_tokenize(e, &ct, msgs[i], questions ? questions[i] : NULL, agnostic, cs, i,
+                                err, errsz)))
             break;
-        cs->len[i] = (int32_t)n_ids;
-        int32_t na = (cs->len[i] + BT - 1) / BT, nbb = (cs->len[i] + gen + BT - 1) / BT;
+        int32_t na = (cs->split[i] + BT - 1) / BT, nbb = (cs->len[i] + gen + BT - 1) / BT;
         cs->base_a[i] = blocks_a;
         cs->base_b[i] = blocks_b;
         blocks_a += na;
@@ -769,7 +739,6 @@ static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btyp
         if (nbb > cs->max_blocks_b)
             cs->max_blocks_b = nbb;
     }
-    (void)o;
     chat_template_destroy(&ct);
     if (rc)
         return rc;
@@ -778,7 +747,7 @@ static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btyp
     if (!cs->table_a || !cs->table_b)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory");
     for (int i = 0; i < n; i++) {
-        for (int32_t b = 0; b < (cs->len[i] + BT - 1) / BT; b++)
+        for (int32_t b = 0; b < (cs->split[i] + BT - 1) / BT; b++)
             cs->table_a[(size_t)i * cs->max_blocks_a + b] = cs->base_a[i] + b;
         for (int32_t b = 0; b < (cs->len[i] + gen + BT - 1) / BT; b++)
             cs->table_b[(size_t)i * cs->max_blocks_b + b] = cs->base_b[i] + b;
@@ -789,22 +758,17 @@ static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btyp
     if ((rc = e->be->ops->kv_create(e->be, &la, &cs->stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1])))
         return dp_err(err, errsz, rc, "cannot allocate the chat KV stores");
-    /* Prefill each prompt once, keeping its queries and its first token. */
+    /* Prefill each prompt's split once, keeping its queries and, where that
+     * is the whole prompt, its first token. */
     cs->n_cap = o->window < DP_MAX_CAPTURE ? o->window : DP_MAX_CAPTURE;
     size_t qn = (size_t)e->hp->n_layers * (size_t)cs->n_cap * (size_t)e->qd;
     for (int i = 0; i < n; i++) {
-        int32_t n_cap = cs->n_cap < cs->len[i] ? cs->n_cap : cs->len[i];
-        if (n_cap != cs->n_cap)
+        if (cs->split[i] < cs->n_cap)
             return dp_err(err, errsz, DP_EINVAL, "chat prompt %d is shorter than the window", i);
         if ((rc = prefill(e, cs->stores, 0, cs->table_a + (size_t)i * cs->max_blocks_a, cs->max_blocks_a,
-                          cs->prompt[i], cs->len[i], n_cap, e->logits + (size_t)e->vocab)))
+                          cs->prompt[i], cs->split[i], cs->n_cap, e->logits + (size_t)e->vocab)))
             return dp_err(err, errsz, rc, "chat prefill failed");
-        const float *row = e->logits + (size_t)e->vocab;
-        int32_t am = 0;
-        for (int32_t v = 1; v < e->vocab; v++)
-            if (row[v] > row[am])
-                am = v;
-        cs->first[i] = am;
+        cs->first[i] = cs->split[i] == cs->len[i] ? argmax(e->logits + (size_t)e->vocab, e->vocab) : -1;
         if (!(cs->q[i] = malloc(qn * sizeof(float))))
             return dp_err(err, errsz, DP_ENOMEM, "out of memory");
         memcpy(cs->q[i], e->q_host, qn * sizeof(float));
@@ -812,7 +776,7 @@ static int chat_build(ev *e, char *const *msgs, int n, int32_t gen, int32_t btyp
     return 0;
 }
 
-static void chat_destroy(ev *e, chat_set *cs)
+void chat_destroy(ev *e, chat_set *cs)
 {
     for (int i = 0; i < cs->n; i++) {
         if (cs->prompt)
@@ -824,6 +788,7 @@ static void chat_destroy(ev *e, chat_set *cs)
         if (cs->stores[s])
             e->be->ops->kv_destroy(e->be, cs->stores[s]);
     free(cs->len);
+    free(cs->split);
     free(cs->base_a);
     free(cs->base_b);
     free(cs->first);
@@ -833,20 +798,52 @@ static void chat_destroy(ev *e, chat_set *cs)
     free(cs->table_b);
 }
 
-/* Compresses every chat prompt with one option set (n_keep per prompt from
- * keep_ratio) and generates gen greedy tokens for all of them in lockstep,
- * one token per live sequence per step. After an end-of-generation token a
- * sequence stops and its output is padded with that token. */
+/* Reads tokens [split, len) of chat prompt i after its compacted split
+ * (slots n_keep..), in steps of at most CHUNK tokens, and returns the
+ * greedy token after them: what a resumed turn does with its new text. */
+static int chat_read_rest(ev *e, chat_set *cs, int i, int32_t n_keep, const uint8_t *x_store,
+                          int32_t *first)
+{
+    const int32_t *table = cs->table_b + (size_t)i * cs->max_blocks_b;
+    static const uint8_t si = 1;
+    for (int32_t done = cs->split[i]; done < cs->len[i];) {
+        int32_t n = cs->len[i] - done < CHUNK ? cs->len[i] - done : CHUNK;
+        for (int32_t k = 0; k < n; k++) {
+            e->bt_tokens[k] = cs->prompt[i][done + k];
+            e->bt_pos[k] = done + k;
+            e->bt_slot[k] = n_keep + done - cs->split[i] + k;
+            e->bt_seq[k] = 0;
+        }
+        e->bt_out[0] = n - 1;
+        dp_batch b = {.n_tokens = n, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
+                      .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
+                      .max_blocks = cs->max_blocks_b, .n_out = 1, .out_tokens = e->bt_out};
+        if (cs->stores[2])
+            with_exempt(e, &b, x_store, table, cs->max_blocks_b);
+        int rc = llama_forward(e->m, &b, cs->stores, e->logits);
+        if (rc)
+            return rc;
+        done += n;
+    }
+    *first = argmax(e->logits, e->vocab);
+    return 0;
+}
+
+/* Compresses every chat prompt's split with one option set (n_keep per
+ * prompt from keep_ratio), reads the rest of each prompt after it, and
+ * generates gen greedy tokens for all of them in lockstep, one token per
+ * live sequence per step. After an end-of-generation token a sequence
+ * stops and its output is padded with that token. */
 static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_t *out, double *kept)
 {
     const int32_t L = e->hp->n_layers, n = cs->n;
-    int32_t *n_keep = calloc((size_t)n, sizeof(int32_t));
+    int32_t *n_keep = calloc((size_t)n, sizeof(int32_t)), *slot0 = calloc((size_t)n, sizeof(int32_t));
     int32_t *sim_done = calloc((size_t)n, sizeof(int32_t));
     uint8_t *seq_store = malloc((size_t)n), *x_store = malloc((size_t)n);
     bool *live = calloc((size_t)n, sizeof(bool));
     kv_sim sim = {0};
     int rc = DP_ENOMEM;
-    if (!n_keep || !sim_done || !seq_store || !x_store || !live)
+    if (!n_keep || !slot0 || !sim_done || !seq_store || !x_store || !live)
         goto out;
     /* A simulated type: whole groups rounded after the migration and as
      * generated tokens fill them (kv_sim.h). */
@@ -856,14 +853,15 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
     memset(x_store, 2, (size_t)n);
     *kept = 0;
     for (int i = 0; i < n; i++) {
-        n_keep[i] = compress_n_keep(co, cs->len[i]);
-        *kept += (double)n_keep[i] / cs->len[i] / n;
+        const int32_t *tb = cs->table_b + (size_t)i * cs->max_blocks_b;
+        n_keep[i] = compress_n_keep(co, cs->split[i]);
+        slot0[i] = n_keep[i] + cs->len[i] - cs->split[i];
+        *kept += (double)n_keep[i] / cs->split[i] / n;
         /* One sequence per call: its queries are the ones on the device. */
         memcpy(e->q_host, cs->q[i], (size_t)L * cs->n_cap * e->qd * sizeof(float));
         dp_kv_move mv = {.co = co, .src = cs->table_a + (size_t)i * cs->max_blocks_a,
-                         .n_src_blocks = (cs->len[i] + BT - 1) / BT, .n_slots = cs->len[i],
-                         .dst = cs->table_b + (size_t)i * cs->max_blocks_b,
-                         .n_dst_blocks = (cs->len[i] + cs->gen + BT - 1) / BT,
+                         .n_src_blocks = (cs->split[i] + BT - 1) / BT, .n_slots = cs->split[i],
+                         .dst = tb, .n_dst_blocks = (cs->len[i] + cs->gen + BT - 1) / BT,
                          .n_keep = n_keep[i], .q = e->q_dev,
                          .q_stride = (int64_t)cs->n_cap * e->qd, .n_q = cs->n_cap};
         if (cs->stores[2]) { /* exempt layers: every prompt token */
@@ -871,14 +869,17 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
             mv.n_xdst_blocks = mv.n_dst_blocks;
         }
         kv_migrator_set_exempt(&e->mig, cs->stores[2]);
+        int32_t first = cs->first[i];
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
             (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)) ||
-            (cs->sim_type && (rc = kv_sim_fill(&sim, mv.dst, n_keep[i], &sim_done[i]))))
+            (cs->sim_type && (rc = kv_sim_fill(&sim, tb, n_keep[i], &sim_done[i]))) ||
+            (first < 0 && (rc = chat_read_rest(e, cs, i, n_keep[i], x_store, &first))) ||
+            (cs->sim_type && (rc = kv_sim_fill(&sim, tb, slot0[i], &sim_done[i]))))
             goto out;
         seq_store[i] = 1;
         live[i] = true;
-        out[(size_t)i * cs->gen] = cs->first[i];
-        if (tokenizer_is_eog(e->tok, cs->first[i]))
+        out[(size_t)i * cs->gen] = first;
+        if (tokenizer_is_eog(e->tok, first))
             live[i] = false;
     }
     for (int32_t t = 1; t < cs->gen; t++) {
@@ -890,7 +891,7 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
             }
             e->bt_tokens[nt] = out[(size_t)i * cs->gen + t - 1];
             e->bt_pos[nt] = cs->len[i] + t - 1;
-            e->bt_slot[nt] = n_keep[i] + t - 1;
+            e->bt_slot[nt] = slot0[i] + t - 1;
             e->bt_seq[nt] = i;
             e->bt_out[nt] = nt;
             nt++;
@@ -907,16 +908,12 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
             goto out;
         for (int32_t k = 0; k < nt; k++) {
             int i = e->bt_seq[k];
-            const float *row = e->logits + (size_t)k * e->vocab;
-            int32_t am = 0;
-            for (int32_t v = 1; v < e->vocab; v++)
-                if (row[v] > row[am])
-                    am = v;
+            int32_t am = argmax(e->logits + (size_t)k * e->vocab, e->vocab);
             out[(size_t)i * cs->gen + t] = am;
             if (tokenizer_is_eog(e->tok, am))
                 live[i] = false;
             if (cs->sim_type &&
-                (rc = kv_sim_fill(&sim, cs->table_b + (size_t)i * cs->max_blocks_b, n_keep[i] + t,
+                (rc = kv_sim_fill(&sim, cs->table_b + (size_t)i * cs->max_blocks_b, slot0[i] + t,
                                   &sim_done[i])))
                 goto out;
         }
@@ -928,6 +925,7 @@ out:
     free(sim_done);
     kv_migrator_set_exempt(&e->mig, NULL);
     free(n_keep);
+    free(slot0);
     free(seq_store);
     free(x_store);
     free(live);
@@ -954,7 +952,7 @@ static int eval_chat(ev *e, const int32_t *text, int32_t n_text, chat_result *r,
     char **msgs = NULL;
     int rc = chat_passages(e, text, n_text, o->chat, &msgs, err, errsz);
     if (!rc) {
-        rc = chat_build(e, msgs, o->chat, o->gen, o->dkv_type, &cs, err, errsz);
+        rc = chat_build(e, msgs, NULL, false, o->chat, o->gen, o->dkv_type, &cs, err, errsz);
         for (int i = 0; i < o->chat; i++)
             free(msgs[i]);
         free(msgs);
@@ -1018,29 +1016,6 @@ out:
 
 /* ---- the decode-type grid (--grid) ----------------------------------------- */
 
-/* One row of the grid: a decode-path KV type at a keep ratio, the
- * configured scorer. */
-typedef struct grid_cell {
-    acc tf[8];              /* teacher-forced, per --prefill length */
-    int32_t n_keep[8];
-    int chat_ident;
-    double chat_prefix;
-    int pk_hits[8];         /* passkey prompts answered, per length */
-} grid_cell;
-
-typedef struct grid_result {
-    grid_cell c[MAX_DTYPES][MAX_RATIOS];
-    grid_cell ce[MAX_DTYPES][MAX_RATIOS]; /* --early: switched early (teacher-forced only) */
-    int noise_ident;        /* the whole cache, each prompt alone vs all in one batch */
-    double noise_prefix;
-    acc full[8];
-    int pk_full[8];         /* the uncompressed cache's own passkey hits */
-    double bytes[MAX_DTYPES]; /* bytes per token relative to the f16 prefill path */
-    int32_t dbt[MAX_DTYPES];  /* tokens per arena block on the decode path (0: simulated) */
-    double chat_len, seconds;
-    int chat_n;
-    int32_t n_layers;
-} grid_result;
 
 static dp_compress_opts grid_opts(const opts *o, int ri)
 {
@@ -1279,11 +1254,7 @@ static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
 /* Greedy generation of every cell over one chat set; ref: the full cache's
  * (every token kept, f16, through the same compaction: bit-identical to the
  * uncompressed cache). score(i, got) reads the outputs. */
-typedef void (*grid_score_fn)(ev *e, const chat_set *cs, const int32_t *ref, const int32_t *got,
-                              grid_cell *c, void *ud);
-
-static int grid_generate(ev *e, chat_set *cs, grid_result *g, grid_score_fn score, int32_t *ref,
-                         void *ud)
+int grid_generate(ev *e, chat_set *cs, grid_result *g, grid_score_fn score, int32_t *ref, void *ud)
 {
     const opts *o = e->o;
     size_t nout = (size_t)cs->n * cs->gen;
@@ -1318,127 +1289,6 @@ static void score_chat(ev *e, const chat_set *cs, const int32_t *ref, const int3
     }
 }
 
-/* Passkey retrieval (Mohtashami & Jaggi's task): a 5-7 digit key stated once
- * at one of `depths` depths in filler text, the model asked to repeat it;
- * an answer counts when its first tokens contain the key. */
-#define PK_GEN 16
-static const char PK_FILLER[] =
-    "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. ";
-
-typedef struct pk_ctx {
-    int li;             /* length index */
-    char keys[16][12];
-    int *full_hits;
-} pk_ctx;
-
-static bool pk_answered(ev *e, const int32_t *toks, const char *key)
-{
-    char *txt = NULL;
-    size_t n = 0;
-    int32_t len = 0;
-    while (len < PK_GEN && !tokenizer_is_eog(e->tok, toks[len]))
-        len++;
-    if (tokenizer_decode(e->tok, toks, (size_t)len, false, &txt, &n) != 0)
-        return false;
-    bool hit = strstr(txt, key) != NULL;
-    free(txt);
-    return hit;
-}
-
-static void score_pk(ev *e, const chat_set *cs, const int32_t *ref, const int32_t *got, grid_cell *c,
-                     void *ud)
-{
-    pk_ctx *p = ud;
-    for (int i = 0; i < cs->n; i++) {
-        bool hit = pk_answered(e, got + (size_t)i * cs->gen, p->keys[i]);
-        c->pk_hits[p->li] += hit;
-        if (getenv("DP_EVAL_VERBOSE")) {
-            char *txt = NULL;
-            size_t n = 0;
-            if (tokenizer_decode(e->tok, got + (size_t)i * cs->gen, PK_GEN, false, &txt, &n) == 0)
-                fprintf(stderr, "dp-eval: passkey %s %s: %.*s\n", p->keys[i], hit ? "hit" : "miss",
-                        (int)strcspn(txt, "\n"), txt);
-            free(txt);
-        }
-    }
-}
-
-static int grid_passkey(ev *e, int li, grid_result *g, char *err, size_t errsz)
-{
-    const opts *o = e->o;
-    const int32_t L = o->passkey[li];
-    const int n = o->depths;
-    int32_t *ft = NULL;
-    size_t nft = 0;
-    int rc = tokenizer_encode(e->tok, PK_FILLER, strlen(PK_FILLER), false, false, &ft, &nft);
-    free(ft);
-    if (rc || nft == 0)
-        return dp_err(err, errsz, rc ? rc : DP_EINVAL, "cannot tokenize the filler");
-    /* About 60 tokens go to the instructions, the key and the template. */
-    int reps = (int)((L - 60) / (int32_t)nft);
-    if (reps < 1)
-        reps = 1;
-    pk_ctx p = {.li = li};
-    char **msgs = calloc((size_t)n, sizeof *msgs);
-    if (!msgs)
-        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
-    uint64_t x = 0x5eed0000u + (uint64_t)L;
-    for (int i = 0; i < n && !rc; i++) {
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        int digits = 5 + (int)((x >> 33) % 3);
-        uint64_t lo = 1, k;
-        for (int d = 1; d < digits; d++)
-            lo *= 10;
-        x = x * 6364136223846793005ull + 1442695040888963407ull;
-        k = lo + (x >> 20) % (9 * lo);
-        snprintf(p.keys[i], sizeof p.keys[i], "%llu", (unsigned long long)k);
-        int at = n > 1 ? reps * i / (n - 1) : 0;
-        size_t cap = (size_t)reps * sizeof PK_FILLER + 512;
-        char *m = malloc(cap);
-        if (!m) {
-            rc = DP_ENOMEM;
-            break;
-        }
-        size_t w = (size_t)snprintf(m, cap, "There is an important pass key hidden inside a lot of "
-                                    "irrelevant text. Find it and memorize it. I will quiz you about "
-                                    "the pass key.\n\n");
-        for (int r = 0; r <= reps; r++) {
-            if (r == at)
-                w += (size_t)snprintf(m + w, cap - w, "The pass key is %s. Remember it. %s is the "
-                                      "pass key. ", p.keys[i], p.keys[i]);
-            if (r < reps)
-                w += (size_t)snprintf(m + w, cap - w, "%s", PK_FILLER);
-        }
-        snprintf(m + w, cap - w, "\n\nWhat is the pass key?");
-        msgs[i] = m;
-    }
-    chat_set cs;
-    memset(&cs, 0, sizeof cs);
-    int32_t *ref = NULL;
-    if (!rc)
-        rc = chat_build(e, msgs, n, PK_GEN, o->kv_type, &cs, err, errsz);
-    for (int i = 0; i < n; i++)
-        free(msgs[i]);
-    free(msgs);
-    if (!rc && !(ref = malloc((size_t)n * PK_GEN * sizeof *ref)))
-        rc = DP_ENOMEM;
-    if (!rc)
-        rc = grid_generate(e, &cs, g, score_pk, ref, &p);
-    if (!rc)
-        for (int i = 0; i < n; i++)
-            g->pk_full[li] += pk_answered(e, ref + (size_t)i * PK_GEN, p.keys[i]);
-    if (!rc) {
-        double mean = 0;
-        for (int i = 0; i < n; i++)
-            mean += (double)cs.len[i] / n;
-        fprintf(stderr, "dp-eval: grid: passkey %d (prompts of %.0f tokens): full cache %d/%d\n", L,
-                mean, g->pk_full[li], n);
-    }
-    free(ref);
-    chat_destroy(e, &cs);
-    return rc ? dp_err(err, errsz, rc, "passkey evaluation failed") : 0;
-}
-
 /* The greedy check's noise floor: the whole cache (f16, every token kept)
  * with each prompt generated alone instead of all in one batch. Answers
  * that differ here differ for reasons other than compression (numerics that
@@ -1456,6 +1306,7 @@ static int grid_noise_floor(ev *e, chat_set *cs, const int32_t *ref, grid_result
         chat_set one = *cs;
         one.n = 1;
         one.len = cs->len + i;
+        one.split = cs->split + i;
         one.base_a = cs->base_a + i;
         one.base_b = cs->base_b + i;
         one.first = cs->first + i;
@@ -1483,7 +1334,7 @@ static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g,
     int rc = chat_passages(e, text, n_text, o->chat, &msgs, err, errsz);
     if (rc)
         return rc;
-    rc = chat_build(e, msgs, o->chat, o->gen, o->kv_type, &cs, err, errsz);
+    rc = chat_build(e, msgs, NULL, false, o->chat, o->gen, o->kv_type, &cs, err, errsz);
     for (int i = 0; i < o->chat; i++)
         free(msgs[i]);
     free(msgs);
@@ -1506,6 +1357,69 @@ static int grid_chat(ev *e, const int32_t *text, int32_t n_text, grid_result *g,
 static int32_t e_fold(const opts *o, const grid_result *g)
 {
     return g->n_layers / o->exempt;
+}
+
+/* The rule that chooses a default from the grid: a cell qualifies when its
+ * KL is at most RULE_KL and its top-1 at least RULE_TOP1 at every --prefill
+ * length, and each retrieval column (passkey, needles aware and agnostic,
+ * per length) is within noise of the whole cache's: at most two binomial
+ * standard errors of the whole cache's rate below it, and never more than
+ * one answer below where that rate is 0 or 1. Among those, the fewest
+ * bytes per token wins (then the lower KL). */
+#define RULE_KL 0.01
+#define RULE_TOP1 0.94
+
+static bool within_noise(int hits, int full, int n)
+{
+    double p = (double)full / n, margin = 2.0 * sqrt(n * p * (1.0 - p));
+    if (margin < 1.0)
+        margin = 1.0;
+    return hits >= full - margin;
+}
+
+static bool rule_holds(const opts *o, const grid_result *g, const grid_cell *c, double *kl_max)
+{
+    bool ok = true;
+    *kl_max = 0;
+    for (int pi = 0; pi < o->n_prefill; pi++) {
+        double kl = acc_kl(&c->tf[pi]);
+        *kl_max = kl > *kl_max ? kl : *kl_max;
+        ok = ok && kl <= RULE_KL && acc_top1(&c->tf[pi]) >= RULE_TOP1;
+    }
+    for (int li = 0; li < o->n_passkey; li++)
+        ok = ok && within_noise(c->pk_hits[li], g->pk_full[li], o->depths);
+    for (int li = 0; li < o->n_niah; li++)
+        for (int m = 0; m < 2; m++)
+            ok = ok && within_noise(c->niah_hits[li][m], g->niah_full[li][m], o->trials);
+    return ok;
+}
+
+static double cell_bytes(const opts *o, const grid_result *g, int t, const grid_cell *c)
+{
+    double kept = (double)c->n_keep[0] / o->prefill[0];
+    return kept * g->bytes[t] + (o->exempt > 0 ? g->bytes[t] / e_fold(o, g) : 0.0);
+}
+
+static void report_rule(sbuf *s, const opts *o, const grid_result *g)
+{
+    int bt = -1, br = -1;
+    double best_bytes = 0, best_kl = 0;
+    for (int t = 0; t < o->n_dtypes; t++)
+        for (int ri = 0; ri < o->n_ratios; ri++) {
+            double kl, b = cell_bytes(o, g, t, &g->c[t][ri]);
+            if (!rule_holds(o, g, &g->c[t][ri], &kl))
+                continue;
+            if (bt < 0 || b < best_bytes - 1e-9 || (b < best_bytes + 1e-9 && kl < best_kl))
+                bt = t, br = ri, best_bytes = b, best_kl = kl;
+        }
+    sb_printf(s, "Rule (KL <= %.2f nats/token and top-1 >= %.0f %% at every P, every retrieval "
+                 "column within two standard errors of the whole cache's, fewest bytes): ",
+              RULE_KL, 100.0 * RULE_TOP1);
+    if (bt < 0)
+        sb_printf(s, "no cell qualifies.\n\n");
+    else
+        sb_printf(s, "%s at keep %.1f, %.3f of f16's bytes per prompt token (KL %.4f).\n\n",
+                  dt_name(o->dtypes[bt]), o->ratios[br], best_bytes, best_kl);
 }
 
 static void report_grid(sbuf *s, const opts *o, const grid_result *g)
@@ -1539,6 +1453,13 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
     if (o->n_passkey > 0)
         sb_printf(s, " Passkey: keys given back (a 5-7 digit key at %d depths), with the whole "
                      "cache's own score in the header.", o->depths);
+    if (o->n_niah > 0)
+        sb_printf(s, " Needles: of %d prompts per length (mean length in tokens in the header), "
+                     "those answered with the asked value; %d needles (a 7-digit number for a "
+                     "word) at spread depths of the text, one asked for, the question read "
+                     "before the compaction (aware) or after it (agnostic, as a parked turn's "
+                     "next question is); the whole cache's own score in the header.",
+                  o->trials, o->needles);
     sb_printf(s, " %.0f s.\n\n", g->seconds);
     if (o->chat > 0)
         sb_printf(s, "Chat noise floor: the whole cache with each prompt generated alone instead "
@@ -1552,26 +1473,32 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
         sb_printf(s, " chat |");
     for (int li = 0; li < o->n_passkey; li++)
         sb_printf(s, " passkey %d (full %d/%d) |", o->passkey[li], g->pk_full[li], o->depths);
+    for (int li = 0; li < o->n_niah; li++)
+        for (int m = 0; m < 2; m++)
+            sb_printf(s, " needles %.0f %s (full %d/%d) |", g->niah_len[li], m ? "agnostic" : "aware",
+                      g->niah_full[li][m], o->trials);
     sb_printf(s, "\n|---|---|---|");
     for (int pi = 0; pi < o->n_prefill; pi++)
         sb_printf(s, "---|---|");
     if (o->chat > 0)
         sb_printf(s, "---|");
-    for (int li = 0; li < o->n_passkey; li++)
+    for (int li = 0; li < o->n_passkey + 2 * o->n_niah; li++)
         sb_printf(s, "---|");
     sb_printf(s, "\n");
     for (int t = 0; t < o->n_dtypes; t++)
         for (int ri = 0; ri < o->n_ratios; ri++) {
             const grid_cell *c = &g->c[t][ri];
-            double kept = (double)c->n_keep[0] / o->prefill[0];
             sb_printf(s, "| %s | %.1f | %.3f |", dt_name(o->dtypes[t]), o->ratios[ri],
-                      kept * g->bytes[t] + (o->exempt > 0 ? g->bytes[t] / e_fold(o, g) : 0.0));
+                      cell_bytes(o, g, t, c));
             for (int pi = 0; pi < o->n_prefill; pi++)
                 sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
             if (o->chat > 0)
                 sb_printf(s, " %d/%d / %.1f |", c->chat_ident, g->chat_n, c->chat_prefix);
             for (int li = 0; li < o->n_passkey; li++)
                 sb_printf(s, " %d/%d |", c->pk_hits[li], o->depths);
+            for (int li = 0; li < o->n_niah; li++)
+                for (int m = 0; m < 2; m++)
+                    sb_printf(s, " %d/%d |", c->niah_hits[li][m], o->trials);
             sb_printf(s, "\n");
         }
     if (o->early > 0) /* the early switch: teacher-forced columns only */
@@ -1585,11 +1512,12 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                     sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
                 if (o->chat > 0)
                     sb_printf(s, " - |");
-                for (int li = 0; li < o->n_passkey; li++)
+                for (int li = 0; li < o->n_passkey + 2 * o->n_niah; li++)
                     sb_printf(s, " - |");
                 sb_printf(s, "\n");
             }
     sb_printf(s, "\n");
+    report_rule(s, o, g);
 }
 
 static int run_grid(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *err, size_t errsz)
@@ -1609,6 +1537,8 @@ static int run_grid(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *
         rc = grid_chat(e, text, n_text, g, err, errsz);
     for (int li = 0; li < o->n_passkey && !rc; li++)
         rc = grid_passkey(e, li, g, err, errsz);
+    for (int li = 0; li < o->n_niah && !rc; li++)
+        rc = grid_niah(e, text, n_text, li, g, err, errsz);
     g->seconds = dp_now() - t0;
     if (!rc)
         report_grid(md, o, g);
@@ -1867,7 +1797,8 @@ static void usage(void)
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
             "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,kivi2,kivi4v8] [--kivi-group 32]\n"
             "                       [--scorer snapkv]\n"
-            "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]]\n"
+            "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]\n"
+            "                       [--niah 1024,2048,4096,6144] [--trials 12] [--needles 4]]\n"
             "               [--budget 128,256,512 [--keep 0.5]]   (decode-budget tables)\n"
             "               [--markdown FILE [--tag NAME]]\n");
 }
@@ -1897,6 +1828,10 @@ int main(int argc, char **argv)
               .passkey = {512, 1024, 2048, 4096},
               .n_passkey = 4,
               .depths = 10,
+              .niah = {1024, 2048, 4096, 6144},
+              .n_niah = 4,
+              .trials = 12,
+              .needles = 4,
               .scorer = DP_SCORER_SNAPKV,
               .keep = 0.5f};
     bool ratios_set = false;
@@ -1935,7 +1870,13 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--decode-kv-types"))
             bad = (o.n_dtypes = parse_kv_types(v, o.dtypes)) <= 0;
         else if (!strcmp(a, "--passkey"))
-            bad = !strcmp(v, "0") ? (o.n_passkey = 0, 0) : (o.n_passkey = parse_list_i(v, o.passkey, 8)) <= 0;
+            bad = !strcmp(v, "0") ? (o.n_passkey = 0, 0) : (o.n_passkey = parse_list_i(v, o.passkey, MAX_LENS)) <= 0;
+        else if (!strcmp(a, "--niah"))
+            bad = !strcmp(v, "0") ? (o.n_niah = 0, 0) : (o.n_niah = parse_list_i(v, o.niah, MAX_LENS)) <= 0;
+        else if (!strcmp(a, "--trials"))
+            bad = (o.trials = atoi(v)) < 1 || o.trials > 64;
+        else if (!strcmp(a, "--needles"))
+            bad = (o.needles = atoi(v)) < 1 || o.needles > 8;
         else if (!strcmp(a, "--depths"))
             bad = (o.depths = atoi(v)) < 1 || o.depths > 16;
         else if (!strcmp(a, "--scorer")) {

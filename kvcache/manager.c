@@ -1155,6 +1155,10 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
                  int32_t tail, bool busy, int32_t *reused)
 {
+    /* A swapped-out cache comes back through kv_mgr_swap_in, as it left:
+     * admitted from its tokens, its copy would be lost. */
+    if (kv->swapped.buf)
+        return DP_EINVAL;
     /* The next turn of a conversation whose previous turn's compact cache
      * is parked continues it: nothing of its history is computed again. */
     int rc = park_resume(m, kv, tokens, n_tokens, tail, busy, reused);

@@ -257,8 +257,8 @@ bool kv_mgr_can_fit(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, i
  * does not stays on the prefill path and switches at its prompt's end. */
 bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv);
 
-/* Admits a sequence holding tokens[0..n_tokens): a swapped-out one comes
- * back as it left (kv_mgr_swap_in); one whose tokens continue a parked turn
+/* Admits a sequence holding tokens[0..n_tokens) (a swapped-out one comes
+ * back through kv_mgr_swap_in instead: DP_EINVAL here); one whose tokens continue a parked turn
  * takes that cache (kv_mgr_park) and is on the decode path, with room for
  * the rest of its prompt there; otherwise the longest cached prefix of
  * tokens[0..n_tokens - tail) is taken back (tail >= 1 leaves the last tokens

@@ -1,5 +1,6 @@
 /* pool.c: block allocation with reference counts and an LRU free list.
  * All operations are O(1) except table growth; the engine thread owns a pool. */
+#include <assert.h>
 #include "pool.h"
 
 #include <stdlib.h>
@@ -107,6 +108,10 @@ void kv_pool_ref(dp_kv_pool *p, int32_t block)
 
 void kv_pool_unref(dp_kv_pool *p, int32_t block)
 {
+    /* A reference nobody holds: the bookkeeping is wrong somewhere. A debug
+     * build stops here, where it shows; a release build leaves the block
+     * free rather than corrupt the free list. */
+    assert(p->refcnt[block] > 0);
     if (p->refcnt[block] == 0 || --p->refcnt[block] > 0)
         return;
     link_free(p, block);

@@ -12,6 +12,7 @@
  *     nobody references;
  *   - the decode promises of the sequences add up to the manager's, and the
  *     blocks that are free or that dropping parked turns would free cover them;
+ *   - the swap space's bytes are those of the swapped-out and spilled copies;
  * and when everything has ended, every block but the parked turns' is free
  * and nothing is promised. The seed is fixed (DP_PROP_SEED overrides it,
  * DP_PROP_STEPS the length) so that a failure reproduces. */
@@ -107,17 +108,22 @@ static void check(world *w)
     int32_t *pcnt = calloc((size_t)m->pool.n_blocks, sizeof *pcnt);
     int32_t *dcnt = split ? calloc((size_t)m->dpool->n_blocks, sizeof *dcnt) : pcnt;
     CHECK(pcnt && dcnt);
-    int64_t promised = 0;
+    int64_t promised = 0, swapped = 0;
     for (int i = 0; i < N_SEQ; i++) {
         if (w->s[i].st == FREE)
             continue;
         count_seq(m, pcnt, dcnt, &w->s[i].kv);
         promised += w->s[i].kv.decode_reserve;
+        swapped += w->s[i].kv.swapped.n_blocks;
     }
     for (int32_t i = 0; i < m->n_parked; i++) {
         count_seq(m, pcnt, dcnt, &m->parked[i].kv);
         promised += m->parked[i].kv.decode_reserve;
+        swapped += m->parked[i].kv.swapped.n_blocks;
     }
+    /* The swap space holds the copies of swapped-out and spilled caches. */
+    if (m->has_swap)
+        CHECK_EQ_INT(m->swap.used_bytes, swapped * (int64_t)m->swap.block_bytes);
     for (int32_t i = 0; m->dpx.e && i < m->dpx.max_entries; i++) {
         const dp_dprefix_entry *x = &m->dpx.e[i];
         if (x->name)

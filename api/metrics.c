@@ -188,6 +188,9 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->swap_ins);
     family(b, "dualpath_swap_bytes", "gauge", "Host memory held by swapped-out decode-path caches.");
     tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->swap_bytes);
+    family(b, "dualpath_swap_space_bytes", "gauge",
+           "Host memory of the swap space, allocated at start-up (swap_space; 0: none).");
+    tb_printf(b, "dualpath_swap_space_bytes %lld\n", (long long)st->swap_space_bytes);
     family(b, "dualpath_parked_host_bytes", "gauge",
            "Host memory of the swap space held by kept turns' caches (given up first when a "
            "preempted sequence needs it).");

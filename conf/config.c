@@ -147,6 +147,9 @@ static const opt_desc options[] = {
      OPT_POW2, GROUP_KV, NULL, "tokens per decode-pool block, a power of two [kvcache]"},
     {"host_tier_bytes", DP_CONF_SIZE, F(host_tier_bytes), "0", 0, 64 * TIB, NULL, NULL, 0,
      GROUP_KV, NULL, "host memory keeping evicted prefixes for later turns; 0 = off [kvcache]"},
+    {"swap_space", DP_CONF_SIZE, F(swap_space), "4GiB", 0, 64 * TIB, NULL, NULL, 0, GROUP_KV,
+     NULL, "host memory for preempted decode-path caches, taken at start-up; 0 = recompute "
+     "[kvcache]"},
     {"prefix_cache", DP_CONF_BOOL, F(prefix_cache), "true", 0, 0, NULL, NULL, 0, GROUP_KV, NULL,
      "reuse prefill blocks of earlier prompts (the next turn of a chat) [kvcache]"},
     {"kv_cache_type", DP_CONF_ENUM, F(kv_cache_type), "f16", 0, 0, kv_types, NULL, 0, GROUP_KV, NULL,

@@ -70,6 +70,7 @@ typedef struct dp_config {
     int block_tokens;
     int decode_block_tokens;
     uint64_t host_tier_bytes;
+    uint64_t swap_space;
     bool prefix_cache;
     int kv_cache_type;      /* dp_kv_type: 0 f32, 1 f16, 2 q8_0, 3 q4_0 */
 

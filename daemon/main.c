@@ -44,6 +44,7 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
                         : c->decode_kv_type == 1 ? ENGINE_DECODE_KV_SAME
                                                  : c->decode_kv_type - 2;
     e->host_tier_bytes = (int64_t)c->host_tier_bytes;
+    e->swap_bytes = (int64_t)c->swap_space;
     e->gpu_memory_fraction = c->gpu_memory_fraction;
 }
 

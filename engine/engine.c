@@ -160,6 +160,7 @@ void engine_opts_default(dp_engine_opts *o)
     /* As llama.cpp keeps it: half the bytes of f32 per token. */
     o->kv_type = DP_KV_F16;
     o->decode_kv_type = ENGINE_DECODE_KV_AUTO;
+    o->swap_bytes = (int64_t)4 << 30;
 }
 
 int32_t engine_context_length(const dp_engine *e) { return e->ctx_len; }
@@ -792,7 +793,7 @@ static bool has_twin(dp_engine *e, const eng_seq *es)
     for (const eng_seq *o = e->live; o; o = o->next) {
         const dp_seq *t = o->seq;
         if (o != es && kv_seq_same_compaction(&t->kv, &s->kv) && t->kv.path == DP_PATH_PREFILL &&
-            !t->kv.swapped.buf &&
+            !t->kv.swapped.slots &&
             t->n_prompt == s->n_prompt &&
             memcmp(t->tokens, s->tokens, (size_t)s->n_prompt * sizeof *s->tokens) == 0)
             return true;
@@ -1372,7 +1373,7 @@ static void update_gauges(dp_engine *e)
     dp_kv_mgr *m = &e->kv;
     int32_t on_decode = 0, decode_held = 0, exempt = 0;
     for (eng_seq *es = e->live; es; es = es->next)
-        if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.buf) {
+        if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.slots) {
             on_decode++;
             /* Blocks it holds by reference stay the prefill path's, or
              * are a decode-pool share's, counted once below. */
@@ -1419,6 +1420,7 @@ static void update_gauges(dp_engine *e)
     e->stats.swap_ins = m->has_swap ? m->swap.ins - m->park_restores : 0;
     const int64_t parked_host = m->has_swap ? (int64_t)kv_mgr_parked_host_bytes(m) : 0;
     e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes - parked_host : 0;
+    e->stats.swap_space_bytes = m->has_swap ? (int64_t)m->swap.cap_bytes : 0;
     e->stats.parked_host_bytes = parked_host;
     e->stats.decode_recomputes = m->decode_recomputes;
     e->stats.recompressions_staged = m->staged_recompressions;
@@ -1642,6 +1644,20 @@ static void log_memory_plan(dp_engine *e)
            m->dual ? m->dbt : 0, dm);
 }
 
+/* Host memory beside the KV arena: it counts in the machine's memory (on
+ * the CPU, the same RAM as the arena), so it is said at start-up. */
+static void log_host_plan(const dp_engine *e)
+{
+    const dp_kv_mgr *m = &e->kv;
+    if (!m->has_swap && !m->has_host)
+        return;
+    dp_log(DP_LOG_INFO, "engine: host memory: swap space %.0f MiB%s, host tier %.0f MiB",
+           m->has_swap ? MIB((double)m->swap.cap_bytes) : 0.0,
+           m->has_swap ? (m->swap.pinned ? " (pinned)" : "") : " (none: preempted sequences are "
+                                                                "recomputed)",
+           m->has_host ? MIB((double)m->host.cap * (double)m->host.block_bytes) : 0.0);
+}
+
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                 const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
                 size_t errsz)
@@ -1712,6 +1728,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .budget_floor = opts->compress.sinks + opts->compress.window,
         .prefix_cache = opts->prefix_cache,
         .host_tier_bytes = opts->host_tier_bytes,
+        .swap_bytes = opts->swap_bytes,
         .reuse_replies = opts->reuse_replies,
         .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
         .head_dim = hp->head_dim,
@@ -1731,6 +1748,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
                dp_kv_type_name(ko.decode.type), e->kv.dbt);
     log_memory_plan(e);
+    log_host_plan(e);
     cap_context(e);
     /* The model's logits rows beyond one per sequence score prompts. */
     e->score_rows = llama_max_out(model) - opts->max_seqs;

@@ -51,6 +51,9 @@ typedef struct dp_engine_opts {
                                   * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: q8_0
                                   * over an f16 cache where the backend keeps it) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
+    int64_t swap_bytes;          /* the swap space of preempted decode-path caches, allocated
+                                  * at start-up (default 4 GiB, vLLM's swap_space; 0: none,
+                                  * a preempted sequence is recomputed) */
     bool device_sampling;        /* sample from the backend's logits_topk candidates, the
                                   * full row only for the requests and draws that need
                                   * it (default on; same tokens either way) */
@@ -151,6 +154,7 @@ typedef struct dp_engine_stats {
     double grammar_seconds;
     int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
     int64_t swap_bytes;       /* host memory the swapped caches hold now */
+    int64_t swap_space_bytes; /* the swap space, allocated at start-up (0: none) */
     int64_t parked_host_bytes; /* ... and the parked turns spilled there */
     int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */
     int64_t requests_finished[5]; /* indexed by dp_finish */

@@ -295,16 +295,26 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 rc = dp_err(err, errsz, rc, "out of memory");
                 goto fail;
             }
-            /* Preempted compact caches wait in host memory, up to four times
-             * what the decode path can hold (vLLM keeps a fixed swap space of a
-             * few GiB): each waiting sequence holds at most its own cache,
-             * and a refused swap-out falls back to a recompute that may
-             * change the sequence's continuation. In one arena the copies
-             * are of arena blocks, whatever type reads them. */
+            /* Preempted compact caches wait in the swap space (swap_bytes,
+             * allocated here once, as vLLM's swap_space): each waiting
+             * sequence holds at most its own cache, and a refused swap-out
+             * falls back to a recompute that may change the sequence's
+             * continuation. In one arena the copies are of arena blocks,
+             * whatever type reads them. */
             dp_kv_store *ss = m->shared ? m->store : m->dstore;
-            size_t dbytes = (size_t)n_dblocks * (m->shared ? m->prefill_block_bytes
-                                                           : m->decode_block_bytes);
-            m->has_swap = kv_swap_init(&m->swap, be, ss, m->dpool, 4 * dbytes) == 0;
+            rc = o->swap_bytes > 0 ? kv_swap_init(&m->swap, be, ss, m->dpool, (size_t)o->swap_bytes)
+                                   : DP_EINVAL;
+            if (rc == DP_ENOMEM) {
+                rc = dp_err(err, errsz, rc, "cannot allocate a swap space of %lld bytes "
+                            "(swap_space)", (long long)o->swap_bytes);
+                goto fail;
+            }
+            if (rc && o->swap_bytes > 0)
+                dp_log(DP_LOG_WARN, "kvcache: a swap space of %lld bytes holds no block of %zu "
+                       "bytes: preempted sequences are recomputed", (long long)o->swap_bytes,
+                       be->ops->kv_bytes_per_block(be, be->ops->kv_layout(be, ss)));
+            m->has_swap = rc == 0;
+            rc = 0;
         }
     }
     if (o->prefix_cache) {
@@ -845,7 +855,7 @@ static int32_t park_oldest(const dp_kv_mgr *m, bool spilled)
 {
     int32_t o = -1;
     for (int32_t i = 0; i < m->n_parked; i++)
-        if ((m->parked[i].kv.swapped.buf != NULL) == spilled &&
+        if ((m->parked[i].kv.swapped.slots != NULL) == spilled &&
             (o < 0 || m->parked[i].stamp < m->parked[o].stamp))
             o = i;
     return o;
@@ -931,7 +941,7 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
      * mig_pos + i in every head: a prefix of its tokens is a prefix of its
      * slots. */
     if (m->max_parked <= 0 || !m->dual || !kv->dual || kv->path != DP_PATH_DECODE ||
-        kv->swapped.buf || kv->recompressed || kv->mig_pos <= 0 || !tokens ||
+        kv->swapped.slots || kv->recompressed || kv->mig_pos <= 0 || !tokens ||
         n_computed < kv->mig_pos || kv->n_slots != kv->mig_keep + (n_computed - kv->mig_pos) ||
         (kv_seq_has_x(kv) && kv->x_n != n_computed))
         return false;
@@ -1089,7 +1099,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     const int32_t total = dblocks_for(m, &p.kv, (int64_t)slots + (n_tokens - c) + 1) +
                           xblocks_for(m, &p.kv, (int64_t)n_tokens + 1);
     const int32_t wm = busy ? kv_mgr_watermark(m) : 0;
-    const int32_t spilled = p.kv.swapped.buf ? p.kv.swapped.n_blocks : 0;
+    const int32_t spilled = p.kv.swapped.slots ? p.kv.swapped.n_blocks : 0;
     int rc = 0;
     if ((spilled > total ? spilled : total) > m->dpool->n_blocks) {
         /* Its new text does not fit the decode path beside its history:
@@ -1157,7 +1167,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
 {
     /* A swapped-out cache comes back through kv_mgr_swap_in, as it left:
      * admitted from its tokens, its copy would be lost. */
-    if (kv->swapped.buf)
+    if (kv->swapped.slots)
         return DP_EINVAL;
     /* The next turn of a conversation whose previous turn's compact cache
      * is parked continues it: nothing of its history is computed again. */
@@ -1812,7 +1822,7 @@ int kv_mgr_swap_out(dp_kv_mgr *m, dp_kv_seq *kv)
 
 int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
 {
-    if (!kv->swapped.buf)
+    if (!kv->swapped.slots)
         return DP_EINVAL;
     int64_t slots = (int64_t)kv->n_slots + 1;
     /* What the copy holds, or what the next token needs where that is more. */
@@ -1830,7 +1840,7 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
 
 void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed)
 {
-    if (!m->reuse_replies || !m->be || kv->path != DP_PATH_DECODE || kv->swapped.buf ||
+    if (!m->reuse_replies || !m->be || kv->path != DP_PATH_DECODE || kv->swapped.slots ||
         kv->recompressed || kv->mig_pos <= 0)
         return;
     /* A request's own decode type writes back only where it loses nothing

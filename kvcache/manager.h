@@ -117,6 +117,8 @@ typedef struct dp_kv_mgr_opts {
     int32_t budget_floor;        /* slots a recompression never goes below (sinks + window) */
     bool prefix_cache;
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
+    int64_t swap_bytes;          /* the swap space of preempted decode-path caches (0: none;
+                                  * a preempted sequence is then recomputed) */
     bool reuse_replies;          /* kv_mgr_keep_reply writes replies back (needs the prefix cache) */
     int32_t n_layers, n_kv_heads, n_heads, head_dim; /* the model, for scoring */
     /* A predicted early switch (kv_seq.early_end) comes at the first chunk

@@ -284,7 +284,7 @@ static bool admit(dp_sched *s, dp_seq *q)
      * behind that prefill. A server used by one conversation at a time
      * runs one sequence per step and stays idle between its turns. */
     const bool busy = s->run_head != NULL || q->next != NULL || s->last_items > 1;
-    if (q->kv.swapped.buf)
+    if (q->kv.swapped.slots)
         return kv_mgr_swap_in(s->kv, &q->kv, busy) == 0;
     if (shares_pending_prefix(s, q))
         return false;
@@ -350,7 +350,7 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
      *    is not overtaken by smaller ones behind it. */
     while (s->wait_head && budget > 0 && p->n_items < cap && s->n_running < cap) {
         dp_seq *q = s->wait_head;
-        bool swapped = q->kv.swapped.buf != NULL;
+        bool swapped = q->kv.swapped.slots != NULL;
         if (!admit(s, q))
             break;
         unlink_seq(&s->wait_head, &s->wait_tail, q);

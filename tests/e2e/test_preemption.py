@@ -47,6 +47,8 @@ def test_outputs_equal_alone_under_preemption():
         assert m["dualpath_decode_recomputes_total"] == 0
         assert m['dualpath_swaps_total{direction="in"}'] == m['dualpath_swaps_total{direction="out"}']
         assert m["dualpath_swap_bytes"] == 0
+        # The swap space (swap_space, 4 GiB by default) was taken at start-up.
+        assert (4 << 30) - (1 << 20) < m["dualpath_swap_space_bytes"] <= 4 << 30
         for o in out:
             assert o["usage"]["completion_tokens"] == 160
     finally:

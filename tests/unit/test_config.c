@@ -122,6 +122,7 @@ static void test_table_and_defaults(void)
     CHECK_EQ_INT(c.window_tokens, 32);
     CHECK_EQ_INT(c.decode_budget, 0);
     CHECK_EQ_INT(c.host_tier_bytes, 0);
+    CHECK_EQ_INT(c.swap_space, (uint64_t)4 << 30);
     CHECK(c.gpu_memory_fraction == 0.9);
     CHECK_EQ_INT(c.default_max_tokens, 0);
     CHECK_MSG(config_validate(&c, err, sizeof err) == 0, "%s", err);
@@ -157,6 +158,7 @@ static void test_file_syntax(void)
         "listen = \"[::1]:9000\"\n"
         "kv_memory = 2GiB\n"
         "host_tier_bytes = 1.5G\n"
+        "swap_space = 256MiB\n"
         "max_body_bytes = 512KiB\n"
         "request_timeout = 500ms\n"
         "dualpath = off\n"
@@ -180,6 +182,7 @@ static void test_file_syntax(void)
     CHECK(!strcmp(c.listen, "[::1]:9000"));
     CHECK_EQ_INT(c.kv_memory, (uint64_t)2 << 30);
     CHECK_EQ_INT(c.host_tier_bytes, (uint64_t)3 << 29);
+    CHECK_EQ_INT(c.swap_space, (uint64_t)256 << 20);
     CHECK_EQ_INT(c.max_body_bytes, 512 << 10);
     CHECK_EQ_INT(c.request_timeout_ms, 500);
     CHECK(!c.dualpath && !c.watchdog && c.early_switch);

@@ -721,6 +721,46 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
            (long long)st.recompressions_staged);
 }
 
+/* swap_space: the default is allocated once at start-up (4 GiB in whole
+ * blocks); with none, a preempted decode-path cache is recomputed from its
+ * tokens, and every request still completes. */
+static void test_swap_space(world *w, req_spec *specs, int n, int32_t small_pool)
+{
+    static result res[MAXN];
+    dp_engine_opts o;
+    engine_opts_default(&o);
+    CHECK_EQ_INT(o.swap_bytes, (int64_t)4 << 30);
+    o.compress.keep_ratio = 0.5f;
+    o.compress.sinks = 2;
+    o.compress.window = 4;
+    o.n_blocks_decode = small_pool;
+    dp_engine_stats st;
+    for (int none = 0; none < 2; none++) {
+        o.swap_bytes = none ? 0 : (int64_t)4 << 30;
+        next_opts = o;
+        next_opts_set = defer_start = true;
+        dp_engine *e = start(w, 1024, 32);
+        defer_start = next_opts_set = false;
+        run_requests(e, specs, n, res, false, DP_DUALPATH_DEFAULT, &st);
+        engine_destroy(e);
+        for (int i = 0; i < n; i++)
+            CHECK_EQ_INT(res[i].n, specs[i].max_tokens);
+        CHECK(st.preemptions >= 5);
+        if (none) {
+            CHECK_EQ_INT(st.swap_space_bytes, 0);
+            CHECK_EQ_INT(st.swap_outs, 0);
+            CHECK_EQ_INT(st.decode_recomputes, st.preemptions);
+        } else {
+            CHECK(st.swap_space_bytes > ((int64_t)4 << 30) - (1 << 20) &&
+                  st.swap_space_bytes <= (int64_t)4 << 30);
+            CHECK_EQ_INT(st.swap_outs, st.preemptions);
+            CHECK_EQ_INT(st.decode_recomputes, 0);
+        }
+    }
+    printf("swap_space: %lld preemptions recomputed without a swap space\n",
+           (long long)st.decode_recomputes);
+}
+
 /* A quantized decode path in one arena with the prefill path: a block's
  * bytes hold 16 tokens in f16 on the prefill path, 30 in q8_0 and 56 in q4_0
  * on the decode path. Eight sequences whose prompts (40 tokens, kept to 20)
@@ -2265,6 +2305,7 @@ int main(void)
                 pre[i].prompt[k] = urand(w.vocab);
         }
         test_dualpath_preemption(&w, pre, 16, 12, false, -1, 0, "tiny dualpath preemption");
+        test_swap_space(&w, pre, 16, 12);
         for (int i = 0; i < 16; i++)
             pre[i].max_tokens = 120; /* more growth after the prompts: more pressure */
         test_dualpath_preemption(&w, pre, 16, 32, true, -1, 0, "tiny dualpath preemption (shared)");

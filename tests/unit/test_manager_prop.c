@@ -197,7 +197,7 @@ static void start(world *w, pseq *q)
 
 static void admit(world *w, pseq *q)
 {
-    const bool swapped = q->kv.swapped.buf != NULL;
+    const bool swapped = q->kv.swapped.slots != NULL;
     int32_t reused = 0;
     const bool busy = others_running(w, q);
     CHECK(!swapped || kv_mgr_admit(&w->m, &q->kv, q->tok, q->n_tokens, 1, busy, &reused) == DP_EINVAL);
@@ -334,6 +334,8 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
         .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
         .max_parked = su->dual ? 4 : 0, .exempt_layers = su->exempt,
         .decode_budget = su->budget, .budget_floor = 12,
+        /* A small swap space: it fills, and a preempted cache is recomputed. */
+        .swap_bytes = (int64_t)su->n_blocks * 4096,
     };
     o.decode = o.prefill;
     o.decode.type = su->dtype;

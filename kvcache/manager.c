@@ -13,6 +13,7 @@
 /* Parked turns (below) give their blocks back wherever blocks run short. */
 static void park_drop(dp_kv_mgr *m, int32_t i);
 static bool park_reclaim(dp_kv_mgr *m, int32_t need);
+static int scratch_reserve(dp_kv_mgr *m, dp_kv_dtype *d, int32_t n);
 int32_t kv_mgr_parked_blocks(dp_kv_mgr *m);
 
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
@@ -56,6 +57,14 @@ static void mgr_host_free(void *ud, void *p)
  * split prefill pool must hold one prompt of the full context or long
  * prompts could never be admitted: its share is raised to that when the
  * memory allows (the decode pool keeps the rest). */
+/* Blocks of bt tokens a staged recompression's kept rows take at most
+ * (recompress_staged): the slots a recompression keeps (0 without a decode
+ * budget). */
+static int32_t budget_scratch_blocks(const dp_kv_mgr *m, int32_t bt)
+{
+    return m->dual && m->budget_keep > 0 && bt > 0 ? (m->budget_keep + bt - 1) / bt : 0;
+}
+
 static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_blocks,
                         int32_t *n_dblocks)
 {
@@ -65,20 +74,24 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
     if (!m->be || (*n_blocks > 0 && (!split || *n_dblocks > 0)))
         return;
     const int64_t per = (int64_t)m->prefill_block_bytes, dper = (int64_t)m->decode_block_bytes;
+    /* A decode budget's staged recompressions gather their kept rows in a
+     * scratch store of budget_scratch_blocks (kv_mgr_init): its bytes come
+     * out of kv_bytes, as the arena's do. */
+    const int64_t kv_bytes = o->kv_bytes - (int64_t)budget_scratch_blocks(m, m->dbt) * dper;
     double fp = split ? o->prefill_fraction : 1.0;
     if (split && per > 0 && o->kv_bytes > 0) {
         int64_t ctx_blocks = ((int64_t)o->ctx_len + o->prefill.block_tokens - 1) /
                              o->prefill.block_tokens;
-        double floor_fp = (double)ctx_blocks * (double)per / (double)o->kv_bytes;
+        double floor_fp = (double)ctx_blocks * (double)per / (double)kv_bytes;
         if (fp < floor_fp && floor_fp < 0.9)
             fp = floor_fp;
     }
     if (*n_blocks <= 0) {
-        int64_t nb = per ? (int64_t)((double)o->kv_bytes * fp) / per : 0;
+        int64_t nb = per && kv_bytes > 0 ? (int64_t)((double)kv_bytes * fp) / per : 0;
         *n_blocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     }
     if (split && *n_dblocks <= 0) {
-        int64_t nb = dper ? (int64_t)((double)o->kv_bytes * (1.0 - fp)) / dper : 0;
+        int64_t nb = dper && kv_bytes > 0 ? (int64_t)((double)kv_bytes * (1.0 - fp)) / dper : 0;
         *n_dblocks = nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
     }
 }
@@ -275,6 +288,15 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     }
     if ((rc = dtypes_init(m, &dl, &l))) {
         rc = dp_err(err, errsz, rc, "out of memory");
+        goto fail;
+    }
+    /* The server's decode type's recompression scratch, now and once (its
+     * bytes are inside kv_bytes: plan_blocks); a type a request asks for
+     * takes its own at its first staged recompression. */
+    if (be && budget_scratch_blocks(m, m->dt[0].bt) > 0 &&
+        (rc = scratch_reserve(m, &m->dt[0], budget_scratch_blocks(m, m->dt[0].bt)))) {
+        rc = dp_err(err, errsz, rc, "engine: cannot allocate the decode budget's recompression "
+                    "scratch (%d blocks)", budget_scratch_blocks(m, m->dt[0].bt));
         goto fail;
     }
     if (o->dual && o->exempt_layers > 0 && be &&
@@ -1408,6 +1430,12 @@ static void note_compaction(dp_kv_seq *kv, const dp_kv_migration *g)
 static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
 {
     dp_kv_seq *kv = g->kv;
+    /* A prompt's end on the decode path (a resumed turn) already holds
+     * every slot it would keep: without free blocks it keeps its new text
+     * whole rather than stage a compaction as long as a context (the
+     * scratch holds a decode budget's recompression only). */
+    if (g->pos > 0)
+        return DP_ENOSPC;
     dp_kv_dtype *d = &m->dt[kv->dt];
     const int32_t nref = ref_slots(m, kv, kv->n_slots, g->n_keep), nb = nref / d->bt;
     const int32_t n_rows = g->n_keep - nref, nblk = dblocks_for(m, kv, n_rows);

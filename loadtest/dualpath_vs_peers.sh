@@ -37,12 +37,24 @@
 # BUDGET, default 256: replies are recompressed too), llama (llama-server,
 # f16 KV) and llama-q8_0
 # (-ctk q8_0 -ctv q8_0 with flash attention, its context raised to the same
-# bytes), llama-slots (llama-server with LLAMA_NP slots, default 4, each with
+# bytes), llama-slots (llama-server with LLAMA_NP slots, default SESSIONS, each with
 # its share of the same context: llama-server does not preempt, so with one
 # unified context a chat without max_tokens fails once the sequences outgrow
 # it, while slots of their own stop each reply at its slot's end),
 # llama-slots-q8_0 (the slots with a q8_0 KV and flash attention, its
 # context raised to the same bytes: size LLAMA_NP to the sessions).
+#
+# llama-np (llama-server with LLAMA_NP slots, default SESSIONS, in one
+# unified context: every slot may take what the others leave) and
+# llama-np-q8_0 (the same with a q8_0 KV and flash attention): the peer's
+# best configuration for SESSIONS multi-turn sessions.
+#
+# Equal total memory: dualpathd's swap space (SWAP_MIB, --swap-space,
+# default 0) is host memory beside its KV; llama-server has none, so its
+# context gets KV_MIB + SWAP_MIB. Each row also says the server's peak
+# resident memory (VmHWM, over all its workloads, weights included) and the
+# most host memory its swapped and parked caches held at once
+# (dualpath_swap_bytes + dualpath_parked_host_bytes, polled).
 #
 # Usage: loadtest/dualpath_vs_peers.sh [--kv-mib N] [--out FILE]
 # Environment: KV_MIB (default 64), CONC (default 32), REQS (default 64),
@@ -76,7 +88,8 @@ PORT=${DP_PORT:-8097}
 URL=http://127.0.0.1:$PORT
 work=$(mktemp -d /tmp/dp-vs-peers.XXXXXX)
 
-LLAMA_NP=${LLAMA_NP:-4}
+LLAMA_NP=${LLAMA_NP:-$SESSIONS}
+SWAP_MIB=${SWAP_MIB:-0}
 # llama-server's KV is f16 by default: bytes per token from the model's shape
 # (2 x layers x kv_heads x head_dim x 2 bytes); its context gets the same bytes.
 PY=${DP_CACHE:-$HOME/.cache/dualpath}/venv/bin/python
@@ -94,27 +107,33 @@ KH = v(a + ".attention.head_count_kv") if a + ".attention.head_count_kv" in r.fi
 print(2 * L * KH * (E // H) * 2)
 PYEOF
 )
-LLAMA_CTX=$(( KV_MIB * 1024 * 1024 / kv_tok_f16 ))
+LLAMA_CTX=$(( (KV_MIB + SWAP_MIB) * 1024 * 1024 / kv_tok_f16 ))
 # q8_0: 34 bytes per 32 values where f16 takes 64.
-LLAMA_CTX_Q8=$(( KV_MIB * 1024 * 1024 * 64 / (kv_tok_f16 * 34) ))
+LLAMA_CTX_Q8=$(( (KV_MIB + SWAP_MIB) * 1024 * 1024 * 64 / (kv_tok_f16 * 34) ))
 SERVERS=${SERVERS:-off on on-q8_0 on-q4_0 llama llama-q8_0}
 
 running_gauge() { # url -> the running-sequences gauge of either server
     curl -s "$1/metrics" | awk '/^dualpath_requests_running /{print $2} /^llamacpp:requests_processing /{print $2}' | head -1
 }
-poll_peak() { # url file: "max mean" of the gauge so far, until killed; every
-    # sample with its time in file.samples
-    local peak=0 sum=0 n=0 v
+gauges() { # url -> "running host_bytes" (host_bytes: swapped + parked caches; 0 for llama-server)
+    curl -s "$1/metrics" | awk '/^dualpath_requests_running /{r=$2} /^llamacpp:requests_processing /{r=$2}
+        /^dualpath_swap_bytes /{h+=$2} /^dualpath_parked_host_bytes /{h+=$2}
+        END {if (r != "") printf "%d %d\n", r, h}'
+}
+poll_peak() { # url file: "max mean max_host_bytes" of the gauges so far, until
+    # killed; every running sample with its time in file.samples
+    local peak=0 sum=0 n=0 hmax=0 v h
     : > "$2.samples"
     while :; do
-        v=$(running_gauge "$1"); v=${v%.*}
-        if [ -n "$v" ]; then
+        read -r v h < <(gauges "$1")
+        if [ -n "${v:-}" ]; then
             echo "$(date +%s.%N) $v" >> "$2.samples"
             [ "$v" -gt "$peak" ] && peak=$v
+            [ "$h" -gt "$hmax" ] && hmax=$h
             sum=$(( sum + v )); n=$(( n + 1 ))
             # Written aside and renamed: the poller is killed at any moment,
             # and a truncated file lost the cell's row.
-            echo "$peak $(( sum * 10 / n ))" > "$2.tmp" && mv -f "$2.tmp" "$2"
+            echo "$peak $(( sum * 10 / n )) $hmax" > "$2.tmp" && mv -f "$2.tmp" "$2"
         fi
         sleep 0.2
     done
@@ -134,7 +153,7 @@ wait_idle() { # url: until the previous cell's requests are gone (a client
 run_cell() { # label workload-args...
     local label=$1; shift
     wait_idle "$URL"
-    echo "0 0" > "$work/peak"
+    echo "0 0 0" > "$work/peak"
     poll_peak "$URL" "$work/peak" & local poller=$!
     local pre0; pre0=$(curl -s "$URL/metrics" | awk '/^dualpath_preemptions_total /{print $2}')
     local t0; t0=$(date +%s.%N)
@@ -148,7 +167,7 @@ run_cell() { # label workload-args...
         "$TURNS" >> "$work/rows" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-peak, mean10 = sys.argv[3].split()
+peak, mean10, host = sys.argv[3].split()
 # Multi-turn: the first cycle, until the first session has sent all its
 # turns (every session is then in its first conversation, at the same
 # turns on every server, whatever its speed): the mean of the gauge then,
@@ -172,11 +191,11 @@ if reqs:
             win = "%.1f" % (sum(samples) / len(samples))
         if done:
             wtok = "%.0f" % (sum(q["prompt_tokens"] for q in done) / len(done))
-print("| %s | %s | %.1f | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f |" % (
+print("| %s | %s | %.1f | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f | %.1f |" % (
       sys.argv[2], peak, int(mean10) / 10, win, wtok, r["streamed_output_throughput"],
       r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
       r["total_output_tokens"], r["total_input_tokens"] / max(1, r["completed"]), r["failed"],
-      r["duration"]))
+      r["duration"], int(host) / 2**20))
 PY
 }
 serve_and_run() { # name command...
@@ -197,11 +216,15 @@ serve_and_run() { # name command...
     case " $WORKLOADS " in *" multiturn-64 "*)
         run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
             --output-len 64 --ignore-eos -n 0 -c "$SESSIONS" ;; esac
+    # Peak resident memory over its workloads (weights, KV, swap, everything).
+    echo "| $name | $(awk '/^VmHWM/{printf "%.0f", $2 / 1024}' /proc/$pid/status 2>/dev/null) |" >> "$work/rss"
     kill -TERM $pid; wait $pid 2>/dev/null
 }
 : > "$work/rows"
-DP="$DAEMON --config= --model $MODEL --listen 127.0.0.1:$PORT --kv-memory ${KV_MIB}MiB --threads $THREADS"
+: > "$work/rss"
+DP="$DAEMON --config= --model $MODEL --listen 127.0.0.1:$PORT --kv-memory ${KV_MIB}MiB --swap-space ${SWAP_MIB}MiB --threads $THREADS"
 LS="$LLAMA_BIN/llama-server -m $MODEL --host 127.0.0.1 --port $PORT -t $THREADS -np $CONC --kv-unified --metrics"
+LS_NP="$LLAMA_BIN/llama-server -m $MODEL --host 127.0.0.1 --port $PORT -t $THREADS -np $LLAMA_NP --kv-unified --metrics"
 for s in $SERVERS; do
     case "$s" in
         off) serve_and_run "dualpathd-off" $DP --no-dualpath ;;
@@ -215,6 +238,9 @@ for s in $SERVERS; do
         on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
         llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;
         llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;
+        llama-np) serve_and_run "llama-server-np$LLAMA_NP-unified" $LS_NP -c "$LLAMA_CTX" ;;
+        llama-np-q8_0) serve_and_run "llama-server-np$LLAMA_NP-unified-q8_0" $LS_NP -c "$LLAMA_CTX_Q8" \
+            -ctk q8_0 -ctv q8_0 -fa on ;;
         llama-slots) serve_and_run "llama-server-np$LLAMA_NP" "$LLAMA_BIN/llama-server" -m "$MODEL" \
             --host 127.0.0.1 --port "$PORT" -t "$THREADS" -np "$LLAMA_NP" --metrics -c "$LLAMA_CTX" ;;
         llama-slots-q8_0) serve_and_run "llama-server-np$LLAMA_NP-q8_0" "$LLAMA_BIN/llama-server" \
@@ -224,12 +250,16 @@ for s in $SERVERS; do
     esac
 done
 {
-    echo "KV bytes for each server: ${KV_MIB} MiB (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot, $(( LLAMA_CTX_Q8 / LLAMA_NP )) in q8_0);"
+    echo "Total memory for each server: ${KV_MIB} MiB of KV + ${SWAP_MIB} MiB of swap space for dualpathd; $(( KV_MIB + SWAP_MIB )) MiB of KV for llama-server (llama-server: f16 KV, -c $LLAMA_CTX tokens; q8_0 KV, -c $LLAMA_CTX_Q8; -np $CONC --kv-unified; llama-server-np$LLAMA_NP: -np $LLAMA_NP, $(( LLAMA_CTX / LLAMA_NP )) tokens per slot, $(( LLAMA_CTX_Q8 / LLAMA_NP )) in q8_0);"
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per chat run, ${MT_CELL_S} s per multi-turn run."
     echo
-    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | mean concurrent seqs, first cycle | mean prompt tokens, first cycle | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | mean concurrent seqs, first cycle | mean prompt tokens, first cycle | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s | peak swapped + parked host MiB |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
+    echo
+    echo "| server | peak resident MiB (VmHWM, all its workloads) |"
+    echo "|---|---|"
+    cat "$work/rss"
 } | tee ${OUT:+"$OUT"}
 echo "logs and JSON in $work" >&2

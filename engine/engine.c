@@ -152,7 +152,7 @@ void engine_opts_default(dp_engine_opts *o)
     o->prefill_fraction = 0.25;
     o->decode_block_tokens = 16;
     /* The defaults docs/dualpath.md's quality tables justify. */
-    o->compress = (dp_compress_opts){.scorer = DP_SCORER_SNAPKV, .keep_ratio = 0.9f, .sinks = 4, .window = 32};
+    o->compress = (dp_compress_opts){.scorer = DP_SCORER_SNAPKV, .keep_ratio = 1.0f, .sinks = 4, .window = 32};
     o->prefix_cache = true;
     o->reuse_replies = true;
     o->resume_turns = true;

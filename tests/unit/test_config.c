@@ -117,7 +117,7 @@ static void test_table_and_defaults(void)
     CHECK(c.prefill_pool_fraction == 0.25);
     CHECK(c.dualpath && c.watchdog && !c.early_switch);
     CHECK_EQ_INT(c.scorer, DP_CONF_SCORER_SNAPKV);
-    CHECK(c.keep_ratio == 0.9);
+    CHECK(c.keep_ratio == 1.0);
     CHECK_EQ_INT(c.sink_tokens, 4);
     CHECK_EQ_INT(c.window_tokens, 32);
     CHECK_EQ_INT(c.decode_budget, 0);

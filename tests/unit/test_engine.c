@@ -906,6 +906,7 @@ static void test_shared_prompt(world *w)
         o.n_blocks = 256;
         o.n_blocks_decode = mode == 1 ? 256 : 0;
         o.decode_kv_type = ENGINE_DECODE_KV_SAME;
+        o.compress.keep_ratio = 0.9f; /* a compaction that evicts: 135 of 150 kept */
         dp_engine_stats st, one;
         static result alone[1];
         run_with(w, &o, sp, 1, alone, &one, DP_DUALPATH_DEFAULT);

@@ -32,7 +32,11 @@
 # (later chat turns always compressed / never: --compress-turns always |
 # never; the default, auto, compresses them when memory binds), on-q8_0
 # and on-q4_0 (dualpath
-# with a quantized decode path), on-q8_0-full (the same at keep_ratio 1:
+# with a quantized decode path), on-evict (--keep-ratio 0.9: SnapKV evicts a
+# tenth of each prompt), on-no-park (--no-resume-turns: a finished
+# turn's compact cache is not kept for the next turn), on-no-swap
+# (--swap-space 0: a preempted decode-path sequence is recomputed),
+# on-q8_0-full (the same at keep_ratio 1:
 # quantized, nothing evicted), on-budget (dualpath with decode_budget =
 # BUDGET, default 256: replies are recompressed too), llama (llama-server,
 # f16 KV) and llama-q8_0
@@ -235,6 +239,9 @@ for s in $SERVERS; do
         on-turns) serve_and_run "dualpathd-on-turns-always" $DP --compress-turns always ;;
         on-whole-turns) serve_and_run "dualpathd-on-turns-never" $DP --compress-turns never ;;
         on-budget) serve_and_run "dualpathd-on-budget${BUDGET:-256}" $DP --decode-budget "${BUDGET:-256}" ;;
+        on-evict) serve_and_run "dualpathd-on-keep0.9" $DP --keep-ratio 0.9 ;;
+        on-no-park) serve_and_run "dualpathd-on-no-resume-turns" $DP --no-resume-turns ;;
+        on-no-swap) serve_and_run "dualpathd-on-no-swap" ${DP/--swap-space ${SWAP_MIB}MiB/--swap-space 0} ;;
         on-q8_0-full) serve_and_run "dualpathd-on-q8_0-keep1" $DP --decode-kv-type q8_0 --keep-ratio 1 ;;
         llama) serve_and_run "llama-server" $LS -c "$LLAMA_CTX" ;;
         llama-q8_0) serve_and_run "llama-server-q8_0" $LS -c "$LLAMA_CTX_Q8" -ctk q8_0 -ctv q8_0 -fa on ;;

@@ -594,7 +594,8 @@ def test_early_switch_scores_with_snapkv():
     random words has its kept set measured (SnapKV too) at
     the chunk ends past min_tokens."""
     import random
-    d = Daemon(["--early-switch"], log_name="dualpathd-early")
+    # Keep 0.9 (the default keeps every token): the tail's compaction evicts.
+    d = Daemon(["--early-switch", "--keep-ratio", "0.9"], log_name="dualpathd-early")
     try:
         ticket = ("Ticket {n}: the customer reports that the printer on floor 3 shows error "
                   "E-{e} after a paper jam. Status: open. Priority: normal. ")

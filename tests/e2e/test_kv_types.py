@@ -38,7 +38,10 @@ def chat(d, content, **extra):
 
 @pytest.fixture(scope="module", params=["q8_0", "q4_0"])
 def quantized(request):
-    d = Daemon(extra=["--decode-kv-type", request.param], log_name=f"dualpathd-{request.param}")
+    # Keep 0.9 (the default keeps every token): the bytes of what is kept
+    # and evicted both show.
+    d = Daemon(extra=["--decode-kv-type", request.param, "--keep-ratio", "0.9"],
+               log_name=f"dualpathd-{request.param}")
     yield request.param, d
     assert d.stop() == 0
 

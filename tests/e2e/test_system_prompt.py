@@ -36,8 +36,9 @@ QUESTIONS = ["When do you open on Saturday?", "How many books can I borrow?",
 @pytest.fixture(scope="module")
 def dual():
     """A daemon whose decode path is f16, as its prefill path: a decode table
-    holds the prefill blocks of a system prompt by reference."""
-    d = Daemon(extra=["--decode-kv-type", "same"])
+    holds the prefill blocks of a system prompt by reference. It evicts (keep
+    0.9; the default keeps every token), so that what is kept whole shows."""
+    d = Daemon(extra=["--decode-kv-type", "same", "--keep-ratio", "0.9"])
     yield d.url
     assert d.stop() == 0
 

@@ -1390,16 +1390,21 @@ static int scratch_reserve(dp_kv_mgr *m, dp_kv_dtype *d, int32_t n)
 {
     if (n <= d->rscratch_blocks)
         return 0;
-    if (d->rscratch)
-        m->be->ops->kv_destroy(m->be, d->rscratch);
-    d->rscratch = NULL;
-    d->rscratch_blocks = 0;
+    /* The new store first: where it cannot be had, the one allocated at
+     * start-up stays for the recompressions it holds. (A prefix copied
+     * rather than held by reference makes a recompression keep more than
+     * the budget: the scratch grows then, outside kv_memory.) */
     dp_kv_layout l = d->layout;
     l.n_blocks = n;
-    int rc = m->be->ops->kv_create(m->be, &l, &d->rscratch);
-    if (rc == 0)
-        d->rscratch_blocks = n;
-    return rc;
+    dp_kv_store *s = NULL;
+    int rc = m->be->ops->kv_create(m->be, &l, &s);
+    if (rc)
+        return rc;
+    if (d->rscratch)
+        m->be->ops->kv_destroy(m->be, d->rscratch);
+    d->rscratch = s;
+    d->rscratch_blocks = n;
+    return 0;
 }
 
 /* What a decode-path compaction leaves: at a prompt's end (g->pos), its

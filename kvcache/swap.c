@@ -19,7 +19,9 @@ int kv_swap_init(dp_kv_swap *s, dp_backend *be, dp_kv_store *store, dp_kv_pool *
     s->block_bytes = be->ops->kv_bytes_per_block(be, l);
     s->block_tokens = l->block_tokens;
     size_t n = s->block_bytes ? cap_bytes / s->block_bytes : 0;
-    if (n == 0 || n > INT32_MAX)
+    if (n > INT32_MAX)
+        n = INT32_MAX; /* the slot pool's limit */
+    if (n == 0)
         return DP_EINVAL;
     s->cap_bytes = n * s->block_bytes;
     /* Pinned where the backend has it; where pinning so much fails, plain

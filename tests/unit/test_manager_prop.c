@@ -122,8 +122,10 @@ static void check(world *w)
         swapped += m->parked[i].kv.swapped.n_blocks;
     }
     /* The swap space holds the copies of swapped-out and spilled caches. */
-    if (m->has_swap)
+    if (m->has_swap) {
         CHECK_EQ_INT(m->swap.used_bytes, swapped * (int64_t)m->swap.block_bytes);
+        CHECK_EQ_INT(kv_pool_n_used(&m->swap.slots), swapped);
+    }
     for (int32_t i = 0; m->dpx.e && i < m->dpx.max_entries; i++) {
         const dp_dprefix_entry *x = &m->dpx.e[i];
         if (x->name)

@@ -820,6 +820,19 @@ static bool small_lists(const dp_engine *e, int32_t n_keep)
     return (int64_t)hp->n_layers * hp->n_kv_heads * n_keep * (int64_t)sizeof(int32_t) <= 256 * 1024;
 }
 
+/* A prompt's end on the decode path that keeps what it has (already at or
+ * below its target, or no free blocks for its compaction): its usage. */
+static void note_kept_as_is(dp_engine *e, eng_seq *es)
+{
+    es->tokens_kept = es->seq->kv.n_slots;
+    es->tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
+    note_kv_bytes(e, es);
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats.tokens_kept += es->tokens_kept;
+    e->stats.tokens_evicted += es->tokens_evicted;
+    pthread_mutex_unlock(&e->stats_mu);
+}
+
 /* Compacts each sequence's cache into the decode pool through the KV
  * manager (one backend call per source pool), with the queries this step
  * captured where the kind scores with them, and records what happened. */
@@ -850,8 +863,11 @@ static void compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_
         const dp_kv_migration *g = &e->mig[i];
         if (g->lost)
             finish_seq(e, es, DP_FINISH_ERROR, "its KV cache was lost in a recompression", false);
-        if (g->rc)
+        if (g->rc) {
+            if (kind == DP_COMPACT_PROMPT_END && !g->lost)
+                note_kept_as_is(e, es); /* no free blocks: its new text stays whole */
             continue;
+        }
         if (g->scorer != g->kv->copts.scorer) {
             fallbacks++;
             dp_log(DP_LOG_DEBUG, "engine: request %llu: %s scored by %s (no captured queries)",
@@ -900,13 +916,7 @@ static void end_prompts_on_decode(dp_engine *e, eng_seq **list, int32_t n, const
             list[k++] = es;
             continue;
         }
-        es->tokens_kept = es->seq->kv.n_slots;
-        es->tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
-        note_kv_bytes(e, es);
-        pthread_mutex_lock(&e->stats_mu);
-        e->stats.tokens_kept += es->tokens_kept;
-        e->stats.tokens_evicted += es->tokens_evicted;
-        pthread_mutex_unlock(&e->stats_mu);
+        note_kept_as_is(e, es);
     }
     if (k > 0)
         compact_seqs(e, list, k, DP_COMPACT_PROMPT_END, q, q_stride);

@@ -268,6 +268,8 @@ static void load_main(void *arg)
                                 sizeof e2);
         if (c->load_rc)
             snprintf(c->load_err, sizeof c->load_err, "cannot load model %.200s: %s", o->model, e2);
+        else /* the backend holds its own copy of every weight */
+            gguf_drop_tensor_pages(c->g);
     }
     if (!c->load_rc) {
         notify_send("STATUS=starting the engine");

@@ -550,6 +550,16 @@ void gguf_close(dp_gguf *g)
     memset(g, 0, sizeof *g);
 }
 
+void gguf_drop_tensor_pages(const dp_gguf *g)
+{
+    if (!g || !g->mapped || !g->base)
+        return;
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t from = ((size_t)g->data_offset + page - 1) / page * page;
+    if (from < g->size)
+        (void)madvise((void *)(g->base + from), g->size - from, MADV_DONTNEED);
+}
+
 bool gguf_str_eq(dp_gguf_str s, const char *c)
 {
     size_t n = strlen(c);

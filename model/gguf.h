@@ -77,6 +77,13 @@ int gguf_open_mem(dp_gguf *g, const void *data, size_t size, char *err, size_t e
 
 void gguf_close(dp_gguf *g);
 
+/* Gives back the resident pages of a mapped file's tensor data once a
+ * backend has its own copy of every weight (llama_init): they are file
+ * pages, dropped from the process, read again from the file should
+ * anything touch them (the metadata before them stays). A buffer the
+ * caller owns is left as it is. */
+void gguf_drop_tensor_pages(const dp_gguf *g);
+
 const dp_gguf_kv *gguf_find_kv(const dp_gguf *g, const char *key);
 const dp_gguf_tensor *gguf_find_tensor(const dp_gguf *g, const char *name);
 

@@ -733,16 +733,14 @@ static void test_swap_space(world *w, req_spec *specs, int n, int32_t small_pool
     o.compress.keep_ratio = 0.5f;
     o.compress.sinks = 2;
     o.compress.window = 4;
+    o.n_blocks = 1024;
     o.n_blocks_decode = small_pool;
     dp_engine_stats st;
     for (int none = 0; none < 2; none++) {
         o.swap_bytes = none ? 0 : (int64_t)4 << 30;
-        next_opts = o;
-        next_opts_set = defer_start = true;
-        dp_engine *e = start(w, 1024, 32);
-        defer_start = next_opts_set = false;
-        run_requests(e, specs, n, res, false, DP_DUALPATH_DEFAULT, &st);
-        engine_destroy(e);
+        defer_start = true;
+        run_with(w, &o, specs, n, res, &st, DP_DUALPATH_DEFAULT);
+        defer_start = false;
         for (int i = 0; i < n; i++)
             CHECK_EQ_INT(res[i].n, specs[i].max_tokens);
         CHECK(st.preemptions >= 5);
@@ -1967,12 +1965,11 @@ static void test_exempt_layers(world *w)
     o.exempt_layers = 2;
     for (int budget = 0; budget <= 48; budget += 48) {
         o.decode_budget = budget;
-        next_opts = o;
-        next_opts_set = defer_start = true;
-        dp_engine *e = start(w, 28, 32);
-        next_opts_set = defer_start = false;
-        run_requests(e, sp, N, on, false, DP_DUALPATH_DEFAULT, &st);
-        engine_destroy(e);
+        dp_engine_opts small = o; /* 28 blocks: preemptions */
+        small.n_blocks = 28;
+        defer_start = true;
+        run_with(w, &small, sp, N, on, &st, DP_DUALPATH_DEFAULT);
+        defer_start = false;
         int differ = 0;
         for (int i = 0; i < N; i++) {
             CHECK_EQ_INT(on[i].n, off[i].n);

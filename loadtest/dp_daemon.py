@@ -16,6 +16,18 @@ def free_port():
         return s.getsockname()[1]
 
 
+def config_daemon(a, flags, log):
+    """The daemon of one configuration row of a script whose arguments a
+    hold bin, model, kv_mib and threads. FLAGS may start with @BINARY (another
+    dualpathd, for an A/B of two builds). Returns (daemon, binary, the flags
+    without it)."""
+    binary = a.bin
+    if flags and flags[0].startswith("@"):
+        binary, flags = flags[0][1:], flags[1:]
+    extra = ["--kv-memory", f"{a.kv_mib}MiB", "--threads", str(a.threads)] + flags
+    return Daemon(binary, a.model, extra, log), binary, flags
+
+
 class Daemon:
     def __init__(self, binary, model, extra, log):
         who = os.path.basename(sys.argv[0])

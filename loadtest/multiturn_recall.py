@@ -31,7 +31,7 @@ import shlex
 import threading
 import time
 
-from dp_daemon import Daemon
+from dp_daemon import config_daemon
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 
@@ -96,11 +96,7 @@ def run_session(d, s, gen, barrier):
 
 
 def run_config(a, name, flags, convs, idx):
-    binary = a.bin
-    if flags and flags[0].startswith("@"):
-        binary, flags = flags[0][1:], flags[1:]
-    extra = ["--kv-memory", f"{a.kv_mib}MiB", "--threads", str(a.threads)] + flags
-    d = Daemon(binary, a.model, extra, f"/tmp/multiturn-recall-{idx}.log")
+    d, binary, flags = config_daemon(a, flags, f"/tmp/multiturn-recall-{idx}.log")
     try:
         m0 = d.metrics()
         t0 = time.time()

@@ -33,7 +33,7 @@ import shlex
 import threading
 import time
 
-from dp_daemon import Daemon
+from dp_daemon import config_daemon
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 KEYS = ["apple", "harbor", "violet", "copper", "lantern", "meadow", "falcon", "glacier",
@@ -90,11 +90,7 @@ def ask(d, c, mode, gen, barrier):
 
 
 def run_config(a, name, flags, convs, idx):
-    binary = a.bin
-    if flags and flags[0].startswith("@"):
-        binary, flags = flags[0][1:], flags[1:]
-    extra = ["--kv-memory", f"{a.kv_mib}MiB", "--threads", str(a.threads)] + flags
-    d = Daemon(binary, a.model, extra, f"/tmp/needles-{idx}.log")
+    d, _, flags = config_daemon(a, flags, f"/tmp/needles-{idx}.log")
     row = {"name": name, "flags": " ".join(flags)}
     try:
         for mode in ("aware", "agnostic"):

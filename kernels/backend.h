@@ -32,15 +32,31 @@ typedef struct dp_weight {
  * quantized KV types) quantize each token's row of head_dim values on its
  * own, so appending a token never changes another's bytes; stores of these
  * types keep K and V both as [kv_head][token][row]. */
-typedef enum dp_kv_type { DP_KV_F32 = 0, DP_KV_F16 = 1, DP_KV_Q8_0 = 2, DP_KV_Q4_0 = 3 } dp_kv_type;
-#define DP_KV_TYPE_COUNT 4
+/* kivi4 (kernels/quant.h) is the decode path's grouped type: a block is one
+ * group of block_tokens tokens, written whole (kv_compact) once the group is
+ * full; a sequence's newest tokens live in its residual until then (the
+ * batch's seq_sealed, seq_roff). Only a view of an f32 / f16 arena holds it
+ * (the residual's blocks are the arena's). */
+typedef enum dp_kv_type {
+    DP_KV_F32 = 0,
+    DP_KV_F16 = 1,
+    DP_KV_Q8_0 = 2,
+    DP_KV_Q4_0 = 3,
+    DP_KV_KIVI4 = 4
+} dp_kv_type;
+#define DP_KV_TYPE_COUNT 5
 
 static inline const char *dp_kv_type_name(int t)
 {
-    static const char *const names[] = {"f32", "f16", "q8_0", "q4_0"};
+    static const char *const names[] = {"f32", "f16", "q8_0", "q4_0", "kivi4"};
     return t >= 0 && t < DP_KV_TYPE_COUNT ? names[t] : "unknown";
 }
-static inline bool dp_kv_type_quantized(int t) { return t == DP_KV_Q8_0 || t == DP_KV_Q4_0; }
+static inline bool dp_kv_type_quantized(int t)
+{
+    return t == DP_KV_Q8_0 || t == DP_KV_Q4_0 || t == DP_KV_KIVI4;
+}
+/* Types whose blocks are written a whole group at a time. */
+static inline bool dp_kv_type_grouped(int t) { return t == DP_KV_KIVI4; }
 
 typedef struct dp_kv_layout {
     int32_t n_layers;
@@ -89,6 +105,14 @@ typedef struct dp_batch {
     const uint8_t *x_seq_store;     /* [n_seqs] */
     const int32_t *x_block_tables;  /* [n_seqs * x_max_blocks] */
     int32_t x_max_blocks;
+    /* Grouped stores (dp_kv_type_grouped): a sequence's slots [0, sealed)
+     * are in its table's first sealed / block_tokens blocks, whole groups;
+     * slot p >= sealed is its residual's entry p - sealed + roff, kept in
+     * the store's base (the arena it views) in the blocks that follow in
+     * the table, base block_tokens each. kv_write puts a token there.
+     * NULL when no sequence of the step is on such a store. */
+    const int32_t *seq_sealed;      /* [n_seqs] */
+    const int32_t *seq_roff;        /* [n_seqs] */
 } dp_batch;
 
 /* A decode step: one token per sequence (consecutive tokens belong to

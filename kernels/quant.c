@@ -521,6 +521,85 @@ void quant_asym_roundtrip(float *x, int32_t n, int32_t stride, int bits)
     }
 }
 
+/* The f16 minimum and scale of n values at a stride (quant_asym_roundtrip's
+ * rounding), and their codes. */
+static void asym4(const float *x, int32_t n, int32_t stride, uint16_t *dh, uint16_t *mh, uint8_t *q)
+{
+    float lo = x[0], hi = x[0];
+    for (int32_t i = 1; i < n; i++) {
+        const float v = x[(size_t)i * stride];
+        lo = v < lo ? v : lo;
+        hi = v > hi ? v : hi;
+    }
+    *mh = dp_f32_to_fp16(lo);
+    const float m = dp_fp16_to_f32(*mh);
+    *dh = dp_f32_to_fp16((hi - m) / 15.0f);
+    const float d = dp_fp16_to_f32(*dh), id = d > 0.0f ? 1.0f / d : 0.0f;
+    for (int32_t i = 0; i < n; i++)
+        q[i] = (uint8_t)q_round((x[(size_t)i * stride] - m) * id, 0, 15);
+}
+
+static void put16(uint8_t *p, uint16_t v)
+{
+    p[0] = (uint8_t)(v & 0xff);
+    p[1] = (uint8_t)(v >> 8);
+}
+static uint16_t get16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
+void kivi_quant_k(const float *k, int32_t g, int32_t head_dim, uint8_t *dst)
+{
+    uint8_t q[256];
+    uint8_t *codes = dst + (size_t)head_dim * 4;
+    for (int32_t c = 0; c < head_dim; c++) {
+        uint16_t dh, mh;
+        asym4(k + c, g, head_dim, &dh, &mh, q);
+        put16(dst + (size_t)c * 2, dh);
+        put16(dst + (size_t)(head_dim + c) * 2, mh);
+        uint8_t *row = codes + (size_t)c * (size_t)(g / 2);
+        for (int32_t j = 0; j < g / 2; j++)
+            row[j] = (uint8_t)(q[2 * j] | q[2 * j + 1] << 4);
+    }
+}
+
+void kivi_quant_vrow(const float *v, int32_t head_dim, uint8_t *dst)
+{
+    uint8_t q[KIVI_VGROUP];
+    uint8_t *codes = dst + (size_t)head_dim / KIVI_VGROUP * 4;
+    for (int32_t c0 = 0; c0 < head_dim; c0 += KIVI_VGROUP) {
+        uint16_t dh, mh;
+        asym4(v + c0, KIVI_VGROUP, 1, &dh, &mh, q);
+        put16(dst + (size_t)c0 / KIVI_VGROUP * 4, dh);
+        put16(dst + (size_t)c0 / KIVI_VGROUP * 4 + 2, mh);
+        for (int32_t j = 0; j < KIVI_VGROUP / 2; j++)
+            codes[c0 / 2 + j] = (uint8_t)(q[2 * j] | q[2 * j + 1] << 4);
+    }
+}
+
+void kivi_dequant_k(const uint8_t *src, int32_t g, int32_t head_dim, int32_t t0, int32_t n,
+                    float *rows)
+{
+    const uint8_t *codes = src + (size_t)head_dim * 4;
+    for (int32_t c = 0; c < head_dim; c++) {
+        const float d = dp_fp16_to_f32(get16(src + (size_t)c * 2));
+        const float m = dp_fp16_to_f32(get16(src + (size_t)(head_dim + c) * 2));
+        const uint8_t *row = codes + (size_t)c * (size_t)(g / 2);
+        for (int32_t t = t0; t < t0 + n; t++) {
+            const int q = row[t / 2] >> (4 * (t & 1)) & 15;
+            rows[(size_t)(t - t0) * (size_t)head_dim + (size_t)c] = m + (float)q * d;
+        }
+    }
+}
+
+void kivi_dequant_vrow(const uint8_t *src, int32_t head_dim, float *dst)
+{
+    const uint8_t *codes = src + (size_t)head_dim / KIVI_VGROUP * 4;
+    for (int32_t c = 0; c < head_dim; c++) {
+        const uint8_t *sm = src + (size_t)(c / KIVI_VGROUP) * 4;
+        const float d = dp_fp16_to_f32(get16(sm)), m = dp_fp16_to_f32(get16(sm + 2));
+        dst[c] = m + (float)(codes[c / 2] >> (4 * (c & 1)) & 15) * d;
+    }
+}
+
 int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n)
 {
     if (n < 0 || n % 32 != 0)

@@ -79,6 +79,41 @@ int quant_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
  * channels); tools/dp-eval measures what it costs before a kernel keeps it. */
 void quant_asym_roundtrip(float *x, int32_t n, int32_t stride, int bits);
 
+/* KIVI4, the decode path's 4-bit KV type (Liu et al. 2024): a block is one
+ * group of g tokens (g even) of one KV head. Keys are quantized per channel
+ * over the group, values per token over groups of 64 channels, each with an
+ * f16 scale d and minimum m (value = m + q * d, q in 0..15, min/max
+ * rounding as quant_asym_roundtrip). Layouts, per head:
+ *   K: d[head_dim] f16, m[head_dim] f16, then per channel g/2 bytes of
+ *      codes, token 2j in the low nibble and 2j + 1 in the high one;
+ *   V: per token, (d, m) f16 pairs for each 64 channels, then head_dim / 2
+ *      bytes of codes, channel 2i low, 2i + 1 high.
+ * Keys need the whole group before their scales exist, which is why a
+ * group is written once, when it is full (the newest tokens stay in the
+ * arena's own type until then: the residual). */
+#define KIVI_VGROUP 64
+static inline size_t kivi_k_bytes(int32_t head_dim, int32_t g)
+{
+    return (size_t)head_dim * 4 + (size_t)head_dim * (size_t)(g / 2);
+}
+static inline size_t kivi_vrow_bytes(int32_t head_dim)
+{
+    return (size_t)head_dim / KIVI_VGROUP * 4 + (size_t)head_dim / 2;
+}
+static inline size_t kivi_v_bytes(int32_t head_dim, int32_t g)
+{
+    return (size_t)g * kivi_vrow_bytes(head_dim);
+}
+/* k, v: g rows of head_dim f32 values (row t = token t) into one head's
+ * K and V blocks. */
+void kivi_quant_k(const float *k, int32_t g, int32_t head_dim, uint8_t *dst);
+void kivi_quant_vrow(const float *v, int32_t head_dim, uint8_t *dst);
+/* Tokens [t0, t0 + n) of a K block back as f32 rows (row stride head_dim),
+ * and one V row. */
+void kivi_dequant_k(const uint8_t *src, int32_t g, int32_t head_dim, int32_t t0, int32_t n,
+                    float *rows);
+void kivi_dequant_vrow(const uint8_t *src, int32_t head_dim, float *dst);
+
 /* IEEE half and bfloat16 conversions (round to nearest even on the way in). */
 float dp_fp16_to_f32(uint16_t h);
 uint16_t dp_f32_to_fp16(float f);

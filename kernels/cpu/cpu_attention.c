@@ -43,7 +43,12 @@ static void attn_task(void *ctx, int64_t task, int thread)
             qs[g] = j->q + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
             outs[g] = j->out + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
         }
-        j->c->k->attend(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale);
+        if (kv->kivi) /* (no seq_sealed: every slot sealed) */
+            j->c->k->attend_grouped(kv, j->layer, kvh, table, b->slot[i] + 1,
+                                    b->seq_sealed ? b->seq_sealed[s] : INT32_MAX,
+                                    b->seq_sealed ? b->seq_roff[s] : 0, qs, outs, ng, j->scale);
+        else
+            j->c->k->attend(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale);
     }
 }
 

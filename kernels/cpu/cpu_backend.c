@@ -88,6 +88,10 @@ static size_t kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
      * (cpu_kern.c); real models' heads are 64..256. */
     if (dp_kv_type_quantized(l->type) && l->head_dim > 256)
         return 0;
+    if (l->type == DP_KV_KIVI4)
+        return l->block_tokens % 2 || l->block_tokens > 256 || l->head_dim % KIVI_VGROUP
+                   ? 0
+                   : 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * cpu_kivi_head_bytes(l);
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
            cpu_kv_row_bytes(l->type, l->head_dim);
 }
@@ -100,6 +104,9 @@ static void kv_init_fields(dp_kv_store *kv, const dp_kv_layout *l)
     kv->es = l->type == DP_KV_F16 ? 2 : l->type == DP_KV_F32 ? sizeof(float) : 0;
     kv->row_bytes = cpu_kv_row_bytes(l->type, l->head_dim);
     kv->blk_bytes = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    kv->kivi = l->type == DP_KV_KIVI4;
+    if (kv->kivi)
+        kv->blk_bytes = (size_t)l->n_kv_heads * cpu_kivi_head_bytes(l);
 }
 
 static bool kv_layout_ok(dp_backend *be, const dp_kv_layout *l)
@@ -120,7 +127,8 @@ static void prefault(void *p, size_t n)
 
 static int kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
 {
-    if (!kv_layout_ok(be, l))
+    /* A grouped type's residual lives in the arena it views. */
+    if (!kv_layout_ok(be, l) || dp_kv_type_grouped(l->type))
         return DP_EINVAL;
     dp_kv_store *kv = calloc(1, sizeof *kv);
     if (!kv)
@@ -163,10 +171,12 @@ static int kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l, dp_
         return DP_ENOMEM;
     kv_init_fields(kv, l);
     /* f32 / f16 index K and V by element: the base's stride must divide. */
-    if (kv->blk_bytes > base->blk_bytes || (kv->es && base->blk_bytes % kv->es)) {
+    if (kv->blk_bytes > base->blk_bytes || (kv->es && base->blk_bytes % kv->es) ||
+        (kv->kivi && (!same || !base->es))) {
         free(kv);
         return DP_EINVAL;
     }
+    kv->base = base;
     kv->blk_bytes = base->blk_bytes;
     kv->view = true;
     kv->k = base->k;
@@ -196,8 +206,9 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     cpu_backend *c = cpu_of(be);
     const bool x = b->n_exempt > 0;
     const size_t nxt = x ? (size_t)b->n_seqs * (size_t)b->x_max_blocks : 0;
+    const size_t ngs = b->seq_sealed ? 2 * (size_t)b->n_seqs : 0;
     size_t need = (size_t)b->n_tokens * (x ? 5 : 4) + (size_t)b->n_seqs * (size_t)b->max_blocks +
-                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0) + nxt;
+                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0) + nxt + ngs;
     if (need > c->arrays_cap) {
         int32_t *p = realloc(c->arrays, need * sizeof *p);
         if (!p)
@@ -250,6 +261,15 @@ static int batch_set(dp_backend *be, const dp_batch *b)
         c->bx.seq_store = c->seq_store + b->n_seqs;
     } else {
         c->b.n_exempt = c->bx.n_exempt = 0;
+    }
+    if (ngs) {
+        int32_t *ga = a + need - ngs;
+        memcpy(ga, b->seq_sealed, (size_t)b->n_seqs * sizeof *a);
+        memcpy(ga + b->n_seqs, b->seq_roff, (size_t)b->n_seqs * sizeof *a);
+        c->b.seq_sealed = c->bx.seq_sealed = ga;
+        c->b.seq_roff = c->bx.seq_roff = ga + b->n_seqs;
+    } else {
+        c->b.seq_sealed = c->bx.seq_sealed = c->b.seq_roff = c->bx.seq_roff = NULL;
     }
     /* Attention scratch holds one score per attended slot. */
     int32_t max_slots = 1;
@@ -397,11 +417,24 @@ typedef struct kvw_ctx {
 static void kvw_put(kvw_ctx *w, const dp_batch *b, int64_t i)
 {
     int32_t s = b->seq[i];
-    dp_kv_store *kv = w->stores[b->seq_store[s]];
+    const dp_kv_store *kv = w->stores[b->seq_store[s]];
     const dp_kv_layout *l = &kv->l;
     int32_t slot = b->slot[i];
-    int32_t block = b->block_tables[(size_t)s * (size_t)b->max_blocks + slot / l->block_tokens];
+    const int32_t *table = b->block_tables + (size_t)s * (size_t)b->max_blocks;
+    int32_t block = table[slot / l->block_tokens];
     size_t row = (size_t)l->n_kv_heads * (size_t)l->head_dim;
+    if (kv->kivi) {
+        /* A grouped store's new token joins the residual, in the arena's
+         * type; the whole group is written later (kv_compact). A slot
+         * below the sealed groups is never written. */
+        if (!b->seq_sealed || slot < b->seq_sealed[s])
+            return;
+        int32_t tok;
+        kv_kivi_residual(kv, table, b->seq_sealed[s], b->seq_roff[s], slot, &block, &tok);
+        slot = tok;
+        kv = kv->base;
+        l = &kv->l;
+    }
     for (int32_t h = 0; h < l->n_kv_heads; h++) {
         kv_kput(kv, w->layer, block, h, slot % l->block_tokens,
                 w->k + (size_t)i * row + (size_t)h * l->head_dim);

@@ -26,6 +26,9 @@ struct dp_kv_store {
     size_t blk_bytes; /* bytes of one (layer, block) of K, and of V: the block stride
                        * (a view's is its base's, which may exceed its own need) */
     bool view;        /* k and v belong to another store */
+    bool kivi;        /* DP_KV_KIVI4: a block is one group per head (kernels/quant.h),
+                       * a head's K and V each cpu_kivi_head_bytes apart */
+    const struct dp_kv_store *base; /* a view's arena (kivi: where the residual lives) */
     void *k;          /* [layer][block][kv_head][head_dim][token]; quantized:
                        * [layer][block][kv_head][token][row] */
     void *v;          /* [layer][block][kv_head][token][head_dim] (or [row]) */
@@ -42,6 +45,15 @@ static inline size_t cpu_kv_row_bytes(int32_t type, int32_t head_dim)
     case DP_KV_Q4_0: return head_dim % 32 ? 0 : (size_t)head_dim / 32 * 18;
     default: return 0;
     }
+}
+
+/* kivi4: bytes of one head's K (and of its V: the larger of the two) in a
+ * block of block_tokens tokens. */
+static inline size_t cpu_kivi_head_bytes(const dp_kv_layout *l)
+{
+    const size_t k = kivi_k_bytes(l->head_dim, l->block_tokens);
+    const size_t v = kivi_v_bytes(l->head_dim, l->block_tokens);
+    return k > v ? k : v;
 }
 
 /* One activation block quantized for the integer dot products: 32 values as
@@ -103,6 +115,10 @@ typedef struct cpu_kern {
     void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                    int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
                    float scale);
+    /* The same over a grouped store's sequence (backend.h seq_sealed). */
+    void (*attend_grouped)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                           int32_t n_slots, int32_t sealed, int32_t roff, const float *const *qs,
+                           float *const *outs, int32_t group, float scale);
     /* Scaled scores of nq queries against slots [0, n) of one head, query
      * j's into sc[j] (each independent of the others). */
     void (*head_scores)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
@@ -205,6 +221,23 @@ static inline size_t kv_qrow_off(const dp_kv_store *kv, int32_t layer, int32_t b
     const dp_kv_layout *l = &kv->l;
     return ((size_t)layer * (size_t)l->n_blocks + (size_t)block) * kv->blk_bytes +
            ((size_t)head * (size_t)l->block_tokens + (size_t)tok) * kv->row_bytes;
+}
+
+/* kivi4: byte offset of one head's K (in kv->k) and V (in kv->v) block. */
+static inline size_t kv_kivi_off(const dp_kv_store *kv, int32_t layer, int32_t block, int32_t head)
+{
+    return ((size_t)layer * (size_t)kv->l.n_blocks + (size_t)block) * kv->blk_bytes +
+           (size_t)head * cpu_kivi_head_bytes(&kv->l);
+}
+
+/* kivi4: where slot p of a sequence lives when it is in the residual
+ * (p >= sealed): the block of the arena (kv->base) and the token in it. */
+static inline void kv_kivi_residual(const dp_kv_store *kv, const int32_t *table, int32_t sealed,
+                                    int32_t roff, int32_t p, int32_t *block, int32_t *tok)
+{
+    const int32_t bbt = kv->base->l.block_tokens, q = p - sealed + roff;
+    *block = table[sealed / kv->l.block_tokens + q / bbt];
+    *tok = q % bbt;
 }
 
 /* Element i of K or V (base = kv->k or kv->v), as f32. */

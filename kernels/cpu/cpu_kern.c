@@ -790,75 +790,165 @@ static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const 
     return s;
 }
 
+/* kivi4: tokens [c0, c0 + nl) of one head's group, K transposed (kd VW)
+ * and V as rows, into the tile: the codes are read where they lie, one
+ * chunk at a time, as a quantized row store's are. */
+static inline void chunk_load_kivi(kv_chunk *ch, const dp_kv_store *kv, int32_t layer, int32_t blk,
+                                   int32_t kvh, int32_t c0, int32_t nl)
+{
+    const int32_t hd = kv->l.head_dim, g = kv->l.block_tokens;
+    const size_t o = kv_kivi_off(kv, layer, blk, kvh);
+    const uint8_t *kb = (const uint8_t *)kv->k + o, *vb = (const uint8_t *)kv->v + o;
+    const uint16_t *kd = (const uint16_t *)kb; /* d[hd], then m[hd] */
+    const uint8_t *codes = kb + (size_t)hd * 4;
+    for (int32_t c = 0; c < hd; c++) {
+        const float d = kv_h2f(kd[c]), m = kv_h2f(kd[hd + c]);
+        const uint8_t *row = codes + (size_t)c * (size_t)(g / 2) + c0 / 2;
+        float *dst = ch->kr + (size_t)c * VW;
+        for (int32_t t = 0; t < nl; t++)
+            dst[t] = m + (float)(row[t / 2] >> (4 * (t & 1)) & 15) * d;
+    }
+    const size_t vrow = kivi_vrow_bytes(hd);
+    for (int32_t t = 0; t < nl; t++) {
+        const uint8_t *r = vb + (size_t)(c0 + t) * vrow;
+        const uint16_t *sm = (const uint16_t *)r;
+        const uint8_t *vc = r + (size_t)hd / KIVI_VGROUP * 4;
+        float *dst = ch->vt + (size_t)t * (size_t)hd;
+        for (int32_t c0v = 0; c0v < hd; c0v += KIVI_VGROUP) {
+            const float d = kv_h2f(sm[c0v / KIVI_VGROUP * 2]), m = kv_h2f(sm[c0v / KIVI_VGROUP * 2 + 1]);
+            for (int32_t c = c0v; c < c0v + KIVI_VGROUP; c += 2) {
+                const uint8_t b = vc[c / 2];
+                dst[c] = m + (float)(b & 15) * d;
+                dst[c + 1] = m + (float)(b >> 4) * d;
+            }
+        }
+    }
+    ch->k = ch->kr;
+    ch->v = ch->vt;
+    ch->es = 4;
+    ch->kd = VW;
+    ch->rows = false;
+}
+
+/* The online softmax's state for a group of query heads (k_attend). */
+typedef struct attend_state {
+    float mx[16], sum[16]; /* group <= MAX_GROUP (16) */
+} attend_state;
+
+static inline void attend_begin(attend_state *st, int32_t hd, float *const *outs, int32_t group)
+{
+    for (int32_t g = 0; g < group; g++) {
+        st->mx[g] = -INFINITY;
+        st->sum[g] = 0.0f;
+        memset(outs[g], 0, (size_t)hd * sizeof(float)); /* accumulated in place */
+    }
+}
+
+/* One loaded chunk of nl keys into every query head's running sums. */
+static inline void attend_chunk(attend_state *st, const kv_chunk *ch, int32_t hd, int32_t nl,
+                                const float *const *qs, float *const *outs, int32_t group,
+                                float scale)
+{
+    float p[VW];
+    for (int32_t g = 0; g < group; g++) {
+        float *acc = outs[g];
+        vf s = chunk_scores(ch, hd, nl, qs[g], scale);
+        if (nl < VW) {
+            /* Lanes past the last key take no part in max or sum. */
+            vf_store(p, s);
+            for (int32_t t = nl; t < VW; t++)
+                p[t] = -INFINITY;
+            s = vf_load(p);
+        }
+        const float bm = vf_hmax(s);
+        if (bm > st->mx[g]) {
+            /* A new maximum rescales what was accumulated so far. */
+            const float r = st->mx[g] == -INFINITY ? 0.0f : expf(st->mx[g] - bm);
+            st->sum[g] *= r;
+            const vf vr = vf_set1(r);
+            int32_t d = 0;
+            for (; d + VW <= hd; d += VW)
+                vf_store(acc + d, vf_mul(vf_load(acc + d), vr));
+            for (; d < hd; d++)
+                acc[d] *= r;
+            st->mx[g] = bm;
+        }
+        const vf e = vf_exp_neg(vf_sub(s, vf_set1(st->mx[g])));
+        vf_store(p, e);
+        for (int32_t t = nl; t < VW; t++)
+            p[t] = 0.0f;
+        float es = 0.0f;
+        for (int32_t t = 0; t < nl; t++)
+            es += p[t];
+        st->sum[g] += es;
+        for (int32_t d = 0; d < hd; d += VW) {
+            const int32_t nd = hd - d < VW ? hd - d : VW;
+            vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
+            for (int32_t t = 0; t < nl; t++)
+                a = vf_fma(vf_set1(p[t]), kv_loadv(ch->v, ch->es, (size_t)t * hd + (size_t)d, nd), a);
+            if (nd == VW)
+                vf_store(acc + d, a);
+            else
+                vf_storen(acc + d, a, nd);
+        }
+    }
+}
+
+static inline void attend_end(const attend_state *st, int32_t hd, float *const *outs, int32_t group)
+{
+    for (int32_t g = 0; g < group; g++) {
+        const float inv = 1.0f / st->sum[g];
+        for (int32_t d = 0; d < hd; d++)
+            outs[g][d] *= inv;
+    }
+}
+
+/* Slots [s0, s1) of a table whose blocks are consecutive runs of bt slots
+ * of kv, from block index b0 on (slot s0 at token t0 of that block). */
+static inline void attend_run(attend_state *st, kv_chunk *ch, const dp_kv_store *kv, int32_t layer,
+                              int32_t kvh, const int32_t *table, int32_t t0, int32_t n,
+                              const float *const *qs, float *const *outs, int32_t group, float scale)
+{
+    const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens;
+    for (int32_t done = 0; done < n;) {
+        const int32_t q = t0 + done, blk = table[q / bt], c0 = q % bt;
+        int32_t nl = bt - c0 < VW ? bt - c0 : VW;
+        nl = n - done < nl ? n - done : nl;
+        if (kv->kivi)
+            chunk_load_kivi(ch, kv, layer, blk, kvh, c0, nl);
+        else
+            chunk_load(ch, kv, layer, blk, kvh, c0, nl); /* once for the whole group */
+        attend_chunk(st, ch, hd, nl, qs, outs, group, scale);
+        done += nl;
+    }
+}
+
 static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                      int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
                      float scale)
 {
-    const dp_kv_layout *lay = &kv->l;
-    const int32_t hd = lay->head_dim, bt = lay->block_tokens;
-    float mx[16], sum[16]; /* group <= MAX_GROUP (16) */
-    for (int32_t g = 0; g < group; g++) {
-        mx[g] = -INFINITY;
-        sum[g] = 0.0f;
-        memset(outs[g], 0, (size_t)hd * sizeof(float)); /* accumulated in place */
-    }
-    float p[VW];
+    attend_state st;
     kv_chunk ch;
-    for (int32_t base = 0; base < n_slots; base += bt) {
-        const int32_t blk = table[base / bt];
-        const int32_t nb = n_slots - base < bt ? n_slots - base : bt;
-        for (int32_t c0 = 0; c0 < nb; c0 += VW) {
-            const int32_t nl = nb - c0 < VW ? nb - c0 : VW;
-            chunk_load(&ch, kv, layer, blk, kvh, c0, nl); /* once for the whole group */
-            for (int32_t g = 0; g < group; g++) {
-                float *acc = outs[g];
-                vf s = chunk_scores(&ch, hd, nl, qs[g], scale);
-                if (nl < VW) {
-                    /* Lanes past the last key take no part in max or sum. */
-                    vf_store(p, s);
-                    for (int32_t t = nl; t < VW; t++)
-                        p[t] = -INFINITY;
-                    s = vf_load(p);
-                }
-                const float bm = vf_hmax(s);
-                if (bm > mx[g]) {
-                    /* A new maximum rescales what was accumulated so far. */
-                    const float r = mx[g] == -INFINITY ? 0.0f : expf(mx[g] - bm);
-                    sum[g] *= r;
-                    const vf vr = vf_set1(r);
-                    int32_t d = 0;
-                    for (; d + VW <= hd; d += VW)
-                        vf_store(acc + d, vf_mul(vf_load(acc + d), vr));
-                    for (; d < hd; d++)
-                        acc[d] *= r;
-                    mx[g] = bm;
-                }
-                const vf e = vf_exp_neg(vf_sub(s, vf_set1(mx[g])));
-                vf_store(p, e);
-                for (int32_t t = nl; t < VW; t++)
-                    p[t] = 0.0f;
-                float es = 0.0f;
-                for (int32_t t = 0; t < nl; t++)
-                    es += p[t];
-                sum[g] += es;
-                for (int32_t d = 0; d < hd; d += VW) {
-                    const int32_t nd = hd - d < VW ? hd - d : VW;
-                    vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
-                    for (int32_t t = 0; t < nl; t++)
-                        a = vf_fma(vf_set1(p[t]), kv_loadv(ch.v, ch.es, (size_t)t * hd + (size_t)d, nd), a);
-                    if (nd == VW)
-                        vf_store(acc + d, a);
-                    else
-                        vf_storen(acc + d, a, nd);
-                }
-            }
-        }
-    }
-    for (int32_t g = 0; g < group; g++) {
-        const float inv = 1.0f / sum[g];
-        for (int32_t d = 0; d < hd; d++)
-            outs[g][d] *= inv;
-    }
+    attend_begin(&st, kv->l.head_dim, outs, group);
+    attend_run(&st, &ch, kv, layer, kvh, table, 0, n_slots, qs, outs, group, scale);
+    attend_end(&st, kv->l.head_dim, outs, group);
+}
+
+/* A grouped store's sequence: its sealed groups, then its residual in the
+ * arena's blocks that follow them in the table. */
+static void k_attend_grouped(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                             int32_t n_slots, int32_t sealed, int32_t roff, const float *const *qs,
+                             float *const *outs, int32_t group, float scale)
+{
+    attend_state st;
+    kv_chunk ch;
+    const int32_t ns = n_slots < sealed ? n_slots : sealed;
+    attend_begin(&st, kv->l.head_dim, outs, group);
+    attend_run(&st, &ch, kv, layer, kvh, table, 0, ns, qs, outs, group, scale);
+    if (n_slots > sealed)
+        attend_run(&st, &ch, kv->base, layer, kvh, table + sealed / kv->l.block_tokens, roff,
+                   n_slots - sealed, qs, outs, group, scale);
+    attend_end(&st, kv->l.head_dim, outs, group);
 }
 
 /* Scaled scores of nq queries against slots [0, n) of one head: row j into
@@ -912,6 +1002,14 @@ static void k_kv_rows(const dp_kv_store *kv, int32_t layer, int32_t blk, int32_t
                       float *kr, float *vr)
 {
     const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens;
+    if (kv->kivi) {
+        const size_t o = kv_kivi_off(kv, layer, blk, head);
+        kivi_dequant_k((const uint8_t *)kv->k + o, bt, hd, 0, n, kr);
+        for (int32_t t = 0; t < n; t++)
+            kivi_dequant_vrow((const uint8_t *)kv->v + o + (size_t)t * kivi_vrow_bytes(hd), hd,
+                              vr + (size_t)t * (size_t)hd);
+        return;
+    }
     if (kv->qtype) {
         const uint8_t *k = (const uint8_t *)kv->k + kv_qrow_off(kv, layer, blk, head, 0);
         const uint8_t *v = (const uint8_t *)kv->v + kv_qrow_off(kv, layer, blk, head, 0);
@@ -1040,6 +1138,7 @@ const cpu_kern KERN_TABLE = {
     .quantize_q8 = k_quantize_q8,
     .decode_rows = k_decode_rows,
     .attend = k_attend,
+    .attend_grouped = k_attend_grouped,
     .head_scores = k_head_scores,
     .softmax_add = k_softmax_add,
     .kv_rows = k_kv_rows,

@@ -53,6 +53,10 @@ static void knorm_task(void *ctx, int64_t t, int thread)
 void cpu_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
                         float *out)
 {
+    if (kv->kivi) { /* grouped stores are not scored (their residual is elsewhere): no information */
+        memset(out, 0, (size_t)kv->l.n_layers * kv->l.n_kv_heads * n_slots * sizeof *out);
+        return;
+    }
     knorm_job j = {kv, table, n_slots, out};
     threadpool_run(cpu_of(be)->tp, knorm_task, &j, (int64_t)kv->l.n_layers * kv->l.n_kv_heads);
 }
@@ -113,10 +117,10 @@ void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *tab
                        int32_t n_heads, float scale, float *out)
 {
     cpu_backend *c = cpu_of(be);
-    if ((size_t)n_slots * SATTN_GROUP > c->sscratch_elems &&
-        cpu_scratch_reserve(c, c->wscratch_elems, (size_t)n_slots * SATTN_GROUP)) {
-        /* No scratch: report "no information" (zeros), callers keep sinks and
-         * the window regardless. */
+    if (kv->kivi || ((size_t)n_slots * SATTN_GROUP > c->sscratch_elems &&
+        cpu_scratch_reserve(c, c->wscratch_elems, (size_t)n_slots * SATTN_GROUP))) {
+        /* No scratch (or a grouped store, never scored): report "no
+         * information" (zeros), callers keep sinks and the window regardless. */
         memset(out, 0, (size_t)kv->l.n_layers * kv->l.n_kv_heads * n_slots * sizeof *out);
         return;
     }
@@ -129,6 +133,7 @@ typedef struct compact_job {
     dp_kv_store *dst;
     const dp_compact_seq *seqs;
     int32_t n_seqs;
+    int failed; /* a task could not allocate its tile */
 } compact_job;
 
 /* Elements of one block's widened rows (K and V each) that compact_task
@@ -195,8 +200,16 @@ static void compact_convert(const dp_kv_store *src, dp_kv_store *dst, const dp_c
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
     const int32_t hd = ls->head_dim, sbt = ls->block_tokens;
     const cpu_kern *kern = cpu_kern_get();
-    const bool tile = (size_t)sbt * (size_t)hd <= COMPACT_TILE;
-    float kt[COMPACT_TILE], vt[COMPACT_TILE];
+    /* A grouped source is only read a block at a time (its rows exist
+     * nowhere else): its tile may be larger than the stack's. */
+    const bool tile = (size_t)sbt * (size_t)hd <= COMPACT_TILE || src->kivi;
+    float kst[COMPACT_TILE], vst[COMPACT_TILE];
+    float *kt = kst, *vt = vst;
+    if ((size_t)sbt * (size_t)hd > COMPACT_TILE && src->kivi) {
+        if (!(kt = malloc(sizeof(float) * 2 * (size_t)sbt * (size_t)hd)))
+            return;
+        vt = kt + (size_t)sbt * (size_t)hd;
+    }
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         int32_t cur = -1; /* the source block whose rows kt / vt hold */
@@ -226,6 +239,46 @@ static void compact_convert(const dp_kv_store *src, dp_kv_store *dst, const dp_c
             }
         }
     }
+    if (kt != kst)
+        free(kt);
+}
+
+/* Into a grouped (kivi4) store: each destination block takes n_keep's next
+ * whole group of kept rows, gathered as f32 and quantized at once (keys per
+ * channel over the group, values per row). Source blocks are widened once
+ * by the level's kernel (any type, kivi4 included). */
+static int compact_group(const dp_kv_store *src, dp_kv_store *dst, const dp_compact_seq *q,
+                         int32_t layer)
+{
+    const dp_kv_layout *ls = &src->l;
+    const int32_t hd = ls->head_dim, sbt = ls->block_tokens, g = dst->l.block_tokens;
+    const cpu_kern *kern = cpu_kern_get();
+    const size_t vrow = kivi_vrow_bytes(hd);
+    float *tk = malloc(sizeof(float) * (size_t)hd * (size_t)(2 * sbt + 2 * g));
+    if (!tk)
+        return DP_ENOMEM;
+    float *tv = tk + (size_t)sbt * hd, *gk = tv + (size_t)sbt * hd, *gv = gk + (size_t)g * hd;
+    for (int32_t h = 0; h < ls->n_kv_heads; h++) {
+        const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
+        int32_t cur = -1;
+        for (int32_t s0 = 0; s0 < q->n_keep; s0 += g) {
+            for (int32_t s = 0; s < g; s++) {
+                const int32_t from = keep[s0 + s];
+                if (from / sbt != cur) {
+                    cur = from / sbt;
+                    kern->kv_rows(src, layer, q->src_table[cur], h, sbt, tk, tv);
+                }
+                memcpy(gk + (size_t)s * hd, tk + (size_t)(from % sbt) * hd, (size_t)hd * sizeof(float));
+                memcpy(gv + (size_t)s * hd, tv + (size_t)(from % sbt) * hd, (size_t)hd * sizeof(float));
+            }
+            const size_t o = kv_kivi_off(dst, layer, q->dst_table[s0 / g], h);
+            kivi_quant_k(gk, g, hd, (uint8_t *)dst->k + o);
+            for (int32_t t = 0; t < g; t++)
+                kivi_quant_vrow(gv + (size_t)t * hd, hd, (uint8_t *)dst->v + o + (size_t)t * vrow);
+        }
+    }
+    free(tk);
+    return 0;
 }
 
 /* One task per (sequence, layer): copies each head's kept rows. */
@@ -235,12 +288,16 @@ static void compact_task(void *ctx, int64_t t, int thread)
     compact_job *j = ctx;
     const dp_compact_seq *q = &j->seqs[t / j->dst->l.n_layers];
     const int32_t layer = (int32_t)(t % j->dst->l.n_layers);
-    if (j->src->qtype && j->src->qtype == j->dst->qtype)
+    if (j->dst->kivi) {
+        if (compact_group(j->src, j->dst, q, layer))
+            __atomic_store_n(&j->failed, 1, __ATOMIC_RELAXED);
+    } else if (j->src->qtype && j->src->qtype == j->dst->qtype) {
         compact_bytes(j->src, j->dst, q, layer);
-    else if (!j->src->qtype && !j->dst->qtype && j->src->es == j->dst->es)
+    } else if (!j->src->qtype && !j->dst->qtype && j->src->es == j->dst->es) {
         compact_same(j->src, j->dst, q, layer);
-    else
+    } else {
         compact_convert(j->src, j->dst, q, layer);
+    }
 }
 
 int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
@@ -252,7 +309,8 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     /* Validate every index first: the copy itself trusts them. */
     for (int32_t i = 0; i < n_seqs; i++) {
         const dp_compact_seq *q = &seqs[i];
-        if (q->n_keep < 0 || (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens)
+        if (q->n_keep < 0 || (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens ||
+            (dst->kivi && q->n_keep % ld->block_tokens))
             return DP_EINVAL;
         for (int32_t b = 0; b < q->n_dst_blocks; b++)
             if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
@@ -265,9 +323,9 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
             if (q->keep[k] < 0 || q->keep[k] >= q->n_src_blocks * ls->block_tokens)
                 return DP_EINVAL;
     }
-    compact_job j = {src, dst, seqs, n_seqs};
+    compact_job j = {src, dst, seqs, n_seqs, 0};
     threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ld->n_layers);
-    return 0;
+    return j.failed ? DP_ENOMEM : 0;
 }
 
 /* Host copies of one block: per layer, K then V ([kv_head][token][dim]). */
@@ -277,7 +335,8 @@ static int block_copy(const dp_kv_store *kv, int32_t block, void *host, const vo
     if (block < 0 || block >= l->n_blocks)
         return DP_EINVAL;
     /* The block's own bytes (a view's blocks may use less than their stride). */
-    size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    size_t per = kv->kivi ? (size_t)l->n_kv_heads * cpu_kivi_head_bytes(l)
+                          : (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
     for (int32_t layer = 0; layer < l->n_layers; layer++) {
         size_t o = ((size_t)layer * (size_t)l->n_blocks + (size_t)block) * kv->blk_bytes;
         uint8_t *k = (uint8_t *)kv->k + o, *v = (uint8_t *)kv->v + o;

@@ -387,7 +387,9 @@ static void cuda_host_free(dp_backend *be, void *p)
  * head_dim is whole groups of 32. */
 static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
-    if (cuda_kv_quant(l->type) && l->head_dim % CUDA_QK)
+    /* kivi4 (grouped) is kept by the CPU backend only, so far. */
+    if ((cuda_kv_quant(l->type) && l->head_dim % CUDA_QK) || l->type < 0 ||
+        l->type >= DP_KV_TYPE_COUNT || dp_kv_type_grouped(l->type))
         return 0;
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
            cuda_kv_row_bytes(l->type, l->head_dim);
@@ -397,7 +399,7 @@ static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 static bool cuda_kv_layout_ok(const dp_kv_layout *l)
 {
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
-        l->n_blocks <= 0)
+        l->n_blocks <= 0 || dp_kv_type_grouped(l->type))
         return false;
     /* The kernels move f16 rows as 16-byte vectors and size shared memory
      * for head_dim <= 256 (every LLaMA-family model fits). */

@@ -320,8 +320,8 @@ static int parse_dualpath(const cJSON *root, dp_oai_req *r, dp_api_err *e)
                 t = i;
         if (t < 0)
             return api_err_invalid(e, "dualpath.decode_kv_type",
-                                   "'dualpath.decode_kv_type' must be one of 'f32', 'f16', 'q8_0' "
-                                   "and 'q4_0'");
+                                   "'dualpath.decode_kv_type' must be one of 'f32', 'f16', 'q8_0', "
+                                   "'q4_0' and 'kivi4'");
         p->kv_type = (int8_t)(t + 1);
     }
     cJSON *en = field(d, "enabled");

@@ -51,7 +51,7 @@ static const char *const log_levels[] = {"error", "warn", "info", "debug", NULL}
 /* Indexed by dp_kv_type. */
 static const char *const kv_types[] = {"f32", "f16", "q8_0", "q4_0", NULL};
 /* "same", then dp_kv_type + 1. */
-static const char *const decode_kv_types[] = {"auto", "same", "f32", "f16", "q8_0", "q4_0", NULL};
+static const char *const decode_kv_types[] = {"auto", "same", "f32", "f16", "q8_0", "q4_0", "kivi4", NULL};
 static const char *const turn_modes[] = {"auto", "always", "never", NULL};
 static const char *const scorers[] = {"knorm", "knorm_high", "snapkv", "recent", "random", NULL};
 
@@ -161,7 +161,8 @@ static const opt_desc options[] = {
     {"scorer", DP_CONF_ENUM, F(scorer), "snapkv", 0, 0, scorers, NULL, 0, GROUP_DUALPATH, NULL,
      "importance scorer (see docs/dualpath.md: snapkv measured best) [kvcache]"},
     {"decode_kv_type", DP_CONF_ENUM, F(decode_kv_type), "auto", 0, 0, decode_kv_types, NULL, 0,
-     GROUP_DUALPATH, NULL, "decode-path KV type; auto: q8_0 on the CPU (of f16), else same [kvcache]"},
+     GROUP_DUALPATH, NULL, "decode-path KV type; auto: q8_0 on the CPU (of f16), else same; kivi4: "
+     "4-bit groups [kvcache]"},
     {"keep_ratio", DP_CONF_FLOAT, F(keep_ratio), "1", 0, 1, NULL, NULL, 0, GROUP_DUALPATH,
      NULL, "share of the prompt's tokens kept, sinks and window included [kvcache]"},
     {"sink_tokens", DP_CONF_INT, F(sink_tokens), "4", 0, 1024, NULL, NULL, 0, GROUP_DUALPATH,

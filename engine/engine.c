@@ -101,6 +101,7 @@ struct dp_engine {
     struct eng_seq **sc_seq;
     dp_gvocab *gvocab;         /* the vocabulary's byte trie, built for the first grammar */
     uint8_t *b_store;
+    int32_t *b_sealed, *b_roff; /* grouped decode types' (dp_batch seq_sealed, seq_roff) */
     /* The exempt layers' arrays of a step (dp_batch x_*). */
     int32_t *x_slot, *x_tables;
     size_t x_tables_cap;
@@ -781,6 +782,10 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
     const int32_t all = es->tokens_kept + es->tokens_evicted;
     const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
     es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + xtok + 0.5);
+    const int32_t g = m->dt[es->seq->kv.dt].group;
+    if (g > 0) /* whole groups an arena block each, the rest in the residual (the arena's type) */
+        es->kv_bytes = (int64_t)(es->tokens_kept / g) * (int64_t)m->prefill_block_bytes +
+                       (int64_t)((double)(es->tokens_kept % g) * pper + 0.5);
     es->kv_bytes_full = (int64_t)((double)all * pper + 0.5);
 }
 
@@ -1234,6 +1239,8 @@ static void run_step(dp_engine *e)
             e->b_out[no++] = nt - 1;
         }
         e->b_store[i] = kv_seq_store(&q->kv, it->path);
+        e->b_sealed[i] = q->kv.sealed;
+        e->b_roff[i] = q->kv.roff;
         int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
         memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
         for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
@@ -1258,7 +1265,8 @@ static void run_step(dp_engine *e)
                   .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no + ns,
                   .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture,
                   .n_exempt = e->kv.n_exempt, .x_slot = e->x_slot, .x_seq_store = e->x_store,
-                  .x_block_tables = e->x_tables, .x_max_blocks = x_max};
+                  .x_block_tables = e->x_tables, .x_max_blocks = x_max,
+                  .seq_sealed = e->b_sealed, .seq_roff = e->b_roff};
     dp_kv_store *stores[DP_KV_MAX_STORES];
     kv_mgr_stores(&e->kv, stores);
     double tf = dp_now();
@@ -1409,7 +1417,8 @@ static void update_gauges(dp_engine *e)
     e->stats.parked_blocks = parked;
     e->stats.kv_shared = m->shared;
     e->stats.block_tokens = m->pool.block_tokens;
-    e->stats.decode_block_tokens = m->dual ? m->dbt : 0;
+    /* (A grouped type's block is one group; its residual is in the arena's blocks.) */
+    e->stats.decode_block_tokens = !m->dual ? 0 : m->dt[0].group ? m->dt[0].group : m->dbt;
     e->stats.rebuilds = m->rebuilds;
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
@@ -1434,6 +1443,7 @@ static void update_gauges(dp_engine *e)
     e->stats.parked_host_bytes = parked_host;
     e->stats.decode_recomputes = m->decode_recomputes;
     e->stats.recompressions_staged = m->staged_recompressions;
+    e->stats.groups_sealed = m->sealed_groups;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }
@@ -1752,11 +1762,12 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
                "KV arena (it splits the memory only when decode_block_tokens differs from "
                "block_tokens with one KV type for both paths)", opts->prefill_fraction);
+    const int32_t held = e->kv.dt[0].group ? e->kv.dt[0].group : e->kv.dbt;
     if (e->kv.shared && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
-        opts->decode_block_tokens != e->kv.dbt)
+        opts->decode_block_tokens != held)
         dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
                "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
-               dp_kv_type_name(ko.decode.type), e->kv.dbt);
+               dp_kv_type_name(ko.decode.type), held);
     log_memory_plan(e);
     log_host_plan(e);
     cap_context(e);
@@ -1790,6 +1801,8 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->b_slot = malloc(T * sizeof(int32_t));
     e->b_out = malloc(R * sizeof(int32_t));
     e->b_store = calloc(S, 1);
+    e->b_sealed = calloc(S, sizeof(int32_t));
+    e->b_roff = calloc(S, sizeof(int32_t));
     e->x_store = calloc(S, 1);
     e->x_slot = malloc(T * sizeof(int32_t));
     e->capture_cap = llama_capture_capacity(model);
@@ -1806,6 +1819,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
         !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
         !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q ||
+        !e->b_sealed || !e->b_roff ||
         !e->x_store || !e->x_slot ||
         !e->sc_out || !e->sc_pos || !e->sc_seq) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
@@ -1896,6 +1910,8 @@ void engine_destroy(dp_engine *e)
     free(e->sc_seq);
     gvocab_free(e->gvocab);
     free(e->b_store);
+    free(e->b_sealed);
+    free(e->b_roff);
     free(e->b_tables);
     free(e->x_store);
     free(e->x_slot);
@@ -1948,6 +1964,10 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s is not available on "
                       "this server (it keeps %s)", dp_kv_type_name(p->kv_type - 1), have);
     }
+    /* A grouped type's sequences keep no exempt table. */
+    if (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1) && e->kv.n_exempt > 0 && p->exempt != 1)
+        return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s keeps no exempt layers: "
+                      "ask for dualpath.exempt_layers 0 with it", dp_kv_type_name(p->kv_type - 1));
     /* Can it ever fit, alone in the pools? The manager's one formula. */
     const dp_compress_opts co = request_copts(e, req);
     dp_kv_seq kv;

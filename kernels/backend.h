@@ -65,6 +65,8 @@ typedef struct dp_kv_layout {
     int32_t block_tokens;
     int32_t n_blocks;
     int32_t type;        /* dp_kv_type (CUDA: f32 is kept in f16) */
+    int32_t base_tokens; /* a grouped type's view (kv_layout of it): the block_tokens of
+                          * the arena it views, where its residual lives */
 } dp_kv_layout;
 
 typedef struct dp_kv_store dp_kv_store;

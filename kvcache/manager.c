@@ -108,10 +108,27 @@ static int32_t max_stores(const dp_backend *be)
  * request may ask for, read from the same blocks, that holds a token in no
  * more bytes than the prefill path does (a decode copy larger than the
  * prompt it stands for would only cost memory). */
+/* The largest group of a grouped type (even, at most 256 tokens) whose block
+ * fits in `bytes` (an arena block): 0 when none does. */
+static int32_t grouped_fit(dp_backend *be, const dp_kv_layout *l, size_t bytes)
+{
+    dp_kv_layout g = *l;
+    g.n_blocks = 1;
+    int32_t best = 0;
+    for (g.block_tokens = 2; g.block_tokens <= 256; g.block_tokens += 2) {
+        const size_t b = be->ops->kv_bytes_per_block(be, &g);
+        if (!b || b > bytes)
+            break;
+        best = g.block_tokens;
+    }
+    return best;
+}
+
 static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
 {
     m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
-                             .layout = *dl, .store = m->dstore, .by_ref = m->by_ref};
+                             .layout = *dl, .store = m->dstore, .by_ref = m->by_ref,
+                             .group = dp_kv_type_grouped(dl->type) ? dl->block_tokens : 0};
     m->dt[0].layout.n_blocks = m->dpool->n_blocks;
     m->n_dt = 1;
     dp_backend *be = m->be;
@@ -127,6 +144,22 @@ static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout 
             continue;
         dp_kv_layout l = one;
         l.type = (dp_kv_type)t;
+        if (dp_kv_type_grouped(t)) {
+            /* A group per arena block, its residual and migrations in the
+             * arena's type (an f16 / f32 arena only: the view refuses others). */
+            dp_kv_dtype *d = &m->dt[m->n_dt];
+            l.block_tokens = grouped_fit(be, &l, m->prefill_block_bytes);
+            l.n_blocks = m->dpool->n_blocks;
+            if (l.block_tokens < 2 || be->ops->kv_view(be, m->store, &l, &d->store))
+                continue;
+            d->type = l.type;
+            d->bt = pl->block_tokens;
+            d->layout = l;
+            d->by_ref = true;
+            d->group = l.block_tokens;
+            m->n_dt++;
+            continue;
+        }
         const size_t per = be->ops->kv_bytes_per_block(be, &l);
         if (!per || per > pper)
             continue; /* not kept by this backend at this head size, or larger */
@@ -181,6 +214,8 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
         return dp_err(err, errsz, DP_EINVAL, "engine: too many KV blocks for exempt layers");
     for (int i = 0; i < m->n_dt && DP_KV_STORE_EXEMPT + 2 * i < max_stores(be); i++) {
         dp_kv_dtype *d = &m->dt[i];
+        if (d->group)
+            continue; /* (its sequences keep no exempt table) */
         dp_kv_layout xl = d->layout;
         xl.n_layers = n;
         xl.n_blocks = n_dblocks * m->xfold;
@@ -235,10 +270,32 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                 (typed ? be && be->ops->kv_view
                        : o->decode.block_tokens == o->prefill.block_tokens);
     m->dpool = m->shared ? &m->pool : &m->dpool_own;
-    m->by_ref = m->shared && !typed;
+    const bool grouped = o->dual && dp_kv_type_grouped(o->decode.type);
+    if (grouped && (!m->shared || o->decode_budget > 0 || o->exempt_layers > 0)) {
+        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s keeps its groups in "
+                    "one KV arena with the prefill path and without %s",
+                    dp_kv_type_name(o->decode.type),
+                    !m->shared ? "a decode pool of its own (decode_pool_blocks)"
+                    : o->decode_budget > 0 ? "a decode budget (decode_budget)"
+                                           : "exempt layers (exempt_layers)");
+        goto fail;
+    }
+    /* A grouped type's migrations write the arena's type (it seals whole
+     * groups from them), by reference like the arena's own. */
+    m->by_ref = m->shared && (!typed || grouped);
     m->share_front = o->dual && !m->by_ref && be;
     m->dbt = o->decode.block_tokens;
-    if (m->shared && typed) {
+    if (m->shared && grouped) {
+        dl.block_tokens = grouped_fit(be, &dl, m->prefill_block_bytes);
+        m->dbt = o->prefill.block_tokens; /* a table's unit: the residual's blocks */
+        m->decode_block_bytes = m->prefill_block_bytes;
+        if (dl.block_tokens < 2) {
+            rc = dp_err(err, errsz, DP_EINVAL, "engine: a %s group does not fit in a KV block of "
+                        "%d tokens; raise block_tokens", dp_kv_type_name(dl.type),
+                        o->prefill.block_tokens);
+            goto fail;
+        }
+    } else if (m->shared && typed) {
         dl.block_tokens = 1;
         size_t per_token = be->ops->kv_bytes_per_block(be, &dl);
         m->dbt = (int32_t)(m->prefill_block_bytes / per_token);
@@ -416,10 +473,36 @@ static inline int32_t seq_bt(const dp_kv_mgr *m, const dp_kv_seq *kv)
     return m->dt[kv->dt].bt;
 }
 
-/* Decode-path blocks that hold n tokens of the sequence's type. */
+/* Tokens per group of the sequence's decode type (0: not grouped). */
+static inline int32_t seq_group(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    return kv->dual ? m->dt[kv->dt].group : 0;
+}
+
+/* Decode-path blocks that hold n tokens of the sequence's type. Grouped: at
+ * most its whole groups, a residual of up to a group (sealed at the next
+ * growth) starting anywhere in its first block, and the group being
+ * sealed. */
 static int32_t dblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
-    return (int32_t)((n + seq_bt(m, kv) - 1) / seq_bt(m, kv));
+    const int32_t bt = seq_bt(m, kv), g = seq_group(m, kv);
+    if (g > 0) {
+        const int64_t r = n < g ? n : g;
+        return (int32_t)(n / g + (bt - 1 + r + bt - 1) / bt + 1);
+    }
+    return (int32_t)((n + bt - 1) / bt);
+}
+
+/* The blocks a decode table of n slots has in the sequence's layout now
+ * (grouped: its sealed groups, then its residual from roff). */
+static int64_t table_blocks(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
+{
+    const int32_t bt = seq_bt(m, kv), g = seq_group(m, kv);
+    if (g > 0 && kv->path == DP_PATH_DECODE) {
+        const int64_t r = n - kv->sealed;
+        return kv->sealed / g + (r > 0 ? (kv->roff + r + bt - 1) / bt : 0);
+    }
+    return (n + bt - 1) / bt;
 }
 
 /* Decode blocks an exempt table of n positions takes (0: the sequence keeps
@@ -427,7 +510,9 @@ static int32_t dblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 static int32_t xblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
     const int32_t xbt = m->dt[kv->dt].xbt;
-    return m->n_exempt > 0 && kv->exempt && kv->dual ? (int32_t)((n + xbt - 1) / xbt) : 0;
+    return m->n_exempt > 0 && kv->exempt && kv->dual && !seq_group(m, kv)
+               ? (int32_t)((n + xbt - 1) / xbt)
+               : 0;
 }
 
 /* An exempt table's batch row: entry i (xbt / xfold slots) of block
@@ -466,7 +551,7 @@ static inline bool seq_shares(const dp_kv_mgr *m, const dp_kv_seq *kv)
  * blocks; in any arena, unlike a prefix copy). */
 static inline bool seq_keeps_shared(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    return m->dpx.e && kv->dt == 0;
+    return m->dpx.e && kv->dt == 0 && !seq_group(m, kv);
 }
 
 /* Leading slots of a compaction to n_keep of n_slots that the new table
@@ -478,6 +563,10 @@ static int32_t ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slot
 {
     if (n_keep < 1 || n_keep > n_slots)
         return 0;
+    /* A grouped type keeping a whole prompt takes its blocks as they are
+     * (its groups are then sealed from them). */
+    if (seq_group(m, kv) > 0 && n_keep == n_slots && kv->path == DP_PATH_PREFILL)
+        return (n_keep - 1) / seq_bt(m, kv) * seq_bt(m, kv);
     if (m->dt[kv->dt].by_ref)
         return front_slots(m, kv, n_keep);
     if (!seq_shares(m, kv))
@@ -564,7 +653,7 @@ static int32_t kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *token
  * that first passes early_min (0: not before the prompt's end). */
 static int32_t early_point(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t got, int32_t n_tokens)
 {
-    if (kv->early_end <= 0 || m->early_min <= 0 || m->early_chunk <= 0)
+    if (kv->early_end <= 0 || m->early_min <= 0 || m->early_chunk <= 0 || seq_group(m, kv) > 0)
         return 0;
     int64_t s = (int64_t)(got > m->early_min - 1 ? got : m->early_min - 1) + m->early_chunk;
     /* Only while its prompt lasts (a recompute's tokens go on past it). */
@@ -592,7 +681,7 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
     n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
     const int32_t keep = compress_n_keep(&kv->copts, c);
     int64_t d = (int64_t)keep + n_more;
-    if (m->decode_budget > 0) {
+    if (m->decode_budget > 0 && !seq_group(m, kv)) {
         /* Recompression holds it below the budget, whatever it generates
          * (while it runs, both tables: a copied prefix is in both). */
         int64_t cap = (int64_t)kv_seq_prefix(kv) * (m->dt[kv->dt].by_ref ? 1 : 2) + m->decode_budget +
@@ -622,7 +711,9 @@ static bool decode_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t need, i
 
 bool kv_mgr_can_switch_early(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    if (!m->dual || !kv->dual || kv->path != DP_PATH_PREFILL || kv->n_slots < 1)
+    /* (A grouped type's prompt is compacted once, at its end.) */
+    if (!m->dual || !kv->dual || kv->path != DP_PATH_PREFILL || kv->n_slots < 1 ||
+        seq_group(m, kv) > 0)
         return false;
     /* What decode_reserve takes for a table of n_slots (less the front it
      * holds by reference), as the migration will ask. */
@@ -665,6 +756,8 @@ static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int
                              int32_t bt, int32_t *took)
 {
     int32_t need = (int32_t)((n_slots + bt - 1) / bt) - t->n_blocks;
+    if (bt == 1) /* (grouped: n_slots counts blocks, decode_reserve) */
+        need = (int32_t)n_slots - t->n_blocks;
     if (took)
         *took = 0;
     if (need <= 0)
@@ -686,6 +779,11 @@ static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int
 static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
                           int32_t *took)
 {
+    /* A grouped sequence's table on the decode path counts its sealed
+     * groups and residual (t is its own table then; a migration's new
+     * table is all residual, from its start). */
+    if (seq_group(m, kv) > 0 && t == &kv->table && kv->path == DP_PATH_DECODE)
+        return decode_reserve_bt(m, kv, t, table_blocks(m, kv, n_slots), 1, took);
     return decode_reserve_bt(m, kv, t, n_slots, seq_bt(m, kv), took);
 }
 
@@ -746,6 +844,7 @@ static void release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     leave_kept(m, kv);
     kv->mig_pos = kv->mig_keep = kv->exact_from = 0;
     kv->ref_blocks = 0;
+    kv->sealed = kv->roff = 0;
     kv->recompressed = false;
     attn_acc_reset(&kv->attn);
     kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
@@ -819,7 +918,9 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
     if (n_slots > 0) {
         /* (Room made by the caller: cannot fail. Were it to, the next
          * step's growth asks again.) */
-        if (kv_table_reserve_bt(&kv->table, m->dpool, n_slots, seq_bt(m, kv)) ||
+        const bool grp = seq_group(m, kv) > 0;
+        if (kv_table_reserve_bt(&kv->table, m->dpool, grp ? table_blocks(m, kv, n_slots) : n_slots,
+                                grp ? 1 : seq_bt(m, kv)) ||
             (nx > 0 && kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1,
                                            m->dt[kv->dt].xbt)))
             dp_log(DP_LOG_DEBUG, "kvcache: a swapped-in cache found no block for its next token");
@@ -1323,15 +1424,76 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     return 0;
 }
 
+/* ---- grouped decode types: whole groups sealed from the residual ---------- */
+
+/* Writes each whole group at the front of a grouped sequence's residual
+ * into a block of its type (kv_compact quantizes the group at once), and
+ * gives back the residual blocks that no longer hold anything. Best effort:
+ * a group that finds no block stays in the residual, read there in the
+ * arena's type, until the next growth tries again. */
+static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
+{
+    const int32_t g = seq_group(m, kv);
+    if (g <= 0 || !m->be || kv->path != DP_PATH_DECODE)
+        return;
+    const dp_kv_dtype *d = &m->dt[kv->dt];
+    const int32_t bt = d->bt;
+    const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
+    while (kv->n_slots - kv->sealed >= g) {
+        int32_t from_promise, blk;
+        if (!decode_room(m, kv, 1, &from_promise) && !park_reclaim(m, 1 - from_promise))
+            return;
+        int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)g);
+        if (!keep || kv_table_room(&kv->table, kv->table.n_blocks + 1) ||
+            kv_pool_alloc(m->dpool, &blk))
+            return;
+        for (size_t r = 0; r < rows; r++)
+            for (int32_t t = 0; t < g; t++)
+                keep[r * (size_t)g + (size_t)t] = kv->roff + t;
+        const int32_t k = kv->sealed / g, n_res = kv->table.n_blocks - k;
+        int32_t *res = kv->table.blocks + k;
+        const dp_compact_seq cs = {res, n_res, &blk, 1, g, keep};
+        int rc = m->be->ops->kv_compact(m->be, m->store, d->store, &cs, 1);
+        if (rc) {
+            dp_log(DP_LOG_ERROR, "kvcache: sealing a %s group failed (%s); it stays in the "
+                   "residual", dp_kv_type_name(d->type), dp_strerror(rc));
+            kv_pool_unref(m->dpool, blk);
+            return;
+        }
+        /* The residual blocks the group used up go; the group's block takes
+         * the first place after the other groups. */
+        const int32_t used = (kv->roff + g) / bt;
+        for (int32_t i = 0; i < used; i++)
+            kv_pool_unref(m->dpool, res[i]);
+        memmove(res + 1, res + used, (size_t)(n_res - used) * sizeof *res);
+        res[0] = blk;
+        kv->table.n_blocks = k + 1 + n_res - used;
+        kv->roff = (kv->roff + g) % bt;
+        kv->sealed += g;
+        /* (Blocks held by reference were the residual's first ones.) */
+        kv->ref_blocks = kv->ref_blocks > used ? kv->ref_blocks - used : 0;
+        kv->decode_reserve -= from_promise;
+        m->decode_reserved -= from_promise;
+        m->sealed_groups++;
+        if (kv->n_slots == kv->sealed) { /* an empty residual starts afresh */
+            for (int32_t b = k + 1; b < kv->table.n_blocks; b++)
+                kv_pool_unref(m->dpool, kv->table.blocks[b]);
+            kv->table.n_blocks = k + 1;
+            kv->roff = 0;
+        }
+    }
+}
+
 int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     const int64_t slots = (int64_t)kv->n_slots + n;
     if (kv->path == DP_PATH_DECODE) {
+        seal_groups(m, kv); /* (its residual's whole groups first: fewer blocks to take) */
         /* Both tables or neither: a compact table grown alone would hold
          * blocks no need counts (a later swap-in would not make room for
          * them). */
         const bool x = kv_seq_has_x(kv);
-        int32_t need = dblocks_for(m, kv, slots) - kv->table.n_blocks, from_promise;
+        int32_t need = (int32_t)table_blocks(m, kv, slots) - kv->table.n_blocks, from_promise;
         if (need < 0)
             need = 0;
         if (x && xblocks_for(m, kv, (int64_t)kv->x_n + n) > kv->xtable.n_blocks)
@@ -1555,6 +1717,12 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         dp_kv_seq *kv = g->kv;
         if (g->n_keep > kv->n_slots)
             g->n_keep = kv->n_slots;
+        if (d->group && src == DP_PATH_DECODE) {
+            /* A grouped cache is not compacted again (its groups are
+             * sealed): a resumed turn's new text stays whole. */
+            g->rc = DP_ENOSPC;
+            continue;
+        }
         kv_table_init(&tables[k]);
         /* The new table starts with the blocks it keeps by reference (one
          * more reference each), then takes decode blocks for the rest: its
@@ -1690,8 +1858,9 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         ok[k++] = g;
     }
     kv_migrator_set_exempt(&m->mig, d->xstore);
+    /* (A grouped type's migration writes its residual: the arena's type.) */
     int rc = k == 0 ? 0 : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : d->store,
-                                     d->store, mv, k);
+                                     d->group ? m->store : d->store, mv, k);
     if (rc)
         dp_log(DP_LOG_ERROR, "kvcache: migration of %d sequences failed (%s); they keep their "
                "caches", k, dp_strerror(rc));
@@ -1760,6 +1929,8 @@ static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_p
         kv->n_slots = g->n_keep;
         kv->ref_blocks = held[i] / d->bt;
         attn_acc_reset(&kv->attn); /* its slots were rearranged */
+        kv->sealed = kv->roff = 0;
+        seal_groups(m, kv);
     }
     for (int32_t i = 0; i < n_pins; i++)
         dprefix_leave(&m->dpx, pins[i]);
@@ -1860,7 +2031,9 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     int64_t slots = (int64_t)kv->n_slots + 1;
     /* What the copy holds, or what the next token needs where that is more. */
     const int32_t nx = kv->swapped_x, nc = kv->swapped.n_blocks - nx;
-    int32_t need = dblocks_for(m, kv, slots) > nc ? dblocks_for(m, kv, slots) : nc;
+    const int32_t want = seq_group(m, kv) > 0 ? (int32_t)table_blocks(m, kv, slots)
+                                              : dblocks_for(m, kv, slots);
+    int32_t need = want > nc ? want : nc;
     if (nx) {
         const int32_t x = xblocks_for(m, kv, (int64_t)kv->x_n + 1);
         need += x > nx ? x : nx;
@@ -1879,8 +2052,8 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     /* A request's own decode type writes back only where it loses nothing
      * (the prefill type): the prefix cache serves every request, and one
      * that asked for f16 must not read another's q4_0 rows. */
-    if (kv->dt != 0 && !m->dt[kv->dt].by_ref)
-        return;
+    if ((kv->dt != 0 && !m->dt[kv->dt].by_ref) || seq_group(m, kv) > 0)
+        return; /* (a grouped cache's rows are not where the window's mapping says) */
     /* From the window on, the compact cache holds every position whole, in
      * order: position p is at slot p + off in every head (the window's kept
      * slots are the last of the compaction, the reply's follow them). */

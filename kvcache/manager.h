@@ -81,6 +81,12 @@ typedef struct dp_kv_seq {
     uint8_t dt;
     dp_block_table xtable;
     int32_t x_n;
+    /* A grouped decode type (kivi4, dp_kv_dtype.group): slots [0, sealed)
+     * are whole groups, one decode block each, at the front of the table;
+     * slot p >= sealed is entry p - sealed + roff of the residual, the
+     * arena blocks (bt slots each) that follow them (backend.h
+     * seq_sealed). Both 0 for any other type. */
+    int32_t sealed, roff;
     int32_t swapped_x;        /* of swapped.n_blocks, the last ones are xtable's */
     /* The named prompt blocks it left at its migration, protected from
      * eviction until it ends: the next turn of its conversation asks for
@@ -151,6 +157,12 @@ typedef struct dp_kv_dtype {
     int32_t xbt;                 /* slots per exempt-table block */
     dp_kv_store *rscratch;       /* a staged recompression's kept rows (rscratch_blocks) */
     int32_t rscratch_blocks;
+    /* Grouped (kivi4): tokens per group, one block of store each; bt is
+     * then the arena's (the residual's and the migration's unit: a
+     * migration writes the arena's type, by reference where it keeps a
+     * prompt's blocks as they are, and whole groups are sealed from it).
+     * 0: not grouped. */
+    int32_t group;
 } dp_kv_dtype;
 
 /* A finished turn's compact cache, kept (held, evicted first when memory
@@ -199,6 +211,7 @@ typedef struct dp_kv_mgr {
     int64_t reply_blocks;        /* blocks kv_mgr_keep_reply wrote back */
     int64_t staged_recompressions; /* recompressions that found no free blocks (through rscratch) */
     int64_t kept_shared;         /* migrations that took a kept share */
+    int64_t sealed_groups;       /* groups written to a grouped decode type */
     bool reuse_replies;
     /* Parked turns (kv_mgr_park), oldest anywhere (stamps order them). */
     dp_kv_parked *parked;
@@ -410,7 +423,7 @@ static inline int32_t kv_seq_prefix(const dp_kv_seq *kv)
 /* Whether a decode-path sequence is over the budget ... */
 static inline bool kv_mgr_over_budget(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE &&
+    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE && !m->dt[kv->dt].group &&
            kv->n_slots - kv_seq_prefix(kv) >= m->decode_budget;
 }
 /* ... and the slots its recompression keeps (the budget less a quarter). */
@@ -463,7 +476,7 @@ static inline int32_t kv_mgr_prompt_end_keep(const dp_kv_mgr *m, const dp_kv_seq
  * of them (it is on the decode path, within `window` tokens of the budget). */
 static inline bool kv_mgr_wants_query(const dp_kv_mgr *m, const dp_kv_seq *kv)
 {
-    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE && kv->dual &&
+    return m->decode_budget > 0 && kv->path == DP_PATH_DECODE && kv->dual && !m->dt[kv->dt].group &&
            kv->copts.scorer == DP_SCORER_SNAPKV && kv->copts.window > 0 &&
            kv->n_slots - kv_seq_prefix(kv) + kv->copts.window >= m->decode_budget;
 }

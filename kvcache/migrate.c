@@ -104,9 +104,12 @@ int kv_migrate(dp_kv_migrator *m, const dp_kv_store *src, dp_kv_store *dst, dp_k
     const size_t per_keep = (size_t)m->comp.n_layers * (size_t)m->comp.n_kv_heads;
     size_t total = 0;
     for (int32_t i = 0; i < n; i++) {
+        /* Slots held by reference are a forced front, or any leading run of
+         * a move that keeps every slot (kept in order). */
         if (mv[i].n_keep < 1 || mv[i].n_keep > mv[i].n_slots || mv[i].n_ref < 0 ||
             mv[i].n_ref >= mv[i].n_keep ||
-            (!mv[i].keep_given && mv[i].n_ref > compress_front(mv[i].co, mv[i].n_keep)))
+            (!mv[i].keep_given && mv[i].n_keep < mv[i].n_slots &&
+             mv[i].n_ref > compress_front(mv[i].co, mv[i].n_keep)))
             return DP_EINVAL;
         total += per_keep * (size_t)mv[i].n_keep;
     }

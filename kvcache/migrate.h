@@ -30,7 +30,8 @@ typedef struct dp_kv_move {
     dp_scorer scorer;            /* out: the scorer that ran */
     /* Leading slots the destination holds already, by reference: they are
      * selected as usual and not copied (a prefix kept whole,
-     * compress_front, or a kept share's slots, with keep_given). */
+     * compress_front; any leading run when every slot is kept; or a kept
+     * share's slots, with keep_given). */
     int32_t n_ref;
     /* SnapKV on the decode path (a recompression): the attention its recent
      * decode queries gave each slot, used instead of q where it holds any. */

@@ -50,7 +50,7 @@ const float *llama_captured_queries(const dp_llama *m) { return m->capture_q; }
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
     dp_kv_layout l = {m->hp.n_layers, m->hp.n_kv_heads, m->hp.head_dim, block_tokens, n_blocks,
-                      DP_KV_F32};
+                      DP_KV_F32, 0};
     return l;
 }
 
@@ -229,6 +229,17 @@ static bool check_slots(const dp_kv_layout *const *layouts, const dp_batch *b, i
     if (!l || l->n_layers < min_layers)
         return false;
     int32_t bi = slot[i] / l->block_tokens;
+    if (dp_kv_type_grouped(l->type)) {
+        /* Its groups, then its residual (backend.h seq_sealed); a token is
+         * written to the residual only. */
+        if (!b->seq_sealed || !b->seq_roff || l->base_tokens < 1)
+            return false;
+        const int32_t sealed = b->seq_sealed[b->seq[i]], roff = b->seq_roff[b->seq[i]];
+        if (sealed < 0 || sealed % l->block_tokens || roff < 0 || roff >= l->base_tokens ||
+            slot[i] < sealed)
+            return false;
+        bi = sealed / l->block_tokens + (int32_t)(((int64_t)slot[i] - sealed + roff) / l->base_tokens);
+    }
     if (bi >= max_blocks)
         return false;
     for (int32_t j = 0; j <= bi; j++) {

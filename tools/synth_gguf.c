@@ -604,6 +604,8 @@ int synth_shape_preset(const char *name, dp_synth_shape *out)
         s = (dp_synth_shape){2, 64, 4, 2, 128, 512, 256, 10000.0f, false};
     else if (strcmp(name, "tiny32") == 0) /* heads of 32: a quantized KV type's block */
         s = (dp_synth_shape){2, 64, 2, 1, 128, 512, 256, 10000.0f, false};
+    else if (strcmp(name, "tiny64") == 0) /* a head of 64: a kivi4 group's values */
+        s = (dp_synth_shape){2, 64, 1, 1, 128, 512, 256, 10000.0f, false};
     else if (strcmp(name, "smollm") == 0)
         s = (dp_synth_shape){30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, true};
     else if (strcmp(name, "7b") == 0)

@@ -177,6 +177,8 @@ static int kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l, dp_
         return DP_EINVAL;
     }
     kv->base = base;
+    if (kv->kivi)
+        kv->l.base_tokens = b->block_tokens;
     kv->blk_bytes = base->blk_bytes;
     kv->view = true;
     kv->k = base->k;

@@ -160,7 +160,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
             dp_kv_layout l = {cfg->n_layers, cfg->n_kv, cfg->hd, cfg->bt[s], cfg->nb[s],
                               s == 1 && cfg->type1 ? (dp_kv_type)(cfg->type1 - 1)
                               : cfg->view1         ? DP_KV_F16
-                                                   : DP_KV_F32};
+                                                   : DP_KV_F32, 0};
             int rc = s == 1 && cfg->view1 ? be[b]->ops->kv_view(be[b], st[0], &l, &st[1])
                                           : be[b]->ops->kv_create(be[b], &l, &st[s]);
             if (rc)
@@ -414,7 +414,7 @@ void check_kv_saturate(dp_backend *be[2])
     hb.n_out = 1;
     float *img[2];
     for (int b = 0; b < 2; b++) {
-        dp_kv_layout l = {1, NKV, HD, BT, 1, DP_KV_F16};
+        dp_kv_layout l = {1, NKV, HD, BT, 1, DP_KV_F16, 0};
         dp_kv_store *kv;
         if (be[b]->ops->kv_create(be[b], &l, &kv))
             die(EXIT_SETUP, "%s: kv_create (f16) failed", be[b]->ops->name);
@@ -523,8 +523,8 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
     const size_t score_n[2] = {(size_t)n_layers * n_kv * sq[0].n_slots, (size_t)n_layers * n_kv * sq[1].n_slots};
     for (int b = 0; b < 2; b++) {
         dp_kv_store *src, *dst;
-        dp_kv_layout ls = {n_layers, n_kv, hd, bt_src, nb_src, quant ? DP_KV_F16 : DP_KV_F32},
-                     ld = {n_layers, n_kv, hd, bt_dst, nb_dst, dtype};
+        dp_kv_layout ls = {n_layers, n_kv, hd, bt_src, nb_src, quant ? DP_KV_F16 : DP_KV_F32, 0},
+                     ld = {n_layers, n_kv, hd, bt_dst, nb_dst, dtype, 0};
         if (be[b]->ops->kv_create(be[b], &ls, &src) || be[b]->ops->kv_create(be[b], &ld, &dst))
             die(EXIT_SETUP, "%s: kv_create failed", be[b]->ops->name);
         dp_kv_store *st[DP_KV_MAX_STORES] = {src, dst};

@@ -149,7 +149,7 @@ static void fill_random(dp_kv_store *kv, const int32_t *table, int32_t n)
 static void check_selection(dp_backend *be, dp_kv_type type)
 {
     const int32_t n = 37, NB = 16;
-    dp_kv_layout lay = {L, HKV, HD, BTK, NB, type};
+    dp_kv_layout lay = {L, HKV, HD, BTK, NB, type, 0};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &lay, &kv) == 0);
     int32_t perm[16], table[16];
@@ -379,7 +379,7 @@ static void check_compact(dp_backend *be)
     /* Two sequences compacted at once into one destination store with
      * smaller blocks and scrambled tables; every other row stays poisoned. */
     const int32_t n[2] = {37, 21}, NBS = 16, DBT = 2, NBD = 40;
-    dp_kv_layout ls = {L, HKV, HD, BTK, NBS, DP_KV_F32}, ld = {L, HKV, HD, DBT, NBD, DP_KV_F32};
+    dp_kv_layout ls = {L, HKV, HD, BTK, NBS, DP_KV_F32, 0}, ld = {L, HKV, HD, DBT, NBD, DP_KV_F32, 0};
     dp_kv_store *src, *dst;
     CHECK(be->ops->kv_create(be, &ls, &src) == 0);
     CHECK(be->ops->kv_create(be, &ld, &dst) == 0);
@@ -543,7 +543,7 @@ static void check_keep_all_logits(void)
 static void check_kv_sim(dp_backend *be)
 {
     enum { SL = 2, SH = 2, SD = 64, SBT = 16, SNB = 6, N = 40, G = 32, BITS = 4 };
-    dp_kv_layout lay = {SL, SH, SD, SBT, SNB, DP_KV_F32};
+    dp_kv_layout lay = {SL, SH, SD, SBT, SNB, DP_KV_F32, 0};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &lay, &kv) == 0);
     const int32_t table[3] = {4, 1, 3}; /* out of order; blocks 0, 2, 5 are another's */

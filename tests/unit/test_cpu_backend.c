@@ -236,7 +236,7 @@ static void test_elementwise(dp_backend *be)
 static void test_attention(dp_backend *be, int32_t type, int32_t BT)
 {
     enum { NH = 6, NKV = 2, HD = 32, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
-    dp_kv_layout l = {NL, NKV, HD, BT, NB, type};
+    dp_kv_layout l = {NL, NKV, HD, BT, NB, type, 0};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &l, &kv) == 0);
     CHECK(be->ops->kv_layout(be, kv)->n_blocks == NB);
@@ -395,14 +395,14 @@ static void test_kv_views(dp_backend *be)
         const int32_t type = qtypes[ti];
         const uint32_t qt = type == DP_KV_Q8_0 ? DP_TYPE_Q8_0 : DP_TYPE_Q4_0;
         const size_t rb = (size_t)HD / 32 * quant_block_bytes(qt);
-        dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16};
+        dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16, 0};
         dp_kv_store *arena, *view, *bad;
         CHECK(be->ops->kv_create(be, &al, &arena) == 0);
         const size_t ab = be->ops->kv_bytes_per_block(be, &al);
         /* Tokens per view block: what fits in an arena block. */
         const int32_t vbt = (int32_t)(ab / (2 * NL * NKV * rb));
         CHECK(vbt > BT);
-        dp_kv_layout vl = {NL, NKV, HD, vbt + 1, NB, type};
+        dp_kv_layout vl = {NL, NKV, HD, vbt + 1, NB, type, 0};
         CHECK(be->ops->kv_view(be, arena, &vl, &bad) == DP_EINVAL); /* one token too many */
         vl.block_tokens = vbt;
         CHECK(be->ops->kv_view(be, arena, &vl, &view) == 0);
@@ -532,7 +532,7 @@ static void test_kv_views(dp_backend *be)
          * 7 + s * NB is layer s of arena block 7. Rows compacted into view
          * block 15 land in arena block 7's layer 1, as the plain view reads
          * them, and nothing else changes. */
-        dp_kv_layout fl = {1, NKV, HD, vbt, NB * NL, type};
+        dp_kv_layout fl = {1, NKV, HD, vbt, NB * NL, type, 0};
         dp_kv_store *fold;
         fl.n_blocks = NB * NL + 1;
         CHECK(be->ops->kv_view(be, arena, &fl, &bad) == DP_EINVAL); /* not a fold */
@@ -578,7 +578,7 @@ static void test_kv_views(dp_backend *be)
         be->ops->kv_destroy(be, arena);
     }
     /* A head_dim the 32-value blocks do not divide has no quantized store. */
-    dp_kv_layout odd = {1, 1, 48, 16, 4, DP_KV_Q8_0};
+    dp_kv_layout odd = {1, 1, 48, 16, 4, DP_KV_Q8_0, 0};
     dp_kv_store *kv;
     CHECK(be->ops->kv_bytes_per_block(be, &odd) == 0);
     CHECK(be->ops->kv_create(be, &odd, &kv) == DP_EINVAL);

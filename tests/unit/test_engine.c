@@ -651,6 +651,11 @@ static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
  * is swapped out and restored as it was (recomputing it would choose its
  * kept set again, over its own output). usage's kept/evicted counts are the
  * same too. */
+/* The keep ratio test_dualpath_preemption runs at, and the preemptions it
+ * must see at least. */
+static float preempt_keep = 0.5f;
+static int preempt_min = 5;
+
 static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t small_pool,
                                      bool shared, int32_t decode_type, int32_t budget,
                                      const char *what)
@@ -660,7 +665,7 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     engine_opts_default(&o);
     o.decode_kv_type = decode_type;
     o.decode_budget = budget;
-    o.compress.keep_ratio = 0.5f;
+    o.compress.keep_ratio = preempt_keep;
     o.compress.sinks = 2;
     o.compress.window = 4; /* short prompts are compressed too */
     /* Split: a prefill pool of 1024 blocks and a small decode pool. Shared:
@@ -699,7 +704,8 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     CHECK_EQ_INT(st.migrations, st_alone.migrations);
     CHECK_EQ_INT(st.tokens_kept, st_alone.tokens_kept);
     CHECK_EQ_INT(st.tokens_evicted, st_alone.tokens_evicted);
-    CHECK_MSG(st.preemptions >= 5, "%s: only %lld preemptions", what, (long long)st.preemptions);
+    CHECK_MSG(st.preemptions >= preempt_min, "%s: only %lld preemptions", what,
+              (long long)st.preemptions);
     CHECK_EQ_INT(st.kv_shared, shared);
     if (!shared) /* a shared arena also preempts prompts, which are recomputed */
         CHECK_EQ_INT(st.swap_outs, st.preemptions);
@@ -714,6 +720,10 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     CHECK(budget == 0 || st.recompressions > 0);
     CHECK(budget == 0 || !shared || st.recompressions_staged > 0); /* the arena ran dry */
     CHECK_EQ_INT(st_alone.recompressions_staged, 0);
+    /* A grouped type seals the same groups alone and under pressure (a
+     * swapped-out cache comes back with its groups and residual as they were). */
+    CHECK(!dp_kv_type_grouped(decode_type) || st_alone.groups_sealed > 0);
+    CHECK_EQ_INT(st.groups_sealed, st_alone.groups_sealed);
     printf("%s: %d requests in a %d-block %s identical to alone (%lld preemptions, %lld compact "
            "caches swapped out and back, %lld recompressions, %lld of them staged)\n",
            what, n, small_pool, shared ? "arena for both paths" : "decode pool",
@@ -2353,6 +2363,30 @@ int main(void)
     test_decode_type_exact(&w);
     test_system_prompt_typed(&w);
     test_early_admission(&w);
+    world_close(&w);
+
+    /* A head of 64 values: kivi4, whose groups (56 tokens here) are sealed
+     * from the residual as prompts migrate and replies grow; whole prompts
+     * (keep 1) are taken by reference, halved ones copied first. */
+    world_open_shape(&w, NULL, "tiny64");
+    {
+        static req_spec g[12];
+        for (int i = 0; i < 12; i++) {
+            g[i] = (req_spec){.n_prompt = 40 + urand(60), .max_tokens = 150, .ignore_eos = true};
+            for (int k = 0; k < g[i].n_prompt; k++)
+                g[i].prompt[k] = urand(w.vocab);
+        }
+        for (int k = 0; k < 2; k++) {
+            /* (Halved prompts leave room: fewer preemptions.) */
+            preempt_keep = k ? 0.5f : 1.0f;
+            preempt_min = k ? 2 : 5;
+            test_dualpath_preemption(&w, g, 12, k ? 24 : 28, true, DP_KV_KIVI4, 0,
+                                     k ? "tiny64 kivi4 decode path preemption (keep 0.5)"
+                                       : "tiny64 kivi4 decode path preemption (keep 1)");
+        }
+        preempt_keep = 0.5f;
+        preempt_min = 5;
+    }
     world_close(&w);
 
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";

@@ -109,17 +109,17 @@ static void write_rows(dp_backend *be, dp_kv_store *const *stores, const float (
  * compared with the reference. */
 static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff, int32_t last)
 {
-    dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16};
+    dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16, 0};
     dp_kv_store *arena, *kivi;
     CHECK(be->ops->kv_create(be, &al, &arena) == 0);
     /* The largest even group whose block fits in an arena block. */
-    const size_t ablk = be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, BT, 1, DP_KV_F16});
+    const size_t ablk = be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, BT, 1, DP_KV_F16, 0});
     int32_t G = 2;
-    while (be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, G + 2, 1, DP_KV_KIVI4}) <= ablk)
+    while (be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, G + 2, 1, DP_KV_KIVI4, 0}) <= ablk)
         G += 2;
     CHECK(G == 56); /* head_dim 64: 4 * 64 + 64 * 28 bytes of K = 32 f16 rows */
-    CHECK(be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, 55, 1, DP_KV_KIVI4}) == 0);
-    dp_kv_layout kl = {NL, NKV, HD, G, NB, DP_KV_KIVI4};
+    CHECK(be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, 55, 1, DP_KV_KIVI4, 0}) == 0);
+    dp_kv_layout kl = {NL, NKV, HD, G, NB, DP_KV_KIVI4, 0};
     CHECK(be->ops->kv_create(be, &kl, &kivi) == DP_EINVAL); /* only a view */
     CHECK(be->ops->kv_view(be, arena, &kl, &kivi) == 0);
     const int32_t sealed = groups * G;
@@ -228,7 +228,7 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
     be->ops->free(be, q);
     be->ops->free(be, o);
     /* Block copies (swap) move a group's bytes whole. */
-    const size_t kb = be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, G, 1, DP_KV_KIVI4});
+    const size_t kb = be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, G, 1, DP_KV_KIVI4, 0});
     uint8_t *img = malloc(kb), *img2 = malloc(kb);
     if (groups > 0) {
         CHECK(be->ops->kv_block_read(be, kivi, table[0], img) == 0);

@@ -5,7 +5,7 @@
  * turn and resume it with the conversation's next one, keep a reply, free)
  * in a random order, on several managers: dualpath off, one arena of one
  * type, a quantized decode type, exempt layers, split pools, a decode
- * budget. After every call the bookkeeping must add up:
+ * budget, a grouped decode type (whole groups sealed from a residual). After every call the bookkeeping must add up:
  *   - each block's reference count equals the tables that hold it (live,
  *     swapped-in and parked sequences, exempt tables) plus the decode-pool
  *     shares that name it (dprefix.h), and the free count equals the blocks
@@ -330,10 +330,10 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
     char err[256];
     CHECK(backend_create(&w->be, "cpu", 1, err, sizeof err) == 0);
     dp_kv_mgr_opts o = {
-        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 32, .block_tokens = BT,
+        .prefill = {.n_layers = 2, .n_kv_heads = 1, .head_dim = 64, .block_tokens = BT,
                     .n_blocks = su->n_blocks, .type = DP_KV_F16},
         .dual = su->dual, .prefill_fraction = 0.25, .prefix_cache = true, .reuse_replies = true,
-        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 32,
+        .n_layers = 2, .n_kv_heads = 1, .n_heads = 2, .head_dim = 64,
         .max_parked = su->dual ? 4 : 0, .exempt_layers = su->exempt,
         .decode_budget = su->budget, .budget_floor = 12,
         /* A small swap space: it fills, and a preempted cache is recomputed. */
@@ -366,6 +366,10 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
         CHECK(w->ops[OP_MIGRATE] > 0 && w->ops[OP_PARK] > 0 && w->ops[OP_RESUME] > 0);
     if (su->budget)
         CHECK(w->ops[OP_RECOMPRESS] > 0);
+    if (dp_kv_type_grouped(su->dtype)) {
+        printf("%s: groups sealed %lld\n", su->name, (long long)w->m.sealed_groups);
+        CHECK(w->m.sealed_groups > 0);
+    }
     kv_mgr_destroy(&w->m);
     backend_destroy(w->be);
     free(w);
@@ -383,6 +387,7 @@ int main(void)
         {"one arena, q8_0 decode, 1 exempt layer", true, DP_KV_Q8_0, 48, 0, 1, 0},
         {"split pools", true, DP_KV_F16, 40, 24, 0, 0},
         {"one arena, q8_0 decode, budget 48", true, DP_KV_Q8_0, 48, 0, 0, 48},
+        {"one arena, kivi4 decode", true, DP_KV_KIVI4, 48, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof setups / sizeof setups[0]; i++)
         run(&setups[i], seed + i, steps);

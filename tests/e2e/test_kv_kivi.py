@@ -1,0 +1,120 @@
+"""kivi4, the decode path's grouped 4-bit KV type, as the daemon serves it:
+a group of 56 tokens per arena block (keys per channel, values per token),
+the newest tokens in the arena's f16 until their group fills; usage.dualpath
+reports the bytes held (whole groups at an arena block each, the residual
+in f16); chats under concurrent load, multi-turn through parked turns, all
+answered; settings it does not keep refused at start-up with their names."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import BIN, MODEL, Daemon, parallel
+
+# SmolLM2-135M: 30 layers x 3 KV heads x 64, K and V.
+F16_TOKEN_BYTES = 30 * 3 * 64 * 2 * 2
+BLOCK_BYTES = 16 * F16_TOKEN_BYTES
+GROUP = 56
+TEXT = ("The harbour master kept a ledger of every ship that came in: the Heron on Monday with "
+        "salt, the Marigold on Tuesday with timber, the Northern Star on Wednesday with wool, "
+        "and on Thursday a small boat called the Osprey that carried only letters. ") * 3
+
+
+def metric(d, name):
+    st, _, raw = d.request("GET", "/metrics")
+    assert st == 200
+    for line in raw.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def chat(d, messages, **extra):
+    # A bound on a hang, not on speed (the ASan daemon on a busy machine).
+    st, _, raw = d.request("POST", "/v1/chat/completions", {
+        "messages": messages, "temperature": 0, **extra}, timeout=900)
+    o = json.loads(raw)
+    assert st == 200, o
+    return o
+
+
+def held_bytes(kept):
+    return kept // GROUP * BLOCK_BYTES + kept % GROUP * F16_TOKEN_BYTES
+
+
+@pytest.fixture(scope="module")
+def kivi():
+    d = Daemon(extra=["--decode-kv-type", "kivi4"], log_name="dualpathd-kivi4")
+    yield d
+    assert d.stop() == 0
+
+
+def test_groups_per_block(kivi):
+    assert metric(kivi, 'dualpath_kv_block_tokens{pool="decode"}') == GROUP
+    assert metric(kivi, 'dualpath_kv_block_tokens{pool="prefill"}') == 16
+    assert f"{GROUP} in kivi4 on the decode path" in kivi.log_text()
+
+
+def test_usage_reports_held_bytes(kivi):
+    before = metric(kivi, "dualpath_kv_groups_sealed_total")
+    o = chat(kivi, [{"role": "user", "content": TEXT * 2 + "Which ship carried wool?"}],
+             max_tokens=80, dualpath={"enabled": True})
+    assert o["choices"][0]["message"]["content"]
+    u = o["usage"]["dualpath"]
+    kept = u["tokens_kept"]
+    assert kept == o["usage"]["prompt_tokens"] and u["tokens_evicted"] == 0, u
+    assert u["kv_bytes"] == held_bytes(kept), u
+    assert u["kv_bytes_full"] == kept * F16_TOKEN_BYTES
+    # (About 350 tokens: 6 groups and a residual of 17 f16 tokens.)
+    assert u["kv_bytes"] < 0.33 * u["kv_bytes_full"], u
+    # The prompt's groups, then the reply's as they filled.
+    sealed = metric(kivi, "dualpath_kv_groups_sealed_total") - before
+    assert sealed >= (kept + 80) // GROUP - 1, sealed
+
+
+def test_concurrent_multiturn(kivi):
+    """Eight three-turn chats at once: each turn continues its parked cache
+    (groups and residual as they were), every answer comes back."""
+    def conv(i):
+        msgs = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": f"My locker number is {4170 + i}. " + TEXT +
+                 "Summarize the ledger in one sentence."}]
+        outs = []
+        for q in ("Name the ship that came on Tuesday.", "What is my locker number?"):
+            o = chat(kivi, msgs, max_tokens=40)
+            outs.append(o)
+            msgs += [{"role": "assistant", "content": o["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": q}]
+        outs.append(chat(kivi, msgs, max_tokens=40))
+        return outs
+    before = metric(kivi, "dualpath_turns_resumed_total")
+    res = parallel(conv, 8)
+    for outs in res:
+        for o in outs:
+            assert o["choices"][0]["finish_reason"] in ("stop", "length"), o
+    assert metric(kivi, "dualpath_turns_resumed_total") > before
+    st, _, _ = kivi.request("GET", "/health")
+    assert st == 200
+
+
+def test_per_request_kivi4_on_a_q8_0_server():
+    """A request may ask for kivi4 on a server whose decode path is q8_0:
+    another view of the same arena."""
+    d = Daemon(log_name="dualpathd-kivi4-request")
+    try:
+        u = chat(d, [{"role": "user", "content": TEXT + "Which ship carried salt?"}],
+                 max_tokens=8, dualpath={"decode_kv_type": "kivi4", "enabled": True})["usage"]
+        assert u["dualpath"]["kv_bytes"] == held_bytes(u["dualpath"]["tokens_kept"]), u
+    finally:
+        assert d.stop() == 0
+
+
+@pytest.mark.parametrize("flags,words", [
+    (["--decode-budget", "256"], "decode_budget"),
+    (["--exempt-layers", "2"], "exempt_layers"),
+])
+def test_refused_settings(flags, words):
+    r = subprocess.run([BIN, "--model", MODEL, "--listen", "127.0.0.1:0", "--decode-kv-type",
+                        "kivi4"] + flags, capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0
+    assert "kivi4" in r.stderr and words in r.stderr, r.stderr

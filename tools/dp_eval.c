@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/quant.h"
 #include "model/chat_template.h"
 #include "tools/dp_eval.h"
 #include "tools/kv_sim.h"
@@ -116,7 +117,8 @@ static int teacher_force_cap(ev *e, dp_kv_store *const *stores, uint8_t si, cons
     dp_batch b = {.n_tokens = n, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
                   .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
                   .max_blocks = max_blocks, .n_out = n, .out_tokens = e->bt_out,
-                  .n_capture = n_cap, .capture_tokens = e->bt_cap};
+                  .n_capture = n_cap, .capture_tokens = e->bt_cap,
+                  .seq_sealed = e->g_sealed, .seq_roff = e->g_roff};
     /* Exempt layers (stores[2], the table's blocks there): position p at
      * slot p, as the daemon's exempt tables hold them. */
     static const uint8_t xsi = 2;
@@ -776,6 +778,16 @@ int chat_build(ev *e, char *const *msgs, char *const *questions, bool agnostic, 
     return 0;
 }
 
+/* Frees the compacted store (and its exempt layers' store). */
+static void chat_drop_btype(ev *e, chat_set *cs)
+{
+    if (!cs->gt && cs->stores[1])
+        e->be->ops->kv_destroy(e->be, cs->stores[1]);
+    if (cs->stores[2])
+        e->be->ops->kv_destroy(e->be, cs->stores[2]);
+    cs->stores[1] = cs->stores[2] = NULL;
+}
+
 void chat_destroy(ev *e, chat_set *cs)
 {
     for (int i = 0; i < cs->n; i++) {
@@ -783,6 +795,11 @@ void chat_destroy(ev *e, chat_set *cs)
             free(cs->prompt[i]);
         if (cs->q)
             free(cs->q[i]);
+    }
+    chat_drop_btype(e, cs);
+    if (cs->gt) {
+        gtab_destroy(cs->gt, e);
+        free(cs->gt);
     }
     for (int s = 0; s < DP_KV_MAX_STORES; s++)
         if (cs->stores[s])
@@ -802,9 +819,10 @@ void chat_destroy(ev *e, chat_set *cs)
  * (slots n_keep..), in steps of at most CHUNK tokens, and returns the
  * greedy token after them: what a resumed turn does with its new text. */
 static int chat_read_rest(ev *e, chat_set *cs, int i, int32_t n_keep, const uint8_t *x_store,
-                          int32_t *first)
+                          const int32_t *row, int32_t *first)
 {
-    const int32_t *table = cs->table_b + (size_t)i * cs->max_blocks_b;
+    /* (A grouped type's row: its groups, then its residual; e->g_*: its arrays.) */
+    const int32_t *table = row ? row : cs->table_b + (size_t)i * cs->max_blocks_b;
     static const uint8_t si = 1;
     for (int32_t done = cs->split[i]; done < cs->len[i];) {
         int32_t n = cs->len[i] - done < CHUNK ? cs->len[i] - done : CHUNK;
@@ -817,7 +835,8 @@ static int chat_read_rest(ev *e, chat_set *cs, int i, int32_t n_keep, const uint
         e->bt_out[0] = n - 1;
         dp_batch b = {.n_tokens = n, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
                       .slot = e->bt_slot, .n_seqs = 1, .seq_store = &si, .block_tables = table,
-                      .max_blocks = cs->max_blocks_b, .n_out = 1, .out_tokens = e->bt_out};
+                      .max_blocks = cs->max_blocks_b, .n_out = 1, .out_tokens = e->bt_out,
+                      .seq_sealed = e->g_sealed, .seq_roff = e->g_roff};
         if (cs->stores[2])
             with_exempt(e, &b, x_store, table, cs->max_blocks_b);
         int rc = llama_forward(e->m, &b, cs->stores, e->logits);
@@ -842,9 +861,18 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
     uint8_t *seq_store = malloc((size_t)n), *x_store = malloc((size_t)n);
     bool *live = calloc((size_t)n, sizeof(bool));
     kv_sim sim = {0};
+    /* A grouped type: each sequence's row and arrays (eval_grouped.c). */
+    gtab *gt = cs->gt;
+    gseq *gs = gt ? calloc((size_t)n, sizeof *gs) : NULL;
+    int32_t *grows = gt ? malloc((size_t)n * cs->max_blocks_b * sizeof *grows) : NULL;
+    int32_t *gsealed = gt ? calloc((size_t)n, sizeof *gsealed) : NULL;
+    int32_t *groff = gt ? calloc((size_t)n, sizeof *groff) : NULL;
     int rc = DP_ENOMEM;
-    if (!n_keep || !slot0 || !sim_done || !seq_store || !x_store || !live)
+    if (!n_keep || !slot0 || !sim_done || !seq_store || !x_store || !live ||
+        (gt && (!gs || !grows || !gsealed || !groff)))
         goto out;
+    if (gt)
+        gt->next = gt->n_ident;
     /* A simulated type: whole groups rounded after the migration and as
      * generated tokens fill them (kv_sim.h). */
     if (cs->sim_type &&
@@ -870,12 +898,22 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         }
         kv_migrator_set_exempt(&e->mig, cs->stores[2]);
         int32_t first = cs->first[i];
+        if (gt) { /* sealed after the migration, and again after the rest is read */
+            gs[i].row = grows + (size_t)i * cs->max_blocks_b;
+            gtab_start(gt, &gs[i], tb, mv.n_dst_blocks);
+            e->g_sealed = &gs[i].sealed;
+            e->g_roff = &gs[i].roff;
+        }
         if ((rc = queries_to_backend(e, cs->n_cap)) ||
-            (rc = kv_migrate(&e->mig, cs->stores[0], cs->stores[1], &mv, 1)) ||
+            (rc = kv_migrate(&e->mig, cs->stores[0], gt ? gt->arena : cs->stores[1], &mv, 1)) ||
             (cs->sim_type && (rc = kv_sim_fill(&sim, tb, n_keep[i], &sim_done[i]))) ||
-            (first < 0 && (rc = chat_read_rest(e, cs, i, n_keep[i], x_store, &first))) ||
-            (cs->sim_type && (rc = kv_sim_fill(&sim, tb, slot0[i], &sim_done[i]))))
+            (gt && (rc = gtab_seal(gt, e, &gs[i], n_keep[i]))) ||
+            (first < 0 && (rc = chat_read_rest(e, cs, i, n_keep[i], x_store,
+                                               gt ? gs[i].row : NULL, &first))) ||
+            (cs->sim_type && (rc = kv_sim_fill(&sim, tb, slot0[i], &sim_done[i]))) ||
+            (gt && (rc = gtab_seal(gt, e, &gs[i], slot0[i]))))
             goto out;
+        e->g_sealed = e->g_roff = NULL;
         seq_store[i] = 1;
         live[i] = true;
         out[(size_t)i * cs->gen] = first;
@@ -898,10 +936,15 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
         }
         if (nt == 0)
             continue;
+        for (int i = 0; gt && i < n; i++) {
+            gsealed[i] = gs[i].sealed;
+            groff[i] = gs[i].roff;
+        }
         dp_batch b = {.n_tokens = nt, .tokens = e->bt_tokens, .pos = e->bt_pos, .seq = e->bt_seq,
                       .slot = e->bt_slot, .n_seqs = n, .seq_store = seq_store,
-                      .block_tables = cs->table_b, .max_blocks = cs->max_blocks_b, .n_out = nt,
-                      .out_tokens = e->bt_out};
+                      .block_tables = gt ? grows : cs->table_b, .max_blocks = cs->max_blocks_b,
+                      .n_out = nt, .out_tokens = e->bt_out, .seq_sealed = gt ? gsealed : NULL,
+                      .seq_roff = gt ? groff : NULL};
         if (cs->stores[2])
             with_exempt(e, &b, x_store, cs->table_b, cs->max_blocks_b);
         if ((rc = llama_forward(e->m, &b, cs->stores, e->logits)))
@@ -916,12 +959,19 @@ static int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_
                 (rc = kv_sim_fill(&sim, cs->table_b + (size_t)i * cs->max_blocks_b, slot0[i] + t,
                                   &sim_done[i])))
                 goto out;
+            if (gt && (rc = gtab_seal(gt, e, &gs[i], slot0[i] + t)))
+                goto out;
         }
     }
     rc = 0;
 out:
     if (cs->sim_type)
         kv_sim_destroy(&sim);
+    e->g_sealed = e->g_roff = NULL;
+    free(gs);
+    free(grows);
+    free(gsealed);
+    free(groff);
     free(sim_done);
     kv_migrator_set_exempt(&e->mig, NULL);
     free(n_keep);
@@ -1027,6 +1077,45 @@ static dp_compress_opts grid_opts(const opts *o, int ri)
 static const char *dt_name(int t) { return kv_sim_is(t) ? kv_sim_name(t) : dp_kv_type_name(t); }
 static int dt_store(int t) { return kv_sim_is(t) ? DP_KV_F32 : t; }
 
+/* teacher_force over a grouped type (g; its kept slots [0, n_keep) just
+ * migrated into the arena through table): whole groups are sealed, then the
+ * continuation runs in chunks that each fill the open group, sealed before
+ * the next chunk reads it, as the manager seals at every growth. The logits
+ * of all C tokens land in e->logits (buf: C rows of scratch). */
+static int teacher_force_grouped(ev *e, gtab *g, dp_kv_store *const *stores, const int32_t *table,
+                                 int32_t nb, int32_t n_keep, int32_t P, const int32_t *cont,
+                                 int32_t C, float *buf)
+{
+    int32_t *row = malloc((size_t)nb * sizeof *row);
+    if (!row)
+        return DP_ENOMEM;
+    gseq s = {.row = row};
+    gtab_start(g, &s, table, nb);
+    dp_kv_store *st[DP_KV_MAX_STORES];
+    memcpy(st, stores, sizeof st);
+    st[1] = g->view;
+    e->g_sealed = &s.sealed;
+    e->g_roff = &s.roff;
+    g->next = g->n_ident; /* (each window seals its groups afresh) */
+    int rc = gtab_seal(g, e, &s, n_keep);
+    for (int32_t i = 0; rc == 0 && i < C;) {
+        const int32_t slots = n_keep + i;
+        int32_t len = g->G - (slots - s.sealed);
+        if (len > C - i)
+            len = C - i;
+        if ((rc = teacher_force(e, st, 1, s.row, nb, slots, P + i, cont + i, len)))
+            break;
+        memcpy(buf + (size_t)i * e->vocab, e->logits, (size_t)len * e->vocab * sizeof(float));
+        i += len;
+        rc = gtab_seal(g, e, &s, n_keep + i);
+    }
+    e->g_sealed = e->g_roff = NULL;
+    if (!rc)
+        memcpy(e->logits, buf, (size_t)C * e->vocab * sizeof(float));
+    free(row);
+    return rc;
+}
+
 /* Bytes per token of a decode type in the daemon's arena: an arena block
  * holds BT tokens in the prefill path's type and as many of the decode
  * type as fit in the same bytes (kvcache/manager.c). */
@@ -1042,6 +1131,15 @@ static void grid_bytes(ev *e, grid_result *g)
             continue;
         }
         dl.type = e->o->dtypes[t];
+        if (dp_kv_type_grouped(dl.type)) { /* a group per arena block (eval_grouped.c) */
+            dl.block_tokens = 2;
+            g->dbt[t] = 0;
+            while (e->be->ops->kv_bytes_per_block(e->be, &dl) > 0 &&
+                   e->be->ops->kv_bytes_per_block(e->be, &dl) <= blk && dl.block_tokens <= 256)
+                g->dbt[t] = dl.block_tokens, dl.block_tokens += 2;
+            g->bytes[t] = g->dbt[t] ? (double)BT / g->dbt[t] : 0;
+            continue;
+        }
         dl.block_tokens = 1;
         size_t per = e->be->ops->kv_bytes_per_block(e->be, &dl);
         g->dbt[t] = per ? (int32_t)(blk / per) : 0;
@@ -1151,6 +1249,8 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     la.type = o->kv_type;
     dp_kv_store *a = NULL, *b[MAX_DTYPES] = {NULL}, *x[MAX_DTYPES] = {NULL},
                 *b2[MAX_DTYPES] = {NULL};
+    gtab gt[MAX_DTYPES];
+    memset(gt, 0, sizeof gt);
     float *sim_logits = NULL;
     int32_t *table = malloc((size_t)nb * sizeof *table);
     float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
@@ -1166,6 +1266,12 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     for (int t = 0; t < o->n_dtypes; t++) {
         dp_kv_layout lb = la;
         lb.type = dt_store(o->dtypes[t]);
+        if (dp_kv_type_grouped(lb.type)) { /* migrations into its arena, read through its view */
+            if ((rc = gtab_init(&gt[t], e, &la, nb)))
+                goto out;
+            b[t] = gt[t].arena;
+            continue;
+        }
         if ((rc = e->be->ops->kv_create(e->be, &lb, &b[t])) || (rc = exempt_store(e, &lb, &x[t])) ||
             (o->early > 0 && (rc = e->be->ops->kv_create(e->be, &lb, &b2[t]))))
             goto out;
@@ -1187,6 +1293,10 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 int32_t n_keep = compress_n_keep(&co, P);
                 g->c[t][ri].n_keep[pi] = n_keep;
                 dp_kv_store *st[DP_KV_MAX_STORES] = {a, b[t], x[t]};
+                if (gt[t].view && o->early > 0) {
+                    rc = DP_EUNSUPPORTED; /* (a grouped type never switches early) */
+                    goto out;
+                }
                 dp_kv_move mv = {.co = &co, .src = table, .n_src_blocks = (P + BT - 1) / BT,
                                  .n_slots = P, .dst = table, .n_dst_blocks = nb, .n_keep = n_keep,
                                  .q = e->q_dev, .q_stride = (int64_t)n_cap * e->qd, .n_q = n_cap,
@@ -1199,6 +1309,9 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                 if (kv_sim_is(o->dtypes[t]))
                     rc = teacher_force_sim(e, st, table, nb, n_keep, P, cont, C, o->dtypes[t],
                                            sim_logits);
+                else if (gt[t].view)
+                    rc = teacher_force_grouped(e, &gt[t], st, table, nb, n_keep, P, cont, C,
+                                               sim_logits);
                 else
                     rc = teacher_force(e, st, 1, table, nb, n_keep, P, cont, C);
                 if (rc)
@@ -1220,7 +1333,9 @@ out:
         e->be->ops->kv_destroy(e->be, a);
     free(sim_logits);
     for (int t = 0; t < MAX_DTYPES; t++) {
-        if (b[t])
+        if (gt[t].arena)
+            gtab_destroy(&gt[t], e);
+        else if (b[t])
             e->be->ops->kv_destroy(e->be, b[t]);
         if (x[t])
             e->be->ops->kv_destroy(e->be, x[t]);
@@ -1237,15 +1352,28 @@ out:
 /* The compacted store of a chat set, again with another type. */
 static int chat_set_btype(ev *e, chat_set *cs, int32_t type)
 {
-    dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->stores[1]);
+    dp_kv_layout lb = *e->be->ops->kv_layout(e->be, cs->gt ? cs->gt->arena : cs->stores[1]);
     cs->sim_type = kv_sim_is(type) ? type : 0;
     type = dt_store(type);
-    if (lb.type == type && (cs->stores[2] != NULL) == (e->o->exempt > 0))
+    const dp_kv_layout *cur = e->be->ops->kv_layout(e->be, cs->stores[1]);
+    if (cur->type == type && (cs->stores[2] != NULL) == (e->o->exempt > 0 && !cs->gt))
         return 0;
-    e->be->ops->kv_destroy(e->be, cs->stores[1]);
-    if (cs->stores[2])
-        e->be->ops->kv_destroy(e->be, cs->stores[2]);
-    cs->stores[1] = cs->stores[2] = NULL;
+    chat_drop_btype(e, cs);
+    if (cs->gt) { /* (its arena's identity blocks are the set's B blocks) */
+        lb.n_blocks = cs->gt->n_ident;
+        gtab_destroy(cs->gt, e);
+        free(cs->gt);
+        cs->gt = NULL;
+    }
+    if (dp_kv_type_grouped(type)) {
+        /* Migrations into its arena, read through its view (no exempt
+         * layers with a grouped type, as in the daemon). */
+        if (!(cs->gt = calloc(1, sizeof *cs->gt)))
+            return DP_ENOMEM;
+        int rc = gtab_init(cs->gt, e, &lb, lb.n_blocks);
+        cs->stores[1] = rc ? NULL : cs->gt->view;
+        return rc;
+    }
     lb.type = type;
     int rc = e->be->ops->kv_create(e->be, &lb, &cs->stores[1]);
     return rc ? rc : exempt_store(e, &lb, &cs->stores[2]);
@@ -1439,6 +1567,11 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                          "newest slots exact until their group fills (%.3f of f16's bytes)",
                       dt_name(o->dtypes[t]), o->kivi_group, kv_sim_kbits(o->dtypes[t]),
                       kv_sim_vbits(o->dtypes[t]), g->bytes[t]);
+        else if (dp_kv_type_grouped(o->dtypes[t]))
+            sb_printf(s, ", a group of %d %s tokens (K per channel and V per token over %d "
+                         "channels, 4 bits with an f16 scale and minimum; the newest tokens in "
+                         "f16 until their group fills, not counted)",
+                      g->dbt[t], dp_kv_type_name(o->dtypes[t]), KIVI_VGROUP);
         else if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
     if (o->exempt > 0)
@@ -1763,7 +1896,7 @@ static int parse_kv_type(const char *v)
     return -1;
 }
 
-/* A grid's decode types may also be simulated ones (kivi4, kivi2: kv_sim.h). */
+/* A grid's decode types may also be simulated ones (sim-kivi4, sim-kivi2: kv_sim.h). */
 static int parse_grid_type(const char *v)
 {
     int t = parse_kv_type(v);
@@ -1795,7 +1928,7 @@ static void usage(void)
             "               [--seeds 5] [--sinks 4] [--window 32] [--chat 20] [--gen 64]\n"
             "               [--threads N] [--device cpu] [--kv-type f16|f32]\n"
             "               [--decode-kv-type f16|f32|q8_0|q4_0]\n"
-            "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,kivi2,kivi4v8] [--kivi-group 32]\n"
+            "               [--grid [--decode-kv-types f16,q8_0,q4_0,kivi4,sim-kivi2,sim-kivi4v8] [--kivi-group 32]\n"
             "                       [--scorer snapkv]\n"
             "                       [--passkey 512,1024,2048,4096] [--depths 10] [--exempt N] [--early S]\n"
             "                       [--niah 1024,2048,4096,6144] [--trials 12] [--needles 4]]\n"

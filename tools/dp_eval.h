@@ -79,6 +79,9 @@ typedef struct ev {
     float *q_host;   /* [n_layers][DP_MAX_CAPTURE][qd] */
     int32_t *bt_tokens, *bt_pos, *bt_seq, *bt_slot, *bt_out, *bt_cap;
     float *logits;   /* [max_out * vocab] */
+    /* A grouped decode type's batch arrays (dp_batch seq_sealed, seq_roff;
+     * NULL: none), included by every batch dp-eval builds. */
+    const int32_t *g_sealed, *g_roff;
 } ev;
 
 typedef struct chat_set {
@@ -92,6 +95,7 @@ typedef struct chat_set {
     int32_t *table_a, *table_b; /* [n][max_blocks] */
     dp_kv_store *stores[DP_KV_MAX_STORES];
     int sim_type;           /* the compacted store holds a simulated type (0: none) */
+    struct gtab *gt;        /* a grouped type: stores[1] is its view (NULL: none) */
 } chat_set;
 
 /* One row of the grid: a decode-path KV type at a keep ratio, the
@@ -141,6 +145,34 @@ typedef void (*grid_score_fn)(ev *e, const chat_set *cs, const int32_t *ref, con
 /* Generates every grid cell over one chat set; ref receives the whole
  * cache's outputs (cs->n x cs->gen). */
 int grid_generate(ev *e, chat_set *cs, grid_result *g, grid_score_fn score, int32_t *ref, void *ud);
+
+/* ---- a grouped decode type (eval_grouped.c) ----------------------------- */
+
+typedef struct gtab {
+    dp_kv_store *arena;      /* f16, the identity tables' blocks, then the groups' */
+    dp_kv_store *view;       /* the grouped type over it (what batches address) */
+    int32_t G, bt;           /* tokens per group; per arena block */
+    int32_t n_ident, next, end; /* identity blocks; the next group block; past the last */
+    size_t rows;             /* layers x KV heads */
+    int32_t *keep;           /* [rows][G]: a seal's kept lists */
+} gtab;
+
+/* One sequence: its identity table and its batch row (n_ident entries). */
+typedef struct gseq {
+    const int32_t *ident;
+    int32_t n_ident;
+    int32_t *row, n_row;
+    int32_t sealed, roff;
+} gseq;
+
+/* arena: the identity tables' geometry (its type is taken as f16), with
+ * extra_blocks more for groups. */
+int gtab_init(gtab *g, ev *e, const dp_kv_layout *arena, int32_t extra_blocks);
+void gtab_destroy(gtab *g, ev *e);
+/* A sequence just migrated into its identity table (s->row: caller's). */
+void gtab_start(const gtab *g, gseq *s, const int32_t *ident, int32_t n_ident);
+/* Seals its whole groups of n_slots filled slots and rebuilds its row. */
+int gtab_seal(gtab *g, ev *e, gseq *s, int32_t n_slots);
 
 /* ---- retrieval (eval_retrieval.c) ----------------------------------------- */
 

@@ -15,9 +15,9 @@
 int kv_sim_parse(const char *name)
 {
     int k, v, n = 0;
-    if (sscanf(name, "kivi%dv%d%n", &k, &v, &n) == 2 && name[n] == 0) {
+    if (sscanf(name, "sim-kivi%dv%d%n", &k, &v, &n) == 2 && name[n] == 0) {
         /* 4-bit keys, 8-bit values */
-    } else if (sscanf(name, "kivi%d%n", &k, &n) == 1 && name[n] == 0) {
+    } else if (sscanf(name, "sim-kivi%d%n", &k, &n) == 1 && name[n] == 0) {
         v = k;
     } else {
         return -1;
@@ -30,9 +30,9 @@ const char *kv_sim_name(int type)
     static char buf[32];
     const int k = kv_sim_kbits(type), v = kv_sim_vbits(type);
     if (k == v)
-        snprintf(buf, sizeof buf, "kivi%d", k);
+        snprintf(buf, sizeof buf, "sim-kivi%d", k);
     else
-        snprintf(buf, sizeof buf, "kivi%dv%d", k, v);
+        snprintf(buf, sizeof buf, "sim-kivi%dv%d", k, v);
     return buf;
 }
 

@@ -25,7 +25,7 @@ static inline bool kv_sim_is(int type) { return type > KV_SIM_BASE; }
 static inline int kv_sim_kbits(int type) { return kv_sim_is(type) ? (type - KV_SIM_BASE) / 16 : 0; }
 static inline int kv_sim_vbits(int type) { return kv_sim_is(type) ? (type - KV_SIM_BASE) % 16 : 0; }
 
-/* "kivi4" (4-bit keys and values), "kivi4v8" (4-bit keys, 8-bit values):
+/* "sim-kivi4" (4-bit keys and values), "sim-kivi4v8" (4-bit keys, 8-bit values):
  * bits 1..8 -> the type; -1 for anything else. */
 int kv_sim_parse(const char *name);
 /* Its name, as kv_sim_parse reads it (a static buffer: one per call). */

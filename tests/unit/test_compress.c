@@ -562,9 +562,9 @@ static void check_kv_sim(dp_backend *be)
             }
     kv_sim sim;
     int32_t done = 0;
-    CHECK(kv_sim_parse("kivi4") == KV_SIM_KIVI(4, 4) && kv_sim_parse("kivi4v8") == KV_SIM_KIVI(4, 8));
-    CHECK(kv_sim_parse("kivi9") < 0 && kv_sim_parse("kivi4x") < 0 && kv_sim_parse("q4_0") < 0);
-    CHECK(!strcmp(kv_sim_name(KV_SIM_KIVI(4, 8)), "kivi4v8"));
+    CHECK(kv_sim_parse("sim-kivi4") == KV_SIM_KIVI(4, 4) && kv_sim_parse("sim-kivi4v8") == KV_SIM_KIVI(4, 8));
+    CHECK(kv_sim_parse("sim-kivi9") < 0 && kv_sim_parse("kivi4") < 0 && kv_sim_parse("q4_0") < 0);
+    CHECK(!strcmp(kv_sim_name(KV_SIM_KIVI(4, 8)), "sim-kivi4v8"));
     CHECK(kv_sim_init(&sim, be, kv, KV_SIM_KIVI(BITS, BITS), G) == 0);
     CHECK(kv_sim_fill(&sim, table, N, &done) == 0);
     CHECK_EQ_INT(done, G);

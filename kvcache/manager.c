@@ -1214,7 +1214,23 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * holds past the match (a reply the client did not send back as it
      * was generated) goes back to the pool. */
     dp_kv_parked p = park_take(m, i);
-    const int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos), keep_b = dblocks_for(m, &p.kv, slots);
+    int32_t slots = p.kv.mig_keep + (c - p.kv.mig_pos);
+    const int32_t g = seq_group(m, &p.kv);
+    if (g > 0 && slots <= p.kv.sealed) {
+        /* A grouped cache keeps whole groups: a match that ends inside one
+         * keeps the groups before it and computes the rest again (and no
+         * resume where that reaches back into the compaction's slots). */
+        const int32_t back = slots - slots / g * g;
+        if (slots - back < p.kv.mig_keep || c - back <= 0) {
+            park_put(m, &p);
+            return 1;
+        }
+        slots -= back;
+        c -= back;
+        p.kv.sealed = slots;
+        p.kv.roff = 0;
+    }
+    const int32_t keep_b = g > 0 ? (int32_t)table_blocks(m, &p.kv, slots) : dblocks_for(m, &p.kv, slots);
     /* (Its exempt layers hold positions 0..c.) */
     const int32_t keep_x = xblocks_for(m, &p.kv, c);
     /* The rest of the prompt and the first generated token, on the decode

@@ -30,9 +30,9 @@
 # --no-dualpath), off-q8_0 (the same with the whole cache in q8_0:
 # --kv-cache-type q8_0, quantization alone), on (dualpathd's defaults), on-turns and on-whole-turns
 # (later chat turns always compressed / never: --compress-turns always |
-# never; the default, auto, compresses them when memory binds), on-q8_0
-# and on-q4_0 (dualpath
-# with a quantized decode path), on-evict (--keep-ratio 0.9: SnapKV evicts a
+# never; the default, auto, compresses them when memory binds), on-q8_0,
+# on-q4_0 and on-kivi4 (dualpath
+# with a quantized decode path; kivi4: 4-bit groups), on-evict (--keep-ratio 0.9: SnapKV evicts a
 # tenth of each prompt), on-no-park (--no-resume-turns: a finished
 # turn's compact cache is not kept for the next turn), on-no-swap
 # (--swap-space 0: a preempted decode-path sequence is recomputed),
@@ -236,6 +236,7 @@ for s in $SERVERS; do
         on) serve_and_run "dualpathd-on" $DP ;;
         on-q8_0) serve_and_run "dualpathd-on-q8_0" $DP --decode-kv-type q8_0 ;;
         on-q4_0) serve_and_run "dualpathd-on-q4_0" $DP --decode-kv-type q4_0 ;;
+        on-kivi4) serve_and_run "dualpathd-on-kivi4" $DP --decode-kv-type kivi4 ;;
         on-turns) serve_and_run "dualpathd-on-turns-always" $DP --compress-turns always ;;
         on-whole-turns) serve_and_run "dualpathd-on-turns-never" $DP --compress-turns never ;;
         on-budget) serve_and_run "dualpathd-on-budget${BUDGET:-256}" $DP --decode-budget "${BUDGET:-256}" ;;

@@ -1417,8 +1417,7 @@ static void update_gauges(dp_engine *e)
     e->stats.parked_blocks = parked;
     e->stats.kv_shared = m->shared;
     e->stats.block_tokens = m->pool.block_tokens;
-    /* (A grouped type's block is one group; its residual is in the arena's blocks.) */
-    e->stats.decode_block_tokens = !m->dual ? 0 : m->dt[0].group ? m->dt[0].group : m->dbt;
+    e->stats.decode_block_tokens = m->dual ? kv_mgr_decode_block_tokens(m) : 0;
     e->stats.rebuilds = m->rebuilds;
     e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
     e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
@@ -1762,7 +1761,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
                "KV arena (it splits the memory only when decode_block_tokens differs from "
                "block_tokens with one KV type for both paths)", opts->prefill_fraction);
-    const int32_t held = e->kv.dt[0].group ? e->kv.dt[0].group : e->kv.dbt;
+    const int32_t held = kv_mgr_decode_block_tokens(&e->kv);
     if (e->kv.shared && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
         opts->decode_block_tokens != held)
         dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "

@@ -103,14 +103,7 @@ static int32_t max_stores(const dp_backend *be)
     return n > 0 && n < DP_KV_MAX_STORES ? n : DP_KV_MAX_STORES;
 }
 
-/* dt[0]: the server's decode type (its store and geometry set up by
- * kv_mgr_init); in one arena on a backend with KV views, each other type a
- * request may ask for, read from the same blocks, that holds a token in no
- * more bytes than the prefill path does (a decode copy larger than the
- * prompt it stands for would only cost memory). */
-/* The largest group of a grouped type (even, at most 256 tokens) whose block
- * fits in `bytes` (an arena block): 0 when none does. */
-static int32_t grouped_fit(dp_backend *be, const dp_kv_layout *l, size_t bytes)
+int32_t kv_mgr_group_tokens(dp_backend *be, const dp_kv_layout *l, size_t bytes)
 {
     dp_kv_layout g = *l;
     g.n_blocks = 1;
@@ -124,6 +117,11 @@ static int32_t grouped_fit(dp_backend *be, const dp_kv_layout *l, size_t bytes)
     return best;
 }
 
+/* dt[0]: the server's decode type (its store and geometry set up by
+ * kv_mgr_init); in one arena on a backend with KV views, each other type a
+ * request may ask for, read from the same blocks, that holds a token in no
+ * more bytes than the prefill path does (a decode copy larger than the
+ * prompt it stands for would only cost memory). */
 static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout *pl)
 {
     m->dt[0] = (dp_kv_dtype){.type = dl->type, .bt = m->dbt > 0 ? m->dbt : pl->block_tokens,
@@ -148,7 +146,7 @@ static int dtypes_init(dp_kv_mgr *m, const dp_kv_layout *dl, const dp_kv_layout 
             /* A group per arena block, its residual and migrations in the
              * arena's type (an f16 / f32 arena only: the view refuses others). */
             dp_kv_dtype *d = &m->dt[m->n_dt];
-            l.block_tokens = grouped_fit(be, &l, m->prefill_block_bytes);
+            l.block_tokens = kv_mgr_group_tokens(be, &l, m->prefill_block_bytes);
             l.n_blocks = m->dpool->n_blocks;
             if (l.block_tokens < 2 || be->ops->kv_view(be, m->store, &l, &d->store))
                 continue;
@@ -286,7 +284,7 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
     m->share_front = o->dual && !m->by_ref && be;
     m->dbt = o->decode.block_tokens;
     if (m->shared && grouped) {
-        dl.block_tokens = grouped_fit(be, &dl, m->prefill_block_bytes);
+        dl.block_tokens = kv_mgr_group_tokens(be, &dl, m->prefill_block_bytes);
         m->dbt = o->prefill.block_tokens; /* a table's unit: the residual's blocks */
         m->decode_block_bytes = m->prefill_block_bytes;
         if (dl.block_tokens < 2) {
@@ -493,8 +491,9 @@ static int32_t dblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
     return (int32_t)((n + bt - 1) / bt);
 }
 
-/* The blocks a decode table of n slots has in the sequence's layout now
- * (grouped: its sealed groups, then its residual from roff). */
+/* The blocks a table of n slots has in the sequence's layout now: n / bt
+ * rounded up, or, grouped on the decode path, its sealed groups and then
+ * its residual from roff (dblocks_for bounds what it may come to need). */
 static int64_t table_blocks(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
     const int32_t bt = seq_bt(m, kv), g = seq_group(m, kv);
@@ -756,8 +755,6 @@ static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int
                              int32_t bt, int32_t *took)
 {
     int32_t need = (int32_t)((n_slots + bt - 1) / bt) - t->n_blocks;
-    if (bt == 1) /* (grouped: n_slots counts blocks, decode_reserve) */
-        need = (int32_t)n_slots - t->n_blocks;
     if (took)
         *took = 0;
     if (need <= 0)
@@ -781,7 +778,8 @@ static int decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_
 {
     /* A grouped sequence's table on the decode path counts its sealed
      * groups and residual (t is its own table then; a migration's new
-     * table is all residual, from its start). */
+     * table is all residual, from its start): reserved in blocks, one
+     * "slot" each. */
     if (seq_group(m, kv) > 0 && t == &kv->table && kv->path == DP_PATH_DECODE)
         return decode_reserve_bt(m, kv, t, table_blocks(m, kv, n_slots), 1, took);
     return decode_reserve_bt(m, kv, t, n_slots, seq_bt(m, kv), took);
@@ -918,9 +916,7 @@ static int swap_in_seq(dp_kv_mgr *m, dp_kv_seq *kv, int64_t n_slots)
     if (n_slots > 0) {
         /* (Room made by the caller: cannot fail. Were it to, the next
          * step's growth asks again.) */
-        const bool grp = seq_group(m, kv) > 0;
-        if (kv_table_reserve_bt(&kv->table, m->dpool, grp ? table_blocks(m, kv, n_slots) : n_slots,
-                                grp ? 1 : seq_bt(m, kv)) ||
+        if (kv_table_reserve_bt(&kv->table, m->dpool, table_blocks(m, kv, n_slots), 1) ||
             (nx > 0 && kv_table_reserve_bt(&kv->xtable, m->dpool, (int64_t)kv->x_n + 1,
                                            m->dt[kv->dt].xbt)))
             dp_log(DP_LOG_DEBUG, "kvcache: a swapped-in cache found no block for its next token");
@@ -1230,7 +1226,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
         p.kv.sealed = slots;
         p.kv.roff = 0;
     }
-    const int32_t keep_b = g > 0 ? (int32_t)table_blocks(m, &p.kv, slots) : dblocks_for(m, &p.kv, slots);
+    const int32_t keep_b = (int32_t)table_blocks(m, &p.kv, slots);
     /* (Its exempt layers hold positions 0..c.) */
     const int32_t keep_x = xblocks_for(m, &p.kv, c);
     /* The rest of the prompt and the first generated token, on the decode
@@ -2047,8 +2043,7 @@ int kv_mgr_swap_in(dp_kv_mgr *m, dp_kv_seq *kv, bool busy)
     int64_t slots = (int64_t)kv->n_slots + 1;
     /* What the copy holds, or what the next token needs where that is more. */
     const int32_t nx = kv->swapped_x, nc = kv->swapped.n_blocks - nx;
-    const int32_t want = seq_group(m, kv) > 0 ? (int32_t)table_blocks(m, kv, slots)
-                                              : dblocks_for(m, kv, slots);
+    const int32_t want = (int32_t)table_blocks(m, kv, slots);
     int32_t need = want > nc ? want : nc;
     if (nx) {
         const int32_t x = xblocks_for(m, kv, (int64_t)kv->x_n + 1);

@@ -231,6 +231,17 @@ typedef struct dp_kv_mgr {
     int32_t n_exempt, xfold;
 } dp_kv_mgr;
 
+/* The tokens of a group of a grouped KV type (layout l's type and geometry)
+ * whose block fits in `bytes`, an arena block: the largest even count up to
+ * 256, 0 when none fits. */
+int32_t kv_mgr_group_tokens(dp_backend *be, const dp_kv_layout *l, size_t bytes);
+/* Tokens a decode-path block of the server's type holds (a grouped type's:
+ * its group; its residual is in the arena's blocks). */
+static inline int32_t kv_mgr_decode_block_tokens(const dp_kv_mgr *m)
+{
+    return m->dt[0].group ? m->dt[0].group : m->dbt;
+}
+
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
  * shared unless the layouts differ or the decode pool's size is given
  * (decode.n_blocks > 0). */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "kernels/quant.h"
+#include "kvcache/manager.h"
 #include "model/chat_template.h"
 #include "tools/dp_eval.h"
 #include "tools/kv_sim.h"
@@ -1132,11 +1133,7 @@ static void grid_bytes(ev *e, grid_result *g)
         }
         dl.type = e->o->dtypes[t];
         if (dp_kv_type_grouped(dl.type)) { /* a group per arena block (eval_grouped.c) */
-            dl.block_tokens = 2;
-            g->dbt[t] = 0;
-            while (e->be->ops->kv_bytes_per_block(e->be, &dl) > 0 &&
-                   e->be->ops->kv_bytes_per_block(e->be, &dl) <= blk && dl.block_tokens <= 256)
-                g->dbt[t] = dl.block_tokens, dl.block_tokens += 2;
+            g->dbt[t] = kv_mgr_group_tokens(e->be, &dl, blk);
             g->bytes[t] = g->dbt[t] ? (double)BT / g->dbt[t] : 0;
             continue;
         }

@@ -12,6 +12,7 @@
 
 #include "common/dp.h"
 #include "dp_eval.h"
+#include "kvcache/manager.h"
 
 int gtab_init(gtab *g, ev *e, const dp_kv_layout *arena, int32_t extra_blocks)
 {
@@ -25,20 +26,11 @@ int gtab_init(gtab *g, ev *e, const dp_kv_layout *arena, int32_t extra_blocks)
     int rc = e->be->ops->kv_create(e->be, &al, &g->arena);
     if (rc)
         return rc;
-    /* The largest even group whose block fits in an arena block, as the
-     * manager sizes it. */
+    /* A group per arena block, as the manager sizes it. */
     dp_kv_layout one = al, gl = al;
-    one.n_blocks = gl.n_blocks = 1;
-    const size_t blk = e->be->ops->kv_bytes_per_block(e->be, &one);
+    one.n_blocks = 1;
     gl.type = DP_KV_KIVI4;
-    for (gl.block_tokens = 2; gl.block_tokens <= 256; gl.block_tokens += 2) {
-        const size_t b = e->be->ops->kv_bytes_per_block(e->be, &gl);
-        if (!b || b > blk)
-            break;
-        g->G = gl.block_tokens;
-    }
-    gl = al;
-    gl.type = DP_KV_KIVI4;
+    g->G = kv_mgr_group_tokens(e->be, &gl, e->be->ops->kv_bytes_per_block(e->be, &one));
     gl.block_tokens = g->G;
     g->bt = al.block_tokens;
     g->rows = (size_t)al.n_layers * (size_t)al.n_kv_heads;

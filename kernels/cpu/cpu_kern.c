@@ -1002,14 +1002,6 @@ static void k_kv_rows(const dp_kv_store *kv, int32_t layer, int32_t blk, int32_t
                       float *kr, float *vr)
 {
     const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens;
-    if (kv->kivi) {
-        const size_t o = kv_kivi_off(kv, layer, blk, head);
-        kivi_dequant_k((const uint8_t *)kv->k + o, bt, hd, 0, n, kr);
-        for (int32_t t = 0; t < n; t++)
-            kivi_dequant_vrow((const uint8_t *)kv->v + o + (size_t)t * kivi_vrow_bytes(hd), hd,
-                              vr + (size_t)t * (size_t)hd);
-        return;
-    }
     if (kv->qtype) {
         const uint8_t *k = (const uint8_t *)kv->k + kv_qrow_off(kv, layer, blk, head, 0);
         const uint8_t *v = (const uint8_t *)kv->v + kv_qrow_off(kv, layer, blk, head, 0);

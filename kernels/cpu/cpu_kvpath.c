@@ -200,16 +200,8 @@ static void compact_convert(const dp_kv_store *src, dp_kv_store *dst, const dp_c
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
     const int32_t hd = ls->head_dim, sbt = ls->block_tokens;
     const cpu_kern *kern = cpu_kern_get();
-    /* A grouped source is only read a block at a time (its rows exist
-     * nowhere else): its tile may be larger than the stack's. */
-    const bool tile = (size_t)sbt * (size_t)hd <= COMPACT_TILE || src->kivi;
-    float kst[COMPACT_TILE], vst[COMPACT_TILE];
-    float *kt = kst, *vt = vst;
-    if ((size_t)sbt * (size_t)hd > COMPACT_TILE && src->kivi) {
-        if (!(kt = malloc(sizeof(float) * 2 * (size_t)sbt * (size_t)hd)))
-            return;
-        vt = kt + (size_t)sbt * (size_t)hd;
-    }
+    const bool tile = (size_t)sbt * (size_t)hd <= COMPACT_TILE;
+    float kt[COMPACT_TILE], vt[COMPACT_TILE];
     for (int32_t h = 0; h < ls->n_kv_heads; h++) {
         const int32_t *keep = q->keep + ((size_t)layer * (size_t)ls->n_kv_heads + (size_t)h) * (size_t)q->n_keep;
         int32_t cur = -1; /* the source block whose rows kt / vt hold */
@@ -239,14 +231,12 @@ static void compact_convert(const dp_kv_store *src, dp_kv_store *dst, const dp_c
             }
         }
     }
-    if (kt != kst)
-        free(kt);
 }
 
 /* Into a grouped (kivi4) store: each destination block takes n_keep's next
  * whole group of kept rows, gathered as f32 and quantized at once (keys per
- * channel over the group, values per row). Source blocks are widened once
- * by the level's kernel (any type, kivi4 included). */
+ * channel over the group, values per row). Source blocks (f32 / f16 /
+ * quantized rows) are widened once by the level's kernel. */
 static int compact_group(const dp_kv_store *src, dp_kv_store *dst, const dp_compact_seq *q,
                          int32_t layer)
 {
@@ -306,6 +296,10 @@ int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
     if (ls->n_layers < ld->n_layers || ls->n_kv_heads != ld->n_kv_heads || ls->head_dim != ld->head_dim)
         return DP_EINVAL;
+    /* A grouped store is written, never read, by a compaction: its keep
+     * lists could not name the residual's slots (they live in the arena). */
+    if (src->kivi)
+        return DP_EUNSUPPORTED;
     /* Validate every index first: the copy itself trusts them. */
     for (int32_t i = 0; i < n_seqs; i++) {
         const dp_compact_seq *q = &seqs[i];

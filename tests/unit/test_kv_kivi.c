@@ -153,6 +153,9 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
     dp_compact_seq bad = cq;
     bad.n_keep = sealed - 1;
     CHECK(sealed < 2 || be->ops->kv_compact(be, arena, kivi, &bad, 1) == DP_EINVAL);
+    /* Nor is a grouped store a compaction's source (its residual is elsewhere). */
+    dp_compact_seq back = {table, groups, ptable, pblocks, sealed, keep};
+    CHECK(sealed < 1 || be->ops->kv_compact(be, kivi, arena, &back, 1) == DP_EUNSUPPORTED);
     free(keep);
     for (int32_t g = 0; g < groups; g++)
         for (int32_t h = 0; h < NKV; h++) {

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, MODEL, Daemon, parallel
+from conftest import BIN, MODEL, Daemon, metrics, parallel
 
 # SmolLM2-135M: 30 layers x 3 KV heads x 64, K and V.
 F16_TOKEN_BYTES = 30 * 3 * 64 * 2 * 2
@@ -18,15 +18,6 @@ GROUP = 56
 TEXT = ("The harbour master kept a ledger of every ship that came in: the Heron on Monday with "
         "salt, the Marigold on Tuesday with timber, the Northern Star on Wednesday with wool, "
         "and on Thursday a small boat called the Osprey that carried only letters. ") * 3
-
-
-def metric(d, name):
-    st, _, raw = d.request("GET", "/metrics")
-    assert st == 200
-    for line in raw.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 def chat(d, messages, **extra):
@@ -50,13 +41,13 @@ def kivi():
 
 
 def test_groups_per_block(kivi):
-    assert metric(kivi, 'dualpath_kv_block_tokens{pool="decode"}') == GROUP
-    assert metric(kivi, 'dualpath_kv_block_tokens{pool="prefill"}') == 16
+    assert metrics(base=kivi.url)['dualpath_kv_block_tokens{pool="decode"}'] == GROUP
+    assert metrics(base=kivi.url)['dualpath_kv_block_tokens{pool="prefill"}'] == 16
     assert f"{GROUP} in kivi4 on the decode path" in kivi.log_text()
 
 
 def test_usage_reports_held_bytes(kivi):
-    before = metric(kivi, "dualpath_kv_groups_sealed_total")
+    before = metrics(base=kivi.url)["dualpath_kv_groups_sealed_total"]
     o = chat(kivi, [{"role": "user", "content": TEXT * 2 + "Which ship carried wool?"}],
              max_tokens=80, dualpath={"enabled": True})
     assert o["choices"][0]["message"]["content"]
@@ -68,7 +59,7 @@ def test_usage_reports_held_bytes(kivi):
     # (About 350 tokens: 6 groups and a residual of 17 f16 tokens.)
     assert u["kv_bytes"] < 0.33 * u["kv_bytes_full"], u
     # The prompt's groups, then the reply's as they filled.
-    sealed = metric(kivi, "dualpath_kv_groups_sealed_total") - before
+    sealed = metrics(base=kivi.url)["dualpath_kv_groups_sealed_total"] - before
     assert sealed >= (kept + 80) // GROUP - 1, sealed
 
 
@@ -87,12 +78,12 @@ def test_concurrent_multiturn(kivi):
                      {"role": "user", "content": q}]
         outs.append(chat(kivi, msgs, max_tokens=40))
         return outs
-    before = metric(kivi, "dualpath_turns_resumed_total")
+    before = metrics(base=kivi.url)["dualpath_turns_resumed_total"]
     res = parallel(conv, 8)
     for outs in res:
         for o in outs:
             assert o["choices"][0]["finish_reason"] in ("stop", "length"), o
-    assert metric(kivi, "dualpath_turns_resumed_total") > before
+    assert metrics(base=kivi.url)["dualpath_turns_resumed_total"] > before
     st, _, _ = kivi.request("GET", "/health")
     assert st == 200
 

@@ -8,21 +8,12 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, MODEL, Daemon, parallel
+from conftest import BIN, MODEL, Daemon, metrics, parallel
 
 # SmolLM2-135M: 30 layers x 3 KV heads x 64, K and V.
 F16_TOKEN_BYTES = 30 * 3 * 64 * 2 * 2
 PROMPT = ("Mira walked along the harbour at dawn, counting the fishing boats that came in one by "
           "one, and writing down the name painted on each hull in a small blue notebook. ") * 4
-
-
-def metric(d, name):
-    st, _, raw = d.request("GET", "/metrics")
-    assert st == 200
-    for line in raw.decode().splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[-1])
-    raise AssertionError(f"{name} not in /metrics")
 
 
 def chat(d, content, **extra):
@@ -49,9 +40,9 @@ def quantized(request):
 def test_decode_blocks_hold_more_tokens(quantized):
     kind, d = quantized
     per_block = {"q8_0": 30, "q4_0": 56}[kind]
-    assert metric(d, 'dualpath_kv_block_tokens{pool="decode"}') == per_block
-    assert metric(d, 'dualpath_kv_block_tokens{pool="prefill"}') == 16
-    assert metric(d, "dualpath_kv_arena_shared") == 1
+    assert metrics(base=d.url)['dualpath_kv_block_tokens{pool="decode"}'] == per_block
+    assert metrics(base=d.url)['dualpath_kv_block_tokens{pool="prefill"}'] == 16
+    assert metrics(base=d.url)["dualpath_kv_arena_shared"] == 1
     assert f"{per_block} in {kind} on the decode path" in d.log_text()
 
 
@@ -119,8 +110,8 @@ def test_long_replies_fit_quantized():
                             max_tokens=200, ignore_eos=True)
             res = parallel(one, 8)
             assert all(r["usage"]["completion_tokens"] == 200 for r in res)
-            out[kind] = (metric(d, "dualpath_preemptions_total"),
-                         metric(d, "dualpath_requests_running_peak"))
+            out[kind] = (metrics(base=d.url)["dualpath_preemptions_total"],
+                         metrics(base=d.url)["dualpath_requests_running_peak"])
         finally:
             assert d.stop() == 0
     print(f"8 x 200-token replies in 28 MiB: f16 decode path {out['f16'][0]:.0f} preemptions "
@@ -139,7 +130,7 @@ def test_quantized_whole_cache_with_dualpath_off():
         d = Daemon(extra=["--no-dualpath", "--kv-memory", "64MiB", "--kv-cache-type", kind],
                    log_name=f"dualpathd-whole-{kind}")
         try:
-            blocks = metric(d, 'dualpath_kv_blocks_capacity{pool="prefill"}')
+            blocks = metrics(base=d.url)['dualpath_kv_blocks_capacity{pool="prefill"}']
             o = chat(d, PROMPT + " What did Mira count?", max_tokens=12)
             got[kind] = (blocks, o["choices"][0]["message"]["content"])
             assert o["usage"]["completion_tokens"] > 0

@@ -792,7 +792,8 @@ static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const 
 
 /* kivi4: tokens [c0, c0 + nl) of one head's group, K transposed (kd VW)
  * and V as rows, into the tile: the codes are read where they lie, one
- * chunk at a time, as a quantized row store's are. */
+ * chunk at a time, as a quantized row store's are, a vector of codes at a
+ * time. c0 is even (chunks start at multiples of VW in a group). */
 static inline void chunk_load_kivi(kv_chunk *ch, const dp_kv_store *kv, int32_t layer, int32_t blk,
                                    int32_t kvh, int32_t c0, int32_t nl)
 {
@@ -801,26 +802,26 @@ static inline void chunk_load_kivi(kv_chunk *ch, const dp_kv_store *kv, int32_t 
     const uint8_t *kb = (const uint8_t *)kv->k + o, *vb = (const uint8_t *)kv->v + o;
     const uint16_t *kd = (const uint16_t *)kb; /* d[hd], then m[hd] */
     const uint8_t *codes = kb + (size_t)hd * 4;
+    uint8_t part[VW / 2] = {0}; /* a short chunk's codes: no read past the group's */
     for (int32_t c = 0; c < hd; c++) {
-        const float d = kv_h2f(kd[c]), m = kv_h2f(kd[hd + c]);
         const uint8_t *row = codes + (size_t)c * (size_t)(g / 2) + c0 / 2;
-        float *dst = ch->kr + (size_t)c * VW;
-        for (int32_t t = 0; t < nl; t++)
-            dst[t] = m + (float)(row[t / 2] >> (4 * (t & 1)) & 15) * d;
+        if (nl < VW) {
+            memcpy(part, row, (size_t)(nl + 1) / 2);
+            row = part;
+        }
+        vf_store(ch->kr + (size_t)c * VW,
+                 vf_fma(vf_load_nib(row), vf_set1(kv_h2f(kd[c])), vf_set1(kv_h2f(kd[hd + c]))));
     }
     const size_t vrow = kivi_vrow_bytes(hd);
     for (int32_t t = 0; t < nl; t++) {
         const uint8_t *r = vb + (size_t)(c0 + t) * vrow;
-        const uint16_t *sm = (const uint16_t *)r;
+        const uint16_t *sm = (const uint16_t *)r; /* d, m per KIVI_VGROUP channels */
         const uint8_t *vc = r + (size_t)hd / KIVI_VGROUP * 4;
         float *dst = ch->vt + (size_t)t * (size_t)hd;
-        for (int32_t c0v = 0; c0v < hd; c0v += KIVI_VGROUP) {
-            const float d = kv_h2f(sm[c0v / KIVI_VGROUP * 2]), m = kv_h2f(sm[c0v / KIVI_VGROUP * 2 + 1]);
-            for (int32_t c = c0v; c < c0v + KIVI_VGROUP; c += 2) {
-                const uint8_t b = vc[c / 2];
-                dst[c] = m + (float)(b & 15) * d;
-                dst[c + 1] = m + (float)(b >> 4) * d;
-            }
+        for (int32_t j = 0; j < hd / KIVI_VGROUP; j++) {
+            const vf d = vf_set1(kv_h2f(sm[2 * j])), m = vf_set1(kv_h2f(sm[2 * j + 1]));
+            for (int32_t c = j * KIVI_VGROUP; c < (j + 1) * KIVI_VGROUP; c += VW)
+                vf_store(dst + c, vf_fma(vf_load_nib(vc + c / 2), d, m));
         }
     }
     ch->k = ch->kr;

@@ -10,6 +10,7 @@
  *   vf_add/sub/mul/max, vf_fma(a, b, c) = a * b + c
  *   vf_hsum/hmax      horizontal sum and max
  *   vf_load_h(p)      VW f16 values widened to f32
+ *   vf_load_nib(p)    VW 4-bit codes from VW / 2 bytes (low nibble first), as f32
  *   vf_exp_neg(x)     exp(x) for x <= 0 (clamped at -87), rel. error ~2e-7
  */
 #ifndef DP_KERNELS_CPU_VEC_H
@@ -21,6 +22,13 @@
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
+/* The n bytes of w's 16-bit lanes (each < 256) split into their nibbles:
+ * 2n bytes, each byte's low nibble first. */
+static inline __m128i nib_bytes(__m128i w)
+{
+    const __m128i lo = _mm_and_si128(w, _mm_set1_epi16(15));
+    return _mm_or_si128(lo, _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+}
 /* Sum of eight f32 lanes (the AVX2 vf_hsum; the integer kernels of both x86
  * levels accumulate in 256-bit vectors). */
 static inline float hsum8(__m256 v)
@@ -56,6 +64,13 @@ static inline vf vf_load_h(const uint16_t *p)
 {
     return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
 }
+static inline vf vf_load_nib(const uint8_t *p)
+{
+    uint64_t x;
+    memcpy(&x, p, 8);
+    const __m128i b = nib_bytes(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)x)));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(b));
+}
 static inline vf vf_pow2i(vf p, vf k) { return _mm512_scalef_ps(p, k); }
 static inline vf vf_round(vf x) { return _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT); }
 
@@ -89,6 +104,13 @@ static inline __m256i vf_mask(int32_t n)
 static inline vf vf_loadn(const float *p, int32_t n) { return _mm256_maskload_ps(p, vf_mask(n)); }
 static inline void vf_storen(float *p, vf v, int32_t n) { _mm256_maskstore_ps(p, vf_mask(n), v); }
 static inline vf vf_load_h(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+static inline vf vf_load_nib(const uint8_t *p)
+{
+    uint32_t x;
+    memcpy(&x, p, 4);
+    const __m128i b = nib_bytes(_mm_cvtepu8_epi16(_mm_cvtsi32_si128((int)x)));
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
 /* p * 2^k for integral k in [-126, 127] (what vf_exp_neg produces). */
 static inline vf vf_pow2i(vf p, vf k)
 {
@@ -133,6 +155,7 @@ static inline void vf_storen(float *p, vf v, int32_t n)
         p[i] = v.v[i];
 }
 static inline vf vf_load_h(const uint16_t *p) { VF_MAP(dp_fp16_to_f32(p[i_])); }
+static inline vf vf_load_nib(const uint8_t *p) { VF_MAP((float)(p[i_ / 2] >> (4 * (i_ & 1)) & 15)); }
 static inline vf vf_pow2i(vf p, vf k) { VF_MAP(ldexpf(p.v[i_], (int)k.v[i_])); }
 static inline vf vf_round(vf x) { VF_MAP(rintf(x.v[i_])); }
 #endif

@@ -783,9 +783,12 @@ static void note_kv_bytes(dp_engine *e, eng_seq *es)
     const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
     es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + xtok + 0.5);
     const int32_t g = m->dt[es->seq->kv.dt].group;
-    if (g > 0) /* whole groups an arena block each, the rest in the residual (the arena's type) */
-        es->kv_bytes = (int64_t)(es->tokens_kept / g) * (int64_t)m->prefill_block_bytes +
-                       (int64_t)((double)(es->tokens_kept % g) * pper + 0.5);
+    if (g > 0) { /* the lead and whole groups an arena block each, the rest in the residual */
+        const int32_t bt = m->dt[es->seq->kv.dt].bt;
+        const int32_t sealed = kv_mgr_group_sealed(bt, g, es->tokens_kept);
+        es->kv_bytes = (int64_t)dp_kv_group_rstart(bt, g, sealed) * (int64_t)m->prefill_block_bytes +
+                       (int64_t)((double)(es->tokens_kept - sealed) * pper + 0.5);
+    }
     es->kv_bytes_full = (int64_t)((double)all * pper + 0.5);
 }
 

@@ -58,6 +58,26 @@ static inline bool dp_kv_type_quantized(int t)
 /* Types whose blocks are written a whole group at a time. */
 static inline bool dp_kv_type_grouped(int t) { return t == DP_KV_KIVI4; }
 
+/* A grouped sequence's lead: its first block of the arena, kept whole once
+ * groups follow it (sealed > 0). The first tokens are the attention sinks
+ * and the start of the system prompt that every later token attends to;
+ * quantizing them costs most of a 4-bit cache's error for one block of
+ * bytes per sequence. */
+static inline int32_t dp_kv_group_lead(int32_t base_tokens, int32_t sealed)
+{
+    return sealed > 0 ? base_tokens : 0;
+}
+/* The table index where the residual starts: after the lead and the groups. */
+static inline int32_t dp_kv_group_rstart(int32_t base_tokens, int32_t group, int32_t sealed)
+{
+    return sealed > 0 ? 1 + (sealed - base_tokens) / group : 0;
+}
+/* Whether sealed is 0 or the lead and whole groups. */
+static inline bool dp_kv_group_sealed_ok(int32_t base_tokens, int32_t group, int32_t sealed)
+{
+    return sealed == 0 || (sealed >= base_tokens && (sealed - base_tokens) % group == 0);
+}
+
 typedef struct dp_kv_layout {
     int32_t n_layers;
     int32_t n_kv_heads;
@@ -107,12 +127,15 @@ typedef struct dp_batch {
     const uint8_t *x_seq_store;     /* [n_seqs] */
     const int32_t *x_block_tables;  /* [n_seqs * x_max_blocks] */
     int32_t x_max_blocks;
-    /* Grouped stores (dp_kv_type_grouped): a sequence's slots [0, sealed)
-     * are in its table's first sealed / block_tokens blocks, whole groups;
-     * slot p >= sealed is its residual's entry p - sealed + roff, kept in
-     * the store's base (the arena it views) in the blocks that follow in
-     * the table, base block_tokens each. kv_write puts a token there.
-     * NULL when no sequence of the step is on such a store. */
+    /* Grouped stores (dp_kv_type_grouped): sealed is 0 (every slot in the
+     * residual, from table[0]) or lead + k groups (dp_kv_group_*): slots
+     * [0, lead) are its table's first block, one of the base (the arena
+     * the store views) kept whole; slots [lead, sealed) the k whole groups
+     * in the next k blocks; slot p >= sealed is its residual's entry
+     * p - sealed + roff, in the base's blocks that follow in the table,
+     * base block_tokens each. kv_write puts a token there. NULL when no
+     * sequence of the step is on such a store (attention then reads every
+     * slot as groups from table[0], with no lead). */
     const int32_t *seq_sealed;      /* [n_seqs] */
     const int32_t *seq_roff;        /* [n_seqs] */
 } dp_batch;

@@ -478,28 +478,30 @@ static inline int32_t seq_group(const dp_kv_mgr *m, const dp_kv_seq *kv)
 }
 
 /* Decode-path blocks that hold n tokens of the sequence's type. Grouped: at
- * most its whole groups, a residual of up to a group (sealed at the next
- * growth) starting anywhere in its first block, and the group being
- * sealed. */
+ * most its lead, its whole groups, a residual of up to a group and the
+ * recent window (sealed at the next growth) starting anywhere in its first
+ * block, and the group being sealed. */
 static int32_t dblocks_for(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
     const int32_t bt = seq_bt(m, kv), g = seq_group(m, kv);
     if (g > 0) {
-        const int64_t r = n < g ? n : g;
-        return (int32_t)(n / g + (bt - 1 + r + bt - 1) / bt + 1);
+        const int64_t w = (int64_t)g + kv_mgr_group_recent(bt), r = n < w ? n : w;
+        return (int32_t)(1 + n / g + (bt - 1 + r + bt - 1) / bt + 1);
     }
     return (int32_t)((n + bt - 1) / bt);
 }
 
 /* The blocks a table of n slots has in the sequence's layout now: n / bt
- * rounded up, or, grouped on the decode path, its sealed groups and then
- * its residual from roff (dblocks_for bounds what it may come to need). */
+ * rounded up, or, grouped on the decode path, its lead and sealed groups
+ * and then its residual from roff (dblocks_for bounds what it may come to
+ * need). */
 static int64_t table_blocks(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
 {
     const int32_t bt = seq_bt(m, kv), g = seq_group(m, kv);
     if (g > 0 && kv->path == DP_PATH_DECODE) {
         const int64_t r = n - kv->sealed;
-        return kv->sealed / g + (r > 0 ? (kv->roff + r + bt - 1) / bt : 0);
+        return dp_kv_group_rstart(bt, g, kv->sealed) +
+               (r > 0 ? (kv->roff + r + bt - 1) / bt : 0);
     }
     return (n + bt - 1) / bt;
 }
@@ -1214,16 +1216,19 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     const int32_t g = seq_group(m, &p.kv);
     if (g > 0 && slots <= p.kv.sealed) {
         /* A grouped cache keeps whole groups: a match that ends inside one
-         * keeps the groups before it and computes the rest again (and no
-         * resume where that reaches back into the compaction's slots). */
-        const int32_t back = slots - slots / g * g;
+         * keeps the lead and the groups before it and computes the rest
+         * again (and no resume where that reaches back into the
+         * compaction's slots). A match inside the lead keeps it as a
+         * residual (nothing sealed). */
+        const int32_t bt = seq_bt(m, &p.kv);
+        const int32_t back = slots < bt ? 0 : (slots - bt) % g;
         if (slots - back < p.kv.mig_keep || c - back <= 0) {
             park_put(m, &p);
             return 1;
         }
         slots -= back;
         c -= back;
-        p.kv.sealed = slots;
+        p.kv.sealed = slots < bt ? 0 : slots;
         p.kv.roff = 0;
     }
     const int32_t keep_b = (int32_t)table_blocks(m, &p.kv, slots);
@@ -1440,9 +1445,11 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
 
 /* Writes each whole group at the front of a grouped sequence's residual
  * into a block of its type (kv_compact quantizes the group at once), and
- * gives back the residual blocks that no longer hold anything. Best effort:
- * a group that finds no block stays in the residual, read there in the
- * arena's type, until the next growth tries again. */
+ * gives back the residual blocks that no longer hold anything. The lead
+ * (table[0], the first arena block) stays as it is once the first group
+ * follows it (backend.h dp_kv_group_lead). Best effort: a group that finds
+ * no block stays in the residual, read there in the arena's type, until
+ * the next growth tries again. */
 static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     const int32_t g = seq_group(m, kv);
@@ -1451,7 +1458,12 @@ static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
     const dp_kv_dtype *d = &m->dt[kv->dt];
     const int32_t bt = d->bt;
     const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
-    while (kv->n_slots - kv->sealed >= g) {
+    const int32_t w = g + kv_mgr_group_recent(bt); /* a group and the recent window */
+    /* Nothing sealed: the residual starts at table[0] from roff 0, so the
+     * lead is already in place. */
+    if (kv->sealed == 0 && kv->roff == 0 && kv->n_slots >= bt + w)
+        kv->sealed = bt;
+    while (kv->sealed > 0 && kv->n_slots - kv->sealed >= w) {
         int32_t from_promise, blk;
         if (!decode_room(m, kv, 1, &from_promise) && !park_reclaim(m, 1 - from_promise))
             return;
@@ -1462,7 +1474,7 @@ static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
         for (size_t r = 0; r < rows; r++)
             for (int32_t t = 0; t < g; t++)
                 keep[r * (size_t)g + (size_t)t] = kv->roff + t;
-        const int32_t k = kv->sealed / g, n_res = kv->table.n_blocks - k;
+        const int32_t k = dp_kv_group_rstart(bt, g, kv->sealed), n_res = kv->table.n_blocks - k;
         int32_t *res = kv->table.blocks + k;
         const dp_compact_seq cs = {res, n_res, &blk, 1, g, keep};
         int rc = m->be->ops->kv_compact(m->be, m->store, d->store, &cs, 1);
@@ -1473,26 +1485,23 @@ static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
             return;
         }
         /* The residual blocks the group used up go; the group's block takes
-         * the first place after the other groups. */
+         * the first place after the lead and the other groups. */
+        /* (The recent window stays: the residual is never empty here.) */
         const int32_t used = (kv->roff + g) / bt;
+        kv->roff = (kv->roff + g) % bt;
+        kv->sealed += g;
+        kv->decode_reserve -= from_promise;
+        m->decode_reserved -= from_promise;
+        m->sealed_groups++;
         for (int32_t i = 0; i < used; i++)
             kv_pool_unref(m->dpool, res[i]);
         memmove(res + 1, res + used, (size_t)(n_res - used) * sizeof *res);
         res[0] = blk;
         kv->table.n_blocks = k + 1 + n_res - used;
-        kv->roff = (kv->roff + g) % bt;
-        kv->sealed += g;
-        /* (Blocks held by reference were the residual's first ones.) */
-        kv->ref_blocks = kv->ref_blocks > used ? kv->ref_blocks - used : 0;
-        kv->decode_reserve -= from_promise;
-        m->decode_reserved -= from_promise;
-        m->sealed_groups++;
-        if (kv->n_slots == kv->sealed) { /* an empty residual starts afresh */
-            for (int32_t b = k + 1; b < kv->table.n_blocks; b++)
-                kv_pool_unref(m->dpool, kv->table.blocks[b]);
-            kv->table.n_blocks = k + 1;
-            kv->roff = 0;
-        }
+        /* Blocks held by reference are the lead (when any is) and then the
+         * residual's first ones. */
+        const int32_t rref = kv->ref_blocks > 0 ? kv->ref_blocks - 1 : 0;
+        kv->ref_blocks -= used < rref ? used : rref;
     }
 }
 

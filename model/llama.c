@@ -235,10 +235,11 @@ static bool check_slots(const dp_kv_layout *const *layouts, const dp_batch *b, i
         if (!b->seq_sealed || !b->seq_roff || l->base_tokens < 1)
             return false;
         const int32_t sealed = b->seq_sealed[b->seq[i]], roff = b->seq_roff[b->seq[i]];
-        if (sealed < 0 || sealed % l->block_tokens || roff < 0 || roff >= l->base_tokens ||
-            slot[i] < sealed)
+        if (sealed < 0 || !dp_kv_group_sealed_ok(l->base_tokens, l->block_tokens, sealed) ||
+            roff < 0 || roff >= l->base_tokens || slot[i] < sealed)
             return false;
-        bi = sealed / l->block_tokens + (int32_t)(((int64_t)slot[i] - sealed + roff) / l->base_tokens);
+        bi = dp_kv_group_rstart(l->base_tokens, l->block_tokens, sealed) +
+             (int32_t)(((int64_t)slot[i] - sealed + roff) / l->base_tokens);
     }
     if (bi >= max_blocks)
         return false;

@@ -1101,7 +1101,7 @@ static int teacher_force_grouped(ev *e, gtab *g, dp_kv_store *const *stores, con
     int rc = gtab_seal(g, e, &s, n_keep);
     for (int32_t i = 0; rc == 0 && i < C;) {
         const int32_t slots = n_keep + i;
-        int32_t len = g->G - (slots - s.sealed);
+        int32_t len = gtab_next_seal(g, &s) - slots;
         if (len > C - i)
             len = C - i;
         if ((rc = teacher_force(e, st, 1, s.row, nb, slots, P + i, cont + i, len)))

@@ -3,8 +3,9 @@
  * are migrated into the arena through its identity table (block i holds
  * slots [16 i, 16 i + 16)), and each whole group of its residual is sealed
  * into a block of the grouped view taken from past the identity tables; its
- * batch row is its groups' blocks followed by the identity table's blocks
- * from the residual's start (roff: where that is in the first of them). The
+ * batch row is its lead (the identity table's first block), its groups'
+ * blocks, then the identity table's blocks from the residual's start (roff:
+ * where that is in the first of them). The
  * residual's rows never move: a token at slot p stays where the identity
  * table put it. */
 #include <stdlib.h>
@@ -33,6 +34,7 @@ int gtab_init(gtab *g, ev *e, const dp_kv_layout *arena, int32_t extra_blocks)
     g->G = kv_mgr_group_tokens(e->be, &gl, e->be->ops->kv_bytes_per_block(e->be, &one));
     gl.block_tokens = g->G;
     g->bt = al.block_tokens;
+    g->W = kv_mgr_group_recent(g->bt); /* as the manager seals */
     g->rows = (size_t)al.n_layers * (size_t)al.n_kv_heads;
     if (g->G < 2 || (rc = e->be->ops->kv_view(e->be, g->arena, &gl, &g->view)) ||
         !(g->keep = malloc(g->rows * (size_t)g->G * sizeof *g->keep))) {
@@ -63,8 +65,12 @@ void gtab_start(const gtab *g, gseq *s, const int32_t *ident, int32_t n_ident)
 
 int gtab_seal(gtab *g, ev *e, gseq *s, int32_t n_slots)
 {
-    int32_t k = s->sealed / g->G;
-    while (n_slots - s->sealed >= g->G) {
+    /* The lead (the identity table's first block) stays whole once a
+     * group follows it (backend.h dp_kv_group_lead). */
+    if (s->sealed == 0 && n_slots >= gtab_next_seal(g, s))
+        s->sealed = g->bt;
+    int32_t k = dp_kv_group_rstart(g->bt, g->G, s->sealed);
+    while (s->sealed > 0 && n_slots - s->sealed >= g->G + g->W) {
         if (g->next >= g->end)
             return DP_ENOSPC;
         int32_t blk = g->next++;
@@ -75,9 +81,11 @@ int gtab_seal(gtab *g, ev *e, gseq *s, int32_t n_slots)
         int rc = e->be->ops->kv_compact(e->be, g->arena, g->view, &cs, 1);
         if (rc)
             return rc;
-        s->row[k++] = blk;
+        s->row[k++] = blk; /* (row[0]: the lead, ident[0] since gtab_start) */
         s->sealed += g->G;
     }
+    if (s->sealed == 0)
+        return 0;
     const int32_t from = s->sealed / g->bt;
     memmove(s->row + k, s->ident + from, (size_t)(s->n_ident - from) * sizeof *s->row);
     s->n_row = k + s->n_ident - from;

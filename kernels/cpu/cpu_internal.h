@@ -236,7 +236,7 @@ static inline void kv_kivi_residual(const dp_kv_store *kv, const int32_t *table,
                                     int32_t roff, int32_t p, int32_t *block, int32_t *tok)
 {
     const int32_t bbt = kv->base->l.block_tokens, q = p - sealed + roff;
-    *block = table[sealed / kv->l.block_tokens + q / bbt];
+    *block = table[dp_kv_group_rstart(bbt, kv->l.block_tokens, sealed) + q / bbt];
     *tok = q % bbt;
 }
 

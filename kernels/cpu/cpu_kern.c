@@ -935,20 +935,27 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
     attend_end(&st, kv->l.head_dim, outs, group);
 }
 
-/* A grouped store's sequence: its sealed groups, then its residual in the
- * arena's blocks that follow them in the table. */
+/* A grouped store's sequence (backend.h seq_sealed): its lead in the
+ * arena's block at table[0], its sealed groups, then its residual in the
+ * arena's blocks that follow them in the table. sealed INT32_MAX: every
+ * slot a group's, from table[0]. */
 static void k_attend_grouped(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                              int32_t n_slots, int32_t sealed, int32_t roff, const float *const *qs,
                              float *const *outs, int32_t group, float scale)
 {
     attend_state st;
     kv_chunk ch;
+    const int32_t bbt = kv->base->l.block_tokens, G = kv->l.block_tokens;
+    const int32_t lead = sealed == INT32_MAX ? 0 : dp_kv_group_lead(bbt, sealed);
     const int32_t ns = n_slots < sealed ? n_slots : sealed;
     attend_begin(&st, kv->l.head_dim, outs, group);
-    attend_run(&st, &ch, kv, layer, kvh, table, 0, ns, qs, outs, group, scale);
+    if (lead > 0)
+        attend_run(&st, &ch, kv->base, layer, kvh, table, 0, ns < lead ? ns : lead, qs, outs,
+                   group, scale);
+    attend_run(&st, &ch, kv, layer, kvh, table + (lead > 0), 0, ns - lead, qs, outs, group, scale);
     if (n_slots > sealed)
-        attend_run(&st, &ch, kv->base, layer, kvh, table + sealed / kv->l.block_tokens, roff,
-                   n_slots - sealed, qs, outs, group, scale);
+        attend_run(&st, &ch, kv->base, layer, kvh, table + dp_kv_group_rstart(bbt, G, sealed),
+                   roff, n_slots - sealed, qs, outs, group, scale);
     attend_end(&st, kv->l.head_dim, outs, group);
 }
 

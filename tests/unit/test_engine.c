@@ -2380,7 +2380,7 @@ int main(void)
             /* (Halved prompts leave room: fewer preemptions.) */
             preempt_keep = k ? 0.5f : 1.0f;
             preempt_min = k ? 2 : 5;
-            test_dualpath_preemption(&w, g, 12, k ? 24 : 28, true, DP_KV_KIVI4, 0,
+            test_dualpath_preemption(&w, g, 12, k ? 30 : 34, true, DP_KV_KIVI4, 0,
                                      k ? "tiny64 kivi4 decode path preemption (keep 0.5)"
                                        : "tiny64 kivi4 decode path preemption (keep 1)");
         }

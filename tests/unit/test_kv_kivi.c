@@ -103,11 +103,13 @@ static void write_rows(dp_backend *be, dp_kv_store *const *stores, const float (
     be->ops->free(be, v);
 }
 
-/* A sequence of n slots: [0, sealed) whole groups compacted from a prompt
- * written to the arena, the rest written as a residual from roff on; then a
- * step of the last `last` tokens (queries at their slots) attends, and is
- * compared with the reference. */
-static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff, int32_t last)
+/* A sequence of n slots: its lead (the prompt's first arena block, whole)
+ * (with_lead) and `groups` whole groups compacted from a prompt written to
+ * the arena (sealed: the lead's and the groups' slots), the rest
+ * written as a residual from roff on; then a step of the last `last` tokens
+ * (queries at their slots) attends, and is compared with the reference. */
+static void test_grouped(dp_backend *be, int32_t n, bool with_lead, int32_t groups, int32_t roff,
+                         int32_t last)
 {
     dp_kv_layout al = {NL, NKV, HD, BT, NB, DP_KV_F16, 0};
     dp_kv_store *arena, *kivi;
@@ -122,7 +124,7 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
     dp_kv_layout kl = {NL, NKV, HD, G, NB, DP_KV_KIVI4, 0};
     CHECK(be->ops->kv_create(be, &kl, &kivi) == DP_EINVAL); /* only a view */
     CHECK(be->ops->kv_view(be, arena, &kl, &kivi) == 0);
-    const int32_t sealed = groups * G;
+    const int32_t lead = with_lead ? BT : 0, sealed = lead + groups * G;
     CHECK(n > sealed && n - last >= sealed && n <= MAXT);
     static seqdata d;
     for (int32_t t = 0; t < n; t++)
@@ -132,8 +134,9 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
             d.K[t][i] = d.Kq[t][i] = f16r(kx);
             d.V[t][i] = d.Vq[t][i] = f16r(frand());
         }
-    /* The prompt's whole groups: prefilled into arena blocks 0.., then
-     * compacted (every slot kept) into kivi blocks taken from the end. */
+    /* The prompt's lead and whole groups: prefilled into arena blocks 0..,
+     * then the groups compacted (every slot kept) into kivi blocks taken
+     * from the end; the lead stays in block 0. */
     int32_t ptable[MAXT / BT + 1], table[16];
     const int32_t pblocks = (sealed + BT - 1) / BT;
     for (int32_t b = 0; b < pblocks; b++)
@@ -141,41 +144,46 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
     dp_kv_store *stores[DP_KV_MAX_STORES] = {arena, kivi};
     write_rows(be, stores, (const float (*)[NKV * HD])d.K, (const float (*)[NKV * HD])d.V, ptable,
                pblocks, 0, sealed, NULL, NULL);
+    table[0] = 0;
     for (int32_t g = 0; g < groups; g++)
-        table[g] = NB - 1 - g;
-    int32_t *keep = malloc(sizeof(int32_t) * NL * NKV * (size_t)(sealed + 1));
+        table[(lead > 0) + g] = NB - 1 - g;
+    const int32_t nk = sealed - lead;
+    int32_t *keep = malloc(sizeof(int32_t) * NL * NKV * (size_t)(nk + 1));
     for (int32_t i = 0; i < NL * NKV; i++)
-        for (int32_t s = 0; s < sealed; s++)
-            keep[i * sealed + s] = s;
-    dp_compact_seq cq = {ptable, pblocks, table, groups, sealed, keep};
-    CHECK(be->ops->kv_compact(be, arena, kivi, &cq, 1) == 0);
+        for (int32_t s = 0; s < nk; s++)
+            keep[i * nk + s] = lead + s;
+    dp_compact_seq cq = {ptable, pblocks, table + (lead > 0), groups, nk, keep};
+    CHECK(groups == 0 || be->ops->kv_compact(be, arena, kivi, &cq, 1) == 0);
     /* A partial group is refused. */
     dp_compact_seq bad = cq;
-    bad.n_keep = sealed - 1;
-    CHECK(sealed < 2 || be->ops->kv_compact(be, arena, kivi, &bad, 1) == DP_EINVAL);
+    bad.n_keep = nk - 1;
+    CHECK(nk < 2 || be->ops->kv_compact(be, arena, kivi, &bad, 1) == DP_EINVAL);
     /* Nor is a grouped store a compaction's source (its residual is elsewhere). */
-    dp_compact_seq back = {table, groups, ptable, pblocks, sealed, keep};
-    CHECK(sealed < 1 || be->ops->kv_compact(be, kivi, arena, &back, 1) == DP_EUNSUPPORTED);
+    dp_compact_seq back = {table + (lead > 0), groups, ptable, pblocks, nk, keep};
+    CHECK(nk < 1 || be->ops->kv_compact(be, kivi, arena, &back, 1) == DP_EUNSUPPORTED);
     free(keep);
     for (int32_t g = 0; g < groups; g++)
         for (int32_t h = 0; h < NKV; h++) {
             float kg[56 * HD], kr[56 * HD];
             uint8_t kb[4 * HD + HD * 28], vb[HD];
+            const int32_t t0 = lead + g * G; /* (the lead's rows stay as written) */
             for (int32_t t = 0; t < G; t++)
-                memcpy(kg + t * HD, d.K[g * G + t] + h * HD, sizeof(float) * HD);
+                memcpy(kg + t * HD, d.K[t0 + t] + h * HD, sizeof(float) * HD);
             kivi_quant_k(kg, G, HD, kb);
             kivi_dequant_k(kb, G, HD, 0, G, kr);
             for (int32_t t = 0; t < G; t++) {
-                memcpy(d.Kq[g * G + t] + h * HD, kr + t * HD, sizeof(float) * HD);
-                kivi_quant_vrow(d.V[g * G + t] + h * HD, HD, vb);
-                kivi_dequant_vrow(vb, HD, d.Vq[g * G + t] + h * HD);
+                memcpy(d.Kq[t0 + t] + h * HD, kr + t * HD, sizeof(float) * HD);
+                kivi_quant_vrow(d.V[t0 + t] + h * HD, HD, vb);
+                kivi_dequant_vrow(vb, HD, d.Vq[t0 + t] + h * HD);
             }
         }
-    /* The residual: arena blocks after the groups in the table, from roff. */
-    const int32_t rblocks = (roff + n - sealed + BT - 1) / BT;
+    /* The residual: arena blocks after the lead and the groups in the
+     * table, from roff. */
+    const int32_t rblocks = (roff + n - sealed + BT - 1) / BT, r0 = (lead > 0) + groups;
+    CHECK(r0 == dp_kv_group_rstart(BT, G, sealed));
     for (int32_t b = 0; b < rblocks; b++)
-        table[groups + b] = pblocks + b; /* (the prompt's arena blocks are free again) */
-    const int32_t max_blocks = groups + rblocks;
+        table[r0 + b] = pblocks + b; /* (the prompt's other arena blocks are free again) */
+    const int32_t max_blocks = r0 + rblocks;
     const int32_t sl[1] = {sealed}, ro[1] = {roff};
     write_rows(be, stores + 1, (const float (*)[NKV * HD])d.K, (const float (*)[NKV * HD])d.V,
                table, max_blocks, sealed, n - last, sl, ro);
@@ -234,7 +242,7 @@ static void test_grouped(dp_backend *be, int32_t n, int32_t groups, int32_t roff
     const size_t kb = be->ops->kv_bytes_per_block(be, &(dp_kv_layout){NL, NKV, HD, G, 1, DP_KV_KIVI4, 0});
     uint8_t *img = malloc(kb), *img2 = malloc(kb);
     if (groups > 0) {
-        CHECK(be->ops->kv_block_read(be, kivi, table[0], img) == 0);
+        CHECK(be->ops->kv_block_read(be, kivi, table[1], img) == 0);
         CHECK(be->ops->kv_block_write(be, kivi, 0, img) == 0);
         CHECK(be->ops->kv_block_read(be, kivi, 0, img2) == 0);
         CHECK(!memcmp(img, img2, kb));
@@ -252,10 +260,11 @@ int main(void)
         dp_backend *be;
         char err[DP_ERRLEN];
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
-        test_grouped(be, 150, 2, 0, 1);  /* a decode step, residual from its block's start */
-        test_grouped(be, 150, 2, 11, 5); /* a chunk, the residual starting mid-block */
-        test_grouped(be, 60, 1, 15, 4);  /* a residual crossing one arena block */
-        test_grouped(be, 20, 0, 3, 20);  /* nothing sealed yet */
+        test_grouped(be, 150, true, 2, 0, 1);  /* a decode step, residual from its block's start */
+        test_grouped(be, 150, true, 2, 11, 5); /* a chunk, the residual starting mid-block */
+        test_grouped(be, 80, true, 1, 15, 4);  /* a residual crossing one arena block */
+        test_grouped(be, 30, true, 0, 0, 3);   /* the lead and no group (a resumed turn's) */
+        test_grouped(be, 20, false, 0, 0, 20); /* nothing sealed yet */
         backend_destroy(be);
     }
     T_DONE("kv_kivi");

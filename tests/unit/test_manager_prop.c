@@ -110,12 +110,14 @@ static void check_grouped(const dp_kv_mgr *m, const dp_kv_seq *kv)
         CHECK(kv->sealed == 0 && kv->roff == 0);
         return;
     }
-    CHECK(kv->sealed % g == 0 && kv->sealed <= kv->n_slots);
-    CHECK(kv->roff >= 0 && kv->roff < m->dt[kv->dt].bt);
+    const int32_t bt = m->dt[kv->dt].bt, r = kv->n_slots - kv->sealed;
+    CHECK(dp_kv_group_sealed_ok(bt, g, kv->sealed) && kv->sealed <= kv->n_slots);
+    CHECK(kv->roff >= 0 && kv->roff < bt);
+    CHECK(kv->sealed > 0 || kv->roff == 0); /* (the lead starts the residual) */
     if (kv->swapped.slots)
         return;
-    const int32_t bt = m->dt[kv->dt].bt, r = kv->n_slots - kv->sealed;
-    CHECK(kv->table.n_blocks >= kv->sealed / g + (r > 0 ? (kv->roff + r + bt - 1) / bt : 0));
+    CHECK(kv->table.n_blocks >=
+          dp_kv_group_rstart(bt, g, kv->sealed) + (r > 0 ? (kv->roff + r + bt - 1) / bt : 0));
 }
 
 static void check(world *w)

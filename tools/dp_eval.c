@@ -1519,10 +1519,29 @@ static bool rule_holds(const opts *o, const grid_result *g, const grid_cell *c, 
     return ok;
 }
 
-static double cell_bytes(const opts *o, const grid_result *g, int t, const grid_cell *c)
+/* At P = o->prefill[pi]. A grouped type's count its lead and its residual
+ * (the newest tokens) in f16, as the manager seals its groups there. */
+static double cell_bytes(const opts *o, const grid_result *g, int t, const grid_cell *c, int pi)
 {
-    double kept = (double)c->n_keep[0] / o->prefill[0];
+    const int32_t n = c->n_keep[pi];
+    if (dp_kv_type_grouped(o->dtypes[t]) && g->dbt[t] > 0) {
+        const int32_t sealed = kv_mgr_group_sealed(BT, g->dbt[t], n);
+        return ((double)dp_kv_group_rstart(BT, g->dbt[t], sealed) * BT + (n - sealed)) /
+               o->prefill[pi];
+    }
+    double kept = (double)n / o->prefill[pi];
     return kept * g->bytes[t] + (o->exempt > 0 ? g->bytes[t] / e_fold(o, g) : 0.0);
+}
+
+/* The most bytes over the prefill lengths. */
+static double cell_bytes_max(const opts *o, const grid_result *g, int t, const grid_cell *c)
+{
+    double b = 0;
+    for (int pi = 0; pi < o->n_prefill; pi++) {
+        const double x = cell_bytes(o, g, t, c, pi);
+        b = x > b ? x : b;
+    }
+    return b;
 }
 
 static void report_rule(sbuf *s, const opts *o, const grid_result *g)
@@ -1531,14 +1550,15 @@ static void report_rule(sbuf *s, const opts *o, const grid_result *g)
     double best_bytes = 0, best_kl = 0;
     for (int t = 0; t < o->n_dtypes; t++)
         for (int ri = 0; ri < o->n_ratios; ri++) {
-            double kl, b = cell_bytes(o, g, t, &g->c[t][ri]);
+            double kl, b = cell_bytes_max(o, g, t, &g->c[t][ri]);
             if (!rule_holds(o, g, &g->c[t][ri], &kl))
                 continue;
             if (bt < 0 || b < best_bytes - 1e-9 || (b < best_bytes + 1e-9 && kl < best_kl))
                 bt = t, br = ri, best_bytes = b, best_kl = kl;
         }
     sb_printf(s, "Rule (KL <= %.2f nats/token and top-1 >= %.0f %% at every P, every retrieval "
-                 "column within two standard errors of the whole cache's, fewest bytes): ",
+                 "column within two standard errors of the whole cache's, fewest bytes at the "
+                 "P that needs most): ",
               RULE_KL, 100.0 * RULE_TOP1);
     if (bt < 0)
         sb_printf(s, "no cell qualifies.\n\n");
@@ -1554,9 +1574,9 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                   scorer_name(o->scorer), o->exempt);
     else
         sb_printf(s, "### Decode-path KV type x keep ratio (%s)\n\n", scorer_name(o->scorer));
-    sb_printf(s, "Bytes: KV bytes per prompt token kept on the decode path, relative to the whole "
-                 "f16 cache (kept fraction at P = %d x the type's bytes per token in the arena: "
-                 "an arena block holds %d f16 tokens", o->prefill[0], BT);
+    sb_printf(s, "Bytes: KV bytes per prompt token kept on the decode path at each P, relative "
+                 "to the whole f16 cache (kept fraction x the type's bytes per token in the "
+                 "arena: an arena block holds %d f16 tokens", BT);
     for (int t = 0; t < o->n_dtypes; t++)
         if (kv_sim_is(o->dtypes[t]))
             sb_printf(s, "; %s simulated: K per channel over %d slots in %d bits and V per token "
@@ -1566,9 +1586,11 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                       kv_sim_vbits(o->dtypes[t]), g->bytes[t]);
         else if (dp_kv_type_grouped(o->dtypes[t]))
             sb_printf(s, ", a group of %d %s tokens (K per channel and V per token over %d "
-                         "channels, 4 bits with an f16 scale and minimum; the newest tokens in "
-                         "f16 until their group fills, not counted)",
-                      g->dbt[t], dp_kv_type_name(o->dtypes[t]), KIVI_VGROUP);
+                         "channels, 4 bits with an f16 scale and minimum; counted with a "
+                         "sequence's first %d tokens and newest %d-%d in f16, as the manager "
+                         "seals them)",
+                      g->dbt[t], dp_kv_type_name(o->dtypes[t]), KIVI_VGROUP, BT,
+                      kv_mgr_group_recent(BT), kv_mgr_group_recent(BT) + g->dbt[t] - 1);
         else if (o->dtypes[t] != DP_KV_F16)
             sb_printf(s, ", %d %s tokens", g->dbt[t], dp_kv_type_name(o->dtypes[t]));
     if (o->exempt > 0)
@@ -1596,7 +1618,9 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
                      "of all %d in one batch gives %d/%d identical answers (mean identical prefix "
                      "%.1f of %d tokens).\n\n",
                   g->chat_n, g->noise_ident, g->chat_n, g->noise_prefix, o->gen);
-    sb_printf(s, "| decode type | keep | bytes |");
+    sb_printf(s, "| decode type | keep |");
+    for (int pi = 0; pi < o->n_prefill; pi++)
+        sb_printf(s, " bytes P=%d |", o->prefill[pi]);
     for (int pi = 0; pi < o->n_prefill; pi++)
         sb_printf(s, " KL P=%d | top-1 P=%d |", o->prefill[pi], o->prefill[pi]);
     if (o->chat > 0)
@@ -1607,9 +1631,9 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
         for (int m = 0; m < 2; m++)
             sb_printf(s, " needles %.0f %s (full %d/%d) |", g->niah_len[li], m ? "agnostic" : "aware",
                       g->niah_full[li][m], o->trials);
-    sb_printf(s, "\n|---|---|---|");
+    sb_printf(s, "\n|---|---|");
     for (int pi = 0; pi < o->n_prefill; pi++)
-        sb_printf(s, "---|---|");
+        sb_printf(s, "---|---|---|");
     if (o->chat > 0)
         sb_printf(s, "---|");
     for (int li = 0; li < o->n_passkey + 2 * o->n_niah; li++)
@@ -1618,8 +1642,9 @@ static void report_grid(sbuf *s, const opts *o, const grid_result *g)
     for (int t = 0; t < o->n_dtypes; t++)
         for (int ri = 0; ri < o->n_ratios; ri++) {
             const grid_cell *c = &g->c[t][ri];
-            sb_printf(s, "| %s | %.1f | %.3f |", dt_name(o->dtypes[t]), o->ratios[ri],
-                      cell_bytes(o, g, t, c));
+            sb_printf(s, "| %s | %.1f |", dt_name(o->dtypes[t]), o->ratios[ri]);
+            for (int pi = 0; pi < o->n_prefill; pi++)
+                sb_printf(s, " %.3f |", cell_bytes(o, g, t, c, pi));
             for (int pi = 0; pi < o->n_prefill; pi++)
                 sb_printf(s, " %.4f | %.1f |", acc_kl(&c->tf[pi]), 100.0 * acc_top1(&c->tf[pi]));
             if (o->chat > 0)

@@ -661,6 +661,16 @@ static int32_t early_point(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t got,
     return s < n_tokens && s < kv->early_end ? (int32_t)s : 0;
 }
 
+/* A promise of decode blocks: never below 0, which would lower the
+ * others' (m->decode_reserved). A grouped type's can come to fewer blocks
+ * than the prompt's it holds by reference once its groups are sealed, but
+ * each seal takes a block before it gives any back: 1 at least. */
+static int32_t decode_promise(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n)
+{
+    const int32_t floor = seq_group(m, kv) > 0 ? 1 : 0;
+    return n < floor ? floor : n > INT32_MAX ? INT32_MAX : (int32_t)n;
+}
+
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
     dp_kv_need n = {0, 0};
@@ -675,8 +685,10 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         /* (What it holds by reference: its front at the earliest switch.) */
         const int32_t e0 = m->early_min < c ? m->early_min : c;
         n.prefill = kv_pool_blocks_for(&m->pool, kv->early_at);
-        n.decode = dblocks_for(m, kv, (int64_t)c + n_more) - ref_slots(m, kv, e0, e0) / seq_bt(m, kv) +
-                   xblocks_for(m, kv, (int64_t)c + n_more);
+        n.decode = decode_promise(m, kv,
+                                  (int64_t)dblocks_for(m, kv, (int64_t)c + n_more) -
+                                      ref_slots(m, kv, e0, e0) / seq_bt(m, kv) +
+                                      xblocks_for(m, kv, (int64_t)c + n_more));
         return n;
     }
     n.prefill = kv_pool_blocks_for(&m->pool, n_cached);
@@ -698,7 +710,8 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
         m->dpx.e[kv->kshare - 1].cols == keep)
         r = dprefix_slots(&m->dpx, kv->kshare - 1);
     /* Exempt layers keep every token, whatever the budget. */
-    n.decode = dblocks_for(m, kv, d) - r / seq_bt(m, kv) + xblocks_for(m, kv, (int64_t)c + n_more);
+    n.decode = decode_promise(m, kv, (int64_t)dblocks_for(m, kv, d) - r / seq_bt(m, kv) +
+                                         xblocks_for(m, kv, (int64_t)c + n_more));
     return n;
 }
 

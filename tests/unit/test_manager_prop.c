@@ -36,6 +36,7 @@ typedef struct setup {
     int32_t n_dblocks;      /* split pools: the decode pool's blocks (0: one arena) */
     int32_t exempt;
     int32_t budget;         /* decode budget (0: none) */
+    float keep;             /* the keep ratio (0: 0.5) */
 } setup;
 
 typedef enum { FREE, WAITING, RUNNING } state;
@@ -133,6 +134,9 @@ static void check(world *w)
             continue;
         check_grouped(m, &w->s[i].kv);
         count_seq(m, pcnt, dcnt, &w->s[i].kv);
+        /* (A negative promise would lower the others'.) */
+        CHECK_MSG(w->s[i].kv.decode_reserve >= 0, "a promise of %d decode blocks",
+                  w->s[i].kv.decode_reserve);
         promised += w->s[i].kv.decode_reserve;
         swapped += w->s[i].kv.swapped.n_blocks;
     }
@@ -190,7 +194,7 @@ static void start(world *w, pseq *q)
     conv *c = &w->c[ci];
     if (c->busy)
         return;
-    dp_compress_opts co = {DP_SCORER_KNORM, 0.5f, 4, 8, 0, 0};
+    dp_compress_opts co = {DP_SCORER_KNORM, su->keep > 0 ? su->keep : 0.5f, 4, 8, 0, 0};
     int32_t n = 0;
     if (c->n > 0 && c->n + 80 < MAX_TOK - 64 && rnd(w, 3) > 0) { /* its next turn */
         memcpy(q->tok, c->tok, (size_t)c->n * sizeof *q->tok);
@@ -407,13 +411,16 @@ int main(void)
     uint64_t seed = se ? strtoull(se, NULL, 0) : 20261206;
     int64_t steps = st ? strtoll(st, NULL, 0) : 4000;
     static const setup setups[] = {
-        {"dualpath off", false, DP_KV_F16, 48, 0, 0, 0},
-        {"one arena, f16", true, DP_KV_F16, 48, 0, 0, 0},
-        {"one arena, q8_0 decode", true, DP_KV_Q8_0, 48, 0, 0, 0},
-        {"one arena, q8_0 decode, 1 exempt layer", true, DP_KV_Q8_0, 48, 0, 1, 0},
-        {"split pools", true, DP_KV_F16, 40, 24, 0, 0},
-        {"one arena, q8_0 decode, budget 48", true, DP_KV_Q8_0, 48, 0, 0, 48},
-        {"one arena, kivi4 decode", true, DP_KV_KIVI4, 48, 0, 0, 0},
+        {"dualpath off", false, DP_KV_F16, 48, 0, 0, 0, 0},
+        {"one arena, f16", true, DP_KV_F16, 48, 0, 0, 0, 0},
+        {"one arena, q8_0 decode", true, DP_KV_Q8_0, 48, 0, 0, 0, 0},
+        {"one arena, q8_0 decode, 1 exempt layer", true, DP_KV_Q8_0, 48, 0, 1, 0, 0},
+        {"split pools", true, DP_KV_F16, 40, 24, 0, 0, 0},
+        {"one arena, q8_0 decode, budget 48", true, DP_KV_Q8_0, 48, 0, 0, 48, 0},
+        {"one arena, kivi4 decode", true, DP_KV_KIVI4, 48, 0, 0, 0, 0},
+        /* Every token kept: the prompt's blocks taken by reference, more
+         * of them than its groups come to. */
+        {"one arena, kivi4 decode, keep 1", true, DP_KV_KIVI4, 64, 0, 0, 0, 1.0f},
     };
     for (size_t i = 0; i < sizeof setups / sizeof setups[0]; i++)
         run(&setups[i], seed + i, steps);

@@ -152,7 +152,6 @@ typedef struct gtab {
     dp_kv_store *arena;      /* f16, the identity tables' blocks, then the groups' */
     dp_kv_store *view;       /* the grouped type over it (what batches address) */
     int32_t G, bt;           /* tokens per group; per arena block */
-    int32_t W;               /* the recent window (kv_mgr_group_recent) */
     int32_t n_ident, next, end; /* identity blocks; the next group block; past the last */
     size_t rows;             /* layers x KV heads */
     int32_t *keep;           /* [rows][G]: a seal's kept lists */
@@ -174,11 +173,8 @@ void gtab_destroy(gtab *g, ev *e);
 void gtab_start(const gtab *g, gseq *s, const int32_t *ident, int32_t n_ident);
 /* Seals its whole groups of n_slots filled slots and rebuilds its row. */
 int gtab_seal(gtab *g, ev *e, gseq *s, int32_t n_slots);
-/* The slot count at which its open group fills (and is sealed). */
-static inline int32_t gtab_next_seal(const gtab *g, const gseq *s)
-{
-    return (s->sealed ? s->sealed : g->bt) + g->G + g->W;
-}
+/* The slot count at which its open group is sealed (as the manager seals). */
+int32_t gtab_next_seal(const gtab *g, const gseq *s);
 
 /* ---- retrieval (eval_retrieval.c) ----------------------------------------- */
 

@@ -34,7 +34,6 @@ int gtab_init(gtab *g, ev *e, const dp_kv_layout *arena, int32_t extra_blocks)
     g->G = kv_mgr_group_tokens(e->be, &gl, e->be->ops->kv_bytes_per_block(e->be, &one));
     gl.block_tokens = g->G;
     g->bt = al.block_tokens;
-    g->W = kv_mgr_group_recent(g->bt); /* as the manager seals */
     g->rows = (size_t)al.n_layers * (size_t)al.n_kv_heads;
     if (g->G < 2 || (rc = e->be->ops->kv_view(e->be, g->arena, &gl, &g->view)) ||
         !(g->keep = malloc(g->rows * (size_t)g->G * sizeof *g->keep))) {
@@ -63,14 +62,20 @@ void gtab_start(const gtab *g, gseq *s, const int32_t *ident, int32_t n_ident)
     memcpy(s->row, ident, (size_t)n_ident * sizeof *ident);
 }
 
+int32_t gtab_next_seal(const gtab *g, const gseq *s)
+{
+    return (s->sealed ? s->sealed : g->bt) + g->G + kv_mgr_group_recent(g->bt);
+}
+
 int gtab_seal(gtab *g, ev *e, gseq *s, int32_t n_slots)
 {
     /* The lead (the identity table's first block) stays whole once a
      * group follows it (backend.h dp_kv_group_lead). */
-    if (s->sealed == 0 && n_slots >= gtab_next_seal(g, s))
+    const int32_t target = kv_mgr_group_sealed(g->bt, g->G, n_slots);
+    if (s->sealed == 0 && target > 0)
         s->sealed = g->bt;
     int32_t k = dp_kv_group_rstart(g->bt, g->G, s->sealed);
-    while (s->sealed > 0 && n_slots - s->sealed >= g->G + g->W) {
+    while (s->sealed < target) {
         if (g->next >= g->end)
             return DP_ENOSPC;
         int32_t blk = g->next++;

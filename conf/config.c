@@ -161,8 +161,8 @@ static const opt_desc options[] = {
     {"scorer", DP_CONF_ENUM, F(scorer), "snapkv", 0, 0, scorers, NULL, 0, GROUP_DUALPATH, NULL,
      "importance scorer (see docs/dualpath.md: snapkv measured best) [kvcache]"},
     {"decode_kv_type", DP_CONF_ENUM, F(decode_kv_type), "auto", 0, 0, decode_kv_types, NULL, 0,
-     GROUP_DUALPATH, NULL, "decode-path KV type; auto: q8_0 on the CPU (of f16), else same; kivi4: "
-     "4-bit groups [kvcache]"},
+     GROUP_DUALPATH, NULL, "decode-path KV type; auto: kivi4 (4-bit groups) on the CPU, else q8_0 "
+     "or same [kvcache]"},
     {"keep_ratio", DP_CONF_FLOAT, F(keep_ratio), "1", 0, 1, NULL, NULL, 0, GROUP_DUALPATH,
      NULL, "share of the prompt's tokens kept, sinks and window included [kvcache]"},
     {"sink_tokens", DP_CONF_INT, F(sink_tokens), "4", 0, 1024, NULL, NULL, 0, GROUP_DUALPATH,

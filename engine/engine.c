@@ -1586,12 +1586,37 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
     return 0;
 }
 
-/* The layout of a pool's store: the model's geometry, the configured type.
- * The decode path's "auto" is q8_0 over an f16 cache where the backend keeps
- * q8_0 and it was measured there (kv_quant_default: the CPU's; CUDA's q8_0
- * kernels have not run on a device yet): half the bytes of f16 at KL 0.005
- * nats/token with the whole cache's retrieval (docs/dualpath.md's KV-type
- * table); an f32 cache asked for exactness. */
+/* The decode path's "auto" where the backend keeps quantized decode types
+ * and they were measured there (kv_quant_default: the CPU's; CUDA's have not
+ * run on a device yet), over an f16 cache: kivi4 (K per channel and V per
+ * token in 4-bit groups, the lead and the newest tokens f16; 0.30-0.38 of the
+ * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
+ * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045) where
+ * kivi4 is refused: groups live in one arena with the prefill path, without
+ * a decode budget, exempt layers or early switches, and need a block a group
+ * fits in. An f32
+ * cache asked for exactness and keeps its type. */
+static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *prefill,
+                                   const dp_engine_opts *o)
+{
+    dp_kv_layout q = *prefill;
+    q.type = DP_KV_Q8_0;
+    if (o->kv_type != DP_KV_F16 || !be->ops->kv_view || !be->ops->kv_quant_default ||
+        !be->ops->kv_bytes_per_block(be, &q))
+        return (dp_kv_type)o->kv_type;
+    dp_kv_layout one = *prefill;
+    one.n_blocks = 1;
+    dp_kv_layout g = one;
+    g.type = DP_KV_KIVI4;
+    const bool groups_fit = kv_mgr_group_tokens(be, &g, be->ops->kv_bytes_per_block(be, &one)) >= 2;
+    if (o->dualpath && o->n_blocks_decode <= 0 && o->decode_budget <= 0 &&
+        o->exempt_layers <= 0 && !o->early_switch && groups_fit)
+        return DP_KV_KIVI4;
+    return DP_KV_Q8_0;
+}
+
+/* The layout of a pool's store: the model's geometry, the configured type
+ * (the decode path's auto: decode_auto_type). */
 static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
                                  int32_t block_tokens, int32_t n_blocks, bool decode)
 {
@@ -1599,11 +1624,10 @@ static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_eng
     l.type = o->kv_type;
     if (decode && o->decode_kv_type >= 0)
         l.type = o->decode_kv_type;
-    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO && o->kv_type == DP_KV_F16) {
-        dp_kv_layout q = l;
-        q.type = DP_KV_Q8_0;
-        if (be->ops->kv_view && be->ops->kv_quant_default && be->ops->kv_bytes_per_block(be, &q) > 0)
-            l.type = DP_KV_Q8_0;
+    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO) {
+        dp_kv_layout p = llama_kv_layout(m, o->block_tokens, n_blocks);
+        p.type = o->kv_type;
+        l.type = decode_auto_type(be, &p, o);
     }
     return l;
 }
@@ -1758,6 +1782,14 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
         .exempt_layers = e->dual ? opts->exempt_layers : 0,
     };
+    /* A grouped type's prompt is compacted once, at its end, where its
+     * groups are sealed: it never switches early. */
+    if (e->dual && opts->early_switch && dp_kv_type_grouped(ko.decode.type)) {
+        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s compacts a prompt "
+                    "once, at its end, and does not switch early: set early_switch = false or "
+                    "another decode_kv_type", dp_kv_type_name(ko.decode.type));
+        goto fail;
+    }
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
     if (e->kv.shared && opts->prefill_fraction != 0.25)

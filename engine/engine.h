@@ -48,8 +48,9 @@ typedef struct dp_engine_opts {
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA keeps f32 in f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
-                                  * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: q8_0
-                                  * over an f16 cache where the backend keeps it) */
+                                  * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: kivi4
+                                  * over an f16 cache where the backend keeps it, q8_0
+                                  * where kivi4 is refused) */
     int64_t host_tier_bytes;     /* host copies of evicted prefill blocks (0: none) */
     int64_t swap_bytes;          /* the swap space of preempted decode-path caches, allocated
                                   * at start-up (default 4 GiB, vLLM's swap_space; 0: none,

@@ -103,7 +103,7 @@ def test_enabled_false_evicts_nothing(dual):
 @pytest.fixture(scope="module")
 def f16_decode():
     """A daemon whose decode path keeps the prefill path's f16 (the default
-    decode type on the CPU is q8_0)."""
+    decode type on the CPU is kivi4)."""
     d = Daemon(extra=["--decode-kv-type", "same"])
     yield d.url
     assert d.stop() == 0
@@ -122,8 +122,9 @@ def test_keep_ratio_one_equals_disabled(f16_decode):
 
 
 def test_keep_ratio_one_default_type_keeps_every_token(dual):
-    """At the default decode type (q8_0 on the CPU) keep 1.0 evicts nothing
-    and holds about half of the f16 bytes."""
+    """At the default decode type (kivi4 on the CPU) keep 1.0 evicts nothing
+    and holds less than 0.6 of the f16 bytes (a short prompt: its lead and
+    newest tokens stay f16)."""
     o = complete({"prompt": LONG_PROMPT, "max_tokens": 8, "temperature": 0,
                   "dualpath": {"keep_ratio": 1.0}})
     kept, evicted = dp_usage(o)
@@ -393,7 +394,10 @@ def _rebuild_tokens(m):
 
 @pytest.fixture(scope="module")
 def no_resume_daemon():
-    d = Daemon(["--no-resume-turns"], log_name="dualpathd-noresume")
+    # q8_0: a reply's K/V go back to the prefix cache from a decode type
+    # whose rows sit where the window's mapping says; kivi4's (the CPU's
+    # default) are in sealed groups and are not written back (below).
+    d = Daemon(["--no-resume-turns", "--decode-kv-type", "q8_0"], log_name="dualpathd-noresume")
     yield d
     assert d.stop() == 0
 
@@ -442,8 +446,15 @@ def test_multi_turn_chat_rebuilds(no_resume_daemon):
         finally:
             assert d.stop() == 0
     # Every turn compressed: each reply's K/V go back for the next turn.
-    _, m_all = converse(["--compress-turns", "always", "--no-resume-turns"], "dualpathd-turns")
+    q8 = ["--decode-kv-type", "q8_0"]
+    _, m_all = converse(["--compress-turns", "always", "--no-resume-turns"] + q8,
+                        "dualpathd-turns")
     assert m_all["dualpath_reply_blocks_kept_total"] >= len(QUESTIONS) - 1
+    # kivi4 (the default): the prompt comes back from the prefix cache, the
+    # reply is computed again with the new text.
+    _, m_kivi = converse(["--compress-turns", "always", "--no-resume-turns"], "dualpathd-turns4")
+    assert m_kivi["dualpath_reply_blocks_kept_total"] == 0
+    assert m_kivi["dualpath_rebuilds_total"] >= 4
     # Exact rebuilds: with reuse_replies off every reply is recomputed over
     # the whole prefix, and the greedy answers are those of a daemon without
     # the prefix cache, which prefills every turn whole.

@@ -100,7 +100,7 @@ def test_concurrent_multiturn(kivi):
 def test_per_request_kivi4_on_a_q8_0_server():
     """A request may ask for kivi4 on a server whose decode path is q8_0:
     another view of the same arena."""
-    d = Daemon(log_name="dualpathd-kivi4-request")
+    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-kivi4-request")
     try:
         u = chat(d, [{"role": "user", "content": TEXT + "Which ship carried salt?"}],
                  max_tokens=8, dualpath={"decode_kv_type": "kivi4", "enabled": True})["usage"]
@@ -109,9 +109,28 @@ def test_per_request_kivi4_on_a_q8_0_server():
         assert d.stop() == 0
 
 
+@pytest.mark.parametrize("flags,chosen", [
+    ([], f"{GROUP} in kivi4"),
+    (["--exempt-layers", "2"], "30 in q8_0"),
+    (["--decode-budget", "256"], "30 in q8_0"),
+    (["--early-switch"], "30 in q8_0"),
+])
+def test_auto_chooses_kivi4_where_it_is_kept(flags, chosen):
+    """decode_kv_type = auto (the default) on the CPU: kivi4, or q8_0 where
+    a setting kivi4 refuses is given; never a start-up error."""
+    d = Daemon(extra=flags, log_name="dualpathd-auto")
+    try:
+        assert chosen in d.log_text(), d.log_text()
+        o = chat(d, [{"role": "user", "content": TEXT + "Which ship carried salt?"}], max_tokens=8)
+        assert o["usage"]["completion_tokens"] > 0
+    finally:
+        assert d.stop() == 0
+
+
 @pytest.mark.parametrize("flags,words", [
     (["--decode-budget", "256"], "decode_budget"),
     (["--exempt-layers", "2"], "exempt_layers"),
+    (["--early-switch"], "early_switch"),
 ])
 def test_refused_settings(flags, words):
     r = subprocess.run([BIN, "--model", MODEL, "--listen", "127.0.0.1:0", "--decode-kv-type",

@@ -3,7 +3,7 @@ same greedy requests sent together to a daemon whose KV memory is small enough
 to force preemptions give the text each gives alone on the shared daemon (the
 same settings, more memory), because a preempted compact cache is swapped out
 and restored as it was. n = 4 prefills its prompt once and its copies share
-the first one's compaction."""
+the first one's compaction (q8_0) or prefill blocks (kivi4)."""
 import json
 
 import pytest
@@ -55,26 +55,50 @@ def test_outputs_equal_alone_under_preemption():
         assert d.stop() == 0
 
 
-def test_n4_prefills_the_prompt_once(server):
+@pytest.fixture(scope="module")
+def q8_server():
+    """A daemon whose decode path is q8_0: its compactions are copies in
+    decode blocks of 30 tokens, named as kept shares."""
+    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-q8_0-shares")
+    yield d.url
+    assert d.stop() == 0
+
+
+@pytest.fixture(params=["default", "q8_0"])
+def shares_server(request, server):
+    return (request.param, server if request.param == "default" else
+            request.getfixturevalue("q8_server"))
+
+
+def test_n4_prefills_the_prompt_once(shares_server):
+    kind, base = shares_server
     prompt = "Shared: " + "A long system prompt that every choice starts from. " * 30
-    m0 = metrics()
+    m0 = metrics(base)
     # 8 tokens each, EOS or not: the first choice still decodes when the
     # others migrate (its compaction lives while it runs).
     st, _, b = request("POST", "/v1/completions",
                        {"prompt": prompt, "n": 4, "max_tokens": 8, "temperature": 0,
-                        "ignore_eos": True})
+                        "ignore_eos": True}, base=base)
     assert st == 200, b
     r = json.loads(b)
     p = r["usage"]["prompt_tokens"]
-    m1 = metrics()
+    m1 = metrics(base)
     computed = m1["dualpath_engine_prefill_tokens_total"] - m0["dualpath_engine_prefill_tokens_total"]
-    # The choices are queued together: the three copies take the first's
-    # compaction (a kept share) in whole q8_0 decode blocks of 30 tokens,
-    # copying only its last partial block.
-    assert m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"] == 3
     in_place = m1["dualpath_tokens_in_place_total"] - m0["dualpath_tokens_in_place_total"]
     kept = m1["dualpath_tokens_kept_total"] - m0["dualpath_tokens_kept_total"]
-    assert in_place >= 3 * (kept // 4 - 30), (in_place, kept)
+    shares = m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"]
+    if kind == "q8_0":
+        # The choices are queued together: the three copies take the first's
+        # compaction (a kept share) in whole q8_0 decode blocks of 30 tokens,
+        # copying only its last partial block.
+        assert shares == 3
+        assert in_place >= 3 * (kept // 4 - 30), (in_place, kept)
+    else:
+        # kivi4 (the CPU's default) keeps every choice's prompt by reference
+        # to the prefill blocks at its migration (each seals its own groups
+        # as it grows): no copy to share.
+        assert shares == 0
+        assert in_place >= 4 * (p // 16 - 1) * 16, (in_place, p)
     texts = {c["text"] for c in r["choices"]}
     assert len(texts) == 1  # greedy: the four choices agree
     # The prompt once, then per copy only what cannot be shared: below one
@@ -84,22 +108,25 @@ def test_n4_prefills_the_prompt_once(server):
     assert computed < 2 * p
 
 
-def test_identical_request_keeps_a_running_compaction(server):
-    """A request whose prompt a running request already compacted keeps that
-    compaction (a kept share): it computes only its last partial block and
-    selects nothing. The first runs until the second is done (it is cancelled
-    then), so the order is fixed by events, not by speed."""
+def test_identical_request_keeps_a_running_compaction(shares_server):
+    """A request whose prompt a running request already holds on the decode
+    path computes only its last partial block and selects nothing: with q8_0
+    it keeps that compaction (a kept share); with kivi4 it takes the same
+    prefill blocks by reference. The first runs until the second is done (it
+    is cancelled then), so the order is fixed by events, not by speed."""
+    kind, base = shares_server
     prompt = "Identical: " + "Every request here asks the very same long question, word for word. " * 20
     # At its first token it has migrated and named its compaction.
     holder = hold_stream("/v1/completions", {"prompt": prompt, "max_tokens": 4000,
-                                             "temperature": 0, "ignore_eos": True}, base=server)
-    m0 = metrics()
+                                             "temperature": 0, "ignore_eos": True}, base=base)
+    m0 = metrics(base)
     st, _, b = request("POST", "/v1/completions",
-                       {"prompt": prompt, "max_tokens": 4, "temperature": 0})
-    m1 = metrics()
+                       {"prompt": prompt, "max_tokens": 4, "temperature": 0}, base=base)
+    m1 = metrics(base)
     holder.close()
     assert st == 200, b
     p = json.loads(b)["usage"]["prompt_tokens"]
-    assert m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"] == 1
+    shares = m1["dualpath_kept_shares_total"] - m0["dualpath_kept_shares_total"]
+    assert shares == (1 if kind == "q8_0" else 0)
     computed = m1["dualpath_engine_prefill_tokens_total"] - m0["dualpath_engine_prefill_tokens_total"]
     assert computed <= 16, (computed, p)

@@ -2,9 +2,11 @@
 on by default). With the decode path in the prefill path's type (f16) its
 whole blocks stay where the prefill path wrote them, so requests that share
 a system prompt share those blocks while they decode, as they do with
-dualpath off; with the default q8_0 decode path the first request's copy of
-it (whole decode blocks of 30 tokens) is taken by the next ones while it
-lives. Only the rest of each prompt is compressed.
+dualpath off; with a q8_0 decode path the first request's copy of it (whole
+decode blocks of 30 tokens) is taken by the next ones while it lives; with
+kivi4 (the CPU's default) each request holds the prefill blocks by reference
+at its migration and seals its own groups as it grows. Only the rest of each
+prompt is compressed.
 /metrics counts the tokens so kept (dualpath_tokens_in_place_total), the
 per-request "dualpath" object turns it off (keep_system) or names a prefix of
 any prompt (keep_prefix), and sharing never changes an output."""
@@ -112,16 +114,23 @@ def _decode_block_tokens(base):
     return int(m.get("dualpath_kv_block_tokens{pool=\"decode\"}", 0))
 
 
-def test_system_prompt_shared_in_decode_blocks(server):
-    """The default decode path (q8_0 on the CPU) cannot hold the prefill
-    path's f16 blocks: the first request copies the system prompt's whole
-    decode blocks, and a request that starts with the same system prompt
-    while the first still decodes takes those blocks instead of copying. The
-    first runs until the second is done (it is cancelled then), so the order
-    is fixed by events, not by speed."""
+@pytest.fixture(scope="module")
+def q8_server():
+    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-q8_0-system")
+    yield d.url
+    assert d.stop() == 0
+
+
+def test_system_prompt_shared_in_decode_blocks(q8_server):
+    """A q8_0 decode path cannot hold the prefill path's f16 blocks: the
+    first request copies the system prompt's whole decode blocks, and a
+    request that starts with the same system prompt while the first still
+    decodes takes those blocks instead of copying. The first runs until the
+    second is done (it is cancelled then), so the order is fixed by events,
+    not by speed."""
+    server = q8_server
     dbt = _decode_block_tokens(server)
-    if dbt <= 16:
-        pytest.skip("the shared daemon's decode path holds prefill blocks by reference")
+    assert dbt == 30
     # At its first token it has migrated and named its copy.
     holder = hold_stream("/v1/chat/completions",
                          {"messages": [{"role": "system", "content": SYSTEM},

@@ -384,8 +384,12 @@ static int admit_request(dp_engine *e, dp_request *req)
     es->capture_at = -1;
     /* SnapKV scores with the prompt's last window of queries: they run in
      * one step (the scheduler never splits them, nor takes them from the
-     * prefix cache) so that they are captured together. */
-    if (es->seq->kv.dual && co.scorer == DP_SCORER_SNAPKV) {
+     * prefix cache) so that they are captured together. A prompt that keeps
+     * every token (keep_ratio 1, the default) is never scored, so its window
+     * comes from the prefix cache like the rest (the path detector's
+     * stability test still reads chunk ends under early_switch). */
+    if (es->seq->kv.dual && co.scorer == DP_SCORER_SNAPKV &&
+        (co.keep_ratio < 1.0f || e->popts.early_switch)) {
         int32_t w = co.window < DP_MAX_CAPTURE ? co.window : DP_MAX_CAPTURE;
         es->capture_w = w > 0 ? w : 0;
         /* A step always has room for the aligned tail beside a full batch of

@@ -21,7 +21,7 @@ enum {
     OPT_OUTPUT, OPT_PROMPT_FILE, OPT_PREFIX_LEN, OPT_NUM_PREFIXES, OPT_TURNS, OPT_IGNORE_EOS,
     OPT_MIN_TOKENS, OPT_TEMP, OPT_EXTRA, OPT_SEED, OPT_SLO_TTFT, OPT_SLO_TPOT, OPT_SLO_E2EL,
     OPT_JSON, OPT_TSV, OPT_LABEL, OPT_SCRAPE, OPT_METRICS_PATH, OPT_PROGRESS, OPT_NO_PROGRESS,
-    OPT_VERSION, OPT_NO_MAX_TOKENS,
+    OPT_VERSION, OPT_NO_MAX_TOKENS, OPT_QUESTION,
 };
 
 static const struct option k_opts[] = {
@@ -52,6 +52,7 @@ static const struct option k_opts[] = {
     {"min-tokens", no_argument, NULL, OPT_MIN_TOKENS},
     {"temperature", required_argument, NULL, OPT_TEMP},
     {"extra-body", required_argument, NULL, OPT_EXTRA},
+    {"question", required_argument, NULL, OPT_QUESTION},
     {"seed", required_argument, NULL, OPT_SEED},
     {"slo-ttft-ms", required_argument, NULL, OPT_SLO_TTFT},
     {"slo-tpot-ms", required_argument, NULL, OPT_SLO_TPOT},
@@ -122,6 +123,9 @@ static void usage(FILE *f)
         "  --min-tokens          also send \"min_tokens\" = max_tokens (vLLM; default off)\n"
         "  --temperature T       sampling temperature; < 0 = not sent (default 0)\n"
         "  --extra-body JSON     object merged into every request body (default none)\n"
+        "  --question TEXT       appended to every prompt after a blank line: a document, then\n"
+        "                        what is asked about it (random, file, corpus; prefix with\n"
+        "                        completions; default none)\n"
         "\n"
         "Results:\n"
         "  --slo-ttft-ms X       goodput SLO on time to first token (default none)\n"
@@ -298,6 +302,7 @@ int main(int argc, char **argv)
         case OPT_MIN_TOKENS: wo.min_tokens = true; break;
         case OPT_TEMP: wo.temperature = strtod(optarg, NULL); break;
         case OPT_EXTRA: wo.extra_body = optarg; break;
+        case OPT_QUESTION: wo.question = optarg; break;
         case OPT_SEED: {
             char *e;
             unsigned long long s = strtoull(optarg, &e, 10);

@@ -320,6 +320,12 @@ int lg_workload_init(lg_workload *w, const lg_workload_opts *o, char *err, size_
     w->o = *o;
     rng_seed(&w->rng, o->seed);
     int rc = 0;
+    if (o->question && *o->question &&
+        (o->kind == LG_WL_CHAT || (o->kind == LG_WL_PREFIX && o->chat_api))) {
+        rc = dp_err(err, errsz, DP_EINVAL, "--question goes after a prompt of the random, file, "
+                    "corpus or prefix (completions) workloads, not in chat messages");
+        goto fail;
+    }
     if (o->extra_body && *o->extra_body) {
         w->extra = cJSON_Parse(o->extra_body);
         if (!cJSON_IsObject(w->extra)) {
@@ -662,6 +668,13 @@ int lg_workload_next(lg_workload *w, lg_work_item *out)
     int rc = make_prompt(w, in_len, &prompt);
     if (rc)
         return rc;
+    if (w->o.question && *w->o.question) {
+        char *q = join3(prompt, "\n\n", w->o.question);
+        free(prompt);
+        if (!q)
+            return DP_ENOMEM;
+        prompt = q;
+    }
     rc = build_body(w, prompt, NULL, out_len, out);
     if (rc == 0)
         out->prompt_words = count_words(prompt);

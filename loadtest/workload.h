@@ -52,6 +52,7 @@ typedef struct lg_workload_opts {
     bool min_tokens;     /* also "min_tokens" = max_tokens (vLLM) */
     double temperature;  /* < 0: not sent */
     const char *extra_body; /* JSON object merged into every body, or NULL */
+    const char *question;   /* appended to every prompt after a blank line, or NULL */
     const char *prompt_file;
     int prefix_len;      /* LG_WL_PREFIX: words in each shared prefix */
     int num_prefixes;

@@ -147,6 +147,12 @@ def test_no_usage_and_workloads():
         p, r, _ = run(s.url, "--workload", "corpus", "--prompt-file", path, "-n", "3", "--input-len", "4",
                       "--output-len", "2")
         check(all(q["prompt_tokens"] == 4 for q in r["requests"]), "corpus: windows of 4 words")
+        p, r, _ = run(s.url, "--workload", "corpus", "--prompt-file", path, "-n", "3", "--input-len", "4",
+                      "--output-len", "2", "--question", "what is it?")
+        check(all(q["prompt_tokens"] == 7 for q in r["requests"]), "corpus + question: 4 + 3 words")
+        q = subprocess.run(LOADGEN + ["--base-url", s.url, "--workload", "chat", "--question", "x"],
+                           capture_output=True, text=True, timeout=10)
+        check(q.returncode != 0 and "--question" in q.stderr, "--question refused in chat sessions")
 
         p, r, el = run(s.url, "--rate", "100", "--burstiness", "0.5", "-n", "30", "--output-len", "2",
                        "--input-len", "4")

@@ -21,7 +21,9 @@
 # all its turns: every session is then in its first conversation, so every
 # server is measured at the same conversation depths whatever its speed,
 # where the whole run's mean lets a faster server go deeper and hold more
-# history per sequence; with the depth served in it), output
+# history per sequence; with the depth served in it), the turns a session
+# reaches before a request of it fails (its memory ran out: llama-server's
+# "context size exceeded"), output
 # tok/s streamed (every token received in the time limit, requests still
 # running included) and of completed requests only, TTFT p50/p99,
 # preemptions.
@@ -84,6 +86,9 @@ done
 CONC=${CONC:-32}; REQS=${REQS:-64}; TURNS=${TURNS:-10}; PREFIX=${PREFIX:-200}; SESSIONS=${SESSIONS:-8}
 THREADS=${THREADS:-$(nproc)}; CELL_S=${CELL_S:-120}; MT_CELL_S=${MT_CELL_S:-$CELL_S}
 WORKLOADS=${WORKLOADS:-chat multiturn multiturn-64}
+DOC_FILE=${DOC_FILE:-/usr/share/common-licenses/GPL-3}
+DOC_WORDS=${DOC_WORDS:-800:1600}
+DOC_QUESTION=${DOC_QUESTION:-"Question: what does the passage above say about the recipient's rights? Answer in two sentences."}
 MODEL=${DP_MODEL_PATH:-$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 DAEMON=${DP_DAEMON:-$root/build/daemon/dualpathd}
 LOADGEN=${DP_LOADGEN:-$root/build/loadtest/dp-loadgen}
@@ -195,8 +200,26 @@ if reqs:
             win = "%.1f" % (sum(samples) / len(samples))
         if done:
             wtok = "%.0f" % (sum(q["prompt_tokens"] for q in done) / len(done))
-print("| %s | %s | %.1f | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f | %.1f |" % (
-      sys.argv[2], peak, int(mean10) / 10, win, wtok, r["streamed_output_throughput"],
+# Turns a session reaches before its memory runs out: of the sessions that
+# ended in the time limit (answered their last turn, or had a request
+# fail), the mean count of turns answered before the first failure.
+reach = "-"
+if reqs:
+    by = {}
+    for q in reqs:
+        by.setdefault(q["session"], []).append(q)
+    got = []
+    for qs in by.values():
+        qs.sort(key=lambda q: q["turn"])
+        bad = [q["turn"] for q in qs if not q["ok"]]
+        if bad:
+            got.append(min(bad))
+        elif any(q["turn"] == last for q in qs):
+            got.append(last + 1)
+    if got:
+        reach = "%.1f of %d (%d sessions)" % (sum(got) / len(got), last + 1, len(got))
+print("| %s | %s | %.1f | %s | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f | %.1f |" % (
+      sys.argv[2], peak, int(mean10) / 10, win, wtok, reach, r["streamed_output_throughput"],
       r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],
       r["total_output_tokens"], r["total_input_tokens"] / max(1, r["completed"]), r["failed"],
       r["duration"], int(host) / 2**20))
@@ -220,6 +243,13 @@ serve_and_run() { # name command...
     case " $WORKLOADS " in *" multiturn-64 "*)
         run_cell "$name multiturn-64" --workload chat --turns "$TURNS" --input-len 20:60 \
             --output-len 64 --ignore-eos -n 0 -c "$SESSIONS" ;; esac
+    # Long documents: a passage of DOC_WORDS words of a real text (DOC_FILE)
+    # as the user message, then a question about it; the reply without
+    # max_tokens. The shared system prompt of the chat workload is not sent.
+    case " $WORKLOADS " in *" document "*)
+        run_cell "$name document" --workload corpus --prompt-file "$DOC_FILE" \
+            --input-len "$DOC_WORDS" --no-max-tokens -n "$REQS" -c "$SESSIONS" \
+            --question "$DOC_QUESTION" ;; esac
     # Peak resident memory over its workloads (weights, KV, swap, everything).
     echo "| $name | $(awk '/^VmHWM/{printf "%.0f", $2 / 1024}' /proc/$pid/status 2>/dev/null) |" >> "$work/rss"
     kill -TERM $pid; wait $pid 2>/dev/null
@@ -262,8 +292,8 @@ done
     echo "threads $THREADS; chat: $REQS requests at concurrency $CONC, no max_tokens, shared ${PREFIX}-word system prompt;"
     echo "multiturn: $SESSIONS sessions of $TURNS turns open at once for the whole run (a new one starts where one ends), replies of at most 64 tokens (multiturn-64: exactly 64, ignore_eos). Time limit ${CELL_S} s per chat run, ${MT_CELL_S} s per multi-turn run."
     echo
-    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | mean concurrent seqs, first cycle | mean prompt tokens, first cycle | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s | peak swapped + parked host MiB |"
-    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    echo "| server / workload | peak concurrent seqs | mean concurrent seqs | mean concurrent seqs, first cycle | mean prompt tokens, first cycle | turns a session reached (ended sessions) | streamed tok/s | completed tok/s | TTFT p50 ms | TTFT p99 ms | preemptions | completed | output tokens (completed) | mean prompt tokens (completed) | failed | run s | peak swapped + parked host MiB |"
+    echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
     cat "$work/rows"
     echo
     echo "| server | peak resident MiB (VmHWM, all its workloads) |"

@@ -202,22 +202,28 @@ if reqs:
             wtok = "%.0f" % (sum(q["prompt_tokens"] for q in done) / len(done))
 # Turns a session reaches before its memory runs out: of the sessions that
 # ended in the time limit (answered their last turn, or had a request
-# fail), the mean count of turns answered before the first failure.
+# fail), the mean count of turns answered before the first failure; of
+# those still going at the limit, how many and the turns they had answered.
 reach = "-"
 if reqs:
     by = {}
     for q in reqs:
         by.setdefault(q["session"], []).append(q)
-    got = []
+    got, running = [], []
     for qs in by.values():
-        qs.sort(key=lambda q: q["turn"])
         bad = [q["turn"] for q in qs if not q["ok"]]
         if bad:
             got.append(min(bad))
         elif any(q["turn"] == last for q in qs):
             got.append(last + 1)
+        else:  # still going at the time limit: the turns it had answered
+            running.append(sum(1 for q in qs if q["ok"]))
+    parts = []
     if got:
-        reach = "%.1f of %d (%d sessions)" % (sum(got) / len(got), last + 1, len(got))
+        parts.append("%.1f of %d (%d ended)" % (sum(got) / len(got), last + 1, len(got)))
+    if running:
+        parts.append("%d running at turn %.1f" % (len(running), sum(running) / len(running)))
+    reach = "; ".join(parts) or "-"
 print("| %s | %s | %.1f | %s | %s | %s | %.1f | %.1f | %.0f | %.0f | %s | %d | %d | %.0f | %d | %.0f | %.1f |" % (
       sys.argv[2], peak, int(mean10) / 10, win, wtok, reach, r["streamed_output_throughput"],
       r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], sys.argv[4], r["completed"],

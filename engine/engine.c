@@ -1595,28 +1595,34 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
  * run on a device yet), over an f16 cache: kivi4 (K per channel and V per
  * token in 4-bit groups, the lead and the newest tokens f16; 0.30-0.38 of the
  * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
- * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045) where
- * kivi4 is refused: groups live in one arena with the prefill path, without
- * a decode budget, exempt layers or early switches, and need a block a group
- * fits in. An f32
- * cache asked for exactness and keeps its type. */
-static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *prefill,
-                                   const dp_engine_opts *o)
+ * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045); where
+ * the manager refuses kivi4 with the other settings, engine_init takes q8_0
+ * (decode_auto_fallback). An f32 cache asked for exactness and keeps its
+ * type. */
+static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o)
 {
-    dp_kv_layout q = *prefill;
-    q.type = DP_KV_Q8_0;
-    if (o->kv_type != DP_KV_F16 || !be->ops->kv_view || !be->ops->kv_quant_default ||
-        !be->ops->kv_bytes_per_block(be, &q))
+    if (o->kv_type != DP_KV_F16 || !be->ops->kv_view || !be->ops->kv_quant_default)
         return (dp_kv_type)o->kv_type;
-    dp_kv_layout one = *prefill;
-    one.n_blocks = 1;
-    dp_kv_layout g = one;
-    g.type = DP_KV_KIVI4;
-    const bool groups_fit = kv_mgr_group_tokens(be, &g, be->ops->kv_bytes_per_block(be, &one)) >= 2;
-    if (o->dualpath && o->n_blocks_decode <= 0 && o->decode_budget <= 0 &&
-        o->exempt_layers <= 0 && !o->early_switch && groups_fit)
+    dp_kv_layout q = *l;
+    q.n_blocks = 1;
+    q.type = DP_KV_KIVI4;
+    if (be->ops->kv_bytes_per_block(be, &q))
         return DP_KV_KIVI4;
-    return DP_KV_Q8_0;
+    q.type = DP_KV_Q8_0;
+    return be->ops->kv_bytes_per_block(be, &q) ? DP_KV_Q8_0 : (dp_kv_type)o->kv_type;
+}
+
+/* auto's kivi4 becomes q8_0 where the manager would refuse it (a decode
+ * pool of its own, a decode budget, exempt layers, a block no group fits
+ * in: kv_mgr_check_grouped) or the path detector may switch early (a
+ * grouped prompt is compacted once, at its end): no combination of
+ * settings keeps the daemon from starting. */
+static void decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr_opts *ko)
+{
+    if (o->decode_kv_type != ENGINE_DECODE_KV_AUTO || !dp_kv_type_grouped(ko->decode.type))
+        return;
+    if (o->early_switch || kv_mgr_check_grouped(be, ko, NULL, 0))
+        ko->decode.type = DP_KV_Q8_0;
 }
 
 /* The layout of a pool's store: the model's geometry, the configured type
@@ -1628,11 +1634,8 @@ static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_eng
     l.type = o->kv_type;
     if (decode && o->decode_kv_type >= 0)
         l.type = o->decode_kv_type;
-    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO) {
-        dp_kv_layout p = llama_kv_layout(m, o->block_tokens, n_blocks);
-        p.type = o->kv_type;
-        l.type = decode_auto_type(be, &p, o);
-    }
+    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO)
+        l.type = decode_auto_type(be, &l, o);
     return l;
 }
 
@@ -1786,6 +1789,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
         .exempt_layers = e->dual ? opts->exempt_layers : 0,
     };
+    decode_auto_fallback(e->be, opts, &ko);
     /* A grouped type's prompt is compacted once, at its end, where its
      * groups are sealed: it never switches early. */
     if (e->dual && opts->early_switch && dp_kv_type_grouped(ko.decode.type)) {

@@ -117,6 +117,25 @@ int32_t kv_mgr_group_tokens(dp_backend *be, const dp_kv_layout *l, size_t bytes)
     return best;
 }
 
+int kv_mgr_check_grouped(dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    const char *name = dp_kv_type_name(o->decode.type);
+    /* (One arena: kv_mgr_init's shared, for a decode type of its own.) */
+    const bool one_arena = o->dual && o->decode.n_blocks <= 0 && be && be->ops->kv_view;
+    if (!one_arena || o->decode_budget > 0 || o->exempt_layers > 0)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s keeps its groups "
+                      "in one KV arena with the prefill path and without %s", name,
+                      !one_arena             ? "a decode pool of its own (decode_pool_blocks)"
+                      : o->decode_budget > 0 ? "a decode budget (decode_budget)"
+                                             : "exempt layers (exempt_layers)");
+    dp_kv_layout pl = o->prefill, dl = o->decode;
+    pl.n_blocks = dl.n_blocks = 1;
+    if (kv_mgr_group_tokens(be, &dl, be->ops->kv_bytes_per_block(be, &pl)) < 2)
+        return dp_err(err, errsz, DP_EINVAL, "engine: a %s group does not fit in a KV block of "
+                      "%d tokens; raise block_tokens", name, o->prefill.block_tokens);
+    return 0;
+}
+
 /* dt[0]: the server's decode type (its store and geometry set up by
  * kv_mgr_init); in one arena on a backend with KV views, each other type a
  * request may ask for, read from the same blocks, that holds a token in no
@@ -269,15 +288,8 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
                        : o->decode.block_tokens == o->prefill.block_tokens);
     m->dpool = m->shared ? &m->pool : &m->dpool_own;
     const bool grouped = o->dual && dp_kv_type_grouped(o->decode.type);
-    if (grouped && (!m->shared || o->decode_budget > 0 || o->exempt_layers > 0)) {
-        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s keeps its groups in "
-                    "one KV arena with the prefill path and without %s",
-                    dp_kv_type_name(o->decode.type),
-                    !m->shared ? "a decode pool of its own (decode_pool_blocks)"
-                    : o->decode_budget > 0 ? "a decode budget (decode_budget)"
-                                           : "exempt layers (exempt_layers)");
+    if (grouped && (rc = kv_mgr_check_grouped(be, o, err, errsz)))
         goto fail;
-    }
     /* A grouped type's migrations write the arena's type (it seals whole
      * groups from them), by reference like the arena's own. */
     m->by_ref = m->shared && (!typed || grouped);
@@ -287,12 +299,6 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         dl.block_tokens = kv_mgr_group_tokens(be, &dl, m->prefill_block_bytes);
         m->dbt = o->prefill.block_tokens; /* a table's unit: the residual's blocks */
         m->decode_block_bytes = m->prefill_block_bytes;
-        if (dl.block_tokens < 2) {
-            rc = dp_err(err, errsz, DP_EINVAL, "engine: a %s group does not fit in a KV block of "
-                        "%d tokens; raise block_tokens", dp_kv_type_name(dl.type),
-                        o->prefill.block_tokens);
-            goto fail;
-        }
     } else if (m->shared && typed) {
         dl.block_tokens = 1;
         size_t per_token = be->ops->kv_bytes_per_block(be, &dl);

@@ -235,6 +235,11 @@ typedef struct dp_kv_mgr {
  * whose block fits in `bytes`, an arena block: the largest even count up to
  * 256, 0 when none fits. */
 int32_t kv_mgr_group_tokens(dp_backend *be, const dp_kv_layout *l, size_t bytes);
+/* Whether kv_mgr_init keeps o's grouped decode type (o->decode.type): its
+ * groups live in one arena with the prefill path, without a decode budget
+ * or exempt layers, a group to an arena block. 0, or the error kv_mgr_init
+ * would return, with its message in err (which may be NULL). */
+int kv_mgr_check_grouped(dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz);
 /* A grouped sequence seals a group only while its residual keeps at least
  * this many of its newest tokens whole, past the group: the tokens a step
  * attends to most (KIVI's full-precision window). One arena block's worth

@@ -221,6 +221,16 @@ def server():
 
 
 @pytest.fixture(scope="session")
+def q8_server():
+    """Base URL of a daemon whose decode path is q8_0 (the CPU's default is
+    kivi4): its compactions are copies in decode blocks of 30 tokens, shared
+    as kept shares and system-prompt shares."""
+    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-q8_0")
+    yield d.url
+    assert d.stop() == 0
+
+
+@pytest.fixture(scope="session")
 def client(server):
     import openai
     return openai.OpenAI(base_url=server + "/v1", api_key="none", max_retries=0, timeout=HANG_S)

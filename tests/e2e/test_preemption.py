@@ -55,15 +55,6 @@ def test_outputs_equal_alone_under_preemption():
         assert d.stop() == 0
 
 
-@pytest.fixture(scope="module")
-def q8_server():
-    """A daemon whose decode path is q8_0: its compactions are copies in
-    decode blocks of 30 tokens, named as kept shares."""
-    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-q8_0-shares")
-    yield d.url
-    assert d.stop() == 0
-
-
 @pytest.fixture(params=["default", "q8_0"])
 def shares_server(request, server):
     return (request.param, server if request.param == "default" else

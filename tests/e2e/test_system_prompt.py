@@ -114,13 +114,6 @@ def _decode_block_tokens(base):
     return int(m.get("dualpath_kv_block_tokens{pool=\"decode\"}", 0))
 
 
-@pytest.fixture(scope="module")
-def q8_server():
-    d = Daemon(extra=["--decode-kv-type", "q8_0"], log_name="dualpathd-q8_0-system")
-    yield d.url
-    assert d.stop() == 0
-
-
 def test_system_prompt_shared_in_decode_blocks(q8_server):
     """A q8_0 decode path cannot hold the prefill path's f16 blocks: the
     first request copies the system prompt's whole decode blocks, and a

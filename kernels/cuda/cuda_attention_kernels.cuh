@@ -89,9 +89,14 @@ __global__ void __launch_bounds__(NT)
     const size_t layer_off = (size_t)layer * (size_t)cuda_pick(kd.n_blocks, st) * blk_bytes;
     const uint8_t *kbase = cuda_pick(kd.k, st) + layer_off;
     const uint8_t *vbase = cuda_pick(kd.v, st) + layer_off;
-    /* A quantized store's rows are dequantized into the f16 tiles. */
-    const bool quant = cuda_kv_quant(ktype);
+    /* A quantized store's rows are dequantized into the f16 tiles. A kivi4
+     * store's sealed groups are too; its lead and residual are f16 rows of
+     * its base (cuda_kivi_locate). */
+    const bool quant = cuda_kv_quant(ktype), kivi = ktype == DP_KV_KIVI4;
     const int32_t *table = bd.block_tables + (size_t)s * (size_t)max_blocks;
+    const int32_t rbt = kivi ? cuda_pick(kd.base_bt, st) : bt;
+    const size_t head_bytes = kivi ? (size_t)cuda_pick(kd.head_bytes, st) : 0;
+    const int32_t sealed = kivi ? bd.seq_sealed[s] : 0, roff = kivi ? bd.seq_roff[s] : 0;
 
     float *qs = (float *)cuda_att_raw;             /* [ROWS][hd] */
     float *ps = qs + ROWS * hd;                    /* [ROWS][KT] */
@@ -159,10 +164,28 @@ __global__ void __launch_bounds__(NT)
                 vv[u] = kk[u];
                 if (idx < KT * vecs && j < nk) {
                     const int32_t p = k0 + j;
-                    const int32_t blk = table[p / bt];
+                    int32_t blk = table[p / bt], tok = p % bt;
+                    bool group = false;
+                    if (kivi) {
+                        const cuda_kivi_at a = cuda_kivi_locate(table, rbt, bt, sealed, roff, p);
+                        blk = a.block;
+                        tok = a.tok;
+                        group = a.group;
+                    }
                     const size_t row = (size_t)blk * blk_bytes +
-                                       ((size_t)kvh * (size_t)bt + (size_t)(p % bt)) * row_bytes;
-                    if (quant) {
+                                       ((size_t)kvh * (size_t)rbt + (size_t)tok) * row_bytes;
+                    if (group) {
+                        const size_t hb = (size_t)blk * blk_bytes + (size_t)kvh * head_bytes;
+                        const uint8_t *vr = vbase + hb + (size_t)tok * cuda_kivi_vrow_bytes(hd);
+                        float xk[CUDA_KV_VEC], xv[CUDA_KV_VEC];
+#pragma unroll
+                        for (int e = 0; e < CUDA_KV_VEC; e++) {
+                            xk[e] = cuda_kivi_k(kbase + hb, hd, bt, tok, vi * CUDA_KV_VEC + e);
+                            xv[e] = cuda_kivi_v(vr, hd, vi * CUDA_KV_VEC + e);
+                        }
+                        kk[u] = cuda_pack8(xk);
+                        vv[u] = cuda_pack8(xv);
+                    } else if (quant) {
                         kk[u] = cuda_kv_load8(kbase + row, ktype, vi);
                         vv[u] = cuda_kv_load8(vbase + row, ktype, vi);
                     } else {

@@ -384,12 +384,21 @@ static void cuda_host_free(dp_backend *be, void *p)
 /* ---- KV stores ----------------------------------------------------------- */
 
 /* f16 rows (an f32 layout is kept in f16 too), or q8_0 / q4_0 rows where
- * head_dim is whole groups of 32. */
+ * head_dim is whole groups of 32, or kivi4 groups (a view of an f16 arena
+ * only: kv_create refuses it) of an even number of tokens up to 256 where
+ * head_dim is whole groups of 64 (the CPU's rule, so that the manager sizes
+ * both backends alike). */
 static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 {
-    /* kivi4 (grouped) is kept by the CPU backend only, so far. */
-    if ((cuda_kv_quant(l->type) && l->head_dim % CUDA_QK) || l->type < 0 ||
-        l->type >= DP_KV_TYPE_COUNT || dp_kv_type_grouped(l->type))
+    if (l->type < 0 || l->type >= DP_KV_TYPE_COUNT || l->head_dim <= 0 || l->block_tokens <= 0)
+        return 0;
+    if (dp_kv_type_grouped(l->type))
+        return l->block_tokens % 2 || l->block_tokens > 256 || l->head_dim % KIVI_VGROUP ||
+                       l->head_dim > CUDA_MAX_HEAD_DIM
+                   ? 0
+                   : 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads *
+                         cuda_kivi_head_bytes(l->head_dim, l->block_tokens);
+    if (cuda_kv_quant(l->type) && l->head_dim % CUDA_QK)
         return 0;
     return 2 * (size_t)l->n_layers * (size_t)l->n_kv_heads * (size_t)l->block_tokens *
            cuda_kv_row_bytes(l->type, l->head_dim);
@@ -399,7 +408,7 @@ static size_t cuda_kv_block_bytes(dp_backend *be, const dp_kv_layout *l)
 static bool cuda_kv_layout_ok(const dp_kv_layout *l)
 {
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
-        l->n_blocks <= 0 || dp_kv_type_grouped(l->type))
+        l->n_blocks <= 0 || l->type < 0 || l->type >= DP_KV_TYPE_COUNT)
         return false;
     /* The kernels move f16 rows as 16-byte vectors and size shared memory
      * for head_dim <= 256 (every LLaMA-family model fits). */
@@ -413,6 +422,13 @@ static bool cuda_kv_layout_ok(const dp_kv_layout *l)
                dp_kv_type_name(l->type), CUDA_QK, l->head_dim);
         return false;
     }
+    if (dp_kv_type_grouped(l->type) && !cuda_kv_block_bytes(NULL, l)) {
+        dp_log(DP_LOG_ERROR,
+               "cuda: a %s KV cache needs head_dim in groups of %d and an even group of "
+               "at most 256 tokens (got head_dim %d, group %d)",
+               dp_kv_type_name(l->type), KIVI_VGROUP, l->head_dim, l->block_tokens);
+        return false;
+    }
     return true;
 }
 
@@ -421,10 +437,13 @@ static bool cuda_kv_layout_ok(const dp_kv_layout *l)
 static void cuda_kv_fields(dp_kv_store *kv, const dp_kv_layout *l, size_t blk_bytes)
 {
     kv->l = *l;
-    kv->type = cuda_kv_quant(l->type) ? l->type : DP_KV_F16;
+    kv->type = cuda_kv_quant(l->type) || dp_kv_type_grouped(l->type) ? l->type : DP_KV_F16;
     kv->row_bytes = cuda_kv_row_bytes(l->type, l->head_dim);
     kv->blk_bytes = blk_bytes ? blk_bytes
                               : (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    kv->head_bytes = dp_kv_type_grouped(l->type)
+                         ? cuda_kivi_head_bytes(l->head_dim, l->block_tokens)
+                         : 0;
 }
 
 static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **out)
@@ -434,8 +453,8 @@ static int cuda_kv_create(dp_backend *be, const dp_kv_layout *l, dp_kv_store **o
     if (l->n_layers <= 0 || l->n_kv_heads <= 0 || l->head_dim <= 0 || l->block_tokens <= 0 ||
         l->n_blocks <= 0)
         return DP_EINVAL;
-    if (!cuda_kv_layout_ok(l))
-        return DP_EUNSUPPORTED;
+    if (!cuda_kv_layout_ok(l) || dp_kv_type_grouped(l->type))
+        return DP_EUNSUPPORTED; /* a grouped type's residual lives in the arena it views */
     dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
@@ -493,15 +512,25 @@ static int cuda_kv_view(dp_backend *be, dp_kv_store *base, const dp_kv_layout *l
         return DP_EUNSUPPORTED;
     if (!cuda_kv_layout_ok(l))
         return DP_EUNSUPPORTED;
-    const size_t row = cuda_kv_row_bytes(l->type, l->head_dim);
-    /* Rows of f16 are moved as 16-byte vectors: blocks must stay aligned. */
-    if ((size_t)l->n_kv_heads * (size_t)l->block_tokens * row > base->blk_bytes ||
-        (!cuda_kv_quant(l->type) && base->blk_bytes % 16))
+    const bool grouped = dp_kv_type_grouped(l->type);
+    const size_t own =
+        (size_t)l->n_kv_heads * (grouped ? cuda_kivi_head_bytes(l->head_dim, l->block_tokens)
+                                         : (size_t)l->block_tokens *
+                                               cuda_kv_row_bytes(l->type, l->head_dim));
+    /* Rows of f16 are moved as 16-byte vectors: blocks must stay aligned.
+     * A kivi4 view reads its lead and residual as the base's f16 rows. */
+    if (own > base->blk_bytes || (!cuda_kv_quant(l->type) && base->blk_bytes % 16) ||
+        (grouped && (base->view || base->type != DP_KV_F16)))
         return DP_EINVAL;
     dp_kv_store *kv = (dp_kv_store *)calloc(1, sizeof *kv);
     if (!kv)
         return DP_ENOMEM;
     cuda_kv_fields(kv, l, base->blk_bytes);
+    if (grouped) {
+        kv->base_bt = b->block_tokens;
+        kv->l.base_tokens = b->block_tokens;
+        kv->row_bytes = base->row_bytes; /* the lead's and the residual's f16 rows */
+    }
     kv->k = base->k;
     kv->v = base->v;
     kv->view = true;
@@ -586,7 +615,7 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     const int32_t stride = decode ? round_pow2(b->max_blocks, 8) : b->max_blocks;
     const size_t nbt = ns * (size_t)stride;
     /* Tiles: at most one per token. */
-    const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + ns + nt + 1;
+    const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + 3 * ns + nt + 1;
     /* The previous step's copy may still be reading the staging buffer (a
      * step without logits ends without a download). */
     if (c->arrays_pending) {
@@ -622,6 +651,15 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         h[o + s] = b->seq_store[s];
     const size_t o_store = o;
     o += ns;
+    /* Grouped stores' sealed counts and residual offsets, always present so
+     * that the arrays' offsets follow from the shape alone (a recorded step
+     * is keyed by it): INT32_MAX and 0 where the batch has none. */
+    const size_t o_sealed = o;
+    for (size_t s = 0; s < ns; s++) {
+        h[o + s] = b->seq_sealed ? b->seq_sealed[s] : INT32_MAX;
+        h[o + ns + s] = b->seq_sealed ? b->seq_roff[s] : 0;
+    }
+    o += 2 * ns;
     /* Query tiles: the keys of a prefill chunk are read once per tile. */
     const size_t o_tiles = o;
     int32_t max_len = 0, max_slots = 0;
@@ -651,6 +689,8 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     c->bd.capture_tokens = d + o_capture;
     c->bd.seq_store = d + o_store;
     c->bd.tile_start = d + o_tiles;
+    c->bd.seq_sealed = d + o_sealed;
+    c->bd.seq_roff = d + o_sealed + ns;
     c->n_tokens = b->n_tokens;
     c->n_seqs = b->n_seqs;
     c->max_blocks = stride;

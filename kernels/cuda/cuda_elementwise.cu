@@ -34,6 +34,8 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
         d->type[i] = kv->type;
         d->row_bytes[i] = (int32_t)kv->row_bytes;
         d->blk_bytes[i] = (int64_t)kv->blk_bytes;
+        d->base_bt[i] = kv->base_bt;
+        d->head_bytes[i] = (int64_t)kv->head_bytes;
         d->n_kv = kv->l.n_kv_heads;
         d->head_dim = kv->l.head_dim;
         any = true;
@@ -213,12 +215,31 @@ __global__ void cuda_kv_write_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_
         return; /* a padding token (backend.h step_pad) has no slot */
     const int32_t s = bd.seq[i];
     const int32_t st = bd.seq_store[s];
-    const int32_t bt = cuda_pick(kd.block_tokens, st), type = cuda_pick(kd.type, st);
+    const int32_t bt = cuda_pick(kd.block_tokens, st);
+    int32_t type = cuda_pick(kd.type, st);
     if (cuda_kv_quant(type) && vi >= hd / CUDA_QK)
         return;
-    const int32_t block = bd.block_tables[(size_t)s * (size_t)max_blocks + (size_t)(slot / bt)];
+    const int32_t *table = bd.block_tables + (size_t)s * (size_t)max_blocks;
+    int32_t block, rbt, tok;
+    if (type == DP_KV_KIVI4) {
+        /* A grouped store's new token joins its residual, an f16 row of the
+         * base; a slot below the sealed groups is never written (its group
+         * is kv_compact's). */
+        const int32_t sealed = bd.seq_sealed[s];
+        if (slot < sealed)
+            return;
+        rbt = cuda_pick(kd.base_bt, st);
+        const cuda_kivi_at a = cuda_kivi_locate(table, rbt, bt, sealed, bd.seq_roff[s], slot);
+        block = a.block;
+        tok = a.tok;
+        type = DP_KV_F16;
+    } else {
+        rbt = bt;
+        block = table[slot / bt];
+        tok = slot % bt;
+    }
     const size_t row = cuda_kv_off(layer, cuda_pick(kd.n_blocks, st), block,
-                                   cuda_pick(kd.blk_bytes, st), h, bt, slot % bt,
+                                   cuda_pick(kd.blk_bytes, st), h, rbt, tok,
                                    (size_t)cuda_pick(kd.row_bytes, st));
     uint8_t *kr = cuda_pick(kd.k, st) + row, *vr = cuda_pick(kd.v, st) + row;
     if (cuda_kv_quant(type)) {

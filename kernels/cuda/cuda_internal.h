@@ -60,10 +60,30 @@ struct dp_kv_store {
      * its blocks keep the base's stride, blk_bytes. */
     uint8_t *k;
     uint8_t *v;
-    int32_t type;   /* the rows the kernels read: DP_KV_F16 (for an f32 layout too), Q8_0, Q4_0 */
+    int32_t type;   /* the rows the kernels read: DP_KV_F16 (for an f32 layout too), Q8_0,
+                     * Q4_0; KIVI4 for a grouped view (below) */
     size_t row_bytes, blk_bytes;
     bool view;
+    /* A kivi4 view (backend.h: grouped): block b of layer L holds one group
+     * of l.block_tokens tokens per KV head, head_bytes apart, in the CPU's
+     * bytes (kernels/quant.h kivi_*); a sequence's lead and residual are the
+     * f16 base's rows (base_bt tokens a block, row_bytes = its f16 row). */
+    int32_t base_bt;
+    size_t head_bytes;
 };
+
+/* One head's bytes in a kivi4 block: its K and V groups (each in its own
+ * half of the store, as every type's K and V), the larger of the two. */
+static inline __host__ __device__ size_t cuda_kivi_vrow_bytes(int32_t hd)
+{
+    return (size_t)hd / KIVI_VGROUP * 4 + (size_t)hd / 2; /* quant.h kivi_vrow_bytes */
+}
+static inline __host__ __device__ size_t cuda_kivi_head_bytes(int32_t hd, int32_t g)
+{
+    const size_t k = (size_t)hd * 4 + (size_t)hd * (size_t)(g / 2); /* quant.h kivi_k_bytes */
+    const size_t v = (size_t)g * cuda_kivi_vrow_bytes(hd);
+    return k > v ? k : v;
+}
 
 /* The stores of a step, as kernels see them (passed by value). Every store
  * of a model shares n_kv_heads and head_dim; block geometry and type may
@@ -78,6 +98,8 @@ typedef struct cuda_kv_desc {
     int32_t type[CUDA_KV_STORES];
     int32_t row_bytes[CUDA_KV_STORES];
     int64_t blk_bytes[CUDA_KV_STORES];
+    int32_t base_bt[CUDA_KV_STORES];    /* kivi4: the base's block_tokens */
+    int64_t head_bytes[CUDA_KV_STORES]; /* kivi4: cuda_kivi_head_bytes */
     int32_t n_kv;
     int32_t head_dim;
 } cuda_kv_desc;
@@ -248,11 +270,121 @@ static __host__ __device__ __forceinline__ size_t cuda_kv_off(int32_t layer, int
            ((size_t)head * (size_t)bt + (size_t)tok) * row_bytes;
 }
 
+/* ---- kivi4 rows on the device ---------------------------------------------------------
+ * Where slot p of a grouped sequence lives (backend.h seq_sealed; the same
+ * arithmetic as dp_kv_group_*, which are host functions): its lead (the
+ * base's f16 block at table[0]), a sealed group, or its residual (the
+ * base's blocks after the groups). sealed INT32_MAX: every slot is a group
+ * from table[0], with no lead. */
+typedef struct cuda_kivi_at {
+    int32_t block, tok;
+    bool group; /* tok is a token of kivi4 group `block`; else an f16 row of the base */
+} cuda_kivi_at;
+
+static __device__ __forceinline__ cuda_kivi_at cuda_kivi_locate(const int32_t *table, int32_t bbt,
+                                                                int32_t g, int32_t sealed,
+                                                                int32_t roff, int32_t p)
+{
+    cuda_kivi_at a;
+    const int32_t lead = sealed == INT32_MAX ? 0 : sealed > 0 ? bbt : 0;
+    if (p < lead) {
+        a.block = table[0];
+        a.tok = p;
+        a.group = false;
+    } else if (p < sealed) {
+        const int32_t i = p - lead;
+        a.block = table[(lead ? 1 : 0) + i / g];
+        a.tok = i % g;
+        a.group = true;
+    } else {
+        const int32_t q = p - sealed + roff, rstart = sealed > 0 ? 1 + (sealed - bbt) / g : 0;
+        a.block = table[rstart + q / bbt];
+        a.tok = q % bbt;
+        a.group = false;
+    }
+    return a;
+}
+
+static __device__ __forceinline__ float cuda_kivi_half(const uint8_t *p)
+{
+    CUDA_CHECK_ALIGN(p, 2);
+    return __half2float(*(const __half *)p);
+}
+
+/* Channel c of token t of one head's K group (kh: its bytes; quant.h
+ * layout: d[hd], m[hd], then g / 2 bytes of codes per channel). */
+static __device__ __forceinline__ float cuda_kivi_k(const uint8_t *kh, int32_t hd, int32_t g,
+                                                    int32_t t, int32_t c)
+{
+    const uint8_t code = kh[(size_t)hd * 4 + (size_t)c * (size_t)(g / 2) + (size_t)(t / 2)];
+    const int q = code >> (4 * (t & 1)) & 15;
+    return cuda_kivi_half(kh + (size_t)(hd + c) * 2) +
+           (float)q * cuda_kivi_half(kh + (size_t)c * 2);
+}
+
+/* Channel c of one V row (vr: its bytes; (d, m) per 64 channels, then the
+ * codes, channel 2i in the low nibble of byte i). */
+static __device__ __forceinline__ float cuda_kivi_v(const uint8_t *vr, int32_t hd, int32_t c)
+{
+    const uint8_t *sm = vr + (size_t)(c / KIVI_VGROUP) * 4;
+    const int q = vr[(size_t)hd / KIVI_VGROUP * 4 + (size_t)(c / 2)] >> (4 * (c & 1)) & 15;
+    return cuda_kivi_half(sm + 2) + (float)q * cuda_kivi_half(sm);
+}
+
+/* Eight f32 values as the 16 bytes of eight halves (an f16 row's vector). */
+static __device__ __forceinline__ uint4 cuda_pack8(const float *x)
+{
+    __half2 h[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        h[j] = __floats2half2_rn(x[2 * j], x[2 * j + 1]);
+    uint4 out;
+    memcpy(&out, h, sizeof out);
+    return out;
+}
+
+/* Value c of a row of any per-token type (f16, q8_0, q4_0), in f32. */
+static __device__ __forceinline__ float cuda_kv_elt(const uint8_t *row, int32_t type, int32_t c)
+{
+    const int32_t g = c / CUDA_QK, j = c % CUDA_QK;
+    if (type == DP_KV_Q8_0) {
+        const uint8_t *b = row + (size_t)g * 34;
+        return cuda_kv_scale(b) * (float)((const int8_t *)(b + 2))[j];
+    }
+    if (type == DP_KV_Q4_0) {
+        const uint8_t *b = row + (size_t)g * 18;
+        return cuda_kv_scale(b) * (float)(((b[2 + j % 16] >> (j < 16 ? 0 : 4)) & 15) - 8);
+    }
+    return cuda_kivi_half(row + (size_t)c * 2);
+}
+
+/* The f16 minimum and scale of values in [lo, hi] (kernels/quant.c asym4's
+ * rounding), and the reciprocal the codes are computed with. */
+static __device__ __forceinline__ void cuda_kivi_scale(float lo, float hi, __half *dh, __half *mh,
+                                                       float *m, float *id)
+{
+    *mh = __float2half_rn(lo);
+    *m = __half2float(*mh);
+    *dh = __float2half_rn((hi - *m) / 15.0f);
+    const float d = __half2float(*dh);
+    *id = d > 0.0f ? 1.0f / d : 0.0f;
+}
+
+/* One code: the CPU's q_round((x - m) * id, 0, 15). */
+static __device__ __forceinline__ int cuda_kivi_code(float x, float m, float id)
+{
+    return cuda_q_round(__fmul_rn(x - m, id), 0, 15);
+}
+
 /* Device copies of the step's index arrays (one allocation, see batch_set). */
 typedef struct cuda_batch_dev {
     const int32_t *tokens, *pos, *seq, *slot, *block_tables, *out_tokens, *capture_tokens;
     const int32_t *seq_store;
     const int32_t *tile_start; /* [n_tiles + 1] first batch token of each query tile */
+    /* [n_seqs] each, always present: the batch's seq_sealed and seq_roff,
+     * or INT32_MAX and 0 where it has none (backend.h: a grouped store then
+     * reads every slot as groups from table[0]). */
+    const int32_t *seq_sealed, *seq_roff;
 } cuda_batch_dev;
 
 /* Recorded decode steps (cuda_graph.cu). The key is everything that shapes a

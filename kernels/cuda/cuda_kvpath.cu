@@ -126,6 +126,13 @@ void cuda_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *t
     const dp_kv_layout *l = &kv->l;
     if (n_slots <= 0)
         return;
+    if (kv->head_bytes) { /* grouped stores are not scored (as the CPU): no information */
+        cudaError_t e = cudaMemsetAsync(out, 0, (size_t)l->n_layers * (size_t)l->n_kv_heads *
+                                                    (size_t)n_slots * sizeof(float), c->stream);
+        if (e != cudaSuccess)
+            cuda_note_error(c, "kv_score_knorm", e);
+        return;
+    }
     const size_t n_tab = (size_t)((n_slots + l->block_tokens - 1) / l->block_tokens);
     int32_t *h = cuda_kvp_stage(c, n_tab);
     if (!h) {
@@ -232,8 +239,9 @@ void cuda_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *ta
     if (n_slots <= 0)
         return;
     const size_t rows = (size_t)l->n_layers * (size_t)l->n_kv_heads;
-    if (n_q <= 0 || n_heads < l->n_kv_heads || n_heads % l->n_kv_heads) {
-        /* No queries: no information (zeros), like the CPU. */
+    if (n_q <= 0 || n_heads < l->n_kv_heads || n_heads % l->n_kv_heads || kv->head_bytes) {
+        /* No queries (or a grouped store, never scored): no information
+         * (zeros), like the CPU. */
         cudaError_t e = cudaMemsetAsync(out, 0, rows * (size_t)n_slots * sizeof(float), c->stream);
         if (e != cudaSuccess)
             cuda_note_error(c, "kv_score_attn", e);
@@ -334,6 +342,92 @@ __global__ void cuda_compact_kernel(dp_kv_store src, dp_kv_store dst, const int6
     }
 }
 
+/* Into a kivi4 store: one thread per (sequence, layer, head, group, item),
+ * an item being one K channel over the group's tokens (its f16 scale and
+ * minimum, then its codes) or one V row's 64 channels. Values come from the
+ * source rows of any per-token type as f32 and are quantized with the CPU's
+ * rounding (kernels/quant.c kivi_quant_k / kivi_quant_vrow), so the two
+ * backends write the same bytes. Units are groups here (row_start counts
+ * them); items = head_dim + g * head_dim / 64. */
+__global__ void cuda_compact_kivi_kernel(dp_kv_store src, dp_kv_store dst, const int64_t *grp_start,
+                                         const cuda_compact_seq_dev *sq, const int32_t *idx,
+                                         int32_t n_seqs, int64_t total_groups, int32_t items)
+{
+    const dp_kv_layout ls = src.l;
+    const int32_t g = dst.l.block_tokens, hd = ls.head_dim, sbt = ls.block_tokens;
+    const int32_t nvg = hd / KIVI_VGROUP;
+    const int64_t total = total_groups * items;
+    for (int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; t < total;
+         t += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t gidx = t / items;
+        const int32_t it = (int32_t)(t % items);
+        int32_t lo = 0, hi = n_seqs - 1; /* last sequence whose start <= gidx */
+        while (lo < hi) {
+            const int32_t mid = (lo + hi + 1) / 2;
+            if (grp_start[mid] <= gidx)
+                lo = mid;
+            else
+                hi = mid - 1;
+        }
+        const cuda_compact_seq_dev q = sq[lo];
+        const int32_t ng = q.n_keep / g;
+        const int64_t r = gidx - grp_start[lo];
+        const int32_t gi = (int32_t)(r % ng);
+        const int32_t h = (int32_t)((r / ng) % ls.n_kv_heads);
+        const int32_t layer = (int32_t)(r / ((int64_t)ng * ls.n_kv_heads));
+        const int32_t *keep = idx + q.keep_off +
+                              ((size_t)layer * ls.n_kv_heads + h) * (size_t)q.n_keep +
+                              (size_t)gi * g;
+        const size_t hb =
+            ((size_t)layer * dst.l.n_blocks + (size_t)idx[q.dst_off + gi]) * dst.blk_bytes +
+            (size_t)h * dst.head_bytes;
+        float m, id;
+        __half dh, mh;
+        if (it < hd) { /* K channel it over the group's tokens */
+            float x[256]; /* g <= 256 (kv_block_bytes) */
+            float mn = INFINITY, mx = -INFINITY;
+            for (int32_t j = 0; j < g; j++) {
+                const int32_t from = keep[j];
+                const uint8_t *row =
+                    src.k + kvp_row(src, layer, idx[q.src_off + from / sbt], h, from % sbt);
+                x[j] = cuda_kv_elt(row, src.type, it);
+                mn = j ? fminf(mn, x[j]) : x[j];
+                mx = j ? fmaxf(mx, x[j]) : x[j];
+            }
+            cuda_kivi_scale(mn, mx, &dh, &mh, &m, &id);
+            uint8_t *kh = dst.k + hb;
+            CUDA_CHECK_ALIGN(kh + (size_t)it * 2, 2);
+            *(__half *)(kh + (size_t)it * 2) = dh;
+            *(__half *)(kh + (size_t)(hd + it) * 2) = mh;
+            uint8_t *codes = kh + (size_t)hd * 4 + (size_t)it * (size_t)(g / 2);
+            for (int32_t j = 0; j < g / 2; j++)
+                codes[j] = (uint8_t)(cuda_kivi_code(x[2 * j], m, id) |
+                                     cuda_kivi_code(x[2 * j + 1], m, id) << 4);
+        } else { /* V row tk's channels c0 .. c0 + 63 */
+            const int32_t tk = (it - hd) / nvg, c0 = (it - hd) % nvg * KIVI_VGROUP;
+            const int32_t from = keep[tk];
+            const uint8_t *row =
+                src.v + kvp_row(src, layer, idx[q.src_off + from / sbt], h, from % sbt);
+            float x[KIVI_VGROUP];
+            float mn = 0.0f, mx = 0.0f;
+            for (int32_t c = 0; c < KIVI_VGROUP; c++) {
+                x[c] = cuda_kv_elt(row, src.type, c0 + c);
+                mn = c ? fminf(mn, x[c]) : x[c];
+                mx = c ? fmaxf(mx, x[c]) : x[c];
+            }
+            cuda_kivi_scale(mn, mx, &dh, &mh, &m, &id);
+            uint8_t *vr = dst.v + hb + (size_t)tk * cuda_kivi_vrow_bytes(hd);
+            CUDA_CHECK_ALIGN(vr + (size_t)(c0 / KIVI_VGROUP) * 4, 2);
+            *(__half *)(vr + (size_t)(c0 / KIVI_VGROUP) * 4) = dh;
+            *(__half *)(vr + (size_t)(c0 / KIVI_VGROUP) * 4 + 2) = mh;
+            uint8_t *codes = vr + (size_t)nvg * 4 + (size_t)c0 / 2;
+            for (int32_t j = 0; j < KIVI_VGROUP / 2; j++)
+                codes[j] = (uint8_t)(cuda_kivi_code(x[2 * j], m, id) |
+                                     cuda_kivi_code(x[2 * j + 1], m, id) << 4);
+        }
+    }
+}
+
 int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                     const dp_compact_seq *seqs, int32_t n_seqs)
 {
@@ -343,6 +437,11 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads ||
         ls->head_dim != ld->head_dim || n_seqs < 0)
         return DP_EINVAL;
+    /* A grouped store is written, never read, by a compaction: its keep
+     * lists could not name the residual's slots (they live in the arena). */
+    if (src->head_bytes)
+        return DP_EUNSUPPORTED;
+    const bool kivi = dst->head_bytes != 0;
     /* Validate every index first (as the CPU does): the copy trusts them. */
     size_t n_idx = 0;
     int64_t total_rows = 0;
@@ -350,7 +449,8 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     for (int32_t i = 0; i < n_seqs; i++) {
         const dp_compact_seq *q = &seqs[i];
         if (q->n_keep < 0 || q->n_src_blocks < 0 || q->n_dst_blocks < 0 ||
-            (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens)
+            (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens ||
+            (kivi && q->n_keep % ld->block_tokens))
             return DP_EINVAL;
         for (int32_t b = 0; b < q->n_dst_blocks; b++)
             if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
@@ -363,7 +463,7 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
             if (q->keep[k] < 0 || (int64_t)q->keep[k] >= (int64_t)q->n_src_blocks * ls->block_tokens)
                 return DP_EINVAL;
         n_idx += (size_t)q->n_src_blocks + (size_t)q->n_dst_blocks + n;
-        total_rows += per_keep * q->n_keep;
+        total_rows += per_keep * (kivi ? q->n_keep / ld->block_tokens : q->n_keep);
     }
     if (total_rows == 0)
         return 0;
@@ -382,8 +482,8 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     int64_t rows = 0;
     for (int32_t i = 0; i < n_seqs; i++) {
         const dp_compact_seq *q = &seqs[i];
-        row_start[i] = rows;
-        rows += per_keep * q->n_keep;
+        row_start[i] = rows; /* (groups, for a kivi4 store) */
+        rows += per_keep * (kivi ? q->n_keep / ld->block_tokens : q->n_keep);
         desc[i].n_keep = q->n_keep;
         desc[i].src_off = (int32_t)o;
         memcpy(idx + o, q->src_table, (size_t)q->n_src_blocks * sizeof *idx);
@@ -398,7 +498,8 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     int32_t *d = cuda_kvp_commit(c, n_hdr + n_idx);
     if (!d)
         return c->failed ? c->failed : DP_ENOMEM;
-    const int32_t pieces = !cuda_kv_quant(src->type) && !cuda_kv_quant(dst->type)
+    const int32_t pieces = kivi ? ls->head_dim + ld->block_tokens * (ls->head_dim / KIVI_VGROUP)
+                           : !cuda_kv_quant(src->type) && !cuda_kv_quant(dst->type)
                                ? ls->head_dim / CUDA_KV_VEC
                                : ls->head_dim / CUDA_QK;
     const int64_t total = total_rows * pieces;
@@ -407,9 +508,15 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
         blocks = (int64_t)c->sm_count * 32;
     /* A sequence with n_keep == 0 has no rows; the binary search never
      * lands on it because the next sequence starts at the same row. */
-    CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, *src, *dst,
-                (const int64_t *)d, (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs),
-                d + n_hdr, n_seqs, total_rows, pieces);
+    if (kivi)
+        CUDA_LAUNCH(cuda_compact_kivi_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, *src,
+                    *dst, (const int64_t *)d,
+                    (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs), d + n_hdr, n_seqs,
+                    total_rows, pieces);
+    else
+        CUDA_LAUNCH(cuda_compact_kernel, (unsigned)blocks, KVP_THREADS, 0, c->stream, *src, *dst,
+                    (const int64_t *)d, (const cuda_compact_seq_dev *)(d + 2 * (size_t)n_seqs),
+                    d + n_hdr, n_seqs, total_rows, pieces);
     cuda_check_launch(c, "kv_compact");
     return c->failed;
 }
@@ -438,7 +545,8 @@ static int cuda_block_copy(cuda_backend *c, const dp_kv_store *kv, int32_t block
         return DP_EINVAL;
     cuda_bind(c);
     /* The block's own bytes (a view's may use less than its stride). */
-    const size_t per = (size_t)l->n_kv_heads * (size_t)l->block_tokens * kv->row_bytes;
+    const size_t per = (size_t)l->n_kv_heads *
+                       (kv->head_bytes ? kv->head_bytes : (size_t)l->block_tokens * kv->row_bytes);
     const size_t dev_pitch = kv->blk_bytes * (size_t)l->n_blocks, host_pitch = 2 * per;
     const size_t off = kv->blk_bytes * (size_t)block;
     uint8_t *h = (uint8_t *)host;

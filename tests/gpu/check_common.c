@@ -122,6 +122,32 @@ void report(const char *op, const char *what, const float *ref, const float *got
 
 /* ---- a batch on both backends ------------------------------------------------------ */
 
+void shuffle_ids(int32_t *a, int32_t n)
+{
+    for (int32_t i = n - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rnd64() % (uint64_t)(i + 1)), t = a[i];
+        a[i] = a[j];
+        a[j] = t;
+    }
+}
+
+void dev_wait(dp_backend *be)
+{
+    float *wait_dev = be->ops->alloc(be, sizeof(float)), wait_host;
+    if (!wait_dev || be->ops->download(be, &wait_host, wait_dev, sizeof wait_host))
+        die(EXIT_CHECK, "%s: waiting for queued copies failed", be->ops->name);
+    be->ops->free(be, wait_dev);
+}
+
+void kv_write_host(dp_backend *be, dp_kv_store *const *st, int32_t layer, const float *k,
+                   const float *v, size_t nkv)
+{
+    float *dk = dev_from(be, k, nkv), *dv = dev_from(be, v, nkv);
+    be->ops->kv_write(be, st, layer, dk, dv);
+    be->ops->free(be, dk);
+    be->ops->free(be, dv);
+}
+
 void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks)
 {
     memset(b, 0, sizeof *b);
@@ -162,7 +188,8 @@ void hbatch_set(dp_backend *be, const hbatch *h)
     dp_batch b = {.n_tokens = h->n_tokens, .tokens = h->tokens, .pos = h->pos, .seq = h->seq,
                   .slot = h->slot, .n_seqs = h->n_seqs, .seq_store = h->seq_store,
                   .block_tables = h->tables, .max_blocks = h->max_blocks, .n_out = h->n_out,
-                  .out_tokens = h->out_tokens};
+                  .out_tokens = h->out_tokens, .seq_sealed = h->seq_sealed,
+                  .seq_roff = h->seq_roff};
     if (be->ops->batch_set(be, &b))
         die(EXIT_SETUP, "%s: batch_set failed", be->ops->name);
 }

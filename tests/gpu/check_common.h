@@ -38,6 +38,8 @@ void fill(float *p, size_t n, float amp);
 /* Prints "check_kernels: " fmt (with msg) and exits with code. */
 void die(int code, const char *fmt, const char *msg) __attribute__((noreturn));
 void *xmalloc(size_t n);
+/* a[0 .. n) in a random order (block ids: tables that are not in order). */
+void shuffle_ids(int32_t *a, int32_t n);
 
 /* Buffers of n floats on a backend; dev_poison fills one with NaN, so an
  * element an op forgets to write shows. */
@@ -46,16 +48,23 @@ void dev_put(dp_backend *be, float *d, const float *h, size_t n);
 void dev_get(dp_backend *be, float *h, const float *d, size_t n);
 void dev_poison(dp_backend *be, float *d, size_t n);
 float *dev_from(dp_backend *be, const float *h, size_t n);
+/* Waits for the backend's queued work (a download orders after it). */
+void dev_wait(dp_backend *be);
+/* kv_write of host K and V (nkv floats each) at the batch set last. */
+void kv_write_host(dp_backend *be, dp_kv_store *const *st, int32_t layer, const float *k,
+                   const float *v, size_t nkv);
 
 /* One comparison: relative L2 error of got against ref, within tol. */
 void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
             double tol);
 
-/* A batch's host arrays. */
+/* A batch's host arrays. seq_sealed, seq_roff: NULL (hbatch_alloc) unless
+ * the caller points them at [n_seqs] arrays of its own (grouped stores). */
 typedef struct hbatch {
     int32_t n_tokens, n_seqs, max_blocks, n_out;
     int32_t *tokens, *pos, *seq, *slot, *tables, *out_tokens;
     uint8_t *seq_store;
+    int32_t *seq_sealed, *seq_roff;
 } hbatch;
 
 void hbatch_alloc(hbatch *b, int32_t n_tokens, int32_t n_seqs, int32_t max_blocks);
@@ -86,6 +95,8 @@ void check_attention(dp_backend *be[2]);
 void check_capture(dp_backend *be[2]);
 void check_kv_saturate(dp_backend *be[2]);
 void check_kvpath(dp_backend *be[2], dp_kv_type dtype);
+/* The kivi4 decode path (check_kivi.c): groups, residual and attention. */
+void check_kivi(dp_backend *be[2]);
 
 /* The 7B-shaped benchmark (check_bench.c): runs it on gpu, sized from the
  * device's free memory; small: a miniature that runs the same code in

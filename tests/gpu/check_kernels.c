@@ -1002,6 +1002,7 @@ int main(int argc, char **argv)
         check_kvpath(be, DP_KV_F32);
         check_kvpath(be, DP_KV_Q8_0);
         check_kvpath(be, DP_KV_Q4_0);
+        check_kivi(be);
         check_topk(be);
         printf("generation: greedy tokens, cpu against cuda\n");
         /* F16 weights: both backends hold the same weights, so only activation

@@ -35,33 +35,6 @@ typedef struct att_seq {
     int32_t store, hist, n_new;
 } att_seq;
 
-static void shuffle(int32_t *a, int32_t n)
-{
-    for (int32_t i = n - 1; i > 0; i--) {
-        int32_t j = (int32_t)(rnd64() % (uint64_t)(i + 1)), t = a[i];
-        a[i] = a[j];
-        a[j] = t;
-    }
-}
-
-/* Waits for the backend's queued work (a download orders after it). */
-static void be_wait(dp_backend *be)
-{
-    float *wait_dev = be->ops->alloc(be, sizeof(float)), wait_host;
-    if (!wait_dev || be->ops->download(be, &wait_host, wait_dev, sizeof wait_host))
-        die(EXIT_CHECK, "%s: waiting for queued copies failed", be->ops->name);
-    be->ops->free(be, wait_dev);
-}
-
-static void run_kv_write(dp_backend *be, dp_kv_store *const *st, int32_t layer, const float *k,
-                         const float *v, size_t nkv)
-{
-    float *dk = dev_from(be, k, nkv), *dv = dev_from(be, v, nkv);
-    be->ops->kv_write(be, st, layer, dk, dv);
-    be->ops->free(be, dk);
-    be->ops->free(be, dv);
-}
-
 static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const att_seq *seqs,
                                  int32_t n_seqs, const int32_t *order, float q_amp,
                                  const char *label)
@@ -81,7 +54,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
         ids[s] = xmalloc((size_t)cfg->nb[s] * sizeof(int32_t));
         for (int32_t i = 0; i < cfg->nb[s]; i++)
             ids[s][i] = i;
-        shuffle(ids[s], cfg->nb[s]);
+        shuffle_ids(ids[s], cfg->nb[s]);
     }
     /* A view's blocks are its base's: one list of ids, one cursor. */
     int32_t *const next_of[2] = {&next[0], cfg->view1 ? &next[0] : &next[1]};
@@ -169,10 +142,10 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
         if (n_hist > 0) {
             hbatch_set(be[b], &hh);
             for (int32_t l = 0; l < cfg->n_layers; l++)
-                run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
+                kv_write_host(be[b], st, l, hk + nh * l, hv + nh * l, nh);
         }
         hbatch_set(be[b], &ht);
-        run_kv_write(be[b], st, layer, nk, nv, nn);
+        kv_write_host(be[b], st, layer, nk, nv, nn);
         float *dq = dev_from(be[b], q, (size_t)n_new * qw);
         float *dout = dev_alloc(be[b], (size_t)n_new * qw);
         dev_poison(be[b], dout, (size_t)n_new * qw);
@@ -190,7 +163,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
             uint8_t *tmp = be[b]->ops->host_alloc ? be[b]->ops->host_alloc(be[b], qbytes) : qimg[b];
             if (be[b]->ops->kv_block_read(be[b], st[1], tables[(size_t)q1 * max_blocks], tmp))
                 die(EXIT_CHECK, "%s: kv_block_read failed", be[b]->ops->name);
-            be_wait(be[b]);
+            dev_wait(be[b]);
             if (tmp != qimg[b]) {
                 memcpy(qimg[b], tmp, qbytes);
                 be[b]->ops->host_free(be[b], tmp);
@@ -380,7 +353,7 @@ static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
     uint8_t *img = pinned ? be->ops->host_alloc(be, bytes) : xmalloc(bytes);
     if (!img || be->ops->kv_block_read(be, kv, block, img))
         die(EXIT_CHECK, "%s: kv_block_read failed", be->ops->name);
-    be_wait(be);
+    dev_wait(be);
     float *out = image_floats(be, &one, img, bytes);
     if (pinned)
         be->ops->host_free(be, img);
@@ -420,7 +393,7 @@ void check_kv_saturate(dp_backend *be[2])
             die(EXIT_SETUP, "%s: kv_create (f16) failed", be[b]->ops->name);
         dp_kv_store *st[DP_KV_MAX_STORES] = {kv, NULL};
         hbatch_set(be[b], &hb);
-        run_kv_write(be[b], st, 0, k, v, nkv);
+        kv_write_host(be[b], st, 0, k, v, nkv);
         img[b] = block_floats(be[b], kv, 0);
         be[b]->ops->kv_destroy(be[b], kv);
     }
@@ -465,8 +438,8 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
     int32_t ids_src[200], ids_dst[200], ns = 0, nd = 0;
     for (int32_t i = 0; i < 200; i++)
         ids_src[i] = ids_dst[i] = i;
-    shuffle(ids_src, nb_src);
-    shuffle(ids_dst, nb_dst);
+    shuffle_ids(ids_src, nb_src);
+    shuffle_ids(ids_dst, nb_dst);
     int32_t n_hist = 0;
     for (int i = 0; i < 3; i++) {
         sq[i].n_src = (sq[i].n_slots + bt_src - 1) / bt_src;
@@ -530,7 +503,7 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
         dp_kv_store *st[DP_KV_MAX_STORES] = {src, dst};
         hbatch_set(be[b], &hh);
         for (int32_t l = 0; l < n_layers; l++)
-            run_kv_write(be[b], st, l, hk + nh * l, hv + nh * l, nh);
+            kv_write_host(be[b], st, l, hk + nh * l, hv + nh * l, nh);
         /* Host tier: one block out (compared across backends as floats),
          * then into a spare block and out again (must round-trip exactly).
          * The buffers come from host_alloc where the backend has it (CUDA:
@@ -550,7 +523,7 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
                 be[b]->ops->kv_block_write(be[b], src, spare, img) ||
                 be[b]->ops->kv_block_read(be[b], src, spare, img2))
                 die(EXIT_CHECK, "%s: kv_block_read/write failed", be[b]->ops->name);
-            be_wait(be[b]);
+            dev_wait(be[b]);
             blk[b] = image_floats(be[b], &ls, img, bbytes);
             roundtrip[b] = memcmp(img, img2, bbytes) == 0 && (esize == 2 || esize == 4);
             if (pinned) {
@@ -631,7 +604,7 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
                                               into))
                     die(EXIT_CHECK, "%s: kv_block_read of a quantized block failed",
                         be[b]->ops->name);
-                be_wait(be[b]);
+                dev_wait(be[b]);
                 if (tmp)
                     memcpy(qimg[b] + (size_t)k * qbytes, tmp, qbytes);
             }

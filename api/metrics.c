@@ -213,6 +213,10 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Groups of a grouped decode-path KV type (kivi4) written once whole: the newest "
            "tokens wait in the arena's type until their group is full.");
     tb_printf(b, "dualpath_kv_groups_sealed_total %lld\n", (long long)st->groups_sealed);
+    family(b, "dualpath_kv_groups_shared_total", "counter",
+           "Of those groups, the ones another sequence had sealed from the same prompt rows "
+           "(a shared system prompt, n > 1): one copy held by both.");
+    tb_printf(b, "dualpath_kv_groups_shared_total %lld\n", (long long)st->groups_shared);
     family(b, "dualpath_decode_queries_missed_total", "counter",
            "Decode queries a SnapKV recompression had to go without (no capture room in a "
            "step, or no memory for the sums): it scored with the others.");

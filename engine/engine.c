@@ -1450,6 +1450,7 @@ static void update_gauges(dp_engine *e)
     e->stats.decode_recomputes = m->decode_recomputes;
     e->stats.recompressions_staged = m->staged_recompressions;
     e->stats.groups_sealed = m->sealed_groups;
+    e->stats.groups_shared = m->gs.hits;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }

@@ -122,6 +122,7 @@ typedef struct dp_engine_stats {
     int64_t decode_queries_missed; /* SnapKV decode queries a recompression went without */
     int64_t recompressions_staged; /* of recompressions, those without free blocks (staged) */
     int64_t groups_sealed;    /* groups written to a grouped decode type (kivi4) */
+    int64_t groups_shared;    /* ... of them, another sequence's taken (kvcache/gshare.h) */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
     int64_t early_signals;    /* kept-set selections the path detector's stable signal made */
     int64_t early_switch_tokens; /* prompt tokens computed at those switches (sum) */

@@ -419,6 +419,10 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
             goto fail;
         }
         m->has_pc = true;
+        if (grouped && be && (rc = gshare_init(&m->gs, m->dpool))) {
+            rc = dp_err(err, errsz, rc, "out of memory");
+            goto fail;
+        }
     }
     if (o->dual && o->max_parked > 0) {
         m->parked = calloc((size_t)o->max_parked, sizeof *m->parked);
@@ -466,6 +470,7 @@ void kv_mgr_destroy(dp_kv_mgr *m)
     if (m->mig.be)
         kv_migrator_destroy(&m->mig);
     dprefix_destroy(&m->dpx);
+    gshare_destroy(&m->gs);
     memset(m, 0, sizeof *m);
 }
 
@@ -1462,55 +1467,91 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
 
 /* ---- grouped decode types: whole groups sealed from the residual ---------- */
 
+/* The name of the group of g rows from row roff of res[0..n_res) (gshare.h),
+ * 0 where a block it reads is not a named prefill block. */
+static uint64_t group_name(const dp_kv_mgr *m, const int32_t *res, int32_t n_res, int32_t roff,
+                           int32_t g, int32_t bt)
+{
+    const int32_t n = (roff + g - 1) / bt + 1;
+    uint64_t names[64];
+    if (!m->has_pc || !m->gs.name || n > n_res || n > 64)
+        return 0;
+    for (int32_t i = 0; i < n; i++)
+        names[i] = m->pc.block_hash[res[i]];
+    return gshare_name(&m->gs, names, n, roff, g);
+}
+
+/* The block for the next group of kv's residual (its first g rows from
+ * roff, in res[0..n_res)): another sequence's sealed from the same named
+ * rows (one more reference), or a new one written by kv_compact (which
+ * quantizes the group at once). -1 when there is no room or it failed. */
+static int32_t seal_one(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *res, int32_t n_res,
+                        uint64_t name)
+{
+    const dp_kv_dtype *d = &m->dt[kv->dt];
+    const int32_t g = seq_group(m, kv);
+    int32_t blk = gshare_find(&m->gs, name);
+    if (blk >= 0) {
+        kv_pool_ref(m->dpool, blk);
+        m->gs.hits++;
+        return blk;
+    }
+    int32_t from_promise;
+    if (!decode_room(m, kv, 1, &from_promise) && !park_reclaim(m, 1 - from_promise))
+        return -1;
+    const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
+    int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)g);
+    if (!keep || kv_pool_alloc(m->dpool, &blk))
+        return -1;
+    for (size_t r = 0; r < rows; r++)
+        for (int32_t t = 0; t < g; t++)
+            keep[r * (size_t)g + (size_t)t] = kv->roff + t;
+    const dp_compact_seq cs = {res, n_res, &blk, 1, g, keep};
+    int rc = m->be->ops->kv_compact(m->be, m->store, d->store, &cs, 1);
+    if (rc) {
+        dp_log(DP_LOG_ERROR, "kvcache: sealing a %s group failed (%s); it stays in the "
+               "residual", dp_kv_type_name(d->type), dp_strerror(rc));
+        kv_pool_unref(m->dpool, blk);
+        return -1;
+    }
+    kv->decode_reserve -= from_promise;
+    m->decode_reserved -= from_promise;
+    gshare_add(&m->gs, name, blk);
+    return blk;
+}
+
 /* Writes each whole group at the front of a grouped sequence's residual
- * into a block of its type (kv_compact quantizes the group at once), and
- * gives back the residual blocks that no longer hold anything. The lead
- * (table[0], the first arena block) stays as it is once the first group
- * follows it (backend.h dp_kv_group_lead). Best effort: a group that finds
- * no block stays in the residual, read there in the arena's type, until
- * the next growth tries again. */
+ * into a block of its type (seal_one), and gives back the residual blocks
+ * that no longer hold anything. The lead (table[0], the first arena block)
+ * stays as it is once the first group follows it (backend.h
+ * dp_kv_group_lead). Best effort: a group that finds no block stays in the
+ * residual, read there in the arena's type, until the next growth tries
+ * again. */
 static void seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
 {
     const int32_t g = seq_group(m, kv);
     if (g <= 0 || !m->be || kv->path != DP_PATH_DECODE)
         return;
-    const dp_kv_dtype *d = &m->dt[kv->dt];
-    const int32_t bt = d->bt;
-    const size_t rows = (size_t)m->mig.comp.n_layers * (size_t)m->mig.comp.n_kv_heads;
+    const int32_t bt = m->dt[kv->dt].bt;
     const int32_t w = g + kv_mgr_group_recent(bt); /* a group and the recent window */
     /* Nothing sealed: the residual starts at table[0] from roff 0, so the
      * lead is already in place. */
     if (kv->sealed == 0 && kv->roff == 0 && kv->n_slots >= bt + w)
         kv->sealed = bt;
     while (kv->sealed > 0 && kv->n_slots - kv->sealed >= w) {
-        int32_t from_promise, blk;
-        if (!decode_room(m, kv, 1, &from_promise) && !park_reclaim(m, 1 - from_promise))
+        if (kv_table_room(&kv->table, kv->table.n_blocks + 1))
             return;
-        int32_t *keep = kv_migrator_keep(&m->mig, rows * (size_t)g);
-        if (!keep || kv_table_room(&kv->table, kv->table.n_blocks + 1) ||
-            kv_pool_alloc(m->dpool, &blk))
-            return;
-        for (size_t r = 0; r < rows; r++)
-            for (int32_t t = 0; t < g; t++)
-                keep[r * (size_t)g + (size_t)t] = kv->roff + t;
         const int32_t k = dp_kv_group_rstart(bt, g, kv->sealed), n_res = kv->table.n_blocks - k;
         int32_t *res = kv->table.blocks + k;
-        const dp_compact_seq cs = {res, n_res, &blk, 1, g, keep};
-        int rc = m->be->ops->kv_compact(m->be, m->store, d->store, &cs, 1);
-        if (rc) {
-            dp_log(DP_LOG_ERROR, "kvcache: sealing a %s group failed (%s); it stays in the "
-                   "residual", dp_kv_type_name(d->type), dp_strerror(rc));
-            kv_pool_unref(m->dpool, blk);
+        const int32_t blk = seal_one(m, kv, res, n_res, group_name(m, res, n_res, kv->roff, g, bt));
+        if (blk < 0)
             return;
-        }
         /* The residual blocks the group used up go; the group's block takes
          * the first place after the lead and the other groups. */
         /* (The recent window stays: the residual is never empty here.) */
         const int32_t used = (kv->roff + g) / bt;
         kv->roff = (kv->roff + g) % bt;
         kv->sealed += g;
-        kv->decode_reserve -= from_promise;
-        m->decode_reserved -= from_promise;
         m->sealed_groups++;
         for (int32_t i = 0; i < used; i++)
             kv_pool_unref(m->dpool, res[i]);

@@ -19,6 +19,7 @@
 
 #include "compress.h"
 #include "dprefix.h"
+#include "gshare.h"
 #include "host.h"
 #include "kernels/backend.h"
 #include "migrate.h"
@@ -194,6 +195,8 @@ typedef struct dp_kv_mgr {
     dp_kv_pool dpool_own;
     bool has_pc, has_host, has_swap;
     dp_prefix_cache pc;
+    dp_gshare gs;                /* a grouped type's groups sealed from named prefill
+                                  * blocks, shared (with the prefix cache only) */
     dp_host_tier host;
     dp_kv_swap swap;
     dp_kv_migrator mig;

@@ -72,6 +72,23 @@ def test_usage_reports_held_bytes(kivi):
     assert sealed >= (kept + 80) // GROUP - 1, sealed
 
 
+def test_shared_prompt_groups(kivi):
+    """n = 2 (and a later request with the same prompt, through the first's
+    parked turn): the prompt's groups are sealed once, from the prefix
+    cache's blocks, and held by both (kvcache/gshare.h); the answers are
+    those of one request."""
+    msgs = [{"role": "user", "content": TEXT * 3 + "Which ship carried wool?"}]
+    m0 = metrics(base=kivi.url)
+    o = chat(kivi, msgs, max_tokens=40, n=2, dualpath={"enabled": True})
+    m1 = metrics(base=kivi.url)
+    shared = m1["dualpath_kv_groups_shared_total"] - m0["dualpath_kv_groups_shared_total"]
+    # Every whole group of the prompt short of the recent window.
+    assert shared >= (o["usage"]["prompt_tokens"] - 32) // GROUP, shared
+    a, b = (c["message"]["content"] for c in o["choices"])
+    assert a == b
+    assert chat(kivi, msgs, max_tokens=40)["choices"][0]["message"]["content"] == a
+
+
 def test_concurrent_multiturn(kivi):
     """Eight three-turn chats at once: each turn continues its parked cache
     (groups and residual as they were), every answer comes back."""

@@ -190,6 +190,9 @@ static void new_token(world *w, pseq *q)
 static void start(world *w, pseq *q)
 {
     const setup *su = w->su;
+    /* Whole prompts on a grouped type: a system prompt long enough for
+     * whole groups (kvcache/gshare.h shares them). */
+    const int32_t sys = dp_kv_type_grouped(su->dtype) && su->keep == 1.0f ? 4 * SYS : SYS;
     int ci = (int)rnd(w, N_CONV);
     conv *c = &w->c[ci];
     if (c->busy)
@@ -207,16 +210,16 @@ static void start(world *w, pseq *q)
     } else {
         c->n = 0;
         if (rnd(w, 2)) { /* the shared system prompt */
-            for (; n < SYS; n++)
+            for (; n < sys; n++)
                 q->tok[n] = 10 + n;
-            co.prefix = SYS;
+            co.prefix = sys;
         }
     }
     int32_t add = 8 + (int32_t)rnd(w, 120);
     for (int32_t k = 0; k < add; k++)
         q->tok[n++] = 200 + (int32_t)rnd(w, 2000);
-    if (c->n > 0 && n > SYS && q->tok[0] == 10)
-        co.prefix = SYS;
+    if (c->n > 0 && n > sys && q->tok[0] == 10)
+        co.prefix = sys;
     q->n_tokens = q->n_prompt = n;
     q->n_computed = 0;
     q->max_new = 1 + (int32_t)rnd(w, 60);
@@ -397,8 +400,13 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
     if (su->budget)
         CHECK(w->ops[OP_RECOMPRESS] > 0);
     if (dp_kv_type_grouped(su->dtype)) {
-        printf("%s: groups sealed %lld\n", su->name, (long long)w->m.sealed_groups);
+        printf("%s: groups sealed %lld, %lld of them shared\n", su->name,
+               (long long)w->m.sealed_groups, (long long)w->m.gs.hits);
         CHECK(w->m.sealed_groups > 0);
+        /* Whole prompts (keep 1) behind the system prompt seal its groups
+         * from the same named prefill blocks: some are taken. */
+        if (su->keep == 1.0f)
+            CHECK(w->m.gs.hits > 0);
     }
     kv_mgr_destroy(&w->m);
     backend_destroy(w->be);

@@ -790,47 +790,6 @@ static inline vf chunk_scores(const kv_chunk *ch, int32_t hd, int32_t nl, const 
     return s;
 }
 
-/* kivi4: tokens [c0, c0 + nl) of one head's group, K transposed (kd VW)
- * and V as rows, into the tile: the codes are read where they lie, one
- * chunk at a time, as a quantized row store's are, a vector of codes at a
- * time. c0 is even (chunks start at multiples of VW in a group). */
-static inline void chunk_load_kivi(kv_chunk *ch, const dp_kv_store *kv, int32_t layer, int32_t blk,
-                                   int32_t kvh, int32_t c0, int32_t nl)
-{
-    const int32_t hd = kv->l.head_dim, g = kv->l.block_tokens;
-    const size_t o = kv_kivi_off(kv, layer, blk, kvh);
-    const uint8_t *kb = (const uint8_t *)kv->k + o, *vb = (const uint8_t *)kv->v + o;
-    const uint16_t *kd = (const uint16_t *)kb; /* d[hd], then m[hd] */
-    const uint8_t *codes = kb + (size_t)hd * 4;
-    uint8_t part[VW / 2] = {0}; /* a short chunk's codes: no read past the group's */
-    for (int32_t c = 0; c < hd; c++) {
-        const uint8_t *row = codes + (size_t)c * (size_t)(g / 2) + c0 / 2;
-        if (nl < VW) {
-            memcpy(part, row, (size_t)(nl + 1) / 2);
-            row = part;
-        }
-        vf_store(ch->kr + (size_t)c * VW,
-                 vf_fma(vf_load_nib(row), vf_set1(kv_h2f(kd[c])), vf_set1(kv_h2f(kd[hd + c]))));
-    }
-    const size_t vrow = kivi_vrow_bytes(hd);
-    for (int32_t t = 0; t < nl; t++) {
-        const uint8_t *r = vb + (size_t)(c0 + t) * vrow;
-        const uint16_t *sm = (const uint16_t *)r; /* d, m per KIVI_VGROUP channels */
-        const uint8_t *vc = r + (size_t)hd / KIVI_VGROUP * 4;
-        float *dst = ch->vt + (size_t)t * (size_t)hd;
-        for (int32_t j = 0; j < hd / KIVI_VGROUP; j++) {
-            const vf d = vf_set1(kv_h2f(sm[2 * j])), m = vf_set1(kv_h2f(sm[2 * j + 1]));
-            for (int32_t c = j * KIVI_VGROUP; c < (j + 1) * KIVI_VGROUP; c += VW)
-                vf_store(dst + c, vf_fma(vf_load_nib(vc + c / 2), d, m));
-        }
-    }
-    ch->k = ch->kr;
-    ch->v = ch->vt;
-    ch->es = 4;
-    ch->kd = VW;
-    ch->rows = false;
-}
-
 /* The online softmax's state for a group of query heads (k_attend). */
 typedef struct attend_state {
     float mx[16], sum[16]; /* group <= MAX_GROUP (16) */
@@ -845,52 +804,160 @@ static inline void attend_begin(attend_state *st, int32_t hd, float *const *outs
     }
 }
 
+/* One head's scores s (scaled) of a loaded chunk of nl keys into its
+ * running sums: the online softmax, then the chunk's values weighted. */
+static inline void attend_head(attend_state *st, const kv_chunk *ch, int32_t hd, int32_t nl, vf s,
+                               int32_t g, float *acc)
+{
+    float p[VW];
+    if (nl < VW) {
+        /* Lanes past the last key take no part in max or sum. */
+        vf_store(p, s);
+        for (int32_t t = nl; t < VW; t++)
+            p[t] = -INFINITY;
+        s = vf_load(p);
+    }
+    const float bm = vf_hmax(s);
+    if (bm > st->mx[g]) {
+        /* A new maximum rescales what was accumulated so far. */
+        const float r = st->mx[g] == -INFINITY ? 0.0f : expf(st->mx[g] - bm);
+        st->sum[g] *= r;
+        const vf vr = vf_set1(r);
+        int32_t d = 0;
+        for (; d + VW <= hd; d += VW)
+            vf_store(acc + d, vf_mul(vf_load(acc + d), vr));
+        for (; d < hd; d++)
+            acc[d] *= r;
+        st->mx[g] = bm;
+    }
+    const vf e = vf_exp_neg(vf_sub(s, vf_set1(st->mx[g])));
+    vf_store(p, e);
+    for (int32_t t = nl; t < VW; t++)
+        p[t] = 0.0f;
+    float es = 0.0f;
+    for (int32_t t = 0; t < nl; t++)
+        es += p[t];
+    st->sum[g] += es;
+    for (int32_t d = 0; d < hd; d += VW) {
+        const int32_t nd = hd - d < VW ? hd - d : VW;
+        vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
+        for (int32_t t = 0; t < nl; t++)
+            a = vf_fma(vf_set1(p[t]), kv_loadv(ch->v, ch->es, (size_t)t * hd + (size_t)d, nd), a);
+        if (nd == VW)
+            vf_store(acc + d, a);
+        else
+            vf_storen(acc + d, a, nd);
+    }
+}
+
 /* One loaded chunk of nl keys into every query head's running sums. */
 static inline void attend_chunk(attend_state *st, const kv_chunk *ch, int32_t hd, int32_t nl,
                                 const float *const *qs, float *const *outs, int32_t group,
                                 float scale)
 {
-    float p[VW];
+    for (int32_t g = 0; g < group; g++)
+        attend_head(st, ch, hd, nl, chunk_scores(ch, hd, nl, qs[g], scale), g, outs[g]);
+}
+
+/* kivi4 groups: keys are never made floats. A score is
+ * sum_c q[c] (m[c] + code[c] d[c]) = sum_c (q[c] d[c]) code[c] + sum_c q[c] m[c],
+ * so per group each head's query is scaled by the channels' d (qd) and its
+ * bias taken once, and a chunk's scores are qd's dot products with the
+ * codes, each channel's codes converted once for every head of the group.
+ * Values are made floats a row at a time into the chunk's tile. */
+typedef struct kivi_q {
+    float qd[16][256]; /* [group][head_dim] (group <= 16, head_dim <= 256) */
+    float bias[16];
+} kivi_q;
+
+static inline void kivi_q_set(kivi_q *kq, const uint8_t *kb, int32_t hd, const float *const *qs,
+                              int32_t group, float scale)
+{
+    const uint16_t *kd = (const uint16_t *)kb; /* d[hd], then m[hd] (hd: whole 64s) */
+    const vf vs = vf_set1(scale);
     for (int32_t g = 0; g < group; g++) {
-        float *acc = outs[g];
-        vf s = chunk_scores(ch, hd, nl, qs[g], scale);
+        vf b = vf_zero();
+        for (int32_t c = 0; c < hd; c += VW) {
+            const vf q = vf_load(qs[g] + c);
+            vf_store(kq->qd[g] + c, vf_mul(vf_mul(q, vf_load_h(kd + c)), vs));
+            b = vf_fma(q, vf_load_h(kd + hd + c), b);
+        }
+        kq->bias[g] = vf_hsum(b) * scale;
+    }
+}
+
+/* The scores of heads h0 .. h0 + nh (nh <= 4, a constant where this is
+ * inlined, so that the sums stay in registers) against a chunk of a group's
+ * keys: each channel's codes converted once for all of them. */
+static inline void kivi_scores(const kivi_q *kq, const uint8_t *kb, int32_t hd, int32_t g,
+                               int32_t c0, int32_t nl, int32_t h0, int nh, vf *out)
+{
+    const uint8_t *codes = kb + (size_t)hd * 4;
+    uint8_t part[VW / 2] = {0}; /* a short chunk's codes: no read past the group's */
+    vf a[4];
+    for (int h = 0; h < nh; h++)
+        a[h] = vf_set1(kq->bias[h0 + h]);
+    for (int32_t c = 0; c < hd; c++) {
+        const uint8_t *row = codes + (size_t)c * (size_t)(g / 2) + c0 / 2;
         if (nl < VW) {
-            /* Lanes past the last key take no part in max or sum. */
-            vf_store(p, s);
-            for (int32_t t = nl; t < VW; t++)
-                p[t] = -INFINITY;
-            s = vf_load(p);
+            memcpy(part, row, (size_t)(nl + 1) / 2);
+            row = part;
         }
-        const float bm = vf_hmax(s);
-        if (bm > st->mx[g]) {
-            /* A new maximum rescales what was accumulated so far. */
-            const float r = st->mx[g] == -INFINITY ? 0.0f : expf(st->mx[g] - bm);
-            st->sum[g] *= r;
-            const vf vr = vf_set1(r);
-            int32_t d = 0;
-            for (; d + VW <= hd; d += VW)
-                vf_store(acc + d, vf_mul(vf_load(acc + d), vr));
-            for (; d < hd; d++)
-                acc[d] *= r;
-            st->mx[g] = bm;
+        const vf x = vf_load_nib(row);
+        for (int h = 0; h < nh; h++)
+            a[h] = vf_fma(vf_set1(kq->qd[h0 + h][c]), x, a[h]);
+    }
+    for (int h = 0; h < nh; h++)
+        out[h] = a[h];
+}
+
+static inline void attend_kivi_chunk(attend_state *st, kv_chunk *ch, const kivi_q *kq,
+                                     const dp_kv_store *kv, const uint8_t *kb, const uint8_t *vb,
+                                     int32_t c0, int32_t nl, float *const *outs, int32_t group)
+{
+    const int32_t hd = kv->l.head_dim;
+    vf s[16];
+    for (int32_t h0 = 0; h0 < group; h0 += 4) {
+        switch (group - h0 < 4 ? group - h0 : 4) {
+        case 1: kivi_scores(kq, kb, hd, kv->l.block_tokens, c0, nl, h0, 1, s + h0); break;
+        case 2: kivi_scores(kq, kb, hd, kv->l.block_tokens, c0, nl, h0, 2, s + h0); break;
+        case 3: kivi_scores(kq, kb, hd, kv->l.block_tokens, c0, nl, h0, 3, s + h0); break;
+        default: kivi_scores(kq, kb, hd, kv->l.block_tokens, c0, nl, h0, 4, s + h0); break;
         }
-        const vf e = vf_exp_neg(vf_sub(s, vf_set1(st->mx[g])));
-        vf_store(p, e);
-        for (int32_t t = nl; t < VW; t++)
-            p[t] = 0.0f;
-        float es = 0.0f;
-        for (int32_t t = 0; t < nl; t++)
-            es += p[t];
-        st->sum[g] += es;
-        for (int32_t d = 0; d < hd; d += VW) {
-            const int32_t nd = hd - d < VW ? hd - d : VW;
-            vf a = nd == VW ? vf_load(acc + d) : vf_loadn(acc + d, nd);
-            for (int32_t t = 0; t < nl; t++)
-                a = vf_fma(vf_set1(p[t]), kv_loadv(ch->v, ch->es, (size_t)t * hd + (size_t)d, nd), a);
-            if (nd == VW)
-                vf_store(acc + d, a);
-            else
-                vf_storen(acc + d, a, nd);
+    }
+    const size_t vrow = kivi_vrow_bytes(hd);
+    for (int32_t t = 0; t < nl; t++) {
+        const uint8_t *r = vb + (size_t)(c0 + t) * vrow;
+        const uint16_t *sm = (const uint16_t *)r; /* d, m per KIVI_VGROUP channels */
+        const uint8_t *vc = r + (size_t)hd / KIVI_VGROUP * 4;
+        float *dst = ch->vt + (size_t)t * (size_t)hd;
+        for (int32_t j = 0; j < hd / KIVI_VGROUP; j++) {
+            const vf d = vf_set1(kv_h2f(sm[2 * j])), m = vf_set1(kv_h2f(sm[2 * j + 1]));
+            for (int32_t c = j * KIVI_VGROUP; c < (j + 1) * KIVI_VGROUP; c += VW)
+                vf_store(dst + c, vf_fma(vf_load_nib(vc + c / 2), d, m));
+        }
+    }
+    ch->v = ch->vt;
+    ch->es = 4;
+    for (int32_t h = 0; h < group; h++)
+        attend_head(st, ch, hd, nl, s[h], h, outs[h]);
+}
+
+/* Slots [0, n) of a kivi4 store's groups, table[i] the i-th group. */
+static void attend_groups(attend_state *st, kv_chunk *ch, kivi_q *kq, const dp_kv_store *kv,
+                          int32_t layer, int32_t kvh, const int32_t *table, int32_t n,
+                          const float *const *qs, float *const *outs, int32_t group, float scale)
+{
+    const int32_t hd = kv->l.head_dim, g = kv->l.block_tokens;
+    for (int32_t done = 0; done < n;) {
+        const size_t o = kv_kivi_off(kv, layer, table[done / g], kvh);
+        const uint8_t *kb = (const uint8_t *)kv->k + o, *vb = (const uint8_t *)kv->v + o;
+        kivi_q_set(kq, kb, hd, qs, group, scale);
+        const int32_t end = done - done % g + g < n ? done - done % g + g : n;
+        while (done < end) {
+            const int32_t c0 = done % g, nl = end - done < VW ? end - done : VW;
+            attend_kivi_chunk(st, ch, kq, kv, kb, vb, c0, nl, outs, group);
+            done += nl;
         }
     }
 }
@@ -915,10 +982,7 @@ static inline void attend_run(attend_state *st, kv_chunk *ch, const dp_kv_store 
         const int32_t q = t0 + done, blk = table[q / bt], c0 = q % bt;
         int32_t nl = bt - c0 < VW ? bt - c0 : VW;
         nl = n - done < nl ? n - done : nl;
-        if (kv->kivi)
-            chunk_load_kivi(ch, kv, layer, blk, kvh, c0, nl);
-        else
-            chunk_load(ch, kv, layer, blk, kvh, c0, nl); /* once for the whole group */
+        chunk_load(ch, kv, layer, blk, kvh, c0, nl); /* once for the whole group */
         attend_chunk(st, ch, hd, nl, qs, outs, group, scale);
         done += nl;
     }
@@ -952,7 +1016,9 @@ static void k_attend_grouped(const dp_kv_store *kv, int32_t layer, int32_t kvh, 
     if (lead > 0)
         attend_run(&st, &ch, kv->base, layer, kvh, table, 0, ns < lead ? ns : lead, qs, outs,
                    group, scale);
-    attend_run(&st, &ch, kv, layer, kvh, table + (lead > 0), 0, ns - lead, qs, outs, group, scale);
+    kivi_q kq;
+    attend_groups(&st, &ch, &kq, kv, layer, kvh, table + (lead > 0), ns - lead, qs, outs, group,
+                  scale);
     if (n_slots > sealed)
         attend_run(&st, &ch, kv->base, layer, kvh, table + dp_kv_group_rstart(bbt, G, sealed),
                    roff, n_slots - sealed, qs, outs, group, scale);

@@ -295,6 +295,8 @@ void check_kivi(dp_backend *be[2])
         {"hd64 gqa8/2 g56", 2, 2, 64, 8, 16, 56},
         {"hd128 gqa6/2 g56", 2, 2, 128, 6, 16, 56},
         {"hd64 mha2 base32 g32", 1, 2, 64, 2, 32, 32},
+        /* Six query heads a KV head: the CPU scores them four, then two. */
+        {"hd64 gqa12/2 g56", 1, 2, 64, 12, 16, 56},
     };
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         /* Decode over lead + groups + residual (one long enough for the

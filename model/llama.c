@@ -347,7 +347,7 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
     if (N <= n || N > m->max_tokens || N > m->max_out)
         return b;
     const size_t mb = (size_t)b->max_blocks;
-    const size_t need = 5 * (size_t)N + (size_t)N * mb;
+    const size_t need = 7 * (size_t)N + (size_t)N * mb;
     if (need > m->pad_cap_i32) {
         int32_t *p = realloc(m->pad_i32, need * sizeof *p);
         if (!p)
@@ -363,7 +363,7 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
         m->pad_cap_store = (size_t)N;
     }
     int32_t *tokens = m->pad_i32, *pos = tokens + N, *seq = pos + N, *slot = seq + N;
-    int32_t *out = slot + N, *tables = out + N;
+    int32_t *out = slot + N, *sealed = out + N, *roff = sealed + N, *tables = roff + N;
     memcpy(tokens, b->tokens, (size_t)n * sizeof *tokens);
     memcpy(pos, b->pos, (size_t)n * sizeof *pos);
     memcpy(seq, b->seq, (size_t)n * sizeof *seq);
@@ -380,6 +380,14 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
         m->pad_store[i] = b->seq_store[0]; /* a store that exists; never read */
     }
     memset(tables + (size_t)n * mb, 0, (size_t)(N - n) * mb * sizeof *tables);
+    /* Grouped stores' arrays cover every sequence too (a backend reads them
+     * for all n_seqs); a padding row's are never used. */
+    if (b->seq_sealed) {
+        memcpy(sealed, b->seq_sealed, (size_t)n * sizeof *sealed);
+        memcpy(roff, b->seq_roff, (size_t)n * sizeof *roff);
+        for (int32_t i = n; i < N; i++)
+            sealed[i] = roff[i] = 0;
+    }
     *pb = *b;
     pb->n_tokens = N;
     pb->n_seqs = N;
@@ -391,6 +399,10 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
     pb->out_tokens = out;
     pb->block_tables = tables;
     pb->seq_store = m->pad_store;
+    if (b->seq_sealed) {
+        pb->seq_sealed = sealed;
+        pb->seq_roff = roff;
+    }
     return pb;
 }
 

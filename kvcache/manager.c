@@ -891,6 +891,22 @@ static int32_t seq_dblocks(const dp_kv_seq *kv)
     return kv->table.n_blocks + kv->xtable.n_blocks;
 }
 
+/* Blocks of kv's tables that dropping it gives back: those it does not hold
+ * by reference, less its kivi4 groups that other tables hold too
+ * (gshare.h: seq_dblocks - ref_blocks counts them as its own). */
+static int32_t own_dblocks(const dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    int32_t n = seq_dblocks(kv) - kv->ref_blocks;
+    const int32_t g = seq_group(m, kv);
+    if (!m->gs.name || g <= 0 || kv->sealed <= 0)
+        return n;
+    int32_t k = dp_kv_group_rstart(m->dt[kv->dt].bt, g, kv->sealed);
+    k = k < kv->table.n_blocks ? k : kv->table.n_blocks;
+    for (int32_t i = 1; i < k; i++) /* (table[0] is the lead) */
+        n -= m->dpool->refcnt[kv->table.blocks[i]] > 1;
+    return n;
+}
+
 /* Copies a decode-path cache (its compact table, then its exempt table) to
  * the swap space and frees its blocks. */
 static int swap_out_seq(dp_kv_mgr *m, dp_kv_seq *kv)
@@ -1197,6 +1213,16 @@ int32_t kv_mgr_parked_blocks(dp_kv_mgr *m)
     return park_refs(m, true);
 }
 
+/* Blocks the parked caches would give back, for admission's choice to run
+ * a turn whole: the running tally, or where kivi4 groups may be shared
+ * between tables (which the tally counts once per holder) the exact count,
+ * so that a turn never chooses a room that reclaiming cannot make (it
+ * would choose it again at every retry). */
+static int32_t parked_room(dp_kv_mgr *m)
+{
+    return m->gs.name ? kv_mgr_parked_blocks(m) : m->parked_blocks;
+}
+
 bool kv_mgr_can_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
                        int32_t tail)
 {
@@ -1228,7 +1254,7 @@ static int park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
      * speed). */
     const dp_kv_seq *pk = &m->parked[i].kv;
     if (kv->whole_if_room && !busy && m->shared &&
-        whole_has_room(m, kv, n_tokens, seq_dblocks(pk) - pk->ref_blocks)) {
+        whole_has_room(m, kv, n_tokens, own_dblocks(m, pk))) {
         park_drop(m, i);
         return 1;
     }
@@ -1360,7 +1386,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
                            (!busy || m->max_parked == 0);
     bool went_whole = false;
     if (may_whole && kv->table.n_blocks == 0 &&
-        whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
+        whole_has_room(m, kv, n_tokens, parked_room(m))) {
         kv->dual = false;
         went_whole = true;
         if (tail < n_tokens) /* not a prompt scored whole */
@@ -1398,7 +1424,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
             kv->dshare = share + 1;
         }
     }
-    if (may_whole && kv->dual && whole_has_room(m, kv, n_tokens, m->parked_blocks)) {
+    if (may_whole && kv->dual && whole_has_room(m, kv, n_tokens, parked_room(m))) {
         kv->dual = false;
         went_whole = true;
         leave_share(m, kv);
@@ -1492,6 +1518,10 @@ static int32_t seal_one(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *res, int32_t
     const int32_t g = seq_group(m, kv);
     int32_t blk = gshare_find(&m->gs, name);
     if (blk >= 0) {
+        /* No block taken: the one promised for it goes back. */
+        const int32_t p = kv->decode_reserve > 0;
+        kv->decode_reserve -= p;
+        m->decode_reserved -= p;
         kv_pool_ref(m->dpool, blk);
         m->gs.hits++;
         return blk;

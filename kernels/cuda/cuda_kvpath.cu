@@ -309,6 +309,21 @@ __device__ __forceinline__ void kvp_copy_piece(const uint8_t *s, int32_t st, uin
     }
 }
 
+/* The last sequence whose first unit (row or group) is at or before unit u
+ * (start[]: each sequence's first unit, in order). */
+__device__ __forceinline__ int32_t kvp_seq_of(const int64_t *start, int32_t n_seqs, int64_t u)
+{
+    int32_t lo = 0, hi = n_seqs - 1;
+    while (lo < hi) {
+        const int32_t mid = (lo + hi + 1) / 2;
+        if (start[mid] <= u)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
 __global__ void cuda_compact_kernel(dp_kv_store src, dp_kv_store dst, const int64_t *row_start,
                                     const cuda_compact_seq_dev *sq, const int32_t *idx,
                                     int32_t n_seqs, int64_t total_rows, int32_t pieces)
@@ -319,14 +334,7 @@ __global__ void cuda_compact_kernel(dp_kv_store src, dp_kv_store dst, const int6
          t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t row = t / pieces;
         const int32_t vi = (int32_t)(t % pieces);
-        int32_t lo = 0, hi = n_seqs - 1; /* last sequence whose start <= row */
-        while (lo < hi) {
-            const int32_t mid = (lo + hi + 1) / 2;
-            if (row_start[mid] <= row)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
+        const int32_t lo = kvp_seq_of(row_start, n_seqs, row);
         const cuda_compact_seq_dev q = sq[lo];
         const int64_t r = row - row_start[lo];
         const int32_t s = (int32_t)(r % q.n_keep);
@@ -361,14 +369,7 @@ __global__ void cuda_compact_kivi_kernel(dp_kv_store src, dp_kv_store dst, const
          t += (int64_t)gridDim.x * blockDim.x) {
         const int64_t gidx = t / items;
         const int32_t it = (int32_t)(t % items);
-        int32_t lo = 0, hi = n_seqs - 1; /* last sequence whose start <= gidx */
-        while (lo < hi) {
-            const int32_t mid = (lo + hi + 1) / 2;
-            if (grp_start[mid] <= gidx)
-                lo = mid;
-            else
-                hi = mid - 1;
-        }
+        const int32_t lo = kvp_seq_of(grp_start, n_seqs, gidx);
         const cuda_compact_seq_dev q = sq[lo];
         const int32_t ng = q.n_keep / g;
         const int64_t r = gidx - grp_start[lo];

@@ -524,15 +524,29 @@ static void test_stop_string(world *w)
 }
 
 /* Runs specs through one engine with options o; fills res, returns stats. */
-static void run_with(world *w, const dp_engine_opts *o, req_spec *specs, int n, result *res,
-                     dp_engine_stats *st, int8_t mode)
+static void run_engine_with(world *w, const dp_engine_opts *o, req_spec *specs, int n,
+                            result *res, dp_engine_stats *st, int8_t mode, bool alone)
 {
     next_opts = *o;
     next_opts_set = true;
     dp_engine *e = start(w, o->n_blocks, 32);
     next_opts_set = false;
-    run_requests(e, specs, n, res, false, mode, st);
+    run_requests(e, specs, n, res, alone, mode, st);
     engine_destroy(e);
+}
+
+/* The requests together, on an engine with o. */
+static void run_with(world *w, const dp_engine_opts *o, req_spec *specs, int n, result *res,
+                     dp_engine_stats *st, int8_t mode)
+{
+    run_engine_with(w, o, specs, n, res, st, mode, false);
+}
+
+/* ... and each alone, one after the other, on one engine. */
+static void run_each_with(world *w, const dp_engine_opts *o, req_spec *specs, int n, result *res,
+                          dp_engine_stats *st, int8_t mode)
+{
+    run_engine_with(w, o, specs, n, res, st, mode, true);
 }
 
 static void test_dualpath(world *w, req_spec *specs, int n, const char *what)
@@ -1143,24 +1157,14 @@ static void test_system_prompt_typed(world *w)
     o.n_blocks = 256;
     dp_engine_stats alone, together, parked;
     o.resume_turns = false;
-    next_opts = o;
-    next_opts_set = true;
-    dp_engine *e = start(w, o.n_blocks, 32);
-    next_opts_set = false;
-    run_requests(e, sp, N, ref, true, DP_DUALPATH_DEFAULT, &alone);
-    engine_destroy(e);
+    run_each_with(w, &o, sp, N, ref, &alone, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(alone.kv_shared, 1);
     CHECK_EQ_INT(alone.decode_block_tokens, 60);
     CHECK_EQ_INT(alone.tokens_in_place, 0);
     /* A finished turn's parked cache holds the share (kv_mgr_park), so one
      * at a time they share too, with the same outputs. */
     o.resume_turns = true;
-    next_opts = o;
-    next_opts_set = true;
-    e = start(w, o.n_blocks, 32);
-    next_opts_set = false;
-    run_requests(e, sp, N, res, true, DP_DUALPATH_DEFAULT, &parked);
-    engine_destroy(e);
+    run_each_with(w, &o, sp, N, res, &parked, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(parked.tokens_in_place, (N - 1) * 120);
     CHECK_EQ_INT(parked.turns_resumed, 0);
     for (int i = 0; i < N; i++)
@@ -1200,12 +1204,7 @@ static void test_system_prompt_kivi(world *w)
     o.n_blocks = 256;
     o.resume_turns = false;
     dp_engine_stats alone, together;
-    next_opts = o;
-    next_opts_set = true;
-    dp_engine *e = start(w, o.n_blocks, 32);
-    next_opts_set = false;
-    run_requests(e, sp, N, ref, true, DP_DUALPATH_DEFAULT, &alone);
-    engine_destroy(e);
+    run_each_with(w, &o, sp, N, ref, &alone, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(alone.groups_sealed, N);
     CHECK_EQ_INT(alone.groups_shared, 0);
     defer_start = true;
@@ -1219,12 +1218,7 @@ static void test_system_prompt_kivi(world *w)
     /* A prompt shared for 100 tokens only: the first group's rows end in
      * each request's own tokens, so nobody may take another's. */
     shared_prefix_specs(w, sp, N, 100, 60, 90, 56);
-    next_opts = o;
-    next_opts_set = true;
-    e = start(w, o.n_blocks, 32);
-    next_opts_set = false;
-    run_requests(e, sp, N, ref, true, DP_DUALPATH_DEFAULT, NULL);
-    engine_destroy(e);
+    run_each_with(w, &o, sp, N, ref, NULL, DP_DUALPATH_DEFAULT);
     dp_engine_stats apart;
     defer_start = true;
     run_with(w, &o, sp, N, res, &apart, DP_DUALPATH_DEFAULT);

@@ -122,6 +122,31 @@ void report(const char *op, const char *what, const float *ref, const float *got
 
 /* ---- a batch on both backends ------------------------------------------------------ */
 
+uint8_t *block_image(dp_backend *be, dp_kv_store *kv, int32_t block, size_t *bytes)
+{
+    dp_kv_layout one = *be->ops->kv_layout(be, kv);
+    one.n_blocks = 1;
+    *bytes = be->ops->kv_bytes_per_block(be, &one);
+    uint8_t *img = xmalloc(*bytes);
+    uint8_t *tmp = be->ops->host_alloc ? be->ops->host_alloc(be, *bytes) : img;
+    if (!tmp || be->ops->kv_block_read(be, kv, block, tmp))
+        die(EXIT_CHECK, "%s: kv_block_read failed", be->ops->name);
+    dev_wait(be);
+    if (tmp != img) {
+        memcpy(img, tmp, *bytes);
+        be->ops->host_free(be, tmp);
+    }
+    return img;
+}
+
+void report_same_bytes(const char *op, const char *what, const void *a, const void *b, size_t n)
+{
+    const bool same = n && memcmp(a, b, n) == 0;
+    g_checks++;
+    g_failed += !same;
+    printf("  %-12s %-46s %s\n", op, what, same ? "identical  ok" : "DIFFERENT  FAIL");
+}
+
 void shuffle_ids(int32_t *a, int32_t n)
 {
     for (int32_t i = n - 1; i > 0; i--) {

@@ -58,6 +58,12 @@ void kv_write_host(dp_backend *be, dp_kv_store *const *st, int32_t layer, const 
 void report(const char *op, const char *what, const float *ref, const float *got, size_t n,
             double tol);
 
+/* One block of kv read to the host: a copy of its bytes (the backend's own
+ * image, through pinned memory where the backend has it), *bytes long. */
+uint8_t *block_image(dp_backend *be, dp_kv_store *kv, int32_t block, size_t *bytes);
+/* One comparison: a and b hold the same n bytes. */
+void report_same_bytes(const char *op, const char *what, const void *a, const void *b, size_t n);
+
 /* A batch's host arrays. seq_sealed, seq_roff: NULL (hbatch_alloc) unless
  * the caller points them at [n_seqs] arrays of its own (grouped stores). */
 typedef struct hbatch {

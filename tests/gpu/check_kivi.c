@@ -233,20 +233,8 @@ static void check_kivi_case(dp_backend *be[2], const kivi_cfg *c, kivi_seq *sq, 
         e->ops->attention(e, st, c->n_layers - 1, dout, dq, c->n_heads, scale);
         o[b] = xmalloc((size_t)n3 * qw * sizeof(float));
         dev_get(e, o[b], dout, (size_t)n3 * qw);
-        if (probe >= 0) { /* the first group's bytes, every layer */
-            dp_kv_layout one = *e->ops->kv_layout(e, st[1]);
-            one.n_blocks = 1;
-            img_bytes = e->ops->kv_bytes_per_block(e, &one);
-            img[b] = xmalloc(img_bytes);
-            uint8_t *tmp = e->ops->host_alloc ? e->ops->host_alloc(e, img_bytes) : img[b];
-            if (e->ops->kv_block_read(e, st[1], sq[probe].table[1], tmp))
-                die(EXIT_CHECK, "%s: kv_block_read of a kivi4 group failed", e->ops->name);
-            dev_wait(e);
-            if (tmp != img[b]) {
-                memcpy(img[b], tmp, img_bytes);
-                e->ops->host_free(e, tmp);
-            }
-        }
+        if (probe >= 0) /* the first group's bytes, every layer */
+            img[b] = block_image(e, st[1], sq[probe].table[1], &img_bytes);
         e->ops->free(e, dq);
         e->ops->free(e, dout);
         e->ops->kv_destroy(e, st[1]);
@@ -256,12 +244,8 @@ static void check_kivi_case(dp_backend *be[2], const kivi_cfg *c, kivi_seq *sq, 
     snprintf(what, sizeof what, "kivi4 %s %s: %d tokens", c->name, label, n3);
     report("attention", what, o[0], o[1], (size_t)n3 * qw, TOL_ATT);
     if (probe >= 0) {
-        const bool same = img_bytes && memcmp(img[0], img[1], img_bytes) == 0;
-        g_checks++;
-        g_failed += !same;
         snprintf(what, sizeof what, "kivi4 group bytes, %s %s", c->name, label);
-        printf("  %-12s %-46s %s\n", "kv_compact", what,
-               same ? "identical  ok" : "DIFFERENT  FAIL");
+        report_same_bytes("kv_compact", what, img[0], img[1], img_bytes);
     }
     free(img[0]);
     free(img[1]);

@@ -156,18 +156,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
             /* kv_write quantized the same values alike on both: the bytes
              * of store 1's first block of sequence 1 (written by the history
              * batch in every layer and by this one in the last). */
-            dp_kv_layout one = *be[b]->ops->kv_layout(be[b], st[1]);
-            one.n_blocks = 1;
-            qbytes = be[b]->ops->kv_bytes_per_block(be[b], &one);
-            qimg[b] = xmalloc(qbytes);
-            uint8_t *tmp = be[b]->ops->host_alloc ? be[b]->ops->host_alloc(be[b], qbytes) : qimg[b];
-            if (be[b]->ops->kv_block_read(be[b], st[1], tables[(size_t)q1 * max_blocks], tmp))
-                die(EXIT_CHECK, "%s: kv_block_read failed", be[b]->ops->name);
-            dev_wait(be[b]);
-            if (tmp != qimg[b]) {
-                memcpy(qimg[b], tmp, qbytes);
-                be[b]->ops->host_free(be[b], tmp);
-            }
+            qimg[b] = block_image(be[b], st[1], tables[(size_t)q1 * max_blocks], &qbytes);
         }
         be[b]->ops->free(be[b], dq);
         be[b]->ops->free(be[b], dout);
@@ -178,11 +167,8 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
     snprintf(what, sizeof what, "%s %s: %d tokens", cfg->name, label, n_new);
     report("attention", what, o[0], o[1], (size_t)n_new * qw, TOL_ATT);
     if (cfg->type1) {
-        const bool same = memcmp(qimg[0], qimg[1], qbytes) == 0;
-        g_checks++;
-        g_failed += !same;
         snprintf(what, sizeof what, "%s bytes, %s", dp_kv_type_name(cfg->type1 - 1), label);
-        printf("  %-12s %-46s %s\n", "kv_write", what, same ? "identical  ok" : "DIFFERENT  FAIL");
+        report_same_bytes("kv_write", what, qimg[0], qimg[1], qbytes);
         free(qimg[0]);
         free(qimg[1]);
     }
@@ -345,20 +331,12 @@ static float *image_floats(dp_backend *be, const dp_kv_layout *l, const uint8_t 
 /* One block of an f16 or f32 store, read to the host, as image_floats. */
 static float *block_floats(dp_backend *be, dp_kv_store *kv, int32_t block)
 {
-    const dp_kv_layout *l = be->ops->kv_layout(be, kv);
-    dp_kv_layout one = *l;
+    dp_kv_layout one = *be->ops->kv_layout(be, kv);
     one.n_blocks = 1;
-    const size_t bytes = be->ops->kv_bytes_per_block(be, &one);
-    const bool pinned = be->ops->host_alloc && be->ops->host_free;
-    uint8_t *img = pinned ? be->ops->host_alloc(be, bytes) : xmalloc(bytes);
-    if (!img || be->ops->kv_block_read(be, kv, block, img))
-        die(EXIT_CHECK, "%s: kv_block_read failed", be->ops->name);
-    dev_wait(be);
+    size_t bytes;
+    uint8_t *img = block_image(be, kv, block, &bytes);
     float *out = image_floats(be, &one, img, bytes);
-    if (pinned)
-        be->ops->host_free(be, img);
-    else
-        free(img);
+    free(img);
     return out;
 }
 

@@ -1397,13 +1397,13 @@ static void update_gauges(dp_engine *e)
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     dp_kv_mgr *m = &e->kv;
     int32_t on_decode = 0, decode_held = 0, exempt = 0;
+    kv_mgr_held_begin(m);
     for (eng_seq *es = e->live; es; es = es->next)
         if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.slots) {
             on_decode++;
             /* Blocks it holds by reference stay the prefill path's, or
              * are a decode-pool share's, counted once below. */
-            decode_held += es->seq->kv.table.n_blocks - es->seq->kv.ref_blocks +
-                           es->seq->kv.xtable.n_blocks;
+            decode_held += kv_mgr_held_blocks(m, &es->seq->kv);
             exempt += es->seq->kv.xtable.n_blocks;
         }
     e->stats.exempt_layers = m->n_exempt;

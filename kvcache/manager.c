@@ -423,6 +423,11 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
             rc = dp_err(err, errsz, rc, "out of memory");
             goto fail;
         }
+        if (grouped && be &&
+            !(m->held_stamp = calloc((size_t)m->dpool->n_blocks, sizeof *m->held_stamp))) {
+            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
+            goto fail;
+        }
     }
     if (o->dual && o->max_parked > 0) {
         m->parked = calloc((size_t)o->max_parked, sizeof *m->parked);
@@ -445,6 +450,7 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         park_drop(m, m->n_parked - 1);
     free(m->parked);
     free(m->park_cnt);
+    free(m->held_stamp);
     for (int i = 0; i < m->n_dt; i++) { /* views before their base */
         dp_kv_dtype *d = &m->dt[i];
         if (d->rscratch)
@@ -904,6 +910,36 @@ static int32_t own_dblocks(const dp_kv_mgr *m, const dp_kv_seq *kv)
     k = k < kv->table.n_blocks ? k : kv->table.n_blocks;
     for (int32_t i = 1; i < k; i++) /* (table[0] is the lead) */
         n -= m->dpool->refcnt[kv->table.blocks[i]] > 1;
+    return n;
+}
+
+void kv_mgr_held_begin(dp_kv_mgr *m)
+{
+    if (!m->held_stamp)
+        return;
+    if (++m->held_epoch == 0) { /* wrapped: old marks could match again */
+        memset(m->held_stamp, 0, (size_t)m->dpool->n_blocks * sizeof *m->held_stamp);
+        m->held_epoch = 1;
+    }
+}
+
+int32_t kv_mgr_held_blocks(dp_kv_mgr *m, const dp_kv_seq *kv)
+{
+    int32_t n = seq_dblocks(kv) - kv->ref_blocks;
+    const int32_t g = seq_group(m, kv);
+    if (!m->held_stamp || g <= 0 || kv->sealed <= 0)
+        return n;
+    /* Its groups (table[1..k): table[0] is the lead): a shared one is
+     * counted by the first of its holders only. */
+    int32_t k = dp_kv_group_rstart(m->dt[kv->dt].bt, g, kv->sealed);
+    k = k < kv->table.n_blocks ? k : kv->table.n_blocks;
+    for (int32_t i = 1; i < k; i++) {
+        const int32_t b = kv->table.blocks[i];
+        if (m->dpool->refcnt[b] <= 1)
+            continue;
+        n -= m->held_stamp[b] == m->held_epoch;
+        m->held_stamp[b] = m->held_epoch;
+    }
     return n;
 }
 

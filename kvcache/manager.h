@@ -221,6 +221,9 @@ typedef struct dp_kv_mgr {
     int32_t n_parked, max_parked;
     int32_t parked_blocks;       /* table blocks the parked caches hold */
     uint32_t *park_cnt;          /* [decode pool blocks] kv_mgr_parked_blocks' scratch (zeros) */
+    uint32_t *held_stamp;        /* [decode pool blocks] kv_mgr_held_blocks' marks, where
+                                  * groups are shared (gs.name) */
+    uint32_t held_epoch;         /* ... the current count's mark */
     uint64_t park_clock;
     int64_t parks;               /* caches parked */
     int64_t resumes;             /* admissions that continued a parked cache */
@@ -398,6 +401,13 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
 /* Blocks that only parked turns hold (what dropping them all would free,
  * shares of theirs included). */
 int32_t kv_mgr_parked_blocks(dp_kv_mgr *m);
+/* Decode-path blocks that running sequences hold, for the gauges: call
+ * kv_mgr_held_begin, then kv_mgr_held_blocks for each sequence on the
+ * decode path; the sum counts each block once, though a kivi4 group sealed
+ * from a shared prompt sits in several tables (gshare.h), and leaves out
+ * blocks held by reference (the prefill path's or a share's). */
+void kv_mgr_held_begin(dp_kv_mgr *m);
+int32_t kv_mgr_held_blocks(dp_kv_mgr *m, const dp_kv_seq *kv);
 /* Host memory of the swap space that parked turns' spills hold. */
 size_t kv_mgr_parked_host_bytes(const dp_kv_mgr *m);
 /* Whether kv_mgr_admit would continue a parked cache for tokens[0..n) (a

@@ -121,6 +121,34 @@ static void check_grouped(const dp_kv_mgr *m, const dp_kv_seq *kv)
           dp_kv_group_rstart(bt, g, kv->sealed) + (r > 0 ? (kv->roff + r + bt - 1) / bt : 0));
 }
 
+/* The gauge of decode blocks held (kv_mgr_held_blocks): each sequence's
+ * own blocks, a kivi4 group that several running tables hold counted once. */
+static void check_held(world *w)
+{
+    dp_kv_mgr *m = &w->m;
+    int32_t *occ = calloc((size_t)m->dpool->n_blocks, sizeof *occ);
+    CHECK(occ);
+    int32_t held = 0, want = 0;
+    kv_mgr_held_begin(m);
+    for (int i = 0; i < N_SEQ; i++) {
+        const dp_kv_seq *kv = &w->s[i].kv;
+        if (w->s[i].st == FREE || kv->path != DP_PATH_DECODE || kv->swapped.slots)
+            continue;
+        held += kv_mgr_held_blocks(m, kv);
+        want += kv->table.n_blocks + kv->xtable.n_blocks - kv->ref_blocks;
+        const int32_t g = m->dt[kv->dt].group;
+        if (g <= 0 || kv->sealed <= 0)
+            continue;
+        int32_t k = dp_kv_group_rstart(m->dt[kv->dt].bt, g, kv->sealed);
+        for (int32_t j = 1; j < k && j < kv->table.n_blocks; j++) {
+            const int32_t b = kv->table.blocks[j];
+            want -= m->dpool->refcnt[b] > 1 && occ[b]++ > 0; /* a second holder */
+        }
+    }
+    CHECK_EQ_INT(held, want);
+    free(occ);
+}
+
 static void check(world *w)
 {
     dp_kv_mgr *m = &w->m;
@@ -157,6 +185,7 @@ static void check(world *w)
             for (int32_t b = 0; b < x->n_slots / m->dpx.block_tokens; b++)
                 dcnt[x->blocks[b]]++;
     }
+    check_held(w);
     check_pool("prefill pool", &m->pool, pcnt);
     if (split)
         check_pool("decode pool", m->dpool, dcnt);

@@ -66,13 +66,15 @@ typedef struct cpu_q8 {
 /* The hot kernels of one instruction-set level (cpu_kern.c, compiled once per
  * level; cpu_dispatch.c chooses). Each works on plain arrays and one task's
  * share of the work: the callers own the threading. */
-/* Q4_1, Q4_0 and Q8_0 weights at a level whose mm_q8 reads them so
- * (cpu_kern.x8) are kept in groups of 8 rows (CPU_LAYOUT_X8). Per 32-column
- * block of the 8 rows: their f16 scalars, 8 of each kind in a row (Q4_1: 8
- * d, then 8 m; the others: 8 d), then their quant bytes in vectors of 32
- * bytes, lane j (bytes 4j..4j+3) of vector c holding bytes 4c..4c+3 of row
- * j's block (Q4: 4 vectors, columns 4c.. in the low nibbles and 16+4c.. in
- * the high ones; Q8_0: 8 vectors, columns 4c..4c+3). Broadcasting 4
+/* Q4_1, Q4_0, Q8_0, Q5_0 and Q5_1 weights at a level whose mm_q8 reads them
+ * so (cpu_kern.x8) are kept in groups of 8 rows (CPU_LAYOUT_X8). Per
+ * 32-column block of the 8 rows: their 16-bit scalars, 8 of each kind in a
+ * row (Q4_1: 8 d, then 8 m; Q5_0: 8 d, the 8 rows' high bits 0-15, then
+ * bits 16-31; Q5_1: d, m, then the high bits; the others: 8 d), then their
+ * quant bytes in vectors of 32 bytes, lane j (bytes 4j..4j+3) of vector c
+ * holding bytes 4c..4c+3 of row j's block (Q4 and Q5: 4 vectors, columns
+ * 4c.. in the low nibbles and 16+4c.. in the high ones; Q8_0: 8 vectors,
+ * columns 4c..4c+3). Broadcasting 4
  * activation bytes against a vector gives the 8 rows' products in its 8
  * lanes: no horizontal sums, no nibble unpack per row, and the scales load
  * as a vector. The same bytes as the file's layout, rearranged. */
@@ -81,9 +83,15 @@ enum { CPU_LAYOUT_ROWS = 0, CPU_LAYOUT_X8 = 1 };
 #define CPU_X8_ROW_MAX (CPU_X8_MAX_COLS / 32 * 34)
 static inline bool cpu_x8_type(uint32_t t)
 {
-    return t == DP_TYPE_Q4_1 || t == DP_TYPE_Q4_0 || t == DP_TYPE_Q8_0;
+    return t == DP_TYPE_Q4_1 || t == DP_TYPE_Q4_0 || t == DP_TYPE_Q8_0 || t == DP_TYPE_Q5_0 ||
+           t == DP_TYPE_Q5_1;
 }
-static inline int cpu_x8_scalars(uint32_t t) { return t == DP_TYPE_Q4_1 ? 2 : 1; }
+/* 16-bit scalars per block: d (and m), and for Q5 the 32 high bits as two
+ * halves, so that they too load as a vector of the 8 rows'. */
+static inline int cpu_x8_scalars(uint32_t t)
+{
+    return t == DP_TYPE_Q4_1 ? 2 : t == DP_TYPE_Q5_0 ? 3 : t == DP_TYPE_Q5_1 ? 4 : 1;
+}
 static inline int cpu_x8_qbytes(uint32_t t) { return t == DP_TYPE_Q8_0 ? 32 : 16; }
 /* Bytes of one block of 8 rows (8 times the file's block). */
 static inline size_t cpu_x8_block(uint32_t t)

@@ -245,6 +245,16 @@ static void mmf_generic(const dp_weight *w, int64_t r0, int64_t nt, const float 
     }
 }
 
+/* g activation rows' dots with one file-layout row decoded by the reference. */
+static void x8_row_dots(uint32_t type, const uint8_t *row, int64_t k, const float *x, int32_t g,
+                        float *out)
+{
+    float wr[CPU_X8_MAX_COLS];
+    quant_dequant_row(type, row, wr, k);
+    for (int32_t i = 0; i < g; i++)
+        out[i] = k_dot(wr, x + (size_t)i * (size_t)k, k);
+}
+
 /* A repacked weight (CPU_LAYOUT_X8) on the exact paths: each row back in
  * the file's layout first, so that the f32 results are those of the
  * unpacked weight, bit for bit. */
@@ -262,8 +272,10 @@ static void mmf_x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, i
                 fused_rows(blk_q4_1, 20, row, k, xi, g, out);
             else if (w->type == DP_TYPE_Q4_0)
                 fused_rows(blk_q4_0, 18, row, k, xi, g, out);
-            else
+            else if (w->type == DP_TYPE_Q8_0)
                 fused_rows(blk_q8_0, 34, row, k, xi, g, out);
+            else /* Q5: the reference's row, as mmf_generic reads the file's */
+                x8_row_dots(w->type, row, k, xi, g, out);
             for (int32_t i = 0; i < g; i++)
                 y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];
         }
@@ -299,8 +311,10 @@ static void k_decode_rows(const dp_weight *w, int64_t r0, int64_t nt, float *dst
                 dec_q4_1(row, 1, k, 20, d);
             else if (w->type == DP_TYPE_Q4_0)
                 dec_q4_0(row, 1, k, 18, d);
-            else
+            else if (w->type == DP_TYPE_Q8_0)
                 dec_q8_0(row, 1, k, 34, d);
+            else
+                quant_dequant_row(w->type, row, d, k);
         }
         return;
     }
@@ -552,6 +566,72 @@ X8_Q4(2, 0)
 X8_Q4(3, 0)
 X8_Q4(4, 0)
 
+/* Q5_0 (MINS 0: m = -16 d) or Q5_1 (MINS 1): the Q4 kernel's nibbles with
+ * each one's fifth bit put back from the 8 rows' 32-bit masks (one lane
+ * each). Four bits b of a lane spread to bit 0 of its four bytes by one
+ * multiply (bit k lands at 8k only: the four shifted copies do not
+ * overlap), then move to bit 4. Products reach 2 * 31 * 127 per pair, so
+ * each chunk goes to i32 at once (in i16 eight of them could overflow). */
+static inline __m256i x8_bits4(__m256i qh, int shift)
+{
+    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(qh, shift), _mm256_set1_epi32(0xf));
+    const __m256i b = _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081)),
+                                       _mm256_set1_epi32(0x01010101));
+    return _mm256_slli_epi32(b, 4);
+}
+
+#define X8_Q5(G, MINS)                                                                          \
+    static inline __attribute__((always_inline)) void x8q5_##MINS##_##G(                       \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { QH = MINS ? 32 : 16, HEAD = QH + 32, BLK = HEAD + 128 };                         \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
+        for (int64_t b = 0; b < nb; b++) {                                                      \
+            const uint8_t *p = gp + (size_t)b * BLK;                                            \
+            _mm_prefetch((const char *)p + 4 * BLK, _MM_HINT_T0);                               \
+            const __m256i qh = _mm256_or_si256(                                                 \
+                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH))),              \
+                _mm256_slli_epi32(                                                              \
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH + 16))), 16)); \
+            __m256i s32[G];                                                                     \
+            for (int i = 0; i < G; i++)                                                         \
+                s32[i] = _mm256_setzero_si256();                                                \
+            for (int k = 0; k < 4; k++) {                                                       \
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + HEAD + 32 * k));    \
+                const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), x8_bits4(qh, 4 * k)); \
+                const __m256i hi = _mm256_or_si256(                                             \
+                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low), x8_bits4(qh, 16 + 4 * k));  \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
+                    s32[i] = X8_ACC32(s32[i], lo, bcast4(q + 4 * k), ones);                     \
+                    s32[i] = X8_ACC32(s32[i], hi, bcast4(q + 16 + 4 * k), ones);                \
+                }                                                                               \
+            }                                                                                   \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            const __m256 mv = MINS ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) \
+                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));                 \
+            for (int i = 0; i < G; i++) {                                                       \
+                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
+                const __m256 dot = _mm256_cvtepi32_ps(s32[i]);                                  \
+                acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
+                acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                    \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_Q5(1, 1)
+X8_Q5(2, 1)
+X8_Q5(3, 1)
+X8_Q5(4, 1)
+X8_Q5(1, 0)
+X8_Q5(2, 0)
+X8_Q5(3, 0)
+X8_Q5(4, 0)
+
 #define X8_Q8(G)                                                                                \
     static inline __attribute__((always_inline)) void x8q8_##G(                                \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -616,6 +696,10 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
                 X8_CALL(x8q4_1, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_Q4_0) {
                 X8_CALL(x8q4_0, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q5_0) {
+                X8_CALL(x8q5_0, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q5_1) {
+                X8_CALL(x8q5_1, g, gp, nb, xg, yo, n)
             } else {
                 X8_CALL(x8q8, g, gp, nb, xg, yo, n)
             }
@@ -628,6 +712,8 @@ static bool k_q8_supports(const dp_weight *w)
 {
     if (w->cols % 32)
         return false;
+    if (w->layout == CPU_LAYOUT_X8)
+        return true; /* (only cpu_x8_type weights load so) */
     switch (w->type) {
 #define CASE_T(id, name, bytes) case id:
         FAST_TYPES(CASE_T)

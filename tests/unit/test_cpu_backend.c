@@ -78,6 +78,21 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
                 w[o + 2 + i] = (uint8_t)(rs >> (i % 8 * 8));
             frand();
         }
+    } else if (type == DP_TYPE_Q5_0 || type == DP_TYPE_Q5_1) {
+        /* block: f16 d, (Q5_1: f16 m,) 32 high bits, 16 bytes of nibbles */
+        const size_t bb = type == DP_TYPE_Q5_0 ? 22 : 24, h = bb - 20;
+        for (size_t o = 0; o < *nbytes; o += bb) {
+            uint16_t d = dp_f32_to_fp16(0.005f * fabsf(frand())), m = dp_f32_to_fp16(-0.08f * fabsf(frand()));
+            memcpy(w + o, &d, 2);
+            if (type == DP_TYPE_Q5_1)
+                memcpy(w + o + 2, &m, 2);
+            uint32_t qh = (uint32_t)(rs >> 17);
+            frand();
+            memcpy(w + o + h, &qh, 4);
+            for (int i = 0; i < 16; i++)
+                w[o + h + 4 + i] = (uint8_t)(rs >> (i % 8 * 8));
+            frand();
+        }
     } else {
         CHECK(!"unexpected type");
     }
@@ -106,7 +121,8 @@ static void q8_roundtrip(const float *x, float *out, int64_t n)
  * product (the price of int8 activations) is printed. */
 static void test_matmul(dp_backend *be)
 {
-    uint32_t types[] = {DP_TYPE_F32, DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0};
+    uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_F16,  DP_TYPE_Q8_0, DP_TYPE_Q4_1,
+                        DP_TYPE_Q4_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
     /* 64, 48 and 384 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512
      * levels). 257 and 384 rows: tiles of more than 16 rows at decode
@@ -119,9 +135,11 @@ static void test_matmul(dp_backend *be)
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 int64_t rows = shapes[si][0], cols = shapes[si][1];
+                /* (Q5 has only the repacked kernel: rows in groups of 8.) */
+                const bool q5 = types[ti] == DP_TYPE_Q5_0 || types[ti] == DP_TYPE_Q5_1;
                 const bool int8 = mode == 1 && strcmp(be->ops->kernel_level(be), "baseline") != 0 &&
                                   (types[ti] == DP_TYPE_Q8_0 || types[ti] == DP_TYPE_Q4_1 ||
-                                   types[ti] == DP_TYPE_Q4_0);
+                                   types[ti] == DP_TYPE_Q4_0 || (q5 && rows % 8 == 0));
                 size_t nb;
                 void *raw = make_weight(types[ti], rows, cols, &nb);
                 dp_weight w;
@@ -642,7 +660,7 @@ static void test_logits_topk(dp_backend *be)
 }
 
 /* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
- * Q4_0 and Q8_0 repacked in groups of 8 rows, each row must come back as
+ * Q4_0, Q8_0, Q5_0 and Q5_1 repacked in groups of 8 rows, each row must come back as
  * the file's row dequantized, bit for bit, whatever its place in its group. */
 static void test_packed_rows(dp_backend *be, uint32_t type)
 {
@@ -691,7 +709,7 @@ static void test_x8_levels(void)
         return;
     }
     enum { ROWS = 48, COLS = 256, M = 9 };
-    const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0};
+    const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1};
     float x[M * COLS];
     for (int i = 0; i < M * COLS; i++)
         x[i] = (float)((i * 7919) % 257 - 128) / 31.0f;
@@ -717,7 +735,7 @@ static void test_x8_levels(void)
         free(packed);
         free(raw);
     }
-    printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0 at 1..%d activation "
+    printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0, Q5_0, Q5_1 at 1..%d activation "
            "rows, %d products bit-identical\n", M, compared);
 #endif
 }
@@ -733,6 +751,8 @@ int main(void)
         test_packed_rows(be, DP_TYPE_Q4_1);
         test_packed_rows(be, DP_TYPE_Q4_0);
         test_packed_rows(be, DP_TYPE_Q8_0);
+        test_packed_rows(be, DP_TYPE_Q5_0);
+        test_packed_rows(be, DP_TYPE_Q5_1);
         test_elementwise(be);
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */

@@ -274,7 +274,7 @@ static void mmf_x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, i
                 fused_rows(blk_q4_0, 18, row, k, xi, g, out);
             else if (w->type == DP_TYPE_Q8_0)
                 fused_rows(blk_q8_0, 34, row, k, xi, g, out);
-            else /* Q5: the reference's row, as mmf_generic reads the file's */
+            else /* Q5, K: the reference's row, as mmf_generic reads the file's */
                 x8_row_dots(w->type, row, k, xi, g, out);
             for (int32_t i = 0; i < g; i++)
                 y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];
@@ -580,6 +580,16 @@ static inline __m256i x8_bits4(__m256i qh, int shift)
     return _mm256_slli_epi32(b, 4);
 }
 
+/* 8 bytes (the 8 rows' scales) as floats. */
+static inline __m256 x8_u8ps(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+static inline __m256 x8_i8ps(const uint8_t *p)
+{
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
 #define X8_Q5(G, MINS)                                                                          \
     static inline __attribute__((always_inline)) void x8q5_##MINS##_##G(                       \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -631,6 +641,110 @@ X8_Q5(1, 0)
 X8_Q5(2, 0)
 X8_Q5(3, 0)
 X8_Q5(4, 0)
+
+/* Q4_K per super-block: each 32-column sub-block is Q4_1's sum with the
+ * rows' scale d * sc and min dmin * m, made from the bytes as a vector
+ * (exact in f32, as the reference's products are). */
+#define X8_Q4K(G)                                                                               \
+    static inline __attribute__((always_inline)) void x8q4k_##G(                               \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { BLK = CPU_X8K_Q4_QS + 8 * 128 };                                                 \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
+        for (int64_t sb = 0; sb < nb / 8; sb++) {                                               \
+            const uint8_t *p = gp + (size_t)sb * BLK;                                           \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));     \
+            for (int s = 0; s < 8; s++) {                                                       \
+                const uint8_t *qs = p + CPU_X8K_Q4_QS + 128 * s;                                \
+                const int64_t b = sb * 8 + s;                                                   \
+                _mm_prefetch((const char *)qs + 512, _MM_HINT_T0);                              \
+                __m256i s16[G];                                                                 \
+                for (int i = 0; i < G; i++)                                                     \
+                    s16[i] = _mm256_setzero_si256();                                            \
+                for (int k = 0; k < 4; k++) {                                                   \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
+                    const __m256i lo = _mm256_and_si256(v, low);                                \
+                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);          \
+                    for (int i = 0; i < G; i++) {                                               \
+                        const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
+                        s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                       \
+                        s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));                  \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 sv = _mm256_mul_ps(dv, x8_u8ps(p + 32 + 8 * s));                   \
+                const __m256 mv = _mm256_mul_ps(dmv, x8_u8ps(p + 96 + 8 * s));                  \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                 \
+                    const __m256 dot = _mm256_cvtepi32_ps(X8_SUM16(s16[i], ones));              \
+                    acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sv, _mm256_set1_ps(xb->d)), acc[i]); \
+                    acc[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);               \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_Q4K(1)
+X8_Q4K(2)
+X8_Q4K(3)
+X8_Q4K(4)
+
+/* Q6_K per super-block: values minus 32 in int8, summed as Q8_0's (signs
+ * moved onto the activations), each 16 columns with the rows' d * sc. */
+#define X8_Q6K(G)                                                                               \
+    static inline __attribute__((always_inline)) void x8q6k_##G(                               \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { BLK = CPU_X8K_Q6_QS + 8 * 256 };                                                 \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i ones = _mm256_set1_epi16(1);                                              \
+        for (int64_t sb = 0; sb < nb / 8; sb++) {                                               \
+            const uint8_t *p = gp + (size_t)sb * BLK;                                           \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            for (int s = 0; s < 8; s++) {                                                       \
+                const uint8_t *qs = p + CPU_X8K_Q6_QS + 256 * s;                                \
+                const int64_t b = sb * 8 + s;                                                   \
+                _mm_prefetch((const char *)qs + 512, _MM_HINT_T0);                              \
+                _mm_prefetch((const char *)qs + 576, _MM_HINT_T0);                              \
+                __m256i s0[G], s1[G];                                                           \
+                for (int i = 0; i < G; i++)                                                     \
+                    s0[i] = s1[i] = _mm256_setzero_si256();                                     \
+                for (int k = 0; k < 8; k++) {                                                   \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
+                    const __m256i u = _mm256_sign_epi8(v, v);                                   \
+                    for (int i = 0; i < G; i++) {                                               \
+                        const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
+                        const __m256i a = _mm256_sign_epi8(bcast4(q + 4 * k), v);               \
+                        if (k < 4)                                                              \
+                            s0[i] = X8_ACC32(s0[i], u, a, ones);                                \
+                        else                                                                    \
+                            s1[i] = X8_ACC32(s1[i], u, a, ones);                                \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 sv0 = _mm256_mul_ps(dv, x8_i8ps(p + 16 + 16 * s));                 \
+                const __m256 sv1 = _mm256_mul_ps(dv, x8_i8ps(p + 16 + 16 * s + 8));             \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const __m256 xd = _mm256_set1_ps(xq[(size_t)i * (size_t)nb + (size_t)b].d); \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[i]), _mm256_mul_ps(sv0, xd), \
+                                             acc[i]);                                           \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[i]), _mm256_mul_ps(sv1, xd), \
+                                             acc[i]);                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_Q6K(1)
+X8_Q6K(2)
+X8_Q6K(3)
+X8_Q6K(4)
 
 #define X8_Q8(G)                                                                                \
     static inline __attribute__((always_inline)) void x8q8_##G(                                \
@@ -685,12 +799,12 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
                    float *y)
 {
     const int64_t nb = w->cols / 32, n = w->rows;
-    const size_t pb = cpu_x8_block(w->type);
+    const size_t gb = cpu_x8_bytes(w->type, 8, w->cols); /* one group of 8 rows */
     for (int32_t i0 = 0; i0 < m; i0 += 4) {
         const int32_t g = m - i0 < 4 ? m - i0 : 4;
         const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;
         for (int64_t r = r0; r < r0 + nt; r += 8) {
-            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * (size_t)nb * pb;
+            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
             float *yo = y + (size_t)i0 * (size_t)n + (size_t)r;
             if (w->type == DP_TYPE_Q4_1) {
                 X8_CALL(x8q4_1, g, gp, nb, xg, yo, n)
@@ -700,6 +814,10 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
                 X8_CALL(x8q5_0, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_Q5_1) {
                 X8_CALL(x8q5_1, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q4_K) {
+                X8_CALL(x8q4k, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q6_K) {
+                X8_CALL(x8q6k, g, gp, nb, xg, yo, n)
             } else {
                 X8_CALL(x8q8, g, gp, nb, xg, yo, n)
             }

@@ -30,13 +30,17 @@ int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, i
         return dp_err(err, errsz, rc, "weight row of %lld %s elements has no valid size",
                       (long long)cols, quant_type_name(type));
     size_t nbytes = (size_t)row_bytes * (size_t)rows;
+    /* Repacked where the level's integer kernel reads it so. */
+    const cpu_kern *k = cpu_of(be)->k;
+    const bool x8 = k->x8 && cpu_x8_type(type) && rows % 8 == 0 && cols % cpu_x8_cols(type) == 0 &&
+                    cols <= CPU_X8_MAX_COLS;
+    if (x8) /* (the K types' decoded scales take a little more) */
+        nbytes = cpu_x8_bytes(type, rows, cols);
     size_t alloc = (nbytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, alloc ? alloc : 64);
     if (!p)
         return dp_err(err, errsz, DP_ENOMEM, "out of memory for a %zu-byte weight", nbytes);
-    /* Repacked where the level's integer kernel reads it so. */
-    const cpu_kern *k = cpu_of(be)->k;
-    if (k->x8 && cpu_x8_type(type) && rows % 8 == 0 && cols % 32 == 0 && cols <= CPU_X8_MAX_COLS) {
+    if (x8) {
         cpu_x8_pack(type, src, rows, cols, p);
         w->layout = CPU_LAYOUT_X8;
     } else {
@@ -72,8 +76,131 @@ static size_t x8_at(uint32_t type, int j, int i)
     return (size_t)(16 * ns + 32 * (q / 4) + 4 * j + q % 4);
 }
 
+/* ---- Q4_K and Q6_K per super-block of 8 rows (cpu_internal.h) ---- */
+
+/* Q4_K's eight 6-bit (scale, min) pairs packed in 12 bytes, both ways. */
+static void q4k_scales_get(const uint8_t *q, uint8_t *sc, uint8_t *m)
+{
+    for (int j = 0; j < 8; j++) {
+        if (j < 4) {
+            sc[j] = q[j] & 63;
+            m[j] = q[j + 4] & 63;
+        } else {
+            sc[j] = (uint8_t)((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4));
+            m[j] = (uint8_t)((q[j + 4] >> 4) | ((q[j] >> 6) << 4));
+        }
+    }
+}
+
+static void q4k_scales_put(const uint8_t *sc, const uint8_t *m, uint8_t *q)
+{
+    for (int j = 0; j < 4; j++) {
+        q[j] = (uint8_t)(sc[j] | ((sc[j + 4] >> 4) << 6));
+        q[j + 4] = (uint8_t)(m[j] | ((m[j + 4] >> 4) << 6));
+        q[j + 8] = (uint8_t)((sc[j + 4] & 0x0f) | ((m[j + 4] & 0x0f) << 4));
+    }
+}
+
+/* Nibble of element e (0..255) of a Q4_K block's quants, and its setter:
+ * sub-block s = e / 32 is the low (even s) or high nibbles of 32 bytes. */
+static int q4k_nib(const uint8_t *qs, int e)
+{
+    const uint8_t b = qs[32 * (e / 64) + e % 32];
+    return (e / 32) % 2 ? b >> 4 : b & 0x0f;
+}
+
+static void q4k_set(uint8_t *qs, int e, int v)
+{
+    uint8_t *b = &qs[32 * (e / 64) + e % 32];
+    *b = (e / 32) % 2 ? (uint8_t)((*b & 0x0f) | (v << 4)) : (uint8_t)((*b & 0xf0) | v);
+}
+
+/* Value + 32 (0..63) of element e of a Q6_K block, and its setter. */
+static int q6k_val(const uint8_t *b, int e)
+{
+    const int h = e / 128, r = e % 128, k = r / 32, l = r % 32;
+    const uint8_t lb = b[64 * h + l + 32 * (k & 1)], hb = b[128 + 32 * h + l];
+    return ((k < 2 ? lb & 0x0f : lb >> 4) | (((hb >> (2 * k)) & 3) << 4));
+}
+
+static void q6k_set(uint8_t *b, int e, int v)
+{
+    const int h = e / 128, r = e % 128, k = r / 32, l = r % 32;
+    uint8_t *lb = &b[64 * h + l + 32 * (k & 1)], *hb = &b[128 + 32 * h + l];
+    *lb = k < 2 ? (uint8_t)((*lb & 0xf0) | (v & 0x0f)) : (uint8_t)((*lb & 0x0f) | ((v & 0x0f) << 4));
+    *hb = (uint8_t)((*hb & ~(3 << (2 * k))) | (((v >> 4) & 3) << (2 * k)));
+}
+
+/* One super-block of row j (file block f) into (pack: f is only read) or
+ * out of the packed block o. */
+static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
+{
+    if (type == DP_TYPE_Q4_K) {
+        uint8_t sc[8], m[8];
+        uint8_t *qs = o + CPU_X8K_Q4_QS;
+        if (pack) {
+            memcpy(o + 2 * j, f, 2);
+            memcpy(o + 16 + 2 * j, f + 2, 2);
+            q4k_scales_get(f + 4, sc, m);
+            for (int s = 0; s < 8; s++) {
+                o[32 + 8 * s + j] = sc[s];
+                o[96 + 8 * s + j] = m[s];
+            }
+        } else {
+            memcpy(f, o + 2 * j, 2);
+            memcpy(f + 2, o + 16 + 2 * j, 2);
+            for (int s = 0; s < 8; s++) {
+                sc[s] = o[32 + 8 * s + j];
+                m[s] = o[96 + 8 * s + j];
+            }
+            q4k_scales_put(sc, m, f + 4);
+        }
+        /* Sub-block s as a Q4_0 block: byte i holds columns i and 16 + i. */
+        for (int e = 0; e < 256; e++) {
+            const int s = e / 32, c = e % 32, i = c % 16;
+            uint8_t *b = qs + 128 * s + 32 * (i / 4) + 4 * j + i % 4;
+            if (pack)
+                *b = c < 16 ? (uint8_t)((*b & 0xf0) | q4k_nib(f + 16, e))
+                            : (uint8_t)((*b & 0x0f) | (q4k_nib(f + 16, e) << 4));
+            else
+                q4k_set(f + 16, e, c < 16 ? *b & 0x0f : *b >> 4);
+        }
+        return;
+    }
+    /* Q6_K: d at 208 of the file's block, scales at 192. */
+    if (pack) {
+        memcpy(o + 2 * j, f + 208, 2);
+        for (int h = 0; h < 16; h++)
+            o[16 + 8 * h + j] = f[192 + h];
+    } else {
+        memcpy(f + 208, o + 2 * j, 2);
+        for (int h = 0; h < 16; h++)
+            f[192 + h] = o[16 + 8 * h + j];
+    }
+    for (int e = 0; e < 256; e++) {
+        const int s = e / 32, c = e % 32;
+        uint8_t *b = o + CPU_X8K_Q6_QS + 256 * s + 32 * (c / 4) + 4 * j + c % 4;
+        if (pack)
+            *b = (uint8_t)(int8_t)(q6k_val(f, e) - 32);
+        else
+            q6k_set(f, e, (int)(int8_t)*b + 32);
+    }
+}
+
 void cpu_x8_pack(uint32_t type, const uint8_t *src, int64_t rows, int64_t cols, uint8_t *dst)
 {
+    if (cpu_x8_kquant(type)) {
+        const int64_t nsb = cols / 256;
+        const size_t pb = cpu_x8_block(type), fb = quant_block_bytes(type);
+        memset(dst, 0, cpu_x8_bytes(type, rows, cols));
+        for (int64_t g = 0; g < rows / 8; g++)
+            for (int64_t b = 0; b < nsb; b++)
+                for (int j = 0; j < 8; j++)
+                    x8k_row(type, dst + ((size_t)g * (size_t)nsb + (size_t)b) * pb, j,
+                            (uint8_t *)src + ((size_t)(g * 8 + j) * (size_t)nsb + (size_t)b) * fb,
+                            true);
+        return;
+    }
     const int64_t nb = cols / 32;
     const size_t pb = cpu_x8_block(type), fb = pb / 8;
     for (int64_t g = 0; g < rows / 8; g++)
@@ -89,6 +216,15 @@ void cpu_x8_pack(uint32_t type, const uint8_t *src, int64_t rows, int64_t cols, 
 
 void cpu_x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst)
 {
+    if (cpu_x8_kquant(w->type)) {
+        const int64_t nsb = w->cols / 256, g = r / 8;
+        const size_t pb = cpu_x8_block(w->type), fb = quant_block_bytes(w->type);
+        memset(dst, 0, (size_t)nsb * fb);
+        for (int64_t b = 0; b < nsb; b++)
+            x8k_row(w->type, (uint8_t *)w->data + ((size_t)g * (size_t)nsb + (size_t)b) * pb,
+                    (int)(r % 8), dst + (size_t)b * fb, false);
+        return;
+    }
     const int64_t nb = w->cols / 32, g = r / 8;
     const int j = (int)(r % 8);
     const size_t pb = cpu_x8_block(w->type), fb = pb / 8;

@@ -93,6 +93,21 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
                 w[o + h + 4 + i] = (uint8_t)(rs >> (i % 8 * 8));
             frand();
         }
+    } else if (type == DP_TYPE_Q4_K) { /* f16 d, dmin, 12 bytes of 6-bit scales, 128 of nibbles */
+        for (size_t o = 0; o < *nbytes; o += 144) {
+            uint16_t d = dp_f32_to_fp16(0.001f * fabsf(frand())), dm = dp_f32_to_fp16(0.002f * fabsf(frand()));
+            memcpy(w + o, &d, 2);
+            memcpy(w + o + 2, &dm, 2);
+            for (int i = 4; i < 144; i++, frand())
+                w[o + i] = (uint8_t)(rs >> 23);
+        }
+    } else if (type == DP_TYPE_Q6_K) { /* ql[128], qh[64], int8 scales[16], f16 d */
+        for (size_t o = 0; o < *nbytes; o += 210) {
+            for (int i = 0; i < 208; i++, frand())
+                w[o + i] = (uint8_t)(rs >> 23);
+            uint16_t d = dp_f32_to_fp16(0.0002f * fabsf(frand()));
+            memcpy(w + o + 208, &d, 2);
+        }
     } else {
         CHECK(!"unexpected type");
     }
@@ -121,8 +136,8 @@ static void q8_roundtrip(const float *x, float *out, int64_t n)
  * product (the price of int8 activations) is printed. */
 static void test_matmul(dp_backend *be)
 {
-    uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_F16,  DP_TYPE_Q8_0, DP_TYPE_Q4_1,
-                        DP_TYPE_Q4_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1};
+    uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_F16,  DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0,
+                        DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K, DP_TYPE_Q6_K};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
     /* 64, 48 and 384 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512
      * levels). 257 and 384 rows: tiles of more than 16 rows at decode
@@ -134,9 +149,11 @@ static void test_matmul(dp_backend *be)
         double worst_q = 0;
         for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
-                int64_t rows = shapes[si][0], cols = shapes[si][1];
-                /* (Q5 has only the repacked kernel: rows in groups of 8.) */
-                const bool q5 = types[ti] == DP_TYPE_Q5_0 || types[ti] == DP_TYPE_Q5_1;
+                /* (The K types' rows are super-blocks of 256 columns.) */
+                const bool kq = types[ti] == DP_TYPE_Q4_K || types[ti] == DP_TYPE_Q6_K;
+                int64_t rows = shapes[si][0], cols = kq ? 256 * (1 + (int64_t)(si % 2)) : shapes[si][1];
+                /* (Q5 and K have only the repacked kernel: rows in groups of 8.) */
+                const bool q5 = types[ti] == DP_TYPE_Q5_0 || types[ti] == DP_TYPE_Q5_1 || kq;
                 const bool int8 = mode == 1 && strcmp(be->ops->kernel_level(be), "baseline") != 0 &&
                                   (types[ti] == DP_TYPE_Q8_0 || types[ti] == DP_TYPE_Q4_1 ||
                                    types[ti] == DP_TYPE_Q4_0 || (q5 && rows % 8 == 0));
@@ -660,11 +677,11 @@ static void test_logits_topk(dp_backend *be)
 }
 
 /* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
- * Q4_0, Q8_0, Q5_0 and Q5_1 repacked in groups of 8 rows, each row must come back as
+ * Q4_0, Q8_0, Q5_0, Q5_1, Q4_K and Q6_K repacked in groups of 8 rows, each row must come back as
  * the file's row dequantized, bit for bit, whatever its place in its group. */
 static void test_packed_rows(dp_backend *be, uint32_t type)
 {
-    enum { ROWS = 40, COLS = 96 };
+    enum { ROWS = 40, COLS = 256 }; /* (a K type's super-block) */
     size_t nb;
     void *raw = make_weight(type, ROWS, COLS, &nb);
     dp_weight w;
@@ -709,7 +726,8 @@ static void test_x8_levels(void)
         return;
     }
     enum { ROWS = 48, COLS = 256, M = 9 };
-    const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1};
+    const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0, DP_TYPE_Q5_0,
+                              DP_TYPE_Q5_1, DP_TYPE_Q4_K, DP_TYPE_Q6_K};
     float x[M * COLS];
     for (int i = 0; i < M * COLS; i++)
         x[i] = (float)((i * 7919) % 257 - 128) / 31.0f;
@@ -720,10 +738,11 @@ static void test_x8_levels(void)
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
         size_t nb;
         uint8_t *raw = make_weight(types[t], ROWS, COLS, &nb);
-        uint8_t *packed = aligned_alloc(64, (nb + 63) & ~(size_t)63);
+        const size_t pbytes = cpu_x8_bytes(types[t], ROWS, COLS);
+        uint8_t *packed = aligned_alloc(64, (pbytes + 63) & ~(size_t)63);
         cpu_x8_pack(types[t], raw, ROWS, COLS, packed);
         dp_weight w = {.type = types[t], .rows = ROWS, .cols = COLS, .data = packed,
-                       .nbytes = nb, .layout = CPU_LAYOUT_X8};
+                       .nbytes = pbytes, .layout = CPU_LAYOUT_X8};
         for (int32_t m = 1; m <= M; m++) {
             float ya[M * ROWS], yb[M * ROWS];
             a->mm_q8(&w, 0, ROWS, xq, m, ya);
@@ -735,8 +754,8 @@ static void test_x8_levels(void)
         free(packed);
         free(raw);
     }
-    printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0, Q5_0, Q5_1 at 1..%d activation "
-           "rows, %d products bit-identical\n", M, compared);
+    printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q6_K at 1..%d "
+           "activation rows, %d products bit-identical\n", M, compared);
 #endif
 }
 
@@ -753,6 +772,8 @@ int main(void)
         test_packed_rows(be, DP_TYPE_Q8_0);
         test_packed_rows(be, DP_TYPE_Q5_0);
         test_packed_rows(be, DP_TYPE_Q5_1);
+        test_packed_rows(be, DP_TYPE_Q4_K);
+        test_packed_rows(be, DP_TYPE_Q6_K);
         test_elementwise(be);
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */

@@ -3,7 +3,12 @@
 # the same GGUF and thread count, for every CPU level this machine has.
 #
 #   usage: tools/cpu-vs-llama.sh [--model F] [--build DIR] [--threads "1 2"] [--reps N]
-#                                [--levels "avx512 avx2"]
+#                                [--levels "avx512 avx2"] [--types "Q4_K_M Q8_0 ..."]
+#
+# --types: the model requantized to each type by llama.cpp's llama-quantize
+# (--allow-requantize, from the default Q4_1 file: what each type's kernels
+# cost, not the quality of a file quantized from f16), cached beside the
+# llama.cpp build; a table per type.
 #
 # llama.cpp is built from the PyPI sdist of llama-cpp-python (it vendors the
 # whole llama.cpp tree) into a cache outside the checkout (tools/llama-cpp.sh):
@@ -23,6 +28,7 @@ BUILD=build
 THREADS="1 2"
 REPS=2
 LEVELS=""
+TYPES=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --model) MODEL="$2"; shift 2 ;;
@@ -30,6 +36,7 @@ while [ $# -gt 0 ]; do
         --threads) THREADS="$2"; shift 2 ;;
         --reps) REPS="$2"; shift 2 ;;
         --levels) LEVELS="$2"; shift 2 ;;
+        --types) TYPES="$2"; shift 2 ;;
         *) echo "usage: $0 [--model F] [--build DIR] [--threads \"1 2\"] [--reps N]" >&2; exit 2 ;;
     esac
 done
@@ -54,6 +61,26 @@ best() { # best FILE: the largest number in FILE (one per line), or "-"
     sort -g "$1" 2>/dev/null | tail -1 | grep . || echo "-"
 }
 
+# The files of --types, requantized once into the cache.
+models=("$MODEL")
+if [ -n "$TYPES" ]; then
+    models=()
+    QDIR="${DP_CACHE:-$HOME/.cache/dualpath}/requant"
+    mkdir -p "$QDIR"
+    QBIN=$(tools/llama-cpp.sh)
+    for ty in $TYPES; do
+        f="$QDIR/$(basename "$MODEL" .gguf).$ty.gguf"
+        if [ ! -f "$f" ] && "$QBIN/llama-quantize" --allow-requantize "$MODEL" "$f.tmp" "$ty" \
+            >/dev/null 2>&1; then
+            mv "$f.tmp" "$f"
+        fi
+        [ -f "$f" ] || { echo "cpu-vs-llama: llama-quantize to $ty failed" >&2; exit 1; }
+        models+=("$f")
+    done
+fi
+
+for MODEL in "${models[@]}"; do
+[ ${#models[@]} -gt 1 ] && echo "== $(basename "$MODEL")"
 printf '%-8s %-3s %-22s %12s %12s %8s\n' level thr row "llama.cpp" dualpath ratio
 for level in "${levels[@]}"; do
     if [ "$level" = avx512 ]; then
@@ -94,4 +121,5 @@ EOF
             printf '%-8s %-3s %-22s %12s %12s %8s\n' "$level" "$t" "$name" "$l" "$p" "$ratio"
         done
     done
+done
 done

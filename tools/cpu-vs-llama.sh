@@ -83,13 +83,14 @@ for MODEL in "${models[@]}"; do
 [ ${#models[@]} -gt 1 ] && echo "== $(basename "$MODEL")"
 printf '%-8s %-3s %-22s %12s %12s %8s\n' level thr row "llama.cpp" dualpath ratio
 for level in "${levels[@]}"; do
-    if [ "$level" = avx512 ]; then
+    # (Without AVX-512 the native build is the AVX2 level's.)
+    if [ "$level" = avx512 ] || ! grep -qw avx512f /proc/cpuinfo; then
         LBIN=$(tools/llama-cpp.sh)
     else
         LBIN=$(LLAMA_CPP_LEVEL=avx2 tools/llama-cpp.sh)
     fi
     for t in $THREADS; do
-        d="$tmp/$level-$t"
+        d="$tmp/$(basename "$MODEL")-$level-$t"
         mkdir -p "$d"
         for rep in $(seq "$REPS"); do
             "$LBIN/llama-bench" -m "$MODEL" -t "$t" -p 512 -n 128 -r 1 -o json 2>/dev/null > "$d/lb.json"

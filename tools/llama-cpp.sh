@@ -2,7 +2,8 @@
 # llama-cpp.sh: builds llama.cpp (the peer the benchmarks compare with) from
 # the PyPI sdist of llama-cpp-python, which vendors the whole llama.cpp tree,
 # into a cache outside the checkout, and prints the directory of its binaries
-# (llama-bench, llama-batched-bench, llama-server, llama-perplexity).
+# (llama-bench, llama-batched-bench, llama-server, llama-perplexity,
+# llama-quantize).
 #   usage: tools/llama-cpp.sh [VERSION]     (default: the newest sdist)
 # Environment: DP_CACHE (default ~/.cache/dualpath), LLAMA_CPP_AMX=1 to keep
 #   AMX in a native build (left out by default, see below), LLAMA_CPP_NATIVE=0 for a
@@ -54,7 +55,7 @@ if [ "$NATIVE" = 1 ] && [ "${LLAMA_CPP_AMX:-0}" != 1 ] && grep -qw amx_tile /pro
     NOAMX="-noamx"
 fi
 OUT="$CACHE/llama-cpp-build-$NAME-native$NATIVE${LEVEL:+-$LEVEL}$NOAMX"
-TARGETS=(llama-bench llama-batched-bench llama-server llama-perplexity)
+TARGETS=(llama-bench llama-batched-bench llama-server llama-perplexity llama-quantize)
 missing=0
 for t in "${TARGETS[@]}"; do [ -x "$OUT/bin/$t" ] || missing=1; done
 if [ "$missing" = 1 ]; then

@@ -642,14 +642,15 @@ X8_Q5(2, 0)
 X8_Q5(3, 0)
 X8_Q5(4, 0)
 
-/* Q4_K per super-block: each 32-column sub-block is Q4_1's sum with the
- * rows' scale d * sc and min dmin * m, made from the bytes as a vector
- * (exact in f32, as the reference's products are). */
-#define X8_Q4K(G)                                                                               \
-    static inline __attribute__((always_inline)) void x8q4k_##G(                               \
+/* Q4_K (Q5 0) and Q5_K (Q5 1) per super-block: each 32-column sub-block is
+ * Q4_1's sum (Q5_1's with Q5_K's fifth bits) with the rows' scale d * sc
+ * and min dmin * m, made from the bytes as a vector (exact in f32, as the
+ * reference's products are). */
+#define X8_QK(G, Q5)                                                                            \
+    static inline __attribute__((always_inline)) void x8qk_##Q5##_##G(                         \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
     {                                                                                           \
-        enum { BLK = CPU_X8K_Q4_QS + 8 * 128 };                                                 \
+        enum { QS = Q5 ? CPU_X8K_Q5_QS : CPU_X8K_Q4_QS, BLK = QS + 8 * 128 };                   \
         __m256 acc[G];                                                                          \
         for (int i = 0; i < G; i++)                                                             \
             acc[i] = _mm256_setzero_ps();                                                       \
@@ -659,27 +660,40 @@ X8_Q5(4, 0)
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
             const __m256 dmv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16)));     \
             for (int s = 0; s < 8; s++) {                                                       \
-                const uint8_t *qs = p + CPU_X8K_Q4_QS + 128 * s;                                \
+                const uint8_t *qs = p + QS + 128 * s;                                           \
                 const int64_t b = sb * 8 + s;                                                   \
                 _mm_prefetch((const char *)qs + 512, _MM_HINT_T0);                              \
+                const __m256i qh =                                                              \
+                    Q5 ? _mm256_loadu_si256((const __m256i *)(p + CPU_X8K_Q4_QS + 32 * s))      \
+                       : _mm256_setzero_si256();                                                \
                 __m256i s16[G];                                                                 \
                 for (int i = 0; i < G; i++)                                                     \
                     s16[i] = _mm256_setzero_si256();                                            \
                 for (int k = 0; k < 4; k++) {                                                   \
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
-                    const __m256i lo = _mm256_and_si256(v, low);                                \
-                    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);          \
+                    __m256i lo = _mm256_and_si256(v, low);                                      \
+                    __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                \
+                    if (Q5) {                                                                   \
+                        lo = _mm256_or_si256(lo, x8_bits4(qh, 4 * k));                          \
+                        hi = _mm256_or_si256(hi, x8_bits4(qh, 16 + 4 * k));                     \
+                    }                                                                           \
                     for (int i = 0; i < G; i++) {                                               \
                         const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
-                        s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                       \
-                        s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));                  \
+                        if (Q5) { /* (31 * 127 per pair: i32 at once, as Q5_0's) */             \
+                            s16[i] = X8_ACC32(s16[i], lo, bcast4(q + 4 * k), ones);             \
+                            s16[i] = X8_ACC32(s16[i], hi, bcast4(q + 16 + 4 * k), ones);        \
+                        } else {                                                                \
+                            s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                   \
+                            s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));              \
+                        }                                                                       \
                     }                                                                           \
                 }                                                                               \
                 const __m256 sv = _mm256_mul_ps(dv, x8_u8ps(p + 32 + 8 * s));                   \
                 const __m256 mv = _mm256_mul_ps(dmv, x8_u8ps(p + 96 + 8 * s));                  \
                 for (int i = 0; i < G; i++) {                                                   \
                     const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                 \
-                    const __m256 dot = _mm256_cvtepi32_ps(X8_SUM16(s16[i], ones));              \
+                    const __m256 dot =                                                          \
+                        _mm256_cvtepi32_ps(Q5 ? s16[i] : X8_SUM16(s16[i], ones));               \
                     acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(sv, _mm256_set1_ps(xb->d)), acc[i]); \
                     acc[i] = _mm256_fnmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);               \
                 }                                                                               \
@@ -688,10 +702,14 @@ X8_Q5(4, 0)
         for (int i = 0; i < G; i++)                                                             \
             _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
     }
-X8_Q4K(1)
-X8_Q4K(2)
-X8_Q4K(3)
-X8_Q4K(4)
+X8_QK(1, 0)
+X8_QK(2, 0)
+X8_QK(3, 0)
+X8_QK(4, 0)
+X8_QK(1, 1)
+X8_QK(2, 1)
+X8_QK(3, 1)
+X8_QK(4, 1)
 
 /* Q6_K per super-block: values minus 32 in int8, summed as Q8_0's (signs
  * moved onto the activations), each 16 columns with the rows' d * sc. */
@@ -815,7 +833,9 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
             } else if (w->type == DP_TYPE_Q5_1) {
                 X8_CALL(x8q5_1, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_Q4_K) {
-                X8_CALL(x8q4k, g, gp, nb, xg, yo, n)
+                X8_CALL(x8qk_0, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q5_K) {
+                X8_CALL(x8qk_1, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_Q6_K) {
                 X8_CALL(x8q6k, g, gp, nb, xg, yo, n)
             } else {

@@ -135,9 +135,11 @@ static void q6k_set(uint8_t *b, int e, int v)
  * out of the packed block o. */
 static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
 {
-    if (type == DP_TYPE_Q4_K) {
+    if (type == DP_TYPE_Q4_K || type == DP_TYPE_Q5_K) {
+        /* (Q5_K's file block: d, dmin, scales, then 32 bytes of high bits.) */
+        const bool q5 = type == DP_TYPE_Q5_K;
         uint8_t sc[8], m[8];
-        uint8_t *qs = o + CPU_X8K_Q4_QS;
+        uint8_t *qs = o + (q5 ? CPU_X8K_Q5_QS : CPU_X8K_Q4_QS), *fq = f + (q5 ? 48 : 16);
         if (pack) {
             memcpy(o + 2 * j, f, 2);
             memcpy(o + 16 + 2 * j, f + 2, 2);
@@ -155,15 +157,22 @@ static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
             }
             q4k_scales_put(sc, m, f + 4);
         }
-        /* Sub-block s as a Q4_0 block: byte i holds columns i and 16 + i. */
+        /* Sub-block s as a Q4_0 block: byte i holds columns i and 16 + i;
+         * Q5_K's fifth bit of column c: bit s of the file's byte c. */
         for (int e = 0; e < 256; e++) {
             const int s = e / 32, c = e % 32, i = c % 16;
             uint8_t *b = qs + 128 * s + 32 * (i / 4) + 4 * j + i % 4;
-            if (pack)
-                *b = c < 16 ? (uint8_t)((*b & 0xf0) | q4k_nib(f + 16, e))
-                            : (uint8_t)((*b & 0x0f) | (q4k_nib(f + 16, e) << 4));
-            else
-                q4k_set(f + 16, e, c < 16 ? *b & 0x0f : *b >> 4);
+            uint8_t *h = o + CPU_X8K_Q4_QS + 32 * s + 4 * j + c / 8;
+            if (pack) {
+                *b = c < 16 ? (uint8_t)((*b & 0xf0) | q4k_nib(fq, e))
+                            : (uint8_t)((*b & 0x0f) | (q4k_nib(fq, e) << 4));
+                if (q5)
+                    *h |= (uint8_t)(((f[16 + c] >> s) & 1) << (c % 8));
+            } else {
+                q4k_set(fq, e, c < 16 ? *b & 0x0f : *b >> 4);
+                if (q5)
+                    f[16 + c] |= (uint8_t)(((*h >> (c % 8)) & 1) << s);
+            }
         }
         return;
     }

@@ -37,10 +37,10 @@ static const qtype_info g_types[DP_TYPE_COUNT] = {
     [DP_TYPE_IQ2_XS] = {"IQ2_XS", 256, 74, false},
     [DP_TYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, false},
     [DP_TYPE_IQ1_S] = {"IQ1_S", 256, 50, false},
-    [DP_TYPE_IQ4_NL] = {"IQ4_NL", 32, 18, false},
+    [DP_TYPE_IQ4_NL] = {"IQ4_NL", 32, 18, true},
     [DP_TYPE_IQ3_S] = {"IQ3_S", 256, 110, false},
     [DP_TYPE_IQ2_S] = {"IQ2_S", 256, 82, false},
-    [DP_TYPE_IQ4_XS] = {"IQ4_XS", 256, 136, false},
+    [DP_TYPE_IQ4_XS] = {"IQ4_XS", 256, 136, true},
     [DP_TYPE_I8] = {"I8", 1, 1, false},
     [DP_TYPE_I16] = {"I16", 1, 2, false},
     [DP_TYPE_I32] = {"I32", 1, 4, false},
@@ -416,6 +416,40 @@ static void deq_q6_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
     }
 }
 
+/* IQ4_NL and IQ4_XS: each nibble indexes 16 non-uniform levels. */
+const int8_t quant_iq4nl_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                       1,    13,   25,  38,  53,  69,  89,  113};
+
+static void deq_iq4_nl(const uint8_t *restrict b, float *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 18, y += 32) {
+        const float d = rd_h(b);
+        for (int j = 0; j < 16; j++) {
+            y[j] = d * (float)quant_iq4nl_levels[b[2 + j] & 0x0f];
+            y[j + 16] = d * (float)quant_iq4nl_levels[b[2 + j] >> 4];
+        }
+    }
+}
+
+/* IQ4_XS: d, then each 32-value sub-block's 6-bit scale (bias 32): low 4
+ * bits in scales_l (2 per byte), high 2 in scales_h; nibbles as IQ4_NL's. */
+static void deq_iq4_xs(const uint8_t *restrict b, float *restrict y, int64_t nb)
+{
+    for (int64_t i = 0; i < nb; i++, b += 136) {
+        const float d = rd_h(b);
+        const uint32_t sh = (uint32_t)(b[2] | (b[3] << 8));
+        const uint8_t *qs = b + 8;
+        for (int s = 0; s < 8; s++, y += 32, qs += 16) {
+            const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 0x0f) | (int)(((sh >> (2 * s)) & 3) << 4);
+            const float dl = d * (float)(ls - 32);
+            for (int j = 0; j < 16; j++) {
+                y[j] = dl * (float)quant_iq4nl_levels[qs[j] & 0x0f];
+                y[j + 16] = dl * (float)quant_iq4nl_levels[qs[j] >> 4];
+            }
+        }
+    }
+}
+
 static void deq_q8_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, b += 292, y += 256) {
@@ -638,6 +672,8 @@ int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
     case DP_TYPE_Q5_K: deq_q5_k(b, dst, nb); break;
     case DP_TYPE_Q6_K: deq_q6_k(b, dst, nb); break;
     case DP_TYPE_Q8_K: deq_q8_k(b, dst, nb); break;
+    case DP_TYPE_IQ4_NL: deq_iq4_nl(b, dst, nb); break;
+    case DP_TYPE_IQ4_XS: deq_iq4_xs(b, dst, nb); break;
     default: return DP_EUNSUPPORTED;
     }
     return 0;

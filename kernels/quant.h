@@ -65,6 +65,8 @@ int quant_row_bytes(uint32_t type, uint64_t n, uint64_t *bytes);
 /* Dequantizes n elements (a multiple of the block size) from src into dst.
  * Returns 0, or DP_EUNSUPPORTED / DP_EINVAL. */
 int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n);
+/* The 16 levels an IQ4_NL / IQ4_XS nibble indexes (times the block's scale). */
+extern const int8_t quant_iq4nl_levels[16];
 
 /* Quantizes n f32 values (a multiple of 32) into Q8_0 or Q4_0 blocks, the
  * formats quant_dequant_row reads (the KV cache's quantized rows). Returns

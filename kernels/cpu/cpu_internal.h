@@ -84,7 +84,8 @@ enum { CPU_LAYOUT_ROWS = 0, CPU_LAYOUT_X8 = 1 };
 static inline bool cpu_x8_type(uint32_t t)
 {
     return t == DP_TYPE_Q4_1 || t == DP_TYPE_Q4_0 || t == DP_TYPE_Q8_0 || t == DP_TYPE_Q5_0 ||
-           t == DP_TYPE_Q5_1 || t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K;
+           t == DP_TYPE_Q5_1 || t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K ||
+           t == DP_TYPE_IQ4_NL || t == DP_TYPE_IQ4_XS;
 }
 /* Q4_K, Q5_K and Q6_K are kept per super-block of 256 columns of the 8
  * rows, with their scales decoded at load (f32 products of them are exact,
@@ -94,13 +95,16 @@ static inline bool cpu_x8_type(uint32_t t)
  * Q5_K: the same with, before the nibbles, each sub-block's 8 rows' fifth
  * bits as Q5_0's 32-bit masks (bit i: column i). Q6_K: 8 d (f16), per 16
  * columns the 8 rows' int8 scales, then each 32-column block's values
- * minus 32 as Q8_0's (int8: the kernel reads no 6-bit fields). */
+ * minus 32 as Q8_0's (int8: the kernel reads no 6-bit fields). IQ4_XS: 8
+ * d (f16), per sub-block the 8 rows' scales minus 32 (int8), then the
+ * nibbles as Q4_0's (IQ4_NL's are Q4_0's layout: its 16 levels in place of
+ * q - 8). */
 static inline bool cpu_x8_kquant(uint32_t t)
 {
-    return t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K;
+    return t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K || t == DP_TYPE_IQ4_XS;
 }
 /* Where the quants start (Q5_K's masks at CPU_X8K_Q4_QS). */
-enum { CPU_X8K_Q4_QS = 160, CPU_X8K_Q5_QS = 160 + 256, CPU_X8K_Q6_QS = 144 };
+enum { CPU_X8K_Q4_QS = 160, CPU_X8K_Q5_QS = 160 + 256, CPU_X8K_Q6_QS = 144, CPU_X8K_IQ4_QS = 80 };
 /* Columns of one packed block: 256 for the K types, else 32. */
 static inline int64_t cpu_x8_cols(uint32_t t) { return cpu_x8_kquant(t) ? 256 : 32; }
 /* 16-bit scalars per block: d (and m), and for Q5 the 32 high bits as two
@@ -120,6 +124,8 @@ static inline size_t cpu_x8_block(uint32_t t)
         return CPU_X8K_Q5_QS + 8 * 128;
     if (t == DP_TYPE_Q6_K)
         return CPU_X8K_Q6_QS + 8 * 256;
+    if (t == DP_TYPE_IQ4_XS)
+        return CPU_X8K_IQ4_QS + 8 * 128;
     return 8 * (size_t)(2 * cpu_x8_scalars(t) + cpu_x8_qbytes(t));
 }
 static inline size_t cpu_x8_bytes(uint32_t t, int64_t rows, int64_t cols)

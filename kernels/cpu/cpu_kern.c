@@ -764,6 +764,65 @@ X8_Q6K(2)
 X8_Q6K(3)
 X8_Q6K(4)
 
+/* IQ4_NL (XS 0: per 32 columns, d) and IQ4_XS (XS 1: per super-block, d
+ * times each sub-block's scale): the nibbles index 16 int8 levels (one
+ * shuffle per vector), summed as Q8_0's (signs moved onto the activations). */
+#define X8_IQ4(G, XS)                                                                           \
+    static inline __attribute__((always_inline)) void x8iq4_##XS##_##G(                        \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { HEAD = XS ? CPU_X8K_IQ4_QS : 16, BLK = XS ? HEAD + 8 * 128 : HEAD + 128,         \
+               SUBS = XS ? 8 : 1 };                                                             \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
+        const __m256i lv = _mm256_broadcastsi128_si256(                                        \
+            _mm_loadu_si128((const __m128i *)quant_iq4nl_levels));                              \
+        for (int64_t sb = 0; sb < nb / SUBS; sb++) {                                            \
+            const uint8_t *p = gp + (size_t)sb * BLK;                                           \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            for (int s = 0; s < SUBS; s++) {                                                    \
+                const uint8_t *qs = p + HEAD + 128 * s;                                         \
+                const int64_t b = sb * SUBS + s;                                                \
+                _mm_prefetch((const char *)qs + 4 * 128, _MM_HINT_T0);                          \
+                __m256i s32[G];                                                                 \
+                for (int i = 0; i < G; i++)                                                     \
+                    s32[i] = _mm256_setzero_si256();                                            \
+                for (int k = 0; k < 4; k++) {                                                   \
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
+                    const __m256i lo = _mm256_shuffle_epi8(lv, _mm256_and_si256(v, low));       \
+                    const __m256i hi =                                                          \
+                        _mm256_shuffle_epi8(lv, _mm256_and_si256(_mm256_srli_epi16(v, 4), low)); \
+                    const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi); \
+                    for (int i = 0; i < G; i++) {                                               \
+                        const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
+                        s32[i] = X8_ACC32(s32[i], ulo, _mm256_sign_epi8(bcast4(q + 4 * k), lo), \
+                                          ones);                                                \
+                        s32[i] = X8_ACC32(s32[i], uhi,                                          \
+                                          _mm256_sign_epi8(bcast4(q + 16 + 4 * k), hi), ones);  \
+                    }                                                                           \
+                }                                                                               \
+                const __m256 sv = XS ? _mm256_mul_ps(dv, x8_i8ps(p + 16 + 8 * s)) : dv;         \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const __m256 xd = _mm256_set1_ps(xq[(size_t)i * (size_t)nb + (size_t)b].d); \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32[i]), _mm256_mul_ps(sv, xd), \
+                                             acc[i]);                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_IQ4(1, 0)
+X8_IQ4(2, 0)
+X8_IQ4(3, 0)
+X8_IQ4(4, 0)
+X8_IQ4(1, 1)
+X8_IQ4(2, 1)
+X8_IQ4(3, 1)
+X8_IQ4(4, 1)
+
 #define X8_Q8(G)                                                                                \
     static inline __attribute__((always_inline)) void x8q8_##G(                                \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -838,6 +897,10 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
                 X8_CALL(x8qk_1, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_Q6_K) {
                 X8_CALL(x8q6k, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_IQ4_NL) {
+                X8_CALL(x8iq4_0, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_IQ4_XS) {
+                X8_CALL(x8iq4_1, g, gp, nb, xg, yo, n)
             } else {
                 X8_CALL(x8q8, g, gp, nb, xg, yo, n)
             }

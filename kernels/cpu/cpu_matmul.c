@@ -176,6 +176,36 @@ static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
         }
         return;
     }
+    if (type == DP_TYPE_IQ4_XS) { /* d, scales_h (2 bytes), scales_l (4), qs (128) */
+        if (pack) {
+            memcpy(o + 2 * j, f, 2);
+            const unsigned sh = (unsigned)(f[2] | (f[3] << 8));
+            for (int s = 0; s < 8; s++) {
+                const int ls = ((f[4 + s / 2] >> (4 * (s % 2))) & 0x0f) | (int)(((sh >> (2 * s)) & 3) << 4);
+                o[16 + 8 * s + j] = (uint8_t)(int8_t)(ls - 32);
+            }
+        } else {
+            memcpy(f, o + 2 * j, 2);
+            unsigned sh = 0;
+            for (int s = 0; s < 8; s++) {
+                const int ls = (int)(int8_t)o[16 + 8 * s + j] + 32;
+                f[4 + s / 2] |= (uint8_t)((ls & 0x0f) << (4 * (s % 2)));
+                sh |= (unsigned)(ls >> 4) << (2 * s);
+            }
+            f[2] = (uint8_t)sh;
+            f[3] = (uint8_t)(sh >> 8);
+        }
+        /* Each sub-block's 16 bytes are Q4_0's: byte i holds columns i, 16 + i. */
+        for (int s = 0; s < 8; s++)
+            for (int i = 0; i < 16; i++) {
+                uint8_t *b = o + CPU_X8K_IQ4_QS + 128 * s + 32 * (i / 4) + 4 * j + i % 4;
+                if (pack)
+                    *b = f[8 + 16 * s + i];
+                else
+                    f[8 + 16 * s + i] = *b;
+            }
+        return;
+    }
     /* Q6_K: d at 208 of the file's block, scales at 192. */
     if (pack) {
         memcpy(o + 2 * j, f + 208, 2);

@@ -60,8 +60,8 @@ static void test_table(void)
         {DP_TYPE_Q3_K, 256, 110, true},   {DP_TYPE_Q4_K, 256, 144, true},  {DP_TYPE_Q5_K, 256, 176, true},
         {DP_TYPE_Q6_K, 256, 210, true},   {DP_TYPE_Q8_K, 256, 292, true},  {DP_TYPE_IQ2_XXS, 256, 66, false},
         {DP_TYPE_IQ2_XS, 256, 74, false}, {DP_TYPE_IQ3_XXS, 256, 98, false}, {DP_TYPE_IQ1_S, 256, 50, false},
-        {DP_TYPE_IQ4_NL, 32, 18, false},  {DP_TYPE_IQ3_S, 256, 110, false}, {DP_TYPE_IQ2_S, 256, 82, false},
-        {DP_TYPE_IQ4_XS, 256, 136, false}, {DP_TYPE_I8, 1, 1, false},      {DP_TYPE_I16, 1, 2, false},
+        {DP_TYPE_IQ4_NL, 32, 18, true},  {DP_TYPE_IQ3_S, 256, 110, false}, {DP_TYPE_IQ2_S, 256, 82, false},
+        {DP_TYPE_IQ4_XS, 256, 136, true}, {DP_TYPE_I8, 1, 1, false},      {DP_TYPE_I16, 1, 2, false},
         {DP_TYPE_I32, 1, 4, false},       {DP_TYPE_I64, 1, 8, false},      {DP_TYPE_F64, 1, 8, false},
         {DP_TYPE_IQ1_M, 256, 56, false},  {DP_TYPE_BF16, 1, 2, true},
     };
@@ -377,6 +377,43 @@ static void test_k_blocks(void)
                 want[128 * h + 32 * k + l] = 0.125f * (float)s6[8 * h + 2 * k + l / 16] * (float)q;
             }
     check_row(DP_TYPE_Q6_K, b, want, 256);
+
+    /* IQ4_NL: d, then nibbles (elements j low, 16 + j high) indexing the
+     * levels, written out here as llama.cpp's table reads. */
+    static const int8_t lv[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                  1,    13,   25,  38,  53,  69,  89,  113};
+    memset(b, 0, sizeof b);
+    put_h(b, 0.25f);
+    for (int j = 0; j < 16; j++)
+        b[2 + j] = (uint8_t)(j | ((15 - j) << 4));
+    for (int j = 0; j < 16; j++) {
+        want[j] = 0.25f * (float)lv[j];
+        want[16 + j] = 0.25f * (float)lv[15 - j];
+    }
+    check_row(DP_TYPE_IQ4_NL, b, want, 32);
+
+    /* IQ4_XS: d, scales_h (2 bits per sub-block), scales_l (4 bits per
+     * sub-block, 2 per byte), nibbles as IQ4_NL's per 32; scale - 32. */
+    memset(b, 0, sizeof b);
+    put_h(b, 0.5f);
+    int ls[8];
+    uint16_t shi = 0;
+    for (int t = 0; t < 8; t++) {
+        ls[t] = (t * 19 + 3) % 64;
+        b[4 + t / 2] = (uint8_t)(b[4 + t / 2] | ((ls[t] & 15) << (4 * (t % 2))));
+        shi = (uint16_t)(shi | ((ls[t] >> 4) << (2 * t)));
+    }
+    b[2] = (uint8_t)shi;
+    b[3] = (uint8_t)(shi >> 8);
+    for (int i = 0; i < 128; i++)
+        b[8 + i] = (uint8_t)(i * 29 + 1);
+    for (int t = 0; t < 8; t++)
+        for (int j = 0; j < 16; j++) {
+            uint8_t q = b[8 + 16 * t + j];
+            want[32 * t + j] = 0.5f * (float)(ls[t] - 32) * (float)lv[q & 15];
+            want[32 * t + 16 + j] = 0.5f * (float)(ls[t] - 32) * (float)lv[q >> 4];
+        }
+    check_row(DP_TYPE_IQ4_XS, b, want, 256);
 
     /* Q8_K: f32 d, int8 q. */
     memset(b, 0, sizeof b);

@@ -94,8 +94,10 @@ static inline bool cpu_x8_type(uint32_t t)
  * sub-blocks' nibbles as Q4_0's above (columns 0-15 low, 16-31 high).
  * Q5_K: the same with, before the nibbles, each sub-block's 8 rows' fifth
  * bits as Q5_0's 32-bit masks (bit i: column i). Q6_K: 8 d (f16), per 16
- * columns the 8 rows' int8 scales, then each 32-column block's values
- * minus 32 as Q8_0's (int8: the kernel reads no 6-bit fields). IQ4_XS: 8
+ * columns the 8 rows' int8 scales, then per 32-column block the low 4 bits
+ * as Q4_0's nibbles and the 8 rows' top 2 bits as two vectors of 8 lanes
+ * (columns 0-15, then 16-31; 2 bits a column, column c at bit 2 (c % 16)).
+ * IQ4_XS: 8
  * d (f16), per sub-block the 8 rows' scales minus 32 (int8), then the
  * nibbles as Q4_0's (IQ4_NL's are Q4_0's layout: its 16 levels in place of
  * q - 8). */
@@ -123,7 +125,7 @@ static inline size_t cpu_x8_block(uint32_t t)
     if (t == DP_TYPE_Q5_K)
         return CPU_X8K_Q5_QS + 8 * 128;
     if (t == DP_TYPE_Q6_K)
-        return CPU_X8K_Q6_QS + 8 * 256;
+        return CPU_X8K_Q6_QS + 8 * 192;
     if (t == DP_TYPE_IQ4_XS)
         return CPU_X8K_IQ4_QS + 8 * 128;
     return 8 * (size_t)(2 * cpu_x8_scalars(t) + cpu_x8_qbytes(t));

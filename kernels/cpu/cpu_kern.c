@@ -711,38 +711,59 @@ X8_QK(2, 1)
 X8_QK(3, 1)
 X8_QK(4, 1)
 
-/* Q6_K per super-block: values minus 32 in int8, summed as Q8_0's (signs
- * moved onto the activations), each 16 columns with the rows' d * sc. */
+/* Two bits a column (8 of a lane's, from bit 8 * k) to bits 4-5 of 4 bytes:
+ * field b goes to byte b by a shift of 6b; the four shifted copies do not
+ * overlap in the bits kept. */
+static inline __m256i x8_bits2(__m256i h, int k)
+{
+    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(h, 8 * k), _mm256_set1_epi32(0xff));
+    const __m256i y = _mm256_or_si256(_mm256_or_si256(x, _mm256_slli_epi32(x, 6)),
+                                      _mm256_or_si256(_mm256_slli_epi32(x, 12),
+                                                      _mm256_slli_epi32(x, 18)));
+    return _mm256_slli_epi32(_mm256_and_si256(y, _mm256_set1_epi32(0x03030303)), 4);
+}
+
+/* Q6_K per super-block: each value from its nibble and 2 top bits, minus
+ * 32, summed as Q8_0's (signs moved onto the activations); the low
+ * nibbles are a block's columns 0-15 and the high ones 16-31, each half
+ * with its row's d * sc. */
 #define X8_Q6K(G)                                                                               \
     static inline __attribute__((always_inline)) void x8q6k_##G(                               \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
     {                                                                                           \
-        enum { BLK = CPU_X8K_Q6_QS + 8 * 256 };                                                 \
+        enum { BLK = CPU_X8K_Q6_QS + 8 * 192 };                                                 \
         __m256 acc[G];                                                                          \
         for (int i = 0; i < G; i++)                                                             \
             acc[i] = _mm256_setzero_ps();                                                       \
-        const __m256i ones = _mm256_set1_epi16(1);                                              \
+        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
+        const __m256i bias = _mm256_set1_epi8(32);                                              \
         for (int64_t sb = 0; sb < nb / 8; sb++) {                                               \
             const uint8_t *p = gp + (size_t)sb * BLK;                                           \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
             for (int s = 0; s < 8; s++) {                                                       \
-                const uint8_t *qs = p + CPU_X8K_Q6_QS + 256 * s;                                \
+                const uint8_t *qs = p + CPU_X8K_Q6_QS + 192 * s;                                \
                 const int64_t b = sb * 8 + s;                                                   \
-                _mm_prefetch((const char *)qs + 512, _MM_HINT_T0);                              \
-                _mm_prefetch((const char *)qs + 576, _MM_HINT_T0);                              \
+                _mm_prefetch((const char *)qs + 768, _MM_HINT_T0);                              \
+                const __m256i h0 = _mm256_loadu_si256((const __m256i *)(qs + 128));             \
+                const __m256i h1 = _mm256_loadu_si256((const __m256i *)(qs + 160));             \
                 __m256i s0[G], s1[G];                                                           \
                 for (int i = 0; i < G; i++)                                                     \
                     s0[i] = s1[i] = _mm256_setzero_si256();                                     \
-                for (int k = 0; k < 8; k++) {                                                   \
+                for (int k = 0; k < 4; k++) {                                                   \
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
-                    const __m256i u = _mm256_sign_epi8(v, v);                                   \
+                    const __m256i lo = _mm256_sub_epi8(                                         \
+                        _mm256_or_si256(_mm256_and_si256(v, low), x8_bits2(h0, k)), bias);      \
+                    const __m256i hi = _mm256_sub_epi8(                                         \
+                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),         \
+                                        x8_bits2(h1, k)),                                       \
+                        bias);                                                                  \
+                    const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi); \
                     for (int i = 0; i < G; i++) {                                               \
                         const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
-                        const __m256i a = _mm256_sign_epi8(bcast4(q + 4 * k), v);               \
-                        if (k < 4)                                                              \
-                            s0[i] = X8_ACC32(s0[i], u, a, ones);                                \
-                        else                                                                    \
-                            s1[i] = X8_ACC32(s1[i], u, a, ones);                                \
+                        s0[i] = X8_ACC32(s0[i], ulo, _mm256_sign_epi8(bcast4(q + 4 * k), lo),   \
+                                         ones);                                                 \
+                        s1[i] = X8_ACC32(s1[i], uhi,                                            \
+                                         _mm256_sign_epi8(bcast4(q + 16 + 4 * k), hi), ones);   \
                     }                                                                           \
                 }                                                                               \
                 const __m256 sv0 = _mm256_mul_ps(dv, x8_i8ps(p + 16 + 16 * s));                 \

@@ -217,12 +217,18 @@ static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
             f[192 + h] = o[16 + 8 * h + j];
     }
     for (int e = 0; e < 256; e++) {
-        const int s = e / 32, c = e % 32;
-        uint8_t *b = o + CPU_X8K_Q6_QS + 256 * s + 32 * (c / 4) + 4 * j + c % 4;
-        if (pack)
-            *b = (uint8_t)(int8_t)(q6k_val(f, e) - 32);
-        else
-            q6k_set(f, e, (int)(int8_t)*b + 32);
+        const int s = e / 32, c = e % 32, i = c % 16;
+        uint8_t *blk = o + CPU_X8K_Q6_QS + 192 * s;
+        uint8_t *b = blk + 32 * (i / 4) + 4 * j + i % 4;
+        uint8_t *h = blk + 128 + 32 * (c / 16) + 4 * j + i / 4;
+        const int sh = 2 * (i % 4);
+        if (pack) {
+            const int v = q6k_val(f, e);
+            *b = c < 16 ? (uint8_t)((*b & 0xf0) | (v & 0x0f)) : (uint8_t)((*b & 0x0f) | ((v & 0x0f) << 4));
+            *h = (uint8_t)(*h | ((v >> 4) << sh));
+        } else {
+            q6k_set(f, e, (c < 16 ? *b & 0x0f : *b >> 4) | (((*h >> sh) & 3) << 4));
+        }
     }
 }
 

@@ -66,16 +66,22 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
             uint16_t d = dp_f32_to_fp16(0.01f * fabsf(frand())), m = dp_f32_to_fp16(-0.08f * fabsf(frand()));
             memcpy(w + o, &d, 2);
             memcpy(w + o + 2, &m, 2);
-            for (int i = 0; i < 16; i++)
+            for (int i = 0; i < 16; i++) {
+                if (i == 8)
+                    frand(); /* (bytes 8-15 of a fresh draw: no two vectors alike) */
                 w[o + 4 + i] = (uint8_t)(rs >> (i % 8 * 8));
+            }
             frand();
         }
     } else if (type == DP_TYPE_Q4_0) { /* block: f16 d, 16 bytes of nibbles (q - 8) */
         for (size_t o = 0; o < *nbytes; o += 18) {
             uint16_t d = dp_f32_to_fp16(0.01f * fabsf(frand()));
             memcpy(w + o, &d, 2);
-            for (int i = 0; i < 16; i++)
+            for (int i = 0; i < 16; i++) {
+                if (i == 8)
+                    frand();
                 w[o + 2 + i] = (uint8_t)(rs >> (i % 8 * 8));
+            }
             frand();
         }
     } else if (type == DP_TYPE_Q5_0 || type == DP_TYPE_Q5_1) {
@@ -89,8 +95,11 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
             uint32_t qh = (uint32_t)(rs >> 17);
             frand();
             memcpy(w + o + h, &qh, 4);
-            for (int i = 0; i < 16; i++)
+            for (int i = 0; i < 16; i++) {
+                if (i == 8)
+                    frand();
                 w[o + h + 4 + i] = (uint8_t)(rs >> (i % 8 * 8));
+            }
             frand();
         }
     } else if (type == DP_TYPE_Q4_K || type == DP_TYPE_Q5_K) {

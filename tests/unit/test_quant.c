@@ -5,6 +5,7 @@
 
 #include "common/dp.h"
 #include "kernels/quant.h"
+#include "tools/synth_gguf.h"
 #include "t.h"
 
 #define GOLDEN_PATH "tests/golden/quant_golden.bin"
@@ -661,8 +662,58 @@ static void test_asym_roundtrip(void)
         CHECK(c[i] == 1.5f);
 }
 
+/* The synthetic models' quantizers (tools/synth_gguf.c) must write blocks
+ * that the reference dequantizer reads back close to the input: a layout
+ * slip (a nibble in the wrong half, a scale in the wrong byte) shows up as
+ * an error of the order of the values themselves. */
+static void test_synth_quantizers(void)
+{
+    static const struct {
+        uint32_t type;
+        double max_rel_rms;
+    } cases[] = {{DP_TYPE_Q8_0, 0.005}, {DP_TYPE_Q4_0, 0.08}, {DP_TYPE_Q4_1, 0.07},
+                 {DP_TYPE_Q5_0, 0.04}, {DP_TYPE_Q5_1, 0.035}, {DP_TYPE_Q4_K, 0.07},
+                 {DP_TYPE_Q5_K, 0.035}, {DP_TYPE_Q6_K, 0.02}};
+    enum { N = 1024 };
+    static float x[N], y[N];
+    static uint8_t b[N * 2];
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        for (int shape = 0; shape < 3; shape++) {
+            /* uniform; one large value per 64 (scales that differ across
+             * sub-blocks); all non-negative (mins at zero) */
+            double ss = 0, se = 0;
+            for (int i = 0; i < N; i++) {
+                s = s * 6364136223846793005ull + 1442695040888963407ull;
+                float u = (float)(s >> 40) * 0x1p-23f - 1.0f;
+                x[i] = shape == 2 ? fabsf(u) : shape == 1 && i % 64 == 5 ? 8.0f * u : u;
+                ss += (double)x[i] * x[i];
+            }
+            CHECK(synth_quantize_row(cases[c].type, x, b, N) == 0);
+            CHECK(quant_dequant_row(cases[c].type, b, y, N) == 0);
+            for (int i = 0; i < N; i++)
+                se += ((double)y[i] - x[i]) * ((double)y[i] - x[i]);
+            const double rel = sqrt(se / ss);
+            /* An outlier coarsens its whole block (its sub-block in the K
+             * types): looser there. */
+            const double bound = cases[c].max_rel_rms * (shape == 1 ? 2.5 : 1.0);
+            CHECK_MSG(rel <= bound, "%s shape %d: relative rms error %.4f",
+                      quant_type_name(cases[c].type), shape, rel);
+            if (shape == 0)
+                printf("  synth %-5s round trip on uniform rows: rel L2 %.4f\n",
+                       quant_type_name(cases[c].type), rel);
+        }
+        memset(x, 0, sizeof x);
+        CHECK(synth_quantize_row(cases[c].type, x, b, N) == 0);
+        CHECK(quant_dequant_row(cases[c].type, b, y, N) == 0);
+        for (int i = 0; i < N; i++)
+            CHECK(y[i] == 0.0f);
+    }
+}
+
 int main(void)
 {
+    test_synth_quantizers();
     test_kv_quantize();
     test_asym_roundtrip();
     test_table();

@@ -71,6 +71,12 @@ stage "model tests"
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits
 DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/tools/dp-logits --teacher-only
+# Every weight type's kernels against gguf-py's decoders, at the best level
+# and the two forced ones (2 s each).
+"$PY" tests/model/test_weight_types.py --synth build/tools/dp-synth --bin build/tools/dp-logits
+for l in avx2 baseline; do
+    DP_CPU_LEVEL=$l "$PY" tests/model/test_weight_types.py --synth build/tools/dp-synth --bin build/tools/dp-logits
+done
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The C forward pass against the NumPy reference, on a synthetic model of each weight type.
+
+    ~/.cache/dualpath/venv/bin/python tests/model/test_weight_types.py \\
+        --synth build/tools/dp-synth --bin build/tools/dp-logits
+
+For each block type a user's GGUF may hold (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+Q4_K, Q5_K, Q6_K) dp-synth writes a small seeded model whose every matrix is
+of that type (dim 256 and ffn 512: whole K-quant super-blocks), and
+dp-logits --teacher gives the logits at every position of a fixed token
+sequence, once with the exact f32 matmul and once with the default integer
+path (activations quantized to int8 for the repacked x8 kernels). The
+reference (ref_llama.py) dequantizes with gguf-py's own decoders
+(gguf.quants.dequantize), written independently of kernels/quant.c, so a
+layout slip on either side fails here.
+
+Bounds: the exact path must agree as test_logits.py requires of it (mean
+relative L2 < 1e-4, max < 1e-3, top-1 >= 99 %; measured 4-5e-7 for every
+type). The int8 path measured a mean relative L2 of 1.8-1.9e-2, max 2.4-2.7e-2
+and top-1 agreement of 91.7-100 % at the AVX2 level (the random weights'
+logits are flat, so near-ties are many); the bounds leave about 2x room. At
+the portable level, which has no integer path, both rows are exact.
+
+Exit status: 0 all passed, 1 a type failed, 2 a tool is missing.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_llama  # noqa: E402
+
+TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+SHAPE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
+         "--kv-heads", "2", "--layers", "2"]
+# (mean rel L2, max rel L2, top-1 agreement)
+BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
+
+
+def teacher(binary, model, tokens, exact, timeout):
+    with tempfile.NamedTemporaryFile(suffix=".f32") as out:
+        cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)),
+               "--teacher", out.name] + (["--exact"] if exact else [])
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            return None, f"dp-logits --teacher failed: {p.stderr.strip()[-500:]}"
+        return np.fromfile(out.name, dtype=np.float32).astype(np.float64), None
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synth", default="build/tools/dp-synth", help="the dp-synth tool")
+    ap.add_argument("--bin", default="build/tools/dp-logits", help="the dp-logits tool")
+    ap.add_argument("--types", default=",".join(TYPES))
+    ap.add_argument("--positions", type=int, default=48)
+    ap.add_argument("--timeout", type=float, default=300)
+    a = ap.parse_args(argv)
+    for tool in (a.synth, a.bin):
+        if not (os.path.isfile(tool) and os.access(tool, os.X_OK)):
+            print(f"test_weight_types: ERROR: {tool!r} does not exist or is not executable",
+                  file=sys.stderr)
+            return 2
+    rng = np.random.default_rng(20261207)
+    tokens = [int(t) for t in rng.integers(3, 512, size=a.positions)]
+    print(f"{'type':<6} {'matmul':<6} {'positions':>9} {'mean rel L2':>12} {'max rel L2':>11} "
+          f"{'top-1':>8}")
+    failures = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, t in enumerate(a.types.split(",")):
+            path = os.path.join(tmp, f"synth-{t}.gguf")
+            p = subprocess.run([a.synth, "--out", path, "--type", t, "--seed", str(100 + i)] + SHAPE,
+                               capture_output=True, text=True, timeout=a.timeout)
+            if p.returncode != 0:
+                failures.append(f"{t}: dp-synth failed: {p.stderr.strip()[-300:]}")
+                continue
+            model = ref_llama.load(path)
+            ref = ref_llama.forward(model, tokens)
+            ref_top = np.argmax(ref, axis=1)
+            for mode in ("exact", "int8"):
+                c, err = teacher(a.bin, path, tokens, mode == "exact", a.timeout)
+                if err:
+                    failures.append(f"{t} {mode}: {err}")
+                    continue
+                if c.size != ref.size:
+                    failures.append(f"{t} {mode}: {c.size} logits, expected {ref.size}")
+                    continue
+                c = c.reshape(ref.shape)
+                rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
+                agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
+                mean_b, max_b, agree_b = BOUNDS[mode]
+                ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
+                print(f"{t:<6} {mode:<6} {len(tokens):>9} {rel.mean():>12.3e} {rel.max():>11.3e} "
+                      f"{100 * agree:>6.1f} %  {'ok' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"{t} {mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max "
+                                    f"{rel.max():.3e} (< {max_b:g}), top-1 {100 * agree:.1f} % "
+                                    f"(>= {100 * agree_b:g} %)")
+    for f in failures:
+        print(f"FAIL {f}")
+    print(f"{len(a.types.split(',')) - len({f.split()[0] for f in failures})} types passed, "
+          f"{len({f.split()[0] for f in failures})} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -109,7 +109,7 @@ static bool cuda_blas_recoverable(cublasStatus_t s)
     }
 }
 
-static void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
+void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s)
 {
     cuda_fail(c, !cuda_blas_recoverable(s), what, cublasGetStatusString(s));
 }
@@ -195,8 +195,10 @@ static int cuda_download(dp_backend *be, void *dst, const void *src, size_t byte
 }
 
 /* ---- weights -------------------------------------------------------------
- * Every 2-D weight lives on the device as fp16, whatever its file type: the
- * host dequantizes it once at load (quant_dequant_row) and the matmul is one
+ * A 2-D weight of a block type cuda_wquant.cu reads (Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q8_0, Q4_K, Q5_K, Q6_K) is uploaded as the file's bytes and stays that
+ * size on the device. Any other 2-D weight lives there as fp16: the host
+ * dequantizes it once at load (quant_dequant_row) and the matmul is one
  * tensor-core GEMM. Vectors (norm weights, rows == 1) stay f32: they are tiny
  * and rmsnorm reads them as f32 like the CPU does. */
 
@@ -229,8 +231,10 @@ static int cuda_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t
         return dp_err(err, errsz, rc, "weight row of %lld %s elements has no valid size",
                       (long long)cols, quant_type_name(type));
     const bool vec = rows == 1;
+    /* Whole blocks per row: a row is dequantized 32 values at a time. */
+    const bool blocks = !vec && cuda_wq_supported(type) && cols % 32 == 0;
     const size_t elem = vec ? sizeof(float) : sizeof(uint16_t);
-    const size_t nbytes = (size_t)rows * (size_t)cols * elem;
+    const size_t nbytes = blocks ? (size_t)rows * (size_t)row_bytes : (size_t)rows * (size_t)cols * elem;
     void *d = NULL;
     cudaError_t e = cudaMalloc(&d, nbytes);
     if (e != cudaSuccess) {
@@ -253,7 +257,7 @@ static int cuda_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t
             rc = dp_err(err, errsz, DP_EIO, "weight upload failed");
             goto fail;
         }
-    } else if (type == DP_TYPE_F16) {
+    } else if (type == DP_TYPE_F16 || blocks) {
         /* Already the device format: one straight copy. */
         if (cuda_copy_sync(c, d, s, nbytes)) {
             rc = dp_err(err, errsz, DP_EIO, "weight upload failed");
@@ -312,7 +316,7 @@ static int cuda_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t
         }
     }
     free(tmp);
-    w->type = vec ? DP_TYPE_F32 : DP_TYPE_F16;
+    w->type = vec ? (uint32_t)DP_TYPE_F32 : blocks ? type : (uint32_t)DP_TYPE_F16;
     w->rows = rows;
     w->cols = cols;
     w->data = d;
@@ -704,6 +708,21 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
 }
 
 /* ---- matmul ---------------------------------------------------------------
+ * rmsnorm may have left x's fp16 copy in xh already (xh_of). */
+int cuda_x_half(cuda_backend *c, const float *x, size_t n)
+{
+    if (x == c->xh_of && n <= c->xh_of_n)
+        return 0;
+    cuda_xh_forget(c);
+    if (cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, n, sizeof(__half)))
+        return 1;
+    cuda_to_half(c, c->xh, x, (int64_t)n);
+    c->xh_of = x;
+    c->xh_of_n = n;
+    return 0;
+}
+
+/*
  * y[m, rows] = x[m, cols] . W^T, all row-major. cuBLAS is column-major, and a
  * row-major [a, b] matrix is the same memory as a column-major [b, a] one
  * (its transpose) with leading dimension b. So:
@@ -719,20 +738,16 @@ static void cuda_matmul(dp_backend *be, float *y, const float *x, const dp_weigh
     cuda_backend *c = cuda_of(be);
     if (m <= 0)
         return;
+    if (w->type != DP_TYPE_F16 && w->type != DP_TYPE_F32) {
+        cuda_wq_matmul(c, y, x, w, m);
+        return;
+    }
     const float one = 1.0f, zero = 0.0f;
     const int rows = (int)w->rows, cols = (int)w->cols;
     cublasStatus_t s;
     if (w->type == DP_TYPE_F16) {
-        const size_t n = (size_t)m * (size_t)cols;
-        /* rmsnorm may have left x's fp16 copy in xh already (xh_of). */
-        if (x != c->xh_of || n > c->xh_of_n) {
-            cuda_xh_forget(c);
-            if (cuda_scratch_grow(c, (void **)&c->xh, &c->xh_cap, n, sizeof(__half)))
-                return;
-            cuda_to_half(c, c->xh, x, (int64_t)n);
-            c->xh_of = x;
-            c->xh_of_n = n;
-        }
+        if (cuda_x_half(c, x, (size_t)m * (size_t)cols))
+            return;
         s = cublasGemmEx(c->blas, CUBLAS_OP_T, CUBLAS_OP_N, rows, m, cols, &one, w->data,
                          CUDA_R_16F, cols, c->xh, CUDA_R_16F, cols, &zero, y, CUDA_R_32F, rows,
                          CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -763,6 +778,7 @@ static void cuda_destroy(dp_backend *be)
         cublasDestroy(c->blas);
     cudaFree(c->blas_ws);
     cudaFree(c->xh);
+    cudaFree(c->wdq);
     cudaFree(c->part);
     cudaFree(c->kvp_idx);
     cudaFree(c->kvp_scratch);

@@ -64,7 +64,9 @@ void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n)
     if (n <= 0)
         return;
     const int32_t dim = (int32_t)table->cols;
-    if (table->type == DP_TYPE_F16)
+    if (cuda_wq_supported(table->type))
+        cuda_wq_embed(c, table, out, n);
+    else if (table->type == DP_TYPE_F16)
         CUDA_LAUNCH(cuda_embed_kernel, n, EW_THREADS, 0, c->stream, (const __half *)table->data,
                     c->bd.tokens, out, dim);
     else

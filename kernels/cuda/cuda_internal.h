@@ -432,7 +432,10 @@ typedef struct cuda_backend {
     bool arrays_pending;
     cuda_batch_dev bd;
 
-    /* matmul: activations converted to fp16. */
+    /* matmul: activations converted to fp16; and the fp16 slab a quantized
+     * weight is dequantized into for a GEMM (cuda_wquant.cu). */
+    __half *wdq;
+    size_t wdq_cap;      /* elements */
     __half *xh;
     size_t xh_cap;       /* elements */
     /* xh holds the fp16 copy of this f32 buffer (xh_of_n floats): rmsnorm
@@ -506,6 +509,21 @@ void cuda_check_launch(cuda_backend *c, const char *what);
 /* Grows a device scratch buffer (rare: only when a step is larger than any
  * before it; cudaFree/cudaMalloc synchronize, so never on a steady state). */
 int cuda_scratch_grow(cuda_backend *c, void **p, size_t *cap, size_t want, size_t elem);
+
+/* Records a failed cuBLAS call like cuda_note_error. */
+void cuda_note_blas(cuda_backend *c, const char *what, cublasStatus_t s);
+/* Makes c->xh the fp16 copy of x's n floats (unless rmsnorm left it there);
+ * 0, or nonzero when the scratch could not grow (the failure is noted). */
+int cuda_x_half(cuda_backend *c, const float *x, size_t n);
+
+/* Quantized weights (cuda_wquant.cu): the block types kept on the device as
+ * the file's bytes, their matmul (a GEMV reading the weights once for up to
+ * CUDA_WQ_GEMV_MAX activation rows, else fp16 slabs and a cuBLAS GEMM) and
+ * their embedding lookup. */
+#define CUDA_WQ_GEMV_MAX 8
+bool cuda_wq_supported(uint32_t type);
+void cuda_wq_matmul(cuda_backend *c, float *y, const float *x, const dp_weight *w, int32_t m);
+void cuda_wq_embed(cuda_backend *c, const dp_weight *table, float *out, int32_t n);
 
 /* Element-wise ops (cuda_elementwise.cu). */
 void cuda_embed(dp_backend *be, const dp_weight *table, float *out, int32_t n);

@@ -36,11 +36,52 @@
 
 /* ---- op checks ----------------------------------------------------------------------- */
 
+/* A block-type weight on the CUDA backend takes its file size (the bytes
+ * mem_usage counts), not its fp16 expansion. */
+static void check_weight_bytes(dp_backend *be, uint32_t type, int64_t rows, int64_t cols, const void *raw)
+{
+    if (strcmp(be->ops->name, "cuda") != 0 || !be->ops->mem_usage)
+        return;
+    static const uint32_t kept[] = {DP_TYPE_Q4_0, DP_TYPE_Q4_1, DP_TYPE_Q5_0, DP_TYPE_Q5_1,
+                                    DP_TYPE_Q8_0, DP_TYPE_Q4_K, DP_TYPE_Q5_K, DP_TYPE_Q6_K};
+    bool is_kept = false;
+    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
+        is_kept |= kept[i] == type;
+    uint64_t rb;
+    if (quant_row_bytes(type, (uint64_t)cols, &rb))
+        die(EXIT_SETUP, "%s", "bad weight shape");
+    const size_t want = is_kept ? (size_t)rows * (size_t)rb : (size_t)rows * (size_t)cols * 2;
+    size_t w0, w1, a;
+    char err[DP_ERRLEN];
+    dp_weight w;
+    be->ops->mem_usage(be, &w0, &a);
+    if (be->ops->weight_load(be, &w, type, rows, cols, raw, err, sizeof err))
+        die(EXIT_SETUP, "weight_load: %s", err);
+    be->ops->mem_usage(be, &w1, &a);
+    be->ops->weight_free(be, &w);
+    const bool ok = w1 - w0 == want;
+    g_checks++;
+    g_failed += !ok;
+    printf("  %-12s %-46s %zu bytes on the device, %s %zu%s\n", "weight size", quant_type_name(type),
+           w1 - w0, is_kept ? "file size" : "fp16", want, ok ? "  ok" : "  FAIL");
+}
+
+/* The CUDA backend's GEMV serves up to 8 rows (cuda_internal.h CUDA_WQ_GEMV_MAX). */
+#define CUDA_WQ_GEMV_MAX_ROWS 8
+
 static void check_matmul(dp_backend *be[2])
 {
-    const uint32_t types[] = {DP_TYPE_F32, DP_TYPE_Q4_1, DP_TYPE_Q8_0, DP_TYPE_F16};
+    /* m = 1 .. 8: the quantized types' GEMV (one, four or eight rows per
+     * launch); 9 and more: their fp16 slabs and the GEMM. */
+    const uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_Q4_1, DP_TYPE_Q8_0, DP_TYPE_F16,
+                              DP_TYPE_Q4_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K,
+                              DP_TYPE_Q5_K, DP_TYPE_Q6_K};
     const int64_t shapes[][2] = {{96, 256}, {1000, 512}};
-    const int32_t ms[] = {1, 7, 16, 64, 300};
+    const int32_t ms[] = {1, 3, 8, 9, 64, 300};
+    /* The types after the first four run the large shape at the GEMV's
+     * widest batch and the GEMM's narrowest only: the emulator's warp
+     * shuffles are slow, and the small shape covers every path. */
+    const size_t n_full = 4;
     char err[DP_ERRLEN], what[96];
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
@@ -55,12 +96,16 @@ static void check_matmul(dp_backend *be[2])
                 if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, cols))
                     die(EXIT_SETUP, "%s", "synth_quantize_row failed");
             }
+            if (si == 0)
+                check_weight_bytes(be[1], types[ti], rows, cols, raw);
             dp_weight w[2];
             for (int b = 0; b < 2; b++)
                 if (be[b]->ops->weight_load(be[b], &w[b], types[ti], rows, cols, raw, err, sizeof err))
                     die(EXIT_SETUP, "weight_load: %s", err);
             for (size_t mi = 0; mi < sizeof ms / sizeof ms[0]; mi++) {
                 const int32_t m = ms[mi];
+                if (ti >= n_full && si > 0 && m != CUDA_WQ_GEMV_MAX_ROWS && m != CUDA_WQ_GEMV_MAX_ROWS + 1)
+                    continue;
                 float *x = xmalloc((size_t)m * (size_t)cols * sizeof *x);
                 fill(x, (size_t)m * (size_t)cols, 1.0f);
                 float *y[2];
@@ -378,8 +423,10 @@ static void check_elementwise(dp_backend *be[2])
 
 static void check_embed_gather(dp_backend *be[2])
 {
-    const uint32_t types[] = {DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_F32};
-    const int64_t vocab = 300, dim = 96;
+    const uint32_t types[] = {DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_F32, DP_TYPE_Q4_0,
+                              DP_TYPE_Q4_1, DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K,
+                              DP_TYPE_Q5_K, DP_TYPE_Q6_K};
+    const int64_t vocab = 300, dim = 256;
     const int32_t n = 50;
     char err[DP_ERRLEN], what[64];
     hbatch hb;
@@ -394,7 +441,7 @@ static void check_embed_gather(dp_backend *be[2])
         if (quant_row_bytes(types[ti], (uint64_t)dim, &rb))
             die(EXIT_SETUP, "%s", "bad embed shape");
         uint8_t *raw = xmalloc((size_t)rb * (size_t)vocab);
-        float row[96];
+        float row[256];
         for (int64_t r = 0; r < vocab; r++) {
             fill(row, (size_t)dim, 1.0f);
             if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, dim))
@@ -416,7 +463,10 @@ static void check_embed_gather(dp_backend *be[2])
         }
         snprintf(what, sizeof what, "%s table [%lld x %lld] n=%d", quant_type_name(types[ti]),
                  (long long)vocab, (long long)dim, n);
-        report("embed", what, o[0], o[1], (size_t)n * dim, TOL_EW);
+        /* Block types are dequantized on the device with the CPU's
+         * operations: the same bits. */
+        const bool blocks = types[ti] != DP_TYPE_F16 && types[ti] != DP_TYPE_F32;
+        report("embed", what, o[0], o[1], (size_t)n * dim, blocks ? 0.0 : TOL_EW);
         free(o[0]);
         free(o[1]);
         free(raw);
@@ -1008,7 +1058,11 @@ int main(int argc, char **argv)
         /* F16 weights: both backends hold the same weights, so only activation
          * and KV rounding differ; the first tokens must agree. */
         check_generation(be, DP_TYPE_F16, true);
-        check_generation(be, DP_TYPE_Q8_0, false);
+        /* Quantized weights: the same block values on both sides (the CPU's
+         * exact path dequantizes them to f32, the device's GEMV too; its
+         * prefill GEMM rounds them to fp16). */
+        check_generation(be, DP_TYPE_Q8_0, true);
+        check_generation(be, DP_TYPE_Q4_1, true);
         check_forward_topk(be);
         if (!self_test) {
             printf("recorded decode steps: graphs against eager issue\n");

@@ -212,6 +212,37 @@ static size_t shape_weight_bytes(const dp_hparams *hp)
     return (size_t)(2 * mats + 4 * norms);
 }
 
+/* The same model as a Q4_K_M file from llama-quantize: Q6_K for the output
+ * head (the embedding when tied), and for attn_v and ffn_down in the layers
+ * llama.cpp gives more bits (the first and last eighth, and every third
+ * between); Q4_K for every other matrix. The CUDA backend keeps these
+ * blocks as the file has them (kernels/cuda/cuda_wquant.cu). */
+static size_t qk_bytes(uint32_t type, double rows, double cols)
+{
+    uint64_t rb;
+    if (quant_row_bytes(type, (uint64_t)cols, &rb))
+        die(EXIT_SETUP, "%s", "no K-quant row size for this shape");
+    return (size_t)(rows * (double)rb);
+}
+
+static size_t shape_weight_bytes_q4km(const dp_hparams *hp)
+{
+    const int32_t n = hp->n_layers, hd = hp->head_dim;
+    size_t b = qk_bytes(hp->tied_output ? DP_TYPE_Q6_K : DP_TYPE_Q4_K, hp->vocab, hp->dim);
+    if (!hp->tied_output)
+        b += qk_bytes(DP_TYPE_Q6_K, hp->vocab, hp->dim);
+    for (int32_t i = 0; i < n; i++) {
+        const bool more = i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2;
+        const uint32_t vt = more ? DP_TYPE_Q6_K : DP_TYPE_Q4_K;
+        b += qk_bytes(DP_TYPE_Q4_K, (double)hp->n_heads * hd, hp->dim) * 2; /* q, o */
+        b += qk_bytes(DP_TYPE_Q4_K, (double)hp->n_kv_heads * hd, hp->dim);  /* k */
+        b += qk_bytes(vt, (double)hp->n_kv_heads * hd, hp->dim);            /* v */
+        b += qk_bytes(DP_TYPE_Q4_K, hp->ffn, hp->dim) * 2;                  /* gate, up */
+        b += qk_bytes(vt, hp->dim, hp->ffn);                                /* down */
+    }
+    return b + (size_t)(4 * (2.0 * n + 1) * hp->dim);
+}
+
 /* The CUDA backend's block: f16 K and V rows of every layer and KV head. */
 static size_t shape_block_bytes(const dp_hparams *hp)
 {
@@ -219,7 +250,7 @@ static size_t shape_block_bytes(const dp_hparams *hp)
 }
 
 /* The plan for a device of total bytes, from the shape alone. */
-static void plan_dry(bench_plan *p, const bench_cfg *bc, size_t total)
+static void plan_dry(bench_plan *p, const bench_cfg *bc, size_t total, bool q4km)
 {
     dp_synth_shape sh;
     dp_hparams hp;
@@ -229,7 +260,7 @@ static void plan_dry(bench_plan *p, const bench_cfg *bc, size_t total)
     memset(p, 0, sizeof *p);
     p->dry = true;
     p->total = total;
-    p->weights = shape_weight_bytes(&hp);
+    p->weights = q4km ? shape_weight_bytes_q4km(&hp) : shape_weight_bytes(&hp);
     p->acts = llama_activation_bytes(&hp, bc->prompt, max_batch(bc), false);
     const size_t used = PLAN_CONTEXT + p->weights + p->acts;
     p->free_after_load = total > used ? total - used : 0;
@@ -241,12 +272,25 @@ int bench_plan_dry(size_t total_bytes, bool small)
 {
     const bench_cfg *bc = small ? &BENCH_SMALL : &BENCH_FULL;
     bench_plan p;
-    plan_dry(&p, bc, total_bytes);
+    plan_dry(&p, bc, total_bytes, false);
     printf("benchmark memory plan (%s-shaped synthetic model, fp16 weights, no capture buffer)\n",
            bc->shape);
     const int skipped = plan_print(&p, bc);
     printf("  %s\n", skipped ? "some cases do not fit" : "every case fits");
-    return skipped ? 1 : 0;
+    if (small) /* the tiny shape's rows are shorter than a K-quant block */
+        return skipped ? 1 : 0;
+    /* The same shape as users download it: its blocks stay their size, and
+     * what they do not take goes to the KV store. */
+    bench_plan q;
+    plan_dry(&q, bc, total_bytes, true);
+    printf("the same model as Q4_K_M (weights at their file size on the device)\n");
+    const int skipped_q = plan_print(&q, bc);
+    const size_t kv_max = q.free_after_load > PLAN_HEADROOM ? q.free_after_load - PLAN_HEADROOM : 0;
+    printf("  %s; room for %zu KV blocks (%.2f GiB) against %zu with fp16 weights\n",
+           skipped_q ? "some cases do not fit" : "every case fits", kv_max / q.blk_bytes,
+           gib(kv_max / q.blk_bytes * q.blk_bytes),
+           (p.free_after_load > PLAN_HEADROOM ? p.free_after_load - PLAN_HEADROOM : 0) / p.blk_bytes);
+    return skipped || skipped_q ? 1 : 0;
 }
 
 /* ---- the cases ----------------------------------------------------------------------- */
@@ -477,7 +521,7 @@ int bench_run(dp_backend *gpu, bool small)
     dp_kv_layout l0 = llama_kv_layout(x.m, BENCH_BT, 1);
     p.blk_bytes = gpu->ops->kv_bytes_per_block(gpu, &l0);
     plan_make(&p, bc);
-    plan_dry(&dry, bc, p.total);
+    plan_dry(&dry, bc, p.total, false);
     plan_print(&p, bc);
     printf("  (a dry plan for %.2f GiB: %.2f GiB free after the load, %d blocks)\n", gib(p.total),
            gib(dry.free_after_load), dry.n_blocks);

@@ -85,7 +85,7 @@ static inline bool cpu_x8_type(uint32_t t)
 {
     return t == DP_TYPE_Q4_1 || t == DP_TYPE_Q4_0 || t == DP_TYPE_Q8_0 || t == DP_TYPE_Q5_0 ||
            t == DP_TYPE_Q5_1 || t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K ||
-           t == DP_TYPE_IQ4_NL || t == DP_TYPE_IQ4_XS;
+           t == DP_TYPE_IQ4_NL || t == DP_TYPE_IQ4_XS || t == DP_TYPE_Q2_K || t == DP_TYPE_Q3_K;
 }
 /* Q4_K, Q5_K and Q6_K are kept per super-block of 256 columns of the 8
  * rows, with their scales decoded at load (f32 products of them are exact,
@@ -100,13 +100,28 @@ static inline bool cpu_x8_type(uint32_t t)
  * IQ4_XS: 8
  * d (f16), per sub-block the 8 rows' scales minus 32 (int8), then the
  * nibbles as Q4_0's (IQ4_NL's are Q4_0's layout: its 16 levels in place of
- * q - 8). */
+ * q - 8).
+ * Q2_K and Q3_K (16 columns a scale): Q2_K: 8 d, 8 dmin (f16), per 16
+ * columns the 8 rows' file bytes (scale low nibble, min high nibble); Q3_K:
+ * 8 d, per 16 columns the 8 rows' scales minus 32 (int8). Then per 32-column
+ * sub-block the 2-bit values as two vectors: vector L, bits 2f of lane j's
+ * byte i hold column 4 (4 L + f) + i of row j (shift and mask give the
+ * 4-column groups in Q8_0's order); Q3_K adds the 8 rows' third bits as
+ * Q5_0's 32-bit masks. */
 static inline bool cpu_x8_kquant(uint32_t t)
 {
-    return t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K || t == DP_TYPE_IQ4_XS;
+    return t == DP_TYPE_Q4_K || t == DP_TYPE_Q5_K || t == DP_TYPE_Q6_K || t == DP_TYPE_IQ4_XS ||
+           t == DP_TYPE_Q2_K || t == DP_TYPE_Q3_K;
 }
 /* Where the quants start (Q5_K's masks at CPU_X8K_Q4_QS). */
-enum { CPU_X8K_Q4_QS = 160, CPU_X8K_Q5_QS = 160 + 256, CPU_X8K_Q6_QS = 144, CPU_X8K_IQ4_QS = 80 };
+enum {
+    CPU_X8K_Q4_QS = 160,
+    CPU_X8K_Q5_QS = 160 + 256,
+    CPU_X8K_Q6_QS = 144,
+    CPU_X8K_IQ4_QS = 80,
+    CPU_X8K_Q2_QS = 160,
+    CPU_X8K_Q3_QS = 144
+};
 /* Columns of one packed block: 256 for the K types, else 32. */
 static inline int64_t cpu_x8_cols(uint32_t t) { return cpu_x8_kquant(t) ? 256 : 32; }
 /* 16-bit scalars per block: d (and m), and for Q5 the 32 high bits as two
@@ -128,6 +143,10 @@ static inline size_t cpu_x8_block(uint32_t t)
         return CPU_X8K_Q6_QS + 8 * 192;
     if (t == DP_TYPE_IQ4_XS)
         return CPU_X8K_IQ4_QS + 8 * 128;
+    if (t == DP_TYPE_Q2_K) /* the file's size: 8 x 84 */
+        return CPU_X8K_Q2_QS + 8 * 64;
+    if (t == DP_TYPE_Q3_K)
+        return CPU_X8K_Q3_QS + 8 * 96;
     return 8 * (size_t)(2 * cpu_x8_scalars(t) + cpu_x8_qbytes(t));
 }
 static inline size_t cpu_x8_bytes(uint32_t t, int64_t rows, int64_t cols)

@@ -572,13 +572,13 @@ X8_Q4(4, 0)
  * multiply (bit k lands at 8k only: the four shifted copies do not
  * overlap), then move to bit 4. Products reach 2 * 31 * 127 per pair, so
  * each chunk goes to i32 at once (in i16 eight of them could overflow). */
-static inline __m256i x8_bits4(__m256i qh, int shift)
+static inline __m256i x8_bits1(__m256i qh, int shift)
 {
     const __m256i x = _mm256_and_si256(_mm256_srli_epi32(qh, shift), _mm256_set1_epi32(0xf));
-    const __m256i b = _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081)),
-                                       _mm256_set1_epi32(0x01010101));
-    return _mm256_slli_epi32(b, 4);
+    return _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081)),
+                            _mm256_set1_epi32(0x01010101));
 }
+static inline __m256i x8_bits4(__m256i qh, int shift) { return _mm256_slli_epi32(x8_bits1(qh, shift), 4); }
 
 /* 8 bytes (the 8 rows' scales) as floats. */
 static inline __m256 x8_u8ps(const uint8_t *p)
@@ -844,6 +844,106 @@ X8_IQ4(2, 1)
 X8_IQ4(3, 1)
 X8_IQ4(4, 1)
 
+/* Sums of a Q8 block's values, columns 0-15 and 16-31 (the 16-column
+ * groups of Q2_K's mins and Q3_K's offset): q + 128 as bytes, summed by
+ * SAD in groups of 8. */
+static inline void x8_q8_halves(const int8_t *q, int32_t *h0, int32_t *h1)
+{
+    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8(-128));
+    const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
+    const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
+    *h0 = _mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 16 * 128;
+    *h1 = _mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 16 * 128;
+}
+
+/* Q2_K (Q3 0) and Q3_K (Q3 1) per super-block: per 32-column sub-block two
+ * vectors of 2-bit values (and Q3_K's third bits), summed as Q4_0's nibbles
+ * into one accumulator per 16 columns (each with its own scale). Q2_K:
+ * d * sc * sum(q x) - dmin * m * sum(x); Q3_K: d * sc * (sum(u x) - 4 sum(x))
+ * with u = q + 4 in 0..7. Pairs reach 2 * 7 * 127, four of them fit i16. */
+#define X8_Q23(G, Q3)                                                                           \
+    static inline __attribute__((always_inline)) void x8q23_##Q3##_##G(                        \
+        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
+    {                                                                                           \
+        enum { QS = Q3 ? CPU_X8K_Q3_QS : CPU_X8K_Q2_QS, SUB = Q3 ? 96 : 64, BLK = QS + 8 * SUB }; \
+        __m256 acc[G];                                                                          \
+        for (int i = 0; i < G; i++)                                                             \
+            acc[i] = _mm256_setzero_ps();                                                       \
+        const __m256i m3 = _mm256_set1_epi8(3), ones = _mm256_set1_epi16(1);                   \
+        for (int64_t sb = 0; sb < nb / 8; sb++) {                                               \
+            const uint8_t *p = gp + (size_t)sb * BLK;                                           \
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
+            const __m256 dmv = Q3 ? dv : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))); \
+            for (int s = 0; s < 8; s++) {                                                       \
+                const uint8_t *qs = p + QS + SUB * s;                                           \
+                const int64_t b = sb * 8 + s;                                                   \
+                _mm_prefetch((const char *)qs + 4 * SUB, _MM_HINT_T0);                          \
+                const __m256i v0 = _mm256_loadu_si256((const __m256i *)qs);                     \
+                const __m256i v1 = _mm256_loadu_si256((const __m256i *)(qs + 32));              \
+                const __m256i hm = Q3 ? _mm256_loadu_si256((const __m256i *)(qs + 64))          \
+                                      : _mm256_setzero_si256();                                 \
+                __m256i s0[G], s1[G];                                                           \
+                for (int i = 0; i < G; i++)                                                     \
+                    s0[i] = s1[i] = _mm256_setzero_si256();                                     \
+                for (int f = 0; f < 4; f++) {                                                   \
+                    __m256i q0 = _mm256_and_si256(_mm256_srli_epi16(v0, 2 * f), m3);            \
+                    __m256i q1 = _mm256_and_si256(_mm256_srli_epi16(v1, 2 * f), m3);            \
+                    if (Q3) {                                                                   \
+                        q0 = _mm256_or_si256(q0, _mm256_slli_epi32(x8_bits1(hm, 4 * f), 2));    \
+                        q1 = _mm256_or_si256(q1, _mm256_slli_epi32(x8_bits1(hm, 16 + 4 * f), 2)); \
+                    }                                                                           \
+                    for (int i = 0; i < G; i++) {                                               \
+                        const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
+                        s0[i] = X8_ACC16(s0[i], q0, bcast4(q + 4 * f));                         \
+                        s1[i] = X8_ACC16(s1[i], q1, bcast4(q + 16 + 4 * f));                    \
+                    }                                                                           \
+                }                                                                               \
+                const uint8_t *sc = p + (Q3 ? 16 : 32) + 16 * s;                                \
+                __m256 sv0, sv1, mv0 = _mm256_setzero_ps(), mv1 = _mm256_setzero_ps();         \
+                if (Q3) {                                                                       \
+                    sv0 = _mm256_mul_ps(dv, x8_i8ps(sc));                                       \
+                    sv1 = _mm256_mul_ps(dv, x8_i8ps(sc + 8));                                   \
+                } else {                                                                        \
+                    const __m256i c0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)sc)); \
+                    const __m256i c1 =                                                          \
+                        _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(sc + 8)));       \
+                    const __m256i lo4 = _mm256_set1_epi32(0x0f);                                \
+                    sv0 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(c0, lo4)));     \
+                    sv1 = _mm256_mul_ps(dv, _mm256_cvtepi32_ps(_mm256_and_si256(c1, lo4)));     \
+                    mv0 = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(_mm256_srli_epi32(c0, 4)));     \
+                    mv1 = _mm256_mul_ps(dmv, _mm256_cvtepi32_ps(_mm256_srli_epi32(c1, 4)));     \
+                }                                                                               \
+                for (int i = 0; i < G; i++) {                                                   \
+                    const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                 \
+                    int32_t h0, h1;                                                             \
+                    x8_q8_halves(xb->q, &h0, &h1);                                              \
+                    const __m256 xd = _mm256_set1_ps(xb->d);                                    \
+                    __m256i d0 = X8_SUM16(s0[i], ones), d1 = X8_SUM16(s1[i], ones);             \
+                    if (Q3) {                                                                   \
+                        d0 = _mm256_sub_epi32(d0, _mm256_set1_epi32(4 * h0));                   \
+                        d1 = _mm256_sub_epi32(d1, _mm256_set1_epi32(4 * h1));                   \
+                    }                                                                           \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d0), _mm256_mul_ps(sv0, xd), acc[i]); \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(d1), _mm256_mul_ps(sv1, xd), acc[i]); \
+                    if (!Q3) {                                                                  \
+                        acc[i] = _mm256_fnmadd_ps(mv0, _mm256_set1_ps(xb->d * (float)h0), acc[i]); \
+                        acc[i] = _mm256_fnmadd_ps(mv1, _mm256_set1_ps(xb->d * (float)h1), acc[i]); \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        for (int i = 0; i < G; i++)                                                             \
+            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
+    }
+X8_Q23(1, 0)
+X8_Q23(2, 0)
+X8_Q23(3, 0)
+X8_Q23(4, 0)
+X8_Q23(1, 1)
+X8_Q23(2, 1)
+X8_Q23(3, 1)
+X8_Q23(4, 1)
+
 #define X8_Q8(G)                                                                                \
     static inline __attribute__((always_inline)) void x8q8_##G(                                \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -922,6 +1022,10 @@ static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,
                 X8_CALL(x8iq4_0, g, gp, nb, xg, yo, n)
             } else if (w->type == DP_TYPE_IQ4_XS) {
                 X8_CALL(x8iq4_1, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q2_K) {
+                X8_CALL(x8q23_0, g, gp, nb, xg, yo, n)
+            } else if (w->type == DP_TYPE_Q3_K) {
+                X8_CALL(x8q23_1, g, gp, nb, xg, yo, n)
             } else {
                 X8_CALL(x8q8, g, gp, nb, xg, yo, n)
             }

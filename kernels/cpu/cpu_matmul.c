@@ -131,10 +131,92 @@ static void q6k_set(uint8_t *b, int e, int v)
     *hb = (uint8_t)((*hb & ~(3 << (2 * k))) | (((v >> 4) & 3) << (2 * k)));
 }
 
+/* Q2_K and Q3_K (cpu_internal.h): the 2-bit value of element e of a file
+ * block's qs (64 bytes: byte 32 (e / 128) + e % 32 at bits 2 ((e / 32) % 4)),
+ * and its setter. */
+static int q2k_val(const uint8_t *qs, int e)
+{
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e / 32) % 4))) & 3;
+}
+
+static void q2k_set(uint8_t *qs, int e, int v)
+{
+    qs[32 * (e / 128) + e % 32] |= (uint8_t)(v << (2 * ((e / 32) % 4)));
+}
+
+/* The packed byte of element e (column c of sub-block s) of row j, and the
+ * shift of its 2 bits. */
+static uint8_t *q2k_at(uint8_t *qs0, int stride, int j, int e, int *sh)
+{
+    const int s = e / 32, c = e % 32, t = c / 4;
+    *sh = 2 * (t % 4);
+    return qs0 + stride * s + 32 * (t / 4) + 4 * j + c % 4;
+}
+
+/* Q2_K (d, dmin at 80 and 82 of the file's block, scale/min bytes at 0,
+ * qs at 16) and Q3_K (hmask at 0, qs at 32, packed 6-bit scales at 96, d at
+ * 108). The file's third bit of Q3_K element e: hmask byte e % 32, bit e / 32. */
+static void x8k_row23(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
+{
+    const bool q3 = type == DP_TYPE_Q3_K;
+    const int stride = q3 ? 96 : 64;
+    uint8_t *qs0 = o + (q3 ? CPU_X8K_Q3_QS : CPU_X8K_Q2_QS), *fq = f + (q3 ? 32 : 16);
+    if (!q3) {
+        if (pack) {
+            memcpy(o + 2 * j, f + 80, 2);
+            memcpy(o + 16 + 2 * j, f + 82, 2);
+        } else {
+            memcpy(f + 80, o + 2 * j, 2);
+            memcpy(f + 82, o + 16 + 2 * j, 2);
+        }
+        for (int g = 0; g < 16; g++) {
+            if (pack)
+                o[32 + 8 * g + j] = f[g];
+            else
+                f[g] = o[32 + 8 * g + j];
+        }
+    } else {
+        uint8_t *sb = f + 96;
+        if (pack)
+            memcpy(o + 2 * j, f + 108, 2);
+        else
+            memcpy(f + 108, o + 2 * j, 2);
+        for (int g = 0; g < 16; g++) {
+            if (pack) {
+                const int lo = g < 8 ? sb[g] & 0x0f : sb[g - 8] >> 4;
+                const int hi = (sb[8 + (g & 3)] >> (2 * (g >> 2))) & 3;
+                o[16 + 8 * g + j] = (uint8_t)(int8_t)((lo | hi << 4) - 32);
+            } else {
+                const int v = (int)(int8_t)o[16 + 8 * g + j] + 32;
+                sb[g < 8 ? g : g - 8] |= (uint8_t)((v & 0x0f) << (g < 8 ? 0 : 4));
+                sb[8 + (g & 3)] |= (uint8_t)((v >> 4) << (2 * (g >> 2)));
+            }
+        }
+    }
+    for (int e = 0; e < 256; e++) {
+        int sh;
+        uint8_t *b = q2k_at(qs0, stride, j, e, &sh);
+        uint8_t *h = qs0 + stride * (e / 32) + 64 + 4 * j + (e % 32) / 8;
+        if (pack) {
+            *b |= (uint8_t)(q2k_val(fq, e) << sh);
+            if (q3)
+                *h |= (uint8_t)(((f[e % 32] >> (e / 32)) & 1) << (e % 8));
+        } else {
+            q2k_set(fq, e, (*b >> sh) & 3);
+            if (q3)
+                f[e % 32] |= (uint8_t)(((*h >> (e % 8)) & 1) << (e / 32));
+        }
+    }
+}
+
 /* One super-block of row j (file block f) into (pack: f is only read) or
- * out of the packed block o. */
+ * out of the packed block o (unpack: f starts zeroed). */
 static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
 {
+    if (type == DP_TYPE_Q2_K || type == DP_TYPE_Q3_K) {
+        x8k_row23(type, o, j, f, pack);
+        return;
+    }
     if (type == DP_TYPE_Q4_K || type == DP_TYPE_Q5_K) {
         /* (Q5_K's file block: d, dmin, scales, then 32 bytes of high bits.) */
         const bool q5 = type == DP_TYPE_Q5_K;

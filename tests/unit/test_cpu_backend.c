@@ -121,6 +121,21 @@ static void *make_weight(uint32_t type, int64_t rows, int64_t cols, size_t *nbyt
             for (size_t i = 2; i < bb; i++, frand())
                 w[o + i] = (uint8_t)(rs >> 23);
         }
+    } else if (type == DP_TYPE_Q2_K) { /* scale/min bytes[16], qs[64], f16 d, dmin */
+        for (size_t o = 0; o < *nbytes; o += 84) {
+            for (int i = 0; i < 80; i++, frand())
+                w[o + i] = (uint8_t)(rs >> 23);
+            uint16_t d = dp_f32_to_fp16(0.002f * fabsf(frand())), dm = dp_f32_to_fp16(0.002f * fabsf(frand()));
+            memcpy(w + o + 80, &d, 2);
+            memcpy(w + o + 82, &dm, 2);
+        }
+    } else if (type == DP_TYPE_Q3_K) { /* hmask[32], qs[64], 6-bit scales[12], f16 d */
+        for (size_t o = 0; o < *nbytes; o += 110) {
+            for (int i = 0; i < 108; i++, frand())
+                w[o + i] = (uint8_t)(rs >> 23);
+            uint16_t d = dp_f32_to_fp16(0.0005f * fabsf(frand()));
+            memcpy(w + o + 108, &d, 2);
+        }
     } else if (type == DP_TYPE_Q6_K) { /* ql[128], qh[64], int8 scales[16], f16 d */
         for (size_t o = 0; o < *nbytes; o += 210) {
             for (int i = 0; i < 208; i++, frand())
@@ -158,7 +173,7 @@ static void test_matmul(dp_backend *be)
 {
     uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_F16,  DP_TYPE_Q8_0, DP_TYPE_Q4_1, DP_TYPE_Q4_0,
                         DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K, DP_TYPE_Q5_K, DP_TYPE_Q6_K,
-                        DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS};
+                        DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS, DP_TYPE_Q2_K, DP_TYPE_Q3_K};
     int32_t ms[] = {1, 3, 4, 7, 8, 9, 33, 70};
     /* 64, 48 and 384 rows: Q4_1 repacked in groups of 8 (the avx2 and avx512
      * levels). 257 and 384 rows: tiles of more than 16 rows at decode
@@ -172,7 +187,8 @@ static void test_matmul(dp_backend *be)
             for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
                 /* (The K types' rows are super-blocks of 256 columns.) */
                 const bool kq = types[ti] == DP_TYPE_Q4_K || types[ti] == DP_TYPE_Q5_K ||
-                                types[ti] == DP_TYPE_Q6_K || types[ti] == DP_TYPE_IQ4_XS;
+                                types[ti] == DP_TYPE_Q6_K || types[ti] == DP_TYPE_IQ4_XS ||
+                                types[ti] == DP_TYPE_Q2_K || types[ti] == DP_TYPE_Q3_K;
                 int64_t rows = shapes[si][0], cols = kq ? 256 * (1 + (int64_t)(si % 2)) : shapes[si][1];
                 /* (Q5, K and IQ4 have only the repacked kernel: rows in groups of 8.) */
                 const bool q5 = types[ti] == DP_TYPE_Q5_0 || types[ti] == DP_TYPE_Q5_1 || kq ||
@@ -700,7 +716,7 @@ static void test_logits_topk(dp_backend *be)
 }
 
 /* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
- * Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS repacked in
+ * Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q2_K and Q3_K repacked in
  * groups of 8 rows, each row must come back as
  * the file's row dequantized, bit for bit, whatever its place in its group. */
 static void test_packed_rows(dp_backend *be, uint32_t type)
@@ -752,7 +768,7 @@ static void test_x8_levels(void)
     enum { ROWS = 48, COLS = 256, M = 9 };
     const uint32_t types[] = {DP_TYPE_Q4_1, DP_TYPE_Q4_0, DP_TYPE_Q8_0, DP_TYPE_Q5_0,
                               DP_TYPE_Q5_1, DP_TYPE_Q4_K, DP_TYPE_Q5_K, DP_TYPE_Q6_K,
-                              DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS};
+                              DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS, DP_TYPE_Q2_K, DP_TYPE_Q3_K};
     float x[M * COLS];
     for (int i = 0; i < M * COLS; i++)
         x[i] = (float)((i * 7919) % 257 - 128) / 31.0f;
@@ -780,7 +796,7 @@ static void test_x8_levels(void)
         free(raw);
     }
     printf("repacked matmul, avx2 against avx512 (VNNI): Q4_1, Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, "
-           "Q6_K, IQ4_NL, IQ4_XS at 1..%d activation rows, %d products bit-identical\n", M,
+           "Q6_K, IQ4_NL, IQ4_XS, Q2_K, Q3_K at 1..%d activation rows, %d products bit-identical\n", M,
            compared);
 #endif
 }
@@ -803,6 +819,8 @@ int main(void)
         test_packed_rows(be, DP_TYPE_Q6_K);
         test_packed_rows(be, DP_TYPE_IQ4_NL);
         test_packed_rows(be, DP_TYPE_IQ4_XS);
+        test_packed_rows(be, DP_TYPE_Q2_K);
+        test_packed_rows(be, DP_TYPE_Q3_K);
         test_elementwise(be);
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */

@@ -13,7 +13,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dp-synth --out FILE [--shape tiny|tiny32|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
-            "                [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q4_k|q5_k|q6_k] [--seed S]\n");
+            "                [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k]\n"
+            "                [--seed S]\n");
 }
 
 static int parse_u32(const char *opt, const char *s, uint32_t *out)
@@ -110,12 +111,14 @@ int main(int argc, char **argv)
     else if (strcmp(type, "q4_0") == 0) wt = DP_TYPE_Q4_0;
     else if (strcmp(type, "q5_0") == 0) wt = DP_TYPE_Q5_0;
     else if (strcmp(type, "q5_1") == 0) wt = DP_TYPE_Q5_1;
+    else if (strcmp(type, "q2_k") == 0) wt = DP_TYPE_Q2_K;
+    else if (strcmp(type, "q3_k") == 0) wt = DP_TYPE_Q3_K;
     else if (strcmp(type, "q4_k") == 0) wt = DP_TYPE_Q4_K;
     else if (strcmp(type, "q5_k") == 0) wt = DP_TYPE_Q5_K;
     else if (strcmp(type, "q6_k") == 0) wt = DP_TYPE_Q6_K;
     else {
-        fprintf(stderr, "dp-synth: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, "
-                "q5_k, q6_k)\n", type);
+        fprintf(stderr, "dp-synth: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
+                "q3_k, q4_k, q5_k, q6_k)\n", type);
         return 2;
     }
     char err[DP_ERRLEN];

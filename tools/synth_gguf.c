@@ -633,6 +633,58 @@ static void quant_q6_k(const float *x, uint8_t *b, int64_t nb)
     }
 }
 
+/* Q2_K (scale/min bytes[16], qs[64], d, dmin) and Q3_K (hmask[32], qs[64],
+ * 6-bit scales[12], d): per 16 values a 4-bit scale and min (Q2_K: 0..3
+ * levels above -min) or a signed 6-bit scale (Q3_K: -4..3 levels); the
+ * 2-bit values of element e at byte 32 (e / 128) + e % 32 of qs, bits
+ * 2 ((e / 32) % 4); Q3_K's third bit (set: no -4) at hmask byte e % 32,
+ * bit e / 32. */
+static void quant_q23_k(const float *x, uint8_t *b, int64_t nb, bool q3)
+{
+    const int bb = q3 ? 110 : 84;
+    for (int64_t i = 0; i < nb; i++, x += 256, b += bb) {
+        float sc[16], mn[16], smax = 0, mmax = 0;
+        for (int g = 0; g < 16; g++) {
+            float lo = 0, hi = 0;
+            for (int l = 0; l < 16; l++) {
+                lo = fminf(lo, x[16 * g + l]);
+                hi = fmaxf(hi, x[16 * g + l]);
+            }
+            sc[g] = q3 ? amax_of(x + 16 * g, 16) / 4.0f : (hi - lo) / 3.0f;
+            mn[g] = -lo;
+            smax = fmaxf(smax, sc[g]);
+            mmax = fmaxf(mmax, mn[g]);
+        }
+        memset(b, 0, (size_t)bb);
+        uint8_t *qs = b + (q3 ? 32 : 16);
+        const uint16_t dh = dp_f32_to_fp16(smax / (q3 ? 31.0f : 15.0f)), mh = dp_f32_to_fp16(mmax / 15.0f);
+        const float d = dp_fp16_to_f32(dh), dmin = dp_fp16_to_f32(mh);
+        put_h(b + (q3 ? 108 : 80), dh);
+        if (!q3)
+            put_h(b + 82, mh);
+        for (int g = 0; g < 16; g++) {
+            const int is = d != 0 ? clampi(roundf(sc[g] / d), q3 ? -32 : 0, q3 ? 31 : 15) : 0;
+            const int im = !q3 && dmin != 0 ? clampi(roundf(mn[g] / dmin), 0, 15) : 0;
+            if (q3) {
+                const int v = is + 32;
+                b[96 + (g < 8 ? g : g - 8)] |= (uint8_t)((v & 15) << (g < 8 ? 0 : 4));
+                b[96 + 8 + (g & 3)] |= (uint8_t)((v >> 4) << (2 * (g >> 2)));
+            } else {
+                b[g] = (uint8_t)(is | im << 4);
+            }
+            const float ds = d * (float)is, dm = dmin * (float)im;
+            const float ids = ds != 0 ? 1.0f / ds : 0.0f;
+            for (int l = 0; l < 16; l++) {
+                const int e = 16 * g + l;
+                const int u = q3 ? clampi(roundf(x[e] * ids), -4, 3) + 4 : clampi(roundf((x[e] + dm) * ids), 0, 3);
+                qs[32 * (e / 128) + e % 32] |= (uint8_t)((u & 3) << (2 * ((e / 32) % 4)));
+                if (q3 && u >= 4)
+                    b[e % 32] |= (uint8_t)(1u << (e / 32));
+            }
+        }
+    }
+}
+
 int synth_quantize_row(uint32_t type, const float *x, void *dst, int64_t n)
 {
     uint8_t *b = dst;
@@ -666,12 +718,16 @@ int synth_quantize_row(uint32_t type, const float *x, void *dst, int64_t n)
         else
             quant_q5(x, b, n / 32, type == DP_TYPE_Q5_1);
         return 0;
+    case DP_TYPE_Q2_K:
+    case DP_TYPE_Q3_K:
     case DP_TYPE_Q4_K:
     case DP_TYPE_Q5_K:
     case DP_TYPE_Q6_K:
         if (n % 256)
             return DP_EINVAL;
-        if (type == DP_TYPE_Q6_K)
+        if (type == DP_TYPE_Q2_K || type == DP_TYPE_Q3_K)
+            quant_q23_k(x, b, n / 256, type == DP_TYPE_Q3_K);
+        else if (type == DP_TYPE_Q6_K)
             quant_q6_k(x, b, n / 256);
         else
             quant_qk45(x, b, n / 256, type == DP_TYPE_Q4_K ? 4 : 5);
@@ -936,6 +992,8 @@ static int32_t file_type_of(uint32_t t)
     case DP_TYPE_Q8_0: return 7;
     case DP_TYPE_Q5_0: return 8;
     case DP_TYPE_Q5_1: return 9;
+    case DP_TYPE_Q2_K: return 10;
+    case DP_TYPE_Q3_K: return 12; /* "mostly Q3_K_M" */
     case DP_TYPE_Q4_K: return 15; /* "mostly Q4_K_M": the nearest file type */
     case DP_TYPE_Q5_K: return 17;
     case DP_TYPE_Q6_K: return 18;
@@ -948,7 +1006,7 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
 {
     if (file_type_of(wt) < 0)
         return dp_err(err, errsz, DP_EUNSUPPORTED, "synth: weight type %s not supported (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, "
-                      "q4_k, q5_k, q6_k)",
+                      "q2_k, q3_k, q4_k, q5_k, q6_k)",
                       quant_type_name(wt));
     if (!sh->n_layers || !sh->dim || !sh->n_heads || !sh->n_kv_heads || !sh->ffn || !sh->ctx)
         return dp_err(err, errsz, DP_EINVAL, "synth: every shape field must be non-zero");

@@ -115,7 +115,7 @@ typedef struct dp_synth_shape {
 int synth_shape_preset(const char *name, dp_synth_shape *out);
 
 /* Encodes n floats (a multiple of the block size) as F32, F16, BF16, Q8_0,
- * Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K with round-to-nearest (plain
+ * Q4_0, Q4_1, Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K or Q6_K with round-to-nearest (plain
  * scales, no search). DP_EUNSUPPORTED for other types. */
 int synth_quantize_row(uint32_t type, const float *x, void *dst, int64_t n);
 

@@ -5,7 +5,7 @@
         --synth build/tools/dp-synth --bin build/tools/dp-logits
 
 For each block type a user's GGUF may hold (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
-Q4_K, Q5_K, Q6_K) dp-synth writes a small seeded model whose every matrix is
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K) dp-synth writes a small seeded model whose every matrix is
 of that type (dim 256 and ffn 512: whole K-quant super-blocks), and
 dp-logits --teacher gives the logits at every position of a fixed token
 sequence, once with the exact f32 matmul and once with the default integer
@@ -35,7 +35,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
 
-TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_k", "q5_k", "q6_k"]
+TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 SHAPE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
          "--kv-heads", "2", "--layers", "2"]
 # (mean rel L2, max rel L2, top-1 agreement)

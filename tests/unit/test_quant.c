@@ -673,7 +673,8 @@ static void test_synth_quantizers(void)
         double max_rel_rms;
     } cases[] = {{DP_TYPE_Q8_0, 0.005}, {DP_TYPE_Q4_0, 0.08}, {DP_TYPE_Q4_1, 0.07},
                  {DP_TYPE_Q5_0, 0.04}, {DP_TYPE_Q5_1, 0.035}, {DP_TYPE_Q4_K, 0.07},
-                 {DP_TYPE_Q5_K, 0.035}, {DP_TYPE_Q6_K, 0.02}};
+                 {DP_TYPE_Q5_K, 0.035}, {DP_TYPE_Q6_K, 0.02}, {DP_TYPE_Q2_K, 0.30},
+                 {DP_TYPE_Q3_K, 0.20}};
     enum { N = 1024 };
     static float x[N], y[N];
     static uint8_t b[N * 2];

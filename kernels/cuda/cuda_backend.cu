@@ -195,8 +195,8 @@ static int cuda_download(dp_backend *be, void *dst, const void *src, size_t byte
 }
 
 /* ---- weights -------------------------------------------------------------
- * A 2-D weight of a block type cuda_wquant.cu reads (Q4_0, Q4_1, Q5_0, Q5_1,
- * Q8_0, Q4_K, Q5_K, Q6_K) is uploaded as the file's bytes and stays that
+ * A 2-D weight of a block type cuda_wquant.cu reads (Q4_0 .. Q8_0, the K
+ * types, IQ4_NL and IQ4_XS) is uploaded as the file's bytes and stays that
  * size on the device. Any other 2-D weight lives there as fp16: the host
  * dequantizes it once at load (quant_dequant_row) and the matmul is one
  * tensor-core GEMM. Vectors (norm weights, rows == 1) stay f32: they are tiny

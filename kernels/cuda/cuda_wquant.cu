@@ -1,7 +1,8 @@
 /* cuda_wquant.cu: weights kept on the device in the file's blocks.
  *
  * A 7B Q4_K_M model is 4.1 GB of blocks and 13.5 GB once expanded to fp16;
- * the difference is KV cache. So the block types below are uploaded as the
+ * the difference is KV cache. So the block types below (Q4_0, Q4_1, Q5_0,
+ * Q5_1, Q8_0, Q2_K .. Q6_K, IQ4_NL, IQ4_XS) are uploaded as the
  * file has them (rows of row_bytes, GGML's layout, kernels/quant.c) and read
  * by three kernels:
  *
@@ -36,6 +37,10 @@ struct wq_q8_0 {};
 struct wq_q4_k {};
 struct wq_q5_k {};
 struct wq_q6_k {};
+struct wq_q2_k {};
+struct wq_q3_k {};
+struct wq_iq4_nl {};
+struct wq_iq4_xs {};
 
 static __device__ __forceinline__ float wq_half(const uint8_t *p)
 {
@@ -163,6 +168,70 @@ static __device__ __forceinline__ void wq_chunk(wq_q6_k, const uint8_t *row, int
     }
 }
 
+/* Q2_K (scale/min bytes[16], qs[64], d, dmin) and Q3_K (hmask[32], qs[64],
+ * 6-bit scales[12], d): chunk c is sub-block c % 8 = 4 half + s of its
+ * super-block, its values bits 2s of qs bytes 32 half .. + 31 (and Q3_K's
+ * third bit, bit c % 8 of hmask bytes 0..31), two scales of 16 values. */
+static __device__ __forceinline__ void wq_chunk(wq_q2_k, const uint8_t *row, int32_t c, float *v)
+{
+    const uint8_t *b = row + (size_t)(c / 8) * 84;
+    const int k = c % 8;
+    const float d = wq_half(b + 80), dmin = wq_half(b + 82);
+    const uint8_t *q = b + 16 + 32 * (k / 4);
+    for (int g = 0; g < 2; g++) {
+        const int scm = b[2 * k + g];
+        const float dl = __fmul_rn(d, (float)(scm & 0x0f)), ml = __fmul_rn(dmin, (float)(scm >> 4));
+        for (int l = 16 * g; l < 16 * g + 16; l++)
+            v[l] = __fadd_rn(__fmul_rn(dl, (float)((q[l] >> (2 * (k % 4))) & 3)), -ml);
+    }
+}
+
+static __device__ __forceinline__ void wq_chunk(wq_q3_k, const uint8_t *row, int32_t c, float *v)
+{
+    const uint8_t *b = row + (size_t)(c / 8) * 110;
+    const int k = c % 8;
+    const float d = wq_half(b + 108);
+    const uint8_t *q = b + 32 + 32 * (k / 4), *sb = b + 96;
+    for (int g = 0; g < 2; g++) {
+        const int j = 2 * k + g;
+        const int lo = j < 8 ? sb[j] & 0x0f : sb[j - 8] >> 4;
+        const int hi = (sb[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        const float dl = __fmul_rn(d, (float)((lo | hi << 4) - 32));
+        for (int l = 16 * g; l < 16 * g + 16; l++) {
+            const int x = ((q[l] >> (2 * (k % 4))) & 3) - ((b[l] >> k) & 1 ? 0 : 4);
+            v[l] = __fmul_rn(dl, (float)x);
+        }
+    }
+}
+
+/* IQ4_NL (d, 16 bytes) and IQ4_XS (d, 6-bit scales, 8 x 16 bytes): nibbles
+ * index quant_iq4nl_levels (a copy in constant memory). */
+__constant__ int8_t wq_iq4_levels[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                         1,    13,   25,  38,  53,  69,  89,  113};
+
+static __device__ __forceinline__ void wq_iq4(float d, const uint8_t *qs, float *v)
+{
+    for (int j = 0; j < 16; j++) {
+        v[j] = __fmul_rn(d, (float)wq_iq4_levels[qs[j] & 0x0f]);
+        v[j + 16] = __fmul_rn(d, (float)wq_iq4_levels[qs[j] >> 4]);
+    }
+}
+
+static __device__ __forceinline__ void wq_chunk(wq_iq4_nl, const uint8_t *row, int32_t c, float *v)
+{
+    const uint8_t *b = row + (size_t)c * 18;
+    wq_iq4(wq_half(b), b + 2, v);
+}
+
+static __device__ __forceinline__ void wq_chunk(wq_iq4_xs, const uint8_t *row, int32_t c, float *v)
+{
+    const uint8_t *b = row + (size_t)(c / 8) * 136;
+    const int s = c % 8;
+    const uint32_t sh = (uint32_t)(b[2] | b[3] << 8);
+    const int ls = ((b[4 + s / 2] >> (4 * (s % 2))) & 0x0f) | (int)(((sh >> (2 * s)) & 3) << 4);
+    wq_iq4(__fmul_rn(wq_half(b), (float)(ls - 32)), b + 8 + 16 * s, v);
+}
+
 /* Calls F(tag) for the weight's type (which cuda_wq_supported admitted). */
 #define WQ_DISPATCH(type, F)                                                                       \
     switch (type) {                                                                                \
@@ -174,6 +243,10 @@ static __device__ __forceinline__ void wq_chunk(wq_q6_k, const uint8_t *row, int
     case DP_TYPE_Q4_K: F(wq_q4_k{}); break;                                                        \
     case DP_TYPE_Q5_K: F(wq_q5_k{}); break;                                                        \
     case DP_TYPE_Q6_K: F(wq_q6_k{}); break;                                                        \
+    case DP_TYPE_Q2_K: F(wq_q2_k{}); break;                                                        \
+    case DP_TYPE_Q3_K: F(wq_q3_k{}); break;                                                        \
+    case DP_TYPE_IQ4_NL: F(wq_iq4_nl{}); break;                                                    \
+    case DP_TYPE_IQ4_XS: F(wq_iq4_xs{}); break;                                                    \
     default: break;                                                                                \
     }
 
@@ -187,7 +260,11 @@ bool cuda_wq_supported(uint32_t type)
     case DP_TYPE_Q8_0:
     case DP_TYPE_Q4_K:
     case DP_TYPE_Q5_K:
-    case DP_TYPE_Q6_K: return true;
+    case DP_TYPE_Q6_K:
+    case DP_TYPE_Q2_K:
+    case DP_TYPE_Q3_K:
+    case DP_TYPE_IQ4_NL:
+    case DP_TYPE_IQ4_XS: return true;
     default: return false;
     }
 }

@@ -36,17 +36,48 @@
 
 /* ---- op checks ----------------------------------------------------------------------- */
 
+/* n rows of a weight: quantized from random values where synth_quantize_row
+ * writes the type, else (IQ4_NL, IQ4_XS) random bytes under a small f16
+ * scale at the start of each block. */
+static void weight_rows(uint32_t type, uint8_t *raw, int64_t rows, int64_t cols, float amp)
+{
+    uint64_t rb;
+    if (quant_row_bytes(type, (uint64_t)cols, &rb))
+        die(EXIT_SETUP, "%s", "bad weight shape");
+    float *row = xmalloc((size_t)cols * sizeof *row);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *o = raw + (size_t)r * rb;
+        fill(row, (size_t)cols, amp);
+        const int rc = synth_quantize_row(type, row, o, cols);
+        if (rc == DP_EUNSUPPORTED && (type == DP_TYPE_IQ4_NL || type == DP_TYPE_IQ4_XS)) {
+            const size_t bb = quant_block_bytes(type);
+            for (size_t i = 0; i < rb; i++)
+                o[i] = (uint8_t)(rnd64() >> 56);
+            for (size_t i = 0; i < rb; i += bb) {
+                const uint16_t d = dp_f32_to_fp16(amp * (type == DP_TYPE_IQ4_NL ? 0.01f : 0.0003f));
+                memcpy(o + i, &d, 2);
+            }
+        } else if (rc) {
+            die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+        }
+    }
+    free(row);
+}
+
+/* Types the CUDA backend keeps in their blocks (cuda_wquant.cu). */
+static const uint32_t KEPT[] = {DP_TYPE_Q4_0, DP_TYPE_Q4_1, DP_TYPE_Q5_0,   DP_TYPE_Q5_1,
+                                DP_TYPE_Q8_0, DP_TYPE_Q2_K, DP_TYPE_Q3_K,   DP_TYPE_Q4_K,
+                                DP_TYPE_Q5_K, DP_TYPE_Q6_K, DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS};
+
 /* A block-type weight on the CUDA backend takes its file size (the bytes
  * mem_usage counts), not its fp16 expansion. */
 static void check_weight_bytes(dp_backend *be, uint32_t type, int64_t rows, int64_t cols, const void *raw)
 {
     if (strcmp(be->ops->name, "cuda") != 0 || !be->ops->mem_usage)
         return;
-    static const uint32_t kept[] = {DP_TYPE_Q4_0, DP_TYPE_Q4_1, DP_TYPE_Q5_0, DP_TYPE_Q5_1,
-                                    DP_TYPE_Q8_0, DP_TYPE_Q4_K, DP_TYPE_Q5_K, DP_TYPE_Q6_K};
     bool is_kept = false;
-    for (size_t i = 0; i < sizeof kept / sizeof kept[0]; i++)
-        is_kept |= kept[i] == type;
+    for (size_t i = 0; i < sizeof KEPT / sizeof KEPT[0]; i++)
+        is_kept |= KEPT[i] == type;
     uint64_t rb;
     if (quant_row_bytes(type, (uint64_t)cols, &rb))
         die(EXIT_SETUP, "%s", "bad weight shape");
@@ -75,7 +106,8 @@ static void check_matmul(dp_backend *be[2])
      * launch); 9 and more: their fp16 slabs and the GEMM. */
     const uint32_t types[] = {DP_TYPE_F32,  DP_TYPE_Q4_1, DP_TYPE_Q8_0, DP_TYPE_F16,
                               DP_TYPE_Q4_0, DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K,
-                              DP_TYPE_Q5_K, DP_TYPE_Q6_K};
+                              DP_TYPE_Q5_K, DP_TYPE_Q6_K, DP_TYPE_Q2_K, DP_TYPE_Q3_K,
+                              DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS};
     const int64_t shapes[][2] = {{96, 256}, {1000, 512}};
     const int32_t ms[] = {1, 3, 8, 9, 64, 300};
     /* The types after the first four run the large shape at the GEMV's
@@ -90,12 +122,7 @@ static void check_matmul(dp_backend *be[2])
             if (quant_row_bytes(types[ti], (uint64_t)cols, &rb))
                 die(EXIT_SETUP, "%s", "bad matmul shape");
             uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
-            float *row = xmalloc((size_t)cols * sizeof *row);
-            for (int64_t r = 0; r < rows; r++) {
-                fill(row, (size_t)cols, 0.1f);
-                if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, cols))
-                    die(EXIT_SETUP, "%s", "synth_quantize_row failed");
-            }
+            weight_rows(types[ti], raw, rows, cols, 0.1f);
             if (si == 0)
                 check_weight_bytes(be[1], types[ti], rows, cols, raw);
             dp_weight w[2];
@@ -129,7 +156,6 @@ static void check_matmul(dp_backend *be[2])
             for (int b = 0; b < 2; b++)
                 be[b]->ops->weight_free(be[b], &w[b]);
             free(raw);
-            free(row);
         }
 }
 
@@ -423,9 +449,10 @@ static void check_elementwise(dp_backend *be[2])
 
 static void check_embed_gather(dp_backend *be[2])
 {
-    const uint32_t types[] = {DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_F32, DP_TYPE_Q4_0,
-                              DP_TYPE_Q4_1, DP_TYPE_Q5_0, DP_TYPE_Q5_1, DP_TYPE_Q4_K,
-                              DP_TYPE_Q5_K, DP_TYPE_Q6_K};
+    const uint32_t types[] = {DP_TYPE_F16,  DP_TYPE_Q8_0, DP_TYPE_F32,    DP_TYPE_Q4_0,
+                              DP_TYPE_Q4_1, DP_TYPE_Q5_0, DP_TYPE_Q5_1,   DP_TYPE_Q4_K,
+                              DP_TYPE_Q5_K, DP_TYPE_Q6_K, DP_TYPE_Q2_K,   DP_TYPE_Q3_K,
+                              DP_TYPE_IQ4_NL, DP_TYPE_IQ4_XS};
     const int64_t vocab = 300, dim = 256;
     const int32_t n = 50;
     char err[DP_ERRLEN], what[64];
@@ -441,12 +468,7 @@ static void check_embed_gather(dp_backend *be[2])
         if (quant_row_bytes(types[ti], (uint64_t)dim, &rb))
             die(EXIT_SETUP, "%s", "bad embed shape");
         uint8_t *raw = xmalloc((size_t)rb * (size_t)vocab);
-        float row[256];
-        for (int64_t r = 0; r < vocab; r++) {
-            fill(row, (size_t)dim, 1.0f);
-            if (synth_quantize_row(types[ti], row, raw + (size_t)r * rb, dim))
-                die(EXIT_SETUP, "%s", "synth_quantize_row failed");
-        }
+        weight_rows(types[ti], raw, vocab, dim, 1.0f);
         float *o[2];
         for (int b = 0; b < 2; b++) {
             dp_weight w;

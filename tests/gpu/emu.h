@@ -27,6 +27,7 @@
 #define __global__
 #define __device__
 #define __shared__ static
+#define __constant__
 #define __launch_bounds__(n)
 
 #include <cuda_fp16.h>

@@ -46,60 +46,9 @@ static inline __m256i bcast4(const int8_t *q)
     _mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), (ones)))
 #endif
 
-/* Q4_1 (MINS 1: 8 mins follow the scales) or Q4_0 (MINS 0: m = -8 d). */
-#define X8_Q4(G, MINS)                                                                          \
-    static inline __attribute__((always_inline)) void x8q4_##MINS##_##G(                       \
-        const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
-    {                                                                                           \
-        enum { HEAD = MINS ? 32 : 16, BLK = HEAD + 128 };                                       \
-        __m256 acc[G];                                                                          \
-        for (int i = 0; i < G; i++)                                                             \
-            acc[i] = _mm256_setzero_ps();                                                       \
-        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
-        for (int64_t b = 0; b < nb; b++) {                                                      \
-            const uint8_t *p = gp + (size_t)b * BLK;                                            \
-            _mm_prefetch((const char *)p + 4 * BLK, _MM_HINT_T0);                               \
-            __m256i s16[G];                                                                     \
-            for (int i = 0; i < G; i++)                                                         \
-                s16[i] = _mm256_setzero_si256();                                                \
-            for (int k = 0; k < 4; k++) {                                                       \
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(p + HEAD + 32 * k));    \
-                const __m256i lo = _mm256_and_si256(v, low);                                    \
-                const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);              \
-                for (int i = 0; i < G; i++) {                                                   \
-                    const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
-                    s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                           \
-                    s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));                      \
-                }                                                                               \
-            }                                                                                   \
-            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
-            const __m256 mv = MINS ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) \
-                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-8.0f));                  \
-            for (int i = 0; i < G; i++) {                                                       \
-                const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
-                const __m256 dot = _mm256_cvtepi32_ps(X8_SUM16(s16[i], ones));                  \
-                acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
-                acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                    \
-            }                                                                                   \
-        }                                                                                       \
-        for (int i = 0; i < G; i++)                                                             \
-            _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
-    }
-X8_Q4(1, 1)
-X8_Q4(2, 1)
-X8_Q4(3, 1)
-X8_Q4(4, 1)
-X8_Q4(1, 0)
-X8_Q4(2, 0)
-X8_Q4(3, 0)
-X8_Q4(4, 0)
-
-/* Q5_0 (MINS 0: m = -16 d) or Q5_1 (MINS 1): the Q4 kernel's nibbles with
- * each one's fifth bit put back from the 8 rows' 32-bit masks (one lane
- * each). Four bits b of a lane spread to bit 0 of its four bytes by one
- * multiply (bit k lands at 8k only: the four shifted copies do not
- * overlap), then move to bit 4. Products reach 2 * 31 * 127 per pair, so
- * each chunk goes to i32 at once (in i16 eight of them could overflow). */
+/* Four mask bits of a lane (from bit `shift`) to bit 0 of its four bytes by
+ * one multiply (bit k lands at 8k only: the four shifted copies do not
+ * overlap); x8_bits4 moves them on to bit 4 (a nibble's fifth bit). */
 static inline __m256i x8_bits1(__m256i qh, int shift)
 {
     const __m256i x = _mm256_and_si256(_mm256_srli_epi32(qh, shift), _mm256_set1_epi32(0xf));
@@ -118,11 +67,17 @@ static inline __m256 x8_i8ps(const uint8_t *p)
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
 }
 
-#define X8_Q5(G, MINS)                                                                          \
-    static inline __attribute__((always_inline)) void x8q5_##MINS##_##G(                       \
+/* Q4_0 / Q4_1 (BITS 4) and Q5_0 / Q5_1 (BITS 5). MINS 1: 8 mins follow the
+ * scales; MINS 0: m = -8 d (Q4_0) or -16 d (Q5_0). Q5 puts each nibble's
+ * fifth bit back from the 8 rows' 32-bit masks (one lane each, stored as
+ * two 16-bit scalars a row). Q4's pairs stay in i16 across the block (at
+ * most 8 * 2 * 15 * 127); Q5's reach 2 * 31 * 127 per pair, so each chunk
+ * goes to i32 at once (in i16 eight of them could overflow). */
+#define X8_Q45(G, BITS, MINS)                                                                   \
+    static inline __attribute__((always_inline)) void x8q##BITS##_##MINS##_##G(                \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
     {                                                                                           \
-        enum { QH = MINS ? 32 : 16, HEAD = QH + 32, BLK = HEAD + 128 };                         \
+        enum { Q5 = BITS == 5, QH = MINS ? 32 : 16, HEAD = QH + (Q5 ? 32 : 0), BLK = HEAD + 128 }; \
         __m256 acc[G];                                                                          \
         for (int i = 0; i < G; i++)                                                             \
             acc[i] = _mm256_setzero_ps();                                                       \
@@ -130,30 +85,41 @@ static inline __m256 x8_i8ps(const uint8_t *p)
         for (int64_t b = 0; b < nb; b++) {                                                      \
             const uint8_t *p = gp + (size_t)b * BLK;                                            \
             _mm_prefetch((const char *)p + 4 * BLK, _MM_HINT_T0);                               \
-            const __m256i qh = _mm256_or_si256(                                                 \
-                _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH))),              \
-                _mm256_slli_epi32(                                                              \
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH + 16))), 16)); \
-            __m256i s32[G];                                                                     \
+            const __m256i qh =                                                                  \
+                Q5 ? _mm256_or_si256(                                                           \
+                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH))),     \
+                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(                               \
+                                               _mm_loadu_si128((const __m128i *)(p + QH + 16))), \
+                                           16))                                                 \
+                   : _mm256_setzero_si256();                                                    \
+            __m256i s[G];                                                                       \
             for (int i = 0; i < G; i++)                                                         \
-                s32[i] = _mm256_setzero_si256();                                                \
+                s[i] = _mm256_setzero_si256();                                                  \
             for (int k = 0; k < 4; k++) {                                                       \
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(p + HEAD + 32 * k));    \
-                const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), x8_bits4(qh, 4 * k)); \
-                const __m256i hi = _mm256_or_si256(                                             \
-                    _mm256_and_si256(_mm256_srli_epi16(v, 4), low), x8_bits4(qh, 16 + 4 * k));  \
+                __m256i lo = _mm256_and_si256(v, low);                                          \
+                __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                    \
+                if (Q5) {                                                                       \
+                    lo = _mm256_or_si256(lo, x8_bits4(qh, 4 * k));                              \
+                    hi = _mm256_or_si256(hi, x8_bits4(qh, 16 + 4 * k));                         \
+                }                                                                               \
                 for (int i = 0; i < G; i++) {                                                   \
                     const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
-                    s32[i] = X8_ACC32(s32[i], lo, bcast4(q + 4 * k), ones);                     \
-                    s32[i] = X8_ACC32(s32[i], hi, bcast4(q + 16 + 4 * k), ones);                \
+                    if (Q5) {                                                                   \
+                        s[i] = X8_ACC32(s[i], lo, bcast4(q + 4 * k), ones);                     \
+                        s[i] = X8_ACC32(s[i], hi, bcast4(q + 16 + 4 * k), ones);                \
+                    } else {                                                                    \
+                        s[i] = X8_ACC16(s[i], lo, bcast4(q + 4 * k));                           \
+                        s[i] = X8_ACC16(s[i], hi, bcast4(q + 16 + 4 * k));                      \
+                    }                                                                           \
                 }                                                                               \
             }                                                                                   \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
             const __m256 mv = MINS ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 16))) \
-                                   : _mm256_mul_ps(dv, _mm256_set1_ps(-16.0f));                 \
+                                   : _mm256_mul_ps(dv, _mm256_set1_ps(Q5 ? -16.0f : -8.0f));    \
             for (int i = 0; i < G; i++) {                                                       \
                 const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                     \
-                const __m256 dot = _mm256_cvtepi32_ps(s32[i]);                                  \
+                const __m256 dot = _mm256_cvtepi32_ps(Q5 ? s[i] : X8_SUM16(s[i], ones));        \
                 acc[i] = _mm256_fmadd_ps(dot, _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
                 acc[i] = _mm256_fmadd_ps(mv, _mm256_set1_ps(xb->s), acc[i]);                    \
             }                                                                                   \
@@ -161,14 +127,22 @@ static inline __m256 x8_i8ps(const uint8_t *p)
         for (int i = 0; i < G; i++)                                                             \
             _mm256_storeu_ps(y + (size_t)i * (size_t)n, acc[i]);                                \
     }
-X8_Q5(1, 1)
-X8_Q5(2, 1)
-X8_Q5(3, 1)
-X8_Q5(4, 1)
-X8_Q5(1, 0)
-X8_Q5(2, 0)
-X8_Q5(3, 0)
-X8_Q5(4, 0)
+X8_Q45(1, 4, 1)
+X8_Q45(2, 4, 1)
+X8_Q45(3, 4, 1)
+X8_Q45(4, 4, 1)
+X8_Q45(1, 4, 0)
+X8_Q45(2, 4, 0)
+X8_Q45(3, 4, 0)
+X8_Q45(4, 4, 0)
+X8_Q45(1, 5, 1)
+X8_Q45(2, 5, 1)
+X8_Q45(3, 5, 1)
+X8_Q45(4, 5, 1)
+X8_Q45(1, 5, 0)
+X8_Q45(2, 5, 0)
+X8_Q45(3, 5, 0)
+X8_Q45(4, 5, 0)
 
 /* Q4_K (Q5 0) and Q5_K (Q5 1) per super-block: each 32-column sub-block is
  * Q4_1's sum (Q5_1's with Q5_K's fifth bits) with the rows' scale d * sc

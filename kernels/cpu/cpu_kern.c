@@ -211,48 +211,41 @@ static inline __attribute__((always_inline)) void fused_rows(blk_fn fn, size_t b
     }
 FAST_TYPES(DEFINE_FUSED)
 
-/* Any other type: each row decoded by the reference into a row buffer. */
+/* g activation rows' dots (x rows of k, results out[i * os]) with one
+ * file-layout row decoded by the reference, in pieces of at most 8192
+ * values whose dots are added in order. Both exact paths of the types
+ * without a fused decoder go through here, so a row gives the same bits
+ * whether its weight was repacked (mmf_x8) or not (mmf_generic). */
+#define REF_PIECE 8192
+static void ref_row_dots(uint32_t type, const uint8_t *src, int64_t k, const float *x, int32_t g,
+                         float *out, size_t os)
+{
+    float row[REF_PIECE];
+    const uint32_t be = quant_block_elems(type), bb = quant_block_bytes(type);
+    for (int64_t c = 0; c < k; c += REF_PIECE) {
+        const int64_t len = k - c < REF_PIECE ? k - c : REF_PIECE;
+        quant_dequant_row(type, src + (size_t)(c / be) * bb, row, len);
+        for (int32_t i = 0; i < g; i++) {
+            const float d = k_dot(row, x + (size_t)i * (size_t)k + c, len);
+            out[(size_t)i * os] = c ? out[(size_t)i * os] + d : d;
+        }
+    }
+}
+
+/* Any other type: each row decoded by the reference (F32 read in place). */
 static void mmf_generic(const dp_weight *w, int64_t r0, int64_t nt, const float *x, int32_t m, float *y)
 {
     const int64_t k = w->cols, n = w->rows;
     const size_t rb = w->nbytes / (size_t)w->rows;
-    float row[8192];
     for (int64_t r = r0; r < r0 + nt; r++) {
-        const float *wr;
         const uint8_t *src = (const uint8_t *)w->data + (size_t)r * rb;
-        if (w->type == DP_TYPE_F32) {
-            wr = (const float *)src;
-        } else if (k <= (int64_t)(sizeof row / sizeof row[0])) {
-            quant_dequant_row(w->type, src, row, k);
-            wr = row;
-        } else {
-            /* Rows wider than the buffer: element by element is too slow to
-             * matter here; decode in block-sized pieces instead. */
-            const uint32_t be = quant_block_elems(w->type), bb = quant_block_bytes(w->type);
-            for (int32_t i = 0; i < m; i++) {
-                float s = 0.0f;
-                for (int64_t c = 0; c < k; c += 8192) {
-                    int64_t len = k - c < 8192 ? k - c : 8192;
-                    quant_dequant_row(w->type, src + (size_t)(c / be) * bb, row, len);
-                    s += k_dot(row, x + (size_t)i * (size_t)k + c, len);
-                }
-                y[(size_t)i * (size_t)n + (size_t)r] = s;
-            }
-            continue;
-        }
-        for (int32_t i = 0; i < m; i++)
-            y[(size_t)i * (size_t)n + (size_t)r] = k_dot(wr, x + (size_t)i * (size_t)k, k);
+        if (w->type == DP_TYPE_F32)
+            for (int32_t i = 0; i < m; i++)
+                y[(size_t)i * (size_t)n + (size_t)r] =
+                    k_dot((const float *)src, x + (size_t)i * (size_t)k, k);
+        else
+            ref_row_dots(w->type, src, k, x, m, y + r, (size_t)n);
     }
-}
-
-/* g activation rows' dots with one file-layout row decoded by the reference. */
-static void x8_row_dots(uint32_t type, const uint8_t *row, int64_t k, const float *x, int32_t g,
-                        float *out)
-{
-    float wr[CPU_X8_MAX_COLS];
-    quant_dequant_row(type, row, wr, k);
-    for (int32_t i = 0; i < g; i++)
-        out[i] = k_dot(wr, x + (size_t)i * (size_t)k, k);
 }
 
 /* A repacked weight (CPU_LAYOUT_X8) on the exact paths: each row back in
@@ -274,8 +267,8 @@ static void mmf_x8(const dp_weight *w, int64_t r0, int64_t nt, const float *x, i
                 fused_rows(blk_q4_0, 18, row, k, xi, g, out);
             else if (w->type == DP_TYPE_Q8_0)
                 fused_rows(blk_q8_0, 34, row, k, xi, g, out);
-            else /* Q5, K: the reference's row, as mmf_generic reads the file's */
-                x8_row_dots(w->type, row, k, xi, g, out);
+            else /* Q5, K, IQ4: the reference's row, as mmf_generic reads the file's */
+                ref_row_dots(w->type, row, k, xi, g, out, 1);
             for (int32_t i = 0; i < g; i++)
                 y[(size_t)(i0 + i) * (size_t)n + (size_t)r] = out[i];
         }

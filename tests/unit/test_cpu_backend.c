@@ -715,6 +715,43 @@ static void test_logits_topk(dp_backend *be)
     be->ops->free(be, x);
 }
 
+/* The exact path gives a row the same bits whether its weight was repacked
+ * (8 rows) or kept in the file's layout (9 rows), rows wider than the 8192
+ * values the reference decodes at a time included (pieces summed in the
+ * same order on both). */
+static void test_exact_wide_rows(dp_backend *be)
+{
+    enum { COLS = 8192 + 512, M = 3 };
+    const uint32_t types[] = {DP_TYPE_Q4_K, DP_TYPE_Q6_K, DP_TYPE_Q5_0, DP_TYPE_Q3_K};
+    const bool was_exact = be->ops->get_exact(be);
+    be->ops->set_exact(be, true);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        size_t nb;
+        void *raw = make_weight(types[t], 9, COLS, &nb);
+        dp_weight w8, w9;
+        char err[DP_ERRLEN];
+        CHECK(be->ops->weight_load(be, &w8, types[t], 8, COLS, raw, err, sizeof err) == 0);
+        CHECK(be->ops->weight_load(be, &w9, types[t], 9, COLS, raw, err, sizeof err) == 0);
+        float *x = be->ops->alloc(be, (size_t)M * COLS * 4);
+        float *y8 = be->ops->alloc(be, (size_t)M * 8 * 4), *y9 = be->ops->alloc(be, (size_t)M * 9 * 4);
+        for (int64_t i = 0; i < (int64_t)M * COLS; i++)
+            x[i] = frand();
+        be->ops->matmul(be, y8, x, &w8, M);
+        be->ops->matmul(be, y9, x, &w9, M);
+        for (int i = 0; i < M; i++)
+            CHECK_MSG(memcmp(y8 + 8 * i, y9 + 9 * i, 8 * sizeof(float)) == 0,
+                      "%s: activation row %d differs between the layouts", quant_type_name(types[t]), i);
+        be->ops->free(be, x);
+        be->ops->free(be, y8);
+        be->ops->free(be, y9);
+        be->ops->weight_free(be, &w8);
+        be->ops->weight_free(be, &w9);
+        free(raw);
+    }
+    be->ops->set_exact(be, was_exact);
+    printf("exact matmul, %d-wide rows: repacked and file layouts give the same bits\n", COLS);
+}
+
 /* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
  * Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q2_K and Q3_K repacked in
  * groups of 8 rows, each row must come back as
@@ -809,6 +846,7 @@ int main(void)
         char err[DP_ERRLEN];
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
+        test_exact_wide_rows(be);
         test_packed_rows(be, DP_TYPE_Q4_1);
         test_packed_rows(be, DP_TYPE_Q4_0);
         test_packed_rows(be, DP_TYPE_Q8_0);

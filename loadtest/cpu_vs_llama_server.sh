@@ -5,7 +5,10 @@
 # config; llama-server: -np = the concurrency, a context of that many
 # requests, f16 KV as both default to).
 #
-#   usage: loadtest/cpu_vs_llama_server.sh [--out FILE]
+#   usage: loadtest/cpu_vs_llama_server.sh [--out FILE] [--types "Q4_K_M Q8_0 ..."]
+#
+# --types: the model requantized to each type by llama.cpp's llama-quantize
+# (tools/requant.sh, cached); a table per type, in the order given.
 #
 # Workload: random prompts of 256 words (about 256 tokens), max_tokens 128
 # with ignore_eos so that every reply has 128 tokens, temperature 0,
@@ -22,7 +25,14 @@ set -u -o pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 OUT=""
-[ "${1:-}" = "--out" ] && OUT=$2
+TYPES=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) OUT=$2; shift 2 ;;
+        --types) TYPES=$2; shift 2 ;;
+        *) echo "usage: $0 [--out FILE] [--types \"Q4_K_M Q8_0 ...\"]" >&2; exit 2 ;;
+    esac
+done
 CONCS=${CONCS:-1 8 32}
 THREADS=${THREADS:-2}
 CELL_S=${CELL_S:-120}
@@ -48,6 +58,17 @@ cell() { # name conc command...
         --json "$work/$name-$c.json" >/dev/null 2>"$work/$name-$c.err"
     kill -TERM $pid; wait $pid 2>/dev/null
 }
+models=("$MODEL")
+if [ -n "$TYPES" ]; then
+    # shellcheck disable=SC2086
+    mapfile -t models < <("$root/tools/requant.sh" --model "$MODEL" $TYPES)
+    [ ${#models[@]} -gt 0 ] || exit 1
+fi
+[ -n "$OUT" ] && : > "$OUT"
+base=$work
+for MODEL in "${models[@]}"; do
+work=$base/$(basename "$MODEL" .gguf)
+mkdir -p "$work"
 for c in $CONCS; do
     cell llama-server "$c" "$LLAMA_BIN/llama-server" -m "$MODEL" --host 127.0.0.1 --port "$PORT" \
         -t "$THREADS" -np "$c" -c $(( c * 512 ))
@@ -56,6 +77,7 @@ done
 kern=$(sed -n 's/.*(cpu backend, \([a-z0-9]*\) kernels, \([a-z0-9]*\) matmul.*/\1, \2 matmul/p' \
     "$work"/dualpathd-*.log | head -1)
 {
+    [ ${#models[@]} -gt 1 ] && echo "== $(basename "$MODEL")"
     echo "threads $THREADS; 256-word prompts, 128 output tokens (ignore_eos), temperature 0, streamed;"
     echo "dualpathd: default config (${kern:-?} kernels); llama-server: -np = concurrency, -c = 512 per slot."
     echo "Time limit ${CELL_S} s per run; servers alternate at each concurrency."
@@ -83,5 +105,7 @@ for c in concs:
               f"{ratio(d['median_ttft_ms'], l['median_ttft_ms'])} | {ratio(d['p99_ttft_ms'], l['p99_ttft_ms'])} | "
               f"{ratio(d['median_tpot_ms'], l['median_tpot_ms'])} | |")
 PY
-} | tee ${OUT:+"$OUT"}
-echo "logs and JSON in $work" >&2
+    echo
+} | tee ${OUT:+-a "$OUT"}
+done
+echo "logs and JSON in $base" >&2

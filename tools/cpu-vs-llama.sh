@@ -61,22 +61,12 @@ best() { # best FILE: the largest number in FILE (one per line), or "-"
     sort -g "$1" 2>/dev/null | tail -1 | grep . || echo "-"
 }
 
-# The files of --types, requantized once into the cache.
+# The files of --types, requantized once into the cache (tools/requant.sh).
 models=("$MODEL")
 if [ -n "$TYPES" ]; then
-    models=()
-    QDIR="${DP_CACHE:-$HOME/.cache/dualpath}/requant"
-    mkdir -p "$QDIR"
-    QBIN=$(tools/llama-cpp.sh)
-    for ty in $TYPES; do
-        f="$QDIR/$(basename "$MODEL" .gguf).$ty.gguf"
-        if [ ! -f "$f" ] && "$QBIN/llama-quantize" --allow-requantize "$MODEL" "$f.tmp" "$ty" \
-            >/dev/null 2>&1; then
-            mv "$f.tmp" "$f"
-        fi
-        [ -f "$f" ] || { echo "cpu-vs-llama: llama-quantize to $ty failed" >&2; exit 1; }
-        models+=("$f")
-    done
+    # shellcheck disable=SC2086
+    mapfile -t models < <(tools/requant.sh --model "$MODEL" $TYPES)
+    [ ${#models[@]} -gt 0 ] || exit 1
 fi
 
 for MODEL in "${models[@]}"; do

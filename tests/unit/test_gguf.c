@@ -454,7 +454,9 @@ static void test_synth(void)
     sh.ffn = 100;
     CHECK(synth_llama_write("/tmp/never", &sh, 1, DP_TYPE_Q8_0, err, sizeof err) == DP_EINVAL && err[0]);
     synth_shape_preset("tiny", &sh);
-    CHECK(synth_llama_write("/tmp/never", &sh, 1, DP_TYPE_Q6_K, err, sizeof err) == DP_EUNSUPPORTED && err[0]);
+    CHECK(synth_llama_write("/tmp/never", &sh, 1, DP_TYPE_IQ4_XS, err, sizeof err) == DP_EUNSUPPORTED && err[0]);
+    /* A K type on rows shorter than its 256-value blocks. */
+    CHECK(synth_llama_write("/tmp/never", &sh, 1, DP_TYPE_Q6_K, err, sizeof err) == DP_EINVAL && err[0]);
     CHECK(access("/tmp/never", F_OK) != 0);
 }
 

@@ -13,6 +13,7 @@
 
 #include "common/dp.h"
 #include "kernels/backend.h"
+#include "kernels/quant.h"
 #include "model/llama.h"
 
 #include "check_common.h"
@@ -453,6 +454,67 @@ static void bench_compact(bench_ctx *x)
     free(cs);
 }
 
+/* ---- quantized weights ---------------------------------------------------------------
+ * The matmul of one 7B FFN-shaped weight (ffn x dim; tiny: 96 x 256) in
+ * each block type users download, against the same shape in fp16: the
+ * GEMV's read rate at 1 and 8 activation rows (bytes of the weight over the
+ * call's time, against the measured bandwidth) and the slab GEMM's rate at
+ * the prompt's rows (against cuBLAS's fp16 rate). Weights only: no KV, no
+ * other op, so this is the kernels' own limit. */
+static void bench_wquant(dp_backend *gpu, const bench_cfg *bc, double bw, double flops)
+{
+    const bool small = bc == &BENCH_SMALL;
+    const int64_t rows = small ? 96 : 11008, cols = small ? 256 : 4096;
+    const uint32_t types[] = {DP_TYPE_F16, DP_TYPE_Q8_0, DP_TYPE_Q4_0, DP_TYPE_Q4_K,
+                              DP_TYPE_Q5_K, DP_TYPE_Q6_K, DP_TYPE_IQ4_XS};
+    const int32_t ms[3] = {1, 8, bc->prompt};
+    const int reps = small ? 2 : 20;
+    char err[DP_ERRLEN];
+    printf("\nquantized weights: one %lld x %lld matmul per call (best of %d calls)\n",
+           (long long)rows, (long long)cols, reps);
+    printf("  %-7s %9s  %9s %7s %6s  %9s %7s %6s  %9s %8s %6s\n", "type", "MiB", "m=1 us", "GB/s",
+           "%bw", "m=8 us", "GB/s", "%bw", "m=prompt", "TFLOP/s", "%gemm");
+    float *x = xmalloc((size_t)bc->prompt * (size_t)cols * sizeof *x);
+    fill(x, (size_t)bc->prompt * (size_t)cols, 1.0f);
+    float *dx = dev_from(gpu, x, (size_t)bc->prompt * (size_t)cols);
+    float *dy = dev_alloc(gpu, (size_t)bc->prompt * (size_t)rows);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        uint64_t rb;
+        if (quant_row_bytes(types[ti], (uint64_t)cols, &rb))
+            die(EXIT_SETUP, "%s", "bad weight shape");
+        uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
+        weight_rows(types[ti], raw, rows, cols, 0.1f);
+        dp_weight w;
+        if (gpu->ops->weight_load(gpu, &w, types[ti], rows, cols, raw, err, sizeof err))
+            die(EXIT_SETUP, "weight_load: %s", err);
+        free(raw);
+        double us[3];
+        for (int k = 0; k < 3; k++) {
+            double best = INFINITY;
+            for (int r = -1; r < reps; r++) {
+                dev_wait(gpu);
+                const double a = dp_now();
+                gpu->ops->matmul(gpu, dy, dx, &w, ms[k]);
+                dev_wait(gpu);
+                const double t = dp_now() - a;
+                if (r >= 0 && t < best)
+                    best = t;
+            }
+            us[k] = best * 1e6;
+        }
+        const double bytes = (double)w.nbytes;
+        const double tf = 2.0 * (double)rows * (double)cols * ms[2] / (us[2] * 1e-6);
+        printf("  %-7s %9.1f  %9.1f %7.0f %5.0f%%  %9.1f %7.0f %5.0f%%  %9.1f %8.1f %5.0f%%\n",
+               quant_type_name(types[ti]), bytes / (1 << 20), us[0], bytes / us[0] / 1e3,
+               100.0 * bytes / (us[0] * 1e-6) / bw, us[1], bytes / us[1] / 1e3,
+               100.0 * bytes / (us[1] * 1e-6) / bw, us[2], tf / 1e12, 100.0 * tf / flops);
+        gpu->ops->weight_free(gpu, &w);
+    }
+    gpu->ops->free(gpu, dx);
+    gpu->ops->free(gpu, dy);
+    free(x);
+}
+
 /* ---- the run ------------------------------------------------------------------------- */
 
 /* The store of the plan; a device that refuses it (fragmentation, memory
@@ -483,6 +545,7 @@ int bench_run(dp_backend *gpu, bool small)
            x.bw / 1e12, (double)bc->bw_bytes / (1 << 20));
     printf("  cuBLAS fp16 GEMM rate       %.0f TFLOP/s (%d^3, f32 accumulate)\n", x.flops / 1e12,
            bc->gemm_n);
+    bench_wquant(gpu, bc, x.bw, x.flops);
 
     double t0 = dp_now();
     synth_model sm;

@@ -6,7 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/quant.h"
 #include "model/llama.h"
+#include "tools/synth_gguf.h"
 
 #include "check_common.h"
 
@@ -271,4 +273,32 @@ void model_kv_close(dp_backend *be, dp_llama *m, dp_kv_store **stores)
 {
     be->ops->kv_destroy(be, stores[0]);
     llama_destroy(m);
+}
+
+/* n rows of a weight: quantized from random values where synth_quantize_row
+ * writes the type, else (IQ4_NL, IQ4_XS) random bytes under a small f16
+ * scale at the start of each block. */
+void weight_rows(uint32_t type, uint8_t *raw, int64_t rows, int64_t cols, float amp)
+{
+    uint64_t rb;
+    if (quant_row_bytes(type, (uint64_t)cols, &rb))
+        die(EXIT_SETUP, "%s", "bad weight shape");
+    float *row = xmalloc((size_t)cols * sizeof *row);
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *o = raw + (size_t)r * rb;
+        fill(row, (size_t)cols, amp);
+        const int rc = synth_quantize_row(type, row, o, cols);
+        if (rc == DP_EUNSUPPORTED && (type == DP_TYPE_IQ4_NL || type == DP_TYPE_IQ4_XS)) {
+            const size_t bb = quant_block_bytes(type);
+            for (size_t i = 0; i < rb; i++)
+                o[i] = (uint8_t)(rnd64() >> 56);
+            for (size_t i = 0; i < rb; i += bb) {
+                const uint16_t d = dp_f32_to_fp16(amp * (type == DP_TYPE_IQ4_NL ? 0.01f : 0.0003f));
+                memcpy(o + i, &d, 2);
+            }
+        } else if (rc) {
+            die(EXIT_SETUP, "%s", "synth_quantize_row failed");
+        }
+    }
+    free(row);
 }

@@ -252,21 +252,12 @@ static __device__ __forceinline__ void wq_chunk(wq_iq4_xs, const uint8_t *row, i
 
 bool cuda_wq_supported(uint32_t type)
 {
-    switch (type) {
-    case DP_TYPE_Q4_0:
-    case DP_TYPE_Q4_1:
-    case DP_TYPE_Q5_0:
-    case DP_TYPE_Q5_1:
-    case DP_TYPE_Q8_0:
-    case DP_TYPE_Q4_K:
-    case DP_TYPE_Q5_K:
-    case DP_TYPE_Q6_K:
-    case DP_TYPE_Q2_K:
-    case DP_TYPE_Q3_K:
-    case DP_TYPE_IQ4_NL:
-    case DP_TYPE_IQ4_XS: return true;
-    default: return false;
-    }
+    /* The types WQ_DISPATCH names: one list. */
+    bool known = false;
+#define WQ_KNOWN(tag) known = true
+    WQ_DISPATCH(type, WQ_KNOWN)
+#undef WQ_KNOWN
+    return known;
 }
 
 /* ---- decode: the weight row once for every activation row ----------------------------- */
@@ -444,5 +435,5 @@ void cuda_wq_embed(cuda_backend *c, const dp_weight *table, float *out, int32_t 
                 c->bd.tokens, out, (int32_t)table->cols)
     WQ_DISPATCH(table->type, WQ_EMBED)
 #undef WQ_EMBED
-    cuda_check_launch(c, "embed");
+    /* (cuda_embed checks the launch.) */
 }

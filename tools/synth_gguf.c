@@ -511,6 +511,17 @@ static float amax_of(const float *x, int n)
 
 static int clampi(float q, int lo, int hi) { return q < (float)lo ? lo : q > (float)hi ? hi : (int)q; }
 
+/* The smallest and largest of n values and zero (the K types' mins are
+ * never above zero). */
+static void range0(const float *x, int n, float *lo, float *hi)
+{
+    *lo = *hi = 0;
+    for (int j = 0; j < n; j++) {
+        *lo = fminf(*lo, x[j]);
+        *hi = fmaxf(*hi, x[j]);
+    }
+}
+
 static void quant_q4_0(const float *x, uint8_t *b, int64_t nb)
 {
     for (int64_t i = 0; i < nb; i++, x += 32, b += 18) {
@@ -561,11 +572,8 @@ static void quant_qk45(const float *x, uint8_t *b, int64_t nb, int bits)
     for (int64_t i = 0; i < nb; i++, x += 256, b += bb) {
         float sc[8], mn[8], smax = 0, mmax = 0;
         for (int j = 0; j < 8; j++) {
-            float lo = 0, hi = 0;
-            for (int l = 0; l < 32; l++) {
-                lo = fminf(lo, x[32 * j + l]);
-                hi = fmaxf(hi, x[32 * j + l]);
-            }
+            float lo, hi;
+            range0(x + 32 * j, 32, &lo, &hi);
             sc[j] = (hi - lo) / (float)top;
             mn[j] = -lo;
             smax = fmaxf(smax, sc[j]);
@@ -645,11 +653,8 @@ static void quant_q23_k(const float *x, uint8_t *b, int64_t nb, bool q3)
     for (int64_t i = 0; i < nb; i++, x += 256, b += bb) {
         float sc[16], mn[16], smax = 0, mmax = 0;
         for (int g = 0; g < 16; g++) {
-            float lo = 0, hi = 0;
-            for (int l = 0; l < 16; l++) {
-                lo = fminf(lo, x[16 * g + l]);
-                hi = fmaxf(hi, x[16 * g + l]);
-            }
+            float lo, hi;
+            range0(x + 16 * g, 16, &lo, &hi);
             sc[g] = q3 ? amax_of(x + 16 * g, 16) / 4.0f : (hi - lo) / 3.0f;
             mn[g] = -lo;
             smax = fmaxf(smax, sc[g]);

@@ -69,12 +69,15 @@ typedef struct cpu_q8 {
 /* Q4_1, Q4_0, Q8_0, Q5_0 and Q5_1 weights at a level whose mm_q8 reads them
  * so (cpu_kern.x8) are kept in groups of 8 rows (CPU_LAYOUT_X8). Per
  * 32-column block of the 8 rows: their 16-bit scalars, 8 of each kind in a
- * row (Q4_1: 8 d, then 8 m; Q5_0: 8 d, the 8 rows' high bits 0-15, then
- * bits 16-31; Q5_1: d, m, then the high bits; the others: 8 d), then their
+ * row (Q4_1: 8 d, then 8 m; Q5_0: 8 d, then 32 bytes of the 8 rows' fifth
+ * bits; Q5_1: d, m, then the fifth bits; the others: 8 d), then their
  * quant bytes in vectors of 32 bytes, lane j (bytes 4j..4j+3) of vector c
  * holding bytes 4c..4c+3 of row j's block (Q4 and Q5: 4 vectors, columns
  * 4c.. in the low nibbles and 16+4c.. in the high ones; Q8_0: 8 vectors,
- * columns 4c..4c+3). Broadcasting 4
+ * columns 4c..4c+3). The fifth bits are one vector laid out as the
+ * nibbles: byte 4j + i (row j) holds in bit 2c the fifth bit of the low
+ * nibble of byte 4j + i of vector c, in bit 2c + 1 that of its high
+ * nibble, so a shift and a mask give each vector's. Broadcasting 4
  * activation bytes against a vector gives the 8 rows' products in its 8
  * lanes: no horizontal sums, no nibble unpack per row, and the scales load
  * as a vector. The same bytes as the file's layout, rearranged. */
@@ -93,7 +96,7 @@ static inline bool cpu_x8_type(uint32_t t)
  * sub-block the 8 rows' 6-bit scales (bytes), then their mins, then the
  * sub-blocks' nibbles as Q4_0's above (columns 0-15 low, 16-31 high).
  * Q5_K: the same with, before the nibbles, each sub-block's 8 rows' fifth
- * bits as Q5_0's 32-bit masks (bit i: column i). Q6_K: 8 d (f16), per 16
+ * bits as Q5_0's vector of them. Q6_K: 8 d (f16), per 16
  * columns the 8 rows' int8 scales, then per 32-column block the low 4 bits
  * as Q4_0's nibbles and the 8 rows' top 2 bits as two vectors of 8 lanes
  * (columns 0-15, then 16-31; 2 bits a column, column c at bit 2 (c % 16)).

@@ -65,8 +65,26 @@ static size_t weight_row_bytes(const dp_weight *w)
     return w->nbytes / (size_t)w->rows;
 }
 
+/* Q5's fifth bits (Q5_0, Q5_1, Q5_K) in a 32-byte vector beside the
+ * nibbles (cpu_internal.h): column c of row j at byte 4 j + c % 4, bit 2 k
+ * for column 4 k + c % 4 (a low nibble of chunk k), bit 2 k + 1 for column
+ * 16 + 4 k + c % 4 (its high nibble). */
+static uint8_t *x8_q5h_at(uint8_t *h, int j, int c, int *bit)
+{
+    *bit = c < 16 ? 2 * (c / 4) : 2 * ((c - 16) / 4) + 1;
+    return h + 4 * j + c % 4;
+}
+
+/* Where Q5_0's and Q5_1's fifth bits start in the file's block (after d,
+ * and m), or -1 for the other 32-column types. Their place in the packed
+ * block is x8_at's of that byte for row 0: the 32 bytes from there. */
+static int x8_q5h_file(uint32_t type)
+{
+    return type == DP_TYPE_Q5_0 ? 2 : type == DP_TYPE_Q5_1 ? 4 : -1;
+}
+
 /* Where byte i of a file block (scalars first, then quant bytes) goes in
- * the packed block of its group, for row j. */
+ * the packed block of its group, for row j (Q5's fifth bits: x8_q5h_at). */
 static size_t x8_at(uint32_t type, int j, int i)
 {
     const int ns = cpu_x8_scalars(type);
@@ -244,16 +262,17 @@ static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
         for (int e = 0; e < 256; e++) {
             const int s = e / 32, c = e % 32, i = c % 16;
             uint8_t *b = qs + 128 * s + 32 * (i / 4) + 4 * j + i % 4;
-            uint8_t *h = o + CPU_X8K_Q4_QS + 32 * s + 4 * j + c / 8;
+            int bit;
+            uint8_t *h = x8_q5h_at(o + CPU_X8K_Q4_QS + 32 * s, j, c, &bit);
             if (pack) {
                 *b = c < 16 ? (uint8_t)((*b & 0xf0) | q4k_nib(fq, e))
                             : (uint8_t)((*b & 0x0f) | (q4k_nib(fq, e) << 4));
                 if (q5)
-                    *h |= (uint8_t)(((f[16 + c] >> s) & 1) << (c % 8));
+                    *h |= (uint8_t)(((f[16 + c] >> s) & 1) << bit);
             } else {
                 q4k_set(fq, e, c < 16 ? *b & 0x0f : *b >> 4);
                 if (q5)
-                    f[16 + c] |= (uint8_t)(((*h >> (c % 8)) & 1) << s);
+                    f[16 + c] |= (uint8_t)(((*h >> bit) & 1) << s);
             }
         }
         return;
@@ -330,13 +349,24 @@ void cpu_x8_pack(uint32_t type, const uint8_t *src, int64_t rows, int64_t cols, 
     }
     const int64_t nb = cols / 32;
     const size_t pb = cpu_x8_block(type), fb = pb / 8;
+    const int hi = x8_q5h_file(type); /* the file's 4 bytes of fifth bits, or -1 */
     for (int64_t g = 0; g < rows / 8; g++)
         for (int64_t b = 0; b < nb; b++) {
             uint8_t *o = dst + ((size_t)g * (size_t)nb + (size_t)b) * pb;
+            if (hi >= 0)
+                memset(o + x8_at(type, 0, hi), 0, 32);
             for (int j = 0; j < 8; j++) {
                 const uint8_t *s = src + ((size_t)(g * 8 + j) * (size_t)nb + (size_t)b) * fb;
-                for (int i = 0; i < (int)fb; i++)
+                for (int i = 0; i < (int)fb; i++) {
+                    if (hi >= 0 && i >= hi && i < hi + 4)
+                        continue;
                     o[x8_at(type, j, i)] = s[i];
+                }
+                for (int c = 0; hi >= 0 && c < 32; c++) {
+                    int bit;
+                    uint8_t *h = x8_q5h_at(o + x8_at(type, 0, hi), j, c, &bit);
+                    *h |= (uint8_t)(((s[hi + c / 8] >> (c % 8)) & 1) << bit);
+                }
             }
         }
 }
@@ -353,12 +383,22 @@ void cpu_x8_unpack_row(const dp_weight *w, int64_t r, uint8_t *dst)
         return;
     }
     const int64_t nb = w->cols / 32, g = r / 8;
-    const int j = (int)(r % 8);
+    const int j = (int)(r % 8), hi = x8_q5h_file(w->type);
     const size_t pb = cpu_x8_block(w->type), fb = pb / 8;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *o = (const uint8_t *)w->data + ((size_t)g * (size_t)nb + (size_t)b) * pb;
+        uint8_t *d = dst + (size_t)b * fb;
         for (int i = 0; i < (int)fb; i++)
-            dst[(size_t)b * fb + (size_t)i] = o[x8_at(w->type, j, i)];
+            if (hi < 0 || i < hi || i >= hi + 4)
+                d[i] = o[x8_at(w->type, j, i)];
+        if (hi >= 0) {
+            memset(d + hi, 0, 4);
+            for (int c = 0; c < 32; c++) {
+                int bit;
+                const uint8_t *h = x8_q5h_at((uint8_t *)o + x8_at(w->type, 0, hi), j, c, &bit);
+                d[hi + c / 8] |= (uint8_t)(((*h >> bit) & 1) << (c % 8));
+            }
+        }
     }
 }
 

@@ -55,24 +55,48 @@ static inline __m256i x8_keep(__m256i v)
 #define X8_SUM16(acc, ones) ((void)(ones), (acc))
 #define X8_ACC16_FREE(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
 #define X8_ACC32(acc, u, s, ones) ((void)(ones), x8_keep(_mm256_dpbusd_epi32((acc), (u), (s))))
+#define X8_ACC5(s, t, k, lo, alo, hi, ahi, ones)                                                \
+    ((void)(t), (void)(ones),                                                                   \
+     (s) = x8_keep(_mm256_dpbusd_epi32(_mm256_dpbusd_epi32((s), (lo), (alo)), (hi), (ahi))))
 #else
 #define X8_ACC16(acc, u, s) x8_keep(_mm256_add_epi16((acc), _mm256_maddubs_epi16((u), (s))))
 #define X8_SUM16(acc, ones) _mm256_madd_epi16((acc), (ones))
 #define X8_ACC16_FREE(acc, u, s) _mm256_add_epi16((acc), _mm256_maddubs_epi16((u), (s)))
 #define X8_ACC32(acc, u, s, ones) \
     x8_keep(_mm256_add_epi32((acc), _mm256_madd_epi16(_mm256_maddubs_epi16((u), (s)), (ones))))
+/* Q5's chunk k (its low and high nibbles): the pairs (at most 2 * 31 * 127)
+ * of chunks 2h and 2h + 1 summed in i16 (at most 4 * 7874 = 31496), then
+ * one madd into i32: the same integers as one madd per chunk. */
+#define X8_ACC5(s, t, k, lo, alo, hi, ahi, ones)                                                \
+    do {                                                                                        \
+        const __m256i pr_ = _mm256_add_epi16(_mm256_maddubs_epi16((lo), (alo)),                 \
+                                             _mm256_maddubs_epi16((hi), (ahi)));                \
+        if ((k) & 1)                                                                            \
+            (s) = x8_keep(                                                                      \
+                _mm256_add_epi32((s), _mm256_madd_epi16(_mm256_add_epi16((t), pr_), (ones))));  \
+        else                                                                                    \
+            (t) = x8_keep(pr_);                                                                 \
+    } while (0)
 #endif
 
 /* Four mask bits of a lane (from bit `shift`) to bit 0 of its four bytes by
  * one multiply (bit k lands at 8k only: the four shifted copies do not
- * overlap); x8_bits4 moves them on to bit 4 (a nibble's fifth bit). */
+ * overlap): Q3_K's third bits. */
 static inline __m256i x8_bits1(__m256i qh, int shift)
 {
     const __m256i x = _mm256_and_si256(_mm256_srli_epi32(qh, shift), _mm256_set1_epi32(0xf));
     return _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081)),
                             _mm256_set1_epi32(0x01010101));
 }
-static inline __m256i x8_bits4(__m256i qh, int shift) { return _mm256_slli_epi32(x8_bits1(qh, shift), 4); }
+/* Bit b of every byte of Q5's fifth-bit vector (cpu_internal.h: bit 2 k
+ * for chunk k's low nibbles, 2 k + 1 for its high ones) to bit 4 of the
+ * byte, the nibble's fifth bit. A 16-bit shift by at most 4 moves no kept
+ * bit between the two bytes of a lane. */
+static inline __m256i x8_bit5(__m256i h, int b)
+{
+    const __m256i v = b <= 4 ? _mm256_slli_epi16(h, 4 - b) : _mm256_srli_epi16(h, b - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+}
 
 /* 8 bytes (the 8 rows' scales) as floats. */
 static inline __m256 x8_u8ps(const uint8_t *p)
@@ -86,10 +110,9 @@ static inline __m256 x8_i8ps(const uint8_t *p)
 
 /* Q4_0 / Q4_1 (BITS 4) and Q5_0 / Q5_1 (BITS 5). MINS 1: 8 mins follow the
  * scales; MINS 0: m = -8 d (Q4_0) or -16 d (Q5_0). Q5 puts each nibble's
- * fifth bit back from the 8 rows' 32-bit masks (one lane each, stored as
- * two 16-bit scalars a row). Q4's pairs stay in i16 across the block (at
- * most 8 * 2 * 15 * 127); Q5's reach 2 * 31 * 127 per pair, so each chunk
- * goes to i32 at once (in i16 eight of them could overflow). */
+ * fifth bit back from the vector of fifth bits (x8_bit5). Q4's pairs stay
+ * in i16 across the block (at most 8 * 2 * 15 * 127); Q5's reach 2 * 31 *
+ * 127 per pair, so they go to i32 every two chunks (X8_ACC5). */
 #define X8_Q45(G, BITS, MINS)                                                                   \
     static inline __attribute__((always_inline)) void x8q##BITS##_##MINS##_##G(                \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -103,28 +126,23 @@ static inline __m256 x8_i8ps(const uint8_t *p)
             const uint8_t *p = gp + (size_t)b * BLK;                                            \
             _mm_prefetch((const char *)p + 4 * BLK, _MM_HINT_T0);                               \
             const __m256i qh =                                                                  \
-                Q5 ? _mm256_or_si256(                                                           \
-                         _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + QH))),     \
-                         _mm256_slli_epi32(_mm256_cvtepu16_epi32(                               \
-                                               _mm_loadu_si128((const __m128i *)(p + QH + 16))), \
-                                           16))                                                 \
-                   : _mm256_setzero_si256();                                                    \
-            __m256i s[G];                                                                       \
+                Q5 ? _mm256_loadu_si256((const __m256i *)(p + QH)) : _mm256_setzero_si256();    \
+            __m256i s[G], t[G];                                                                 \
             for (int i = 0; i < G; i++)                                                         \
-                s[i] = _mm256_setzero_si256();                                                  \
+                s[i] = t[i] = _mm256_setzero_si256();                                           \
             for (int k = 0; k < 4; k++) {                                                       \
                 const __m256i v = _mm256_loadu_si256((const __m256i *)(p + HEAD + 32 * k));    \
                 __m256i lo = _mm256_and_si256(v, low);                                          \
                 __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                    \
                 if (Q5) {                                                                       \
-                    lo = _mm256_or_si256(lo, x8_bits4(qh, 4 * k));                              \
-                    hi = _mm256_or_si256(hi, x8_bits4(qh, 16 + 4 * k));                         \
+                    lo = _mm256_or_si256(lo, x8_bit5(qh, 2 * k));                               \
+                    hi = _mm256_or_si256(hi, x8_bit5(qh, 2 * k + 1));                           \
                 }                                                                               \
                 for (int i = 0; i < G; i++) {                                                   \
                     const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;                 \
                     if (Q5) {                                                                   \
-                        s[i] = X8_ACC32(s[i], lo, bcast4(q + 4 * k), ones);                     \
-                        s[i] = X8_ACC32(s[i], hi, bcast4(q + 16 + 4 * k), ones);                \
+                        X8_ACC5(s[i], t[i], k, lo, bcast4(q + 4 * k), hi,                       \
+                                bcast4(q + 16 + 4 * k), ones);                                  \
                     } else {                                                                    \
                         s[i] = X8_ACC16(s[i], lo, bcast4(q + 4 * k));                           \
                         s[i] = X8_ACC16(s[i], hi, bcast4(q + 16 + 4 * k));                      \
@@ -185,22 +203,22 @@ X8_Q45(4, 5, 0)
                 const __m256i qh =                                                              \
                     Q5 ? _mm256_loadu_si256((const __m256i *)(p + CPU_X8K_Q4_QS + 32 * s))      \
                        : _mm256_setzero_si256();                                                \
-                __m256i s16[G];                                                                 \
+                __m256i s16[G], t[G];                                                           \
                 for (int i = 0; i < G; i++)                                                     \
-                    s16[i] = _mm256_setzero_si256();                                            \
+                    s16[i] = t[i] = _mm256_setzero_si256();                                     \
                 for (int k = 0; k < 4; k++) {                                                   \
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
                     __m256i lo = _mm256_and_si256(v, low);                                      \
                     __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);                \
                     if (Q5) {                                                                   \
-                        lo = _mm256_or_si256(lo, x8_bits4(qh, 4 * k));                          \
-                        hi = _mm256_or_si256(hi, x8_bits4(qh, 16 + 4 * k));                     \
+                        lo = _mm256_or_si256(lo, x8_bit5(qh, 2 * k));                           \
+                        hi = _mm256_or_si256(hi, x8_bit5(qh, 2 * k + 1));                       \
                     }                                                                           \
                     for (int i = 0; i < G; i++) {                                               \
                         const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
                         if (Q5) { /* (31 * 127 per pair: i32 at once, as Q5_0's) */             \
-                            s16[i] = X8_ACC32(s16[i], lo, bcast4(q + 4 * k), ones);             \
-                            s16[i] = X8_ACC32(s16[i], hi, bcast4(q + 16 + 4 * k), ones);        \
+                            X8_ACC5(s16[i], t[i], k, lo, bcast4(q + 4 * k), hi,                 \
+                                    bcast4(q + 16 + 4 * k), ones);                              \
                         } else {                                                                \
                             s16[i] = X8_ACC16(s16[i], lo, bcast4(q + 4 * k));                   \
                             s16[i] = X8_ACC16(s16[i], hi, bcast4(q + 16 + 4 * k));              \

@@ -521,51 +521,58 @@ X8_Q8(2)
 X8_Q8(3)
 X8_Q8(4)
 
-#define X8_CALL(kind, g, gp, nb, xg, yo, n)                                                     \
-    switch (g) {                                                                                \
-    case 1: kind##_1(gp, nb, xg, yo, n); break;                                                 \
-    case 2: kind##_2(gp, nb, xg, yo, n); break;                                                 \
-    case 3: kind##_3(gp, nb, xg, yo, n); break;                                                 \
-    default: kind##_4(gp, nb, xg, yo, n); break;                                                \
+/* One function per weight type over rows [r0, r0 + nt) (multiples of 8:
+ * tiles are, and so are the rows): each type's loops are compiled on their
+ * own, so a change to one kernel cannot move another's code. */
+#define X8_MM(kind)                                                                             \
+    static void mmq_##kind(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq,       \
+                           int32_t m, float *y)                                                 \
+    {                                                                                           \
+        const int64_t nb = w->cols / 32, n = w->rows;                                           \
+        const size_t gb = cpu_x8_bytes(w->type, 8, w->cols); /* one group of 8 rows */         \
+        for (int32_t i0 = 0; i0 < m; i0 += 4) {                                                 \
+            const int32_t g = m - i0 < 4 ? m - i0 : 4;                                          \
+            const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;                                    \
+            for (int64_t r = r0; r < r0 + nt; r += 8) {                                         \
+                const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * gb;            \
+                float *yo = y + (size_t)i0 * (size_t)n + (size_t)r;                             \
+                switch (g) {                                                                    \
+                case 1: kind##_1(gp, nb, xg, yo, n); break;                                     \
+                case 2: kind##_2(gp, nb, xg, yo, n); break;                                     \
+                case 3: kind##_3(gp, nb, xg, yo, n); break;                                     \
+                default: kind##_4(gp, nb, xg, yo, n); break;                                    \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
     }
+X8_MM(x8q4_1)
+X8_MM(x8q4_0)
+X8_MM(x8q5_0)
+X8_MM(x8q5_1)
+X8_MM(x8qk_0)
+X8_MM(x8qk_1)
+X8_MM(x8q6k)
+X8_MM(x8iq4_0)
+X8_MM(x8iq4_1)
+X8_MM(x8q23_0)
+X8_MM(x8q23_1)
+X8_MM(x8q8)
 
-/* Rows [r0, r0 + nt) (multiples of 8: tiles are, and so are the rows). */
 static void mmq_x8(const dp_weight *w, int64_t r0, int64_t nt, const cpu_q8 *xq, int32_t m,
                    float *y)
 {
-    const int64_t nb = w->cols / 32, n = w->rows;
-    const size_t gb = cpu_x8_bytes(w->type, 8, w->cols); /* one group of 8 rows */
-    for (int32_t i0 = 0; i0 < m; i0 += 4) {
-        const int32_t g = m - i0 < 4 ? m - i0 : 4;
-        const cpu_q8 *xg = xq + (size_t)i0 * (size_t)nb;
-        for (int64_t r = r0; r < r0 + nt; r += 8) {
-            const uint8_t *gp = (const uint8_t *)w->data + (size_t)(r / 8) * gb;
-            float *yo = y + (size_t)i0 * (size_t)n + (size_t)r;
-            if (w->type == DP_TYPE_Q4_1) {
-                X8_CALL(x8q4_1, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q4_0) {
-                X8_CALL(x8q4_0, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q5_0) {
-                X8_CALL(x8q5_0, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q5_1) {
-                X8_CALL(x8q5_1, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q4_K) {
-                X8_CALL(x8qk_0, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q5_K) {
-                X8_CALL(x8qk_1, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q6_K) {
-                X8_CALL(x8q6k, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_IQ4_NL) {
-                X8_CALL(x8iq4_0, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_IQ4_XS) {
-                X8_CALL(x8iq4_1, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q2_K) {
-                X8_CALL(x8q23_0, g, gp, nb, xg, yo, n)
-            } else if (w->type == DP_TYPE_Q3_K) {
-                X8_CALL(x8q23_1, g, gp, nb, xg, yo, n)
-            } else {
-                X8_CALL(x8q8, g, gp, nb, xg, yo, n)
-            }
-        }
+    switch (w->type) {
+    case DP_TYPE_Q4_1: mmq_x8q4_1(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q4_0: mmq_x8q4_0(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q5_0: mmq_x8q5_0(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q5_1: mmq_x8q5_1(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q4_K: mmq_x8qk_0(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q5_K: mmq_x8qk_1(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q6_K: mmq_x8q6k(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_IQ4_NL: mmq_x8iq4_0(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_IQ4_XS: mmq_x8iq4_1(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q2_K: mmq_x8q23_0(w, r0, nt, xq, m, y); break;
+    case DP_TYPE_Q3_K: mmq_x8q23_1(w, r0, nt, xq, m, y); break;
+    default: mmq_x8q8(w, r0, nt, xq, m, y); break; /* Q8_0 (cpu_x8_type) */
     }
 }

@@ -57,9 +57,12 @@ static inline size_t cpu_kivi_head_bytes(const dp_kv_layout *l)
 }
 
 /* One activation block quantized for the integer dot products: 32 values as
- * d * q[i], and s = d * sum(q) (what a weight type with an offset needs). */
+ * d * q[i], s = d * sum(q) (what a weight type with an offset needs), and
+ * the sums of q[0..15] and q[16..31] (the types with a scale or an offset
+ * per 16 columns: Q2_K, Q3_K, Q6_K), h[0] | h[1] << 16 loaded as one i32. */
 typedef struct cpu_q8 {
     float d, s;
+    int16_t h[2];
     int8_t q[32];
 } cpu_q8;
 
@@ -98,8 +101,10 @@ static inline bool cpu_x8_type(uint32_t t)
  * Q5_K: the same with, before the nibbles, each sub-block's 8 rows' fifth
  * bits as Q5_0's vector of them. Q6_K: 8 d (f16), per 16
  * columns the 8 rows' int8 scales, then per 32-column block the low 4 bits
- * as Q4_0's nibbles and the 8 rows' top 2 bits as two vectors of 8 lanes
- * (columns 0-15, then 16-31; 2 bits a column, column c at bit 2 (c % 16)).
+ * as Q4_0's nibbles and the 8 rows' top 2 bits as two vectors laid out as
+ * the nibbles: vector k / 2 holds nibble vector k's, at bits 4 (k % 2) of
+ * each byte for its low nibble and 4 (k % 2) + 2 for its high one (a shift
+ * and a mask put them at bits 4-5).
  * IQ4_XS: 8
  * d (f16), per sub-block the 8 rows' scales minus 32 (int8), then the
  * nibbles as Q4_0's (IQ4_NL's are Q4_0's layout: its 16 levels in place of

@@ -317,12 +317,15 @@ static void x8k_row(uint32_t type, uint8_t *o, int j, uint8_t *f, bool pack)
         for (int h = 0; h < 16; h++)
             f[192 + h] = o[16 + 8 * h + j];
     }
+    /* Column c = 16 half + 4 k + i (i < 4) of sub-block s: its nibble in
+     * byte 4 j + i of vector k (as Q4_0's), its top 2 bits in byte 4 j + i
+     * of top-bit vector k / 2, at bit 4 (k % 2) + 2 half. */
     for (int e = 0; e < 256; e++) {
-        const int s = e / 32, c = e % 32, i = c % 16;
+        const int s = e / 32, c = e % 32, half = c / 16, k = c % 16 / 4, i = c % 4;
         uint8_t *blk = o + CPU_X8K_Q6_QS + 192 * s;
-        uint8_t *b = blk + 32 * (i / 4) + 4 * j + i % 4;
-        uint8_t *h = blk + 128 + 32 * (c / 16) + 4 * j + i / 4;
-        const int sh = 2 * (i % 4);
+        uint8_t *b = blk + 32 * k + 4 * j + i;
+        uint8_t *h = blk + 128 + 32 * (k / 2) + 4 * j + i;
+        const int sh = 4 * (k % 2) + 2 * half;
         if (pack) {
             const int v = q6k_val(f, e);
             *b = c < 16 ? (uint8_t)((*b & 0xf0) | (v & 0x0f)) : (uint8_t)((*b & 0x0f) | ((v & 0x0f) << 4));

@@ -248,22 +248,36 @@ X8_QK(2, 1)
 X8_QK(3, 1)
 X8_QK(4, 1)
 
-/* Two bits a column (8 of a lane's, from bit 8 * k) to bits 4-5 of 4 bytes:
- * field b goes to byte b by a shift of 6b; the four shifted copies do not
- * overlap in the bits kept. */
-static inline __m256i x8_bits2(__m256i h, int k)
+/* Q6_K's top 2 bits of nibble vector k (its low nibbles: hi 0, its high
+ * ones: hi 1) from top-bit vector k / 2 (cpu_internal.h) to bits 4-5 of
+ * each byte. A 16-bit shift by at most 4 moves no kept bit between the two
+ * bytes of a lane. */
+static inline __m256i x8_top2(__m256i h, int k, int hi)
 {
-    const __m256i x = _mm256_and_si256(_mm256_srli_epi32(h, 8 * k), _mm256_set1_epi32(0xff));
-    const __m256i y = _mm256_or_si256(_mm256_or_si256(x, _mm256_slli_epi32(x, 6)),
-                                      _mm256_or_si256(_mm256_slli_epi32(x, 12),
-                                                      _mm256_slli_epi32(x, 18)));
-    return _mm256_slli_epi32(_mm256_and_si256(y, _mm256_set1_epi32(0x03030303)), 4);
+    const int b = 4 * (k % 2) + 2 * hi;
+    const __m256i v = b <= 4 ? _mm256_slli_epi16(h, 4 - b) : _mm256_srli_epi16(h, b - 4);
+    return _mm256_and_si256(v, _mm256_set1_epi8(0x30));
 }
 
-/* Q6_K per super-block: each value from its nibble and 2 top bits, minus
- * 32, summed as Q8_0's (signs moved onto the activations); the low
- * nibbles are a block's columns 0-15 and the high ones 16-31, each half
- * with its row's d * sc. */
+/* The 8 rows' int8 scales sc0 (columns 0-15) and sc1 (16-31) as i16 pairs
+ * of each lane: (sc0, sc0), (sc1, sc1) and (sc0, sc1). */
+static inline void x8_sc16(const uint8_t *p, __m256i *s0, __m256i *s1, __m256i *s01)
+{
+    const __m256i a = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p));
+    const __m256i b = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p + 8)));
+    const __m256i bs = _mm256_slli_epi32(b, 16);
+    *s0 = _mm256_blend_epi16(a, _mm256_slli_epi32(a, 16), 0xaa);
+    *s1 = _mm256_blend_epi16(b, bs, 0xaa);
+    *s01 = _mm256_blend_epi16(a, bs, 0xaa);
+}
+
+/* Q6_K per super-block: each value's nibble and top 2 bits as an unsigned
+ * 0..63, its pairs (at most 2 * 63 * 127) times the row's scale of its 16
+ * columns by one madd into i32; the offset of 32 comes off once a block:
+ * sum(sc (q - 32) x) = sum(sc q x) - 32 (sc0 h0 + sc1 h1), h the
+ * activation block's half sums, sc0 h0 + sc1 h1 one more madd. The whole
+ * block's sum is an exact integer (at most 32 * 128 * 63 * 127) times d
+ * and the activation's scale. */
 #define X8_Q6K(G)                                                                               \
     static inline __attribute__((always_inline)) void x8q6k_##G(                               \
         const uint8_t *gp, int64_t nb, const cpu_q8 *xq, float *y, int64_t n)                  \
@@ -272,8 +286,7 @@ static inline __m256i x8_bits2(__m256i h, int k)
         __m256 acc[G];                                                                          \
         for (int i = 0; i < G; i++)                                                             \
             acc[i] = _mm256_setzero_ps();                                                       \
-        const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);               \
-        const __m256i bias = _mm256_set1_epi8(32);                                              \
+        const __m256i low = _mm256_set1_epi8(0x0f);                                             \
         for (int64_t sb = 0; sb < nb / 8; sb++) {                                               \
             const uint8_t *p = gp + (size_t)sb * BLK;                                           \
             const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));             \
@@ -281,36 +294,36 @@ static inline __m256i x8_bits2(__m256i h, int k)
                 const uint8_t *qs = p + CPU_X8K_Q6_QS + 192 * s;                                \
                 const int64_t b = sb * 8 + s;                                                   \
                 _mm_prefetch((const char *)qs + 768, _MM_HINT_T0);                              \
-                const __m256i h0 = _mm256_loadu_si256((const __m256i *)(qs + 128));             \
-                const __m256i h1 = _mm256_loadu_si256((const __m256i *)(qs + 160));             \
-                __m256i s0[G], s1[G];                                                           \
+                _mm_prefetch((const char *)qs + 768 + 64, _MM_HINT_T0);                         \
+                __m256i sc0, sc1, sc01;                                                         \
+                x8_sc16(p + 16 + 16 * s, &sc0, &sc1, &sc01);                                    \
+                __m256i s32[G];                                                                 \
                 for (int i = 0; i < G; i++)                                                     \
-                    s0[i] = s1[i] = _mm256_setzero_si256();                                     \
+                    s32[i] = _mm256_setzero_si256();                                            \
                 for (int k = 0; k < 4; k++) {                                                   \
                     const __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * k));      \
-                    const __m256i lo = _mm256_sub_epi8(                                         \
-                        _mm256_or_si256(_mm256_and_si256(v, low), x8_bits2(h0, k)), bias);      \
-                    const __m256i hi = _mm256_sub_epi8(                                         \
-                        _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), low),         \
-                                        x8_bits2(h1, k)),                                       \
-                        bias);                                                                  \
-                    const __m256i ulo = _mm256_sign_epi8(lo, lo), uhi = _mm256_sign_epi8(hi, hi); \
+                    const __m256i h =                                                           \
+                        _mm256_loadu_si256((const __m256i *)(qs + 128 + 32 * (k / 2)));         \
+                    const __m256i lo = _mm256_or_si256(_mm256_and_si256(v, low), x8_top2(h, k, 0)); \
+                    const __m256i hi = _mm256_or_si256(                                         \
+                        _mm256_and_si256(_mm256_srli_epi16(v, 4), low), x8_top2(h, k, 1));      \
                     for (int i = 0; i < G; i++) {                                               \
                         const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
-                        s0[i] = X8_ACC32(s0[i], ulo, _mm256_sign_epi8(bcast4(q + 4 * k), lo),   \
-                                         ones);                                                 \
-                        s1[i] = X8_ACC32(s1[i], uhi,                                            \
-                                         _mm256_sign_epi8(bcast4(q + 16 + 4 * k), hi), ones);   \
+                        s32[i] = x8_keep(_mm256_add_epi32(                                      \
+                            s32[i], _mm256_madd_epi16(_mm256_maddubs_epi16(lo, bcast4(q + 4 * k)), \
+                                                      sc0)));                                   \
+                        s32[i] = x8_keep(_mm256_add_epi32(                                      \
+                            s32[i],                                                             \
+                            _mm256_madd_epi16(_mm256_maddubs_epi16(hi, bcast4(q + 16 + 4 * k)), \
+                                              sc1)));                                           \
                     }                                                                           \
                 }                                                                               \
-                const __m256 sv0 = _mm256_mul_ps(dv, x8_i8ps(p + 16 + 16 * s));                 \
-                const __m256 sv1 = _mm256_mul_ps(dv, x8_i8ps(p + 16 + 16 * s + 8));             \
                 for (int i = 0; i < G; i++) {                                                   \
-                    const __m256 xd = _mm256_set1_ps(xq[(size_t)i * (size_t)nb + (size_t)b].d); \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s0[i]), _mm256_mul_ps(sv0, xd), \
-                                             acc[i]);                                           \
-                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s1[i]), _mm256_mul_ps(sv1, xd), \
-                                             acc[i]);                                           \
+                    const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                 \
+                    const __m256i off = _mm256_madd_epi16(sc01, bcast4((const int8_t *)xb->h)); \
+                    const __m256i t = _mm256_sub_epi32(s32[i], _mm256_slli_epi32(off, 5));      \
+                    acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t),                             \
+                                             _mm256_mul_ps(dv, _mm256_set1_ps(xb->d)), acc[i]); \
                 }                                                                               \
             }                                                                                   \
         }                                                                                       \
@@ -381,18 +394,6 @@ X8_IQ4(2, 1)
 X8_IQ4(3, 1)
 X8_IQ4(4, 1)
 
-/* Sums of a Q8 block's values, columns 0-15 and 16-31 (the 16-column
- * groups of Q2_K's mins and Q3_K's offset): q + 128 as bytes, summed by
- * SAD in groups of 8. */
-static inline void x8_q8_halves(const int8_t *q, int32_t *h0, int32_t *h1)
-{
-    const __m256i v = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)q), _mm256_set1_epi8(-128));
-    const __m256i s = _mm256_sad_epu8(v, _mm256_setzero_si256());
-    const __m128i lo = _mm256_castsi256_si128(s), hi = _mm256_extracti128_si256(s, 1);
-    *h0 = _mm_cvtsi128_si32(lo) + _mm_extract_epi32(lo, 2) - 16 * 128;
-    *h1 = _mm_cvtsi128_si32(hi) + _mm_extract_epi32(hi, 2) - 16 * 128;
-}
-
 /* Q2_K (Q3 0) and Q3_K (Q3 1) per super-block: per 32-column sub-block two
  * vectors of 2-bit values (and Q3_K's third bits), summed as Q4_0's nibbles
  * into one accumulator per 16 columns (each with its own scale). Q2_K:
@@ -452,8 +453,7 @@ static inline void x8_q8_halves(const int8_t *q, int32_t *h0, int32_t *h1)
                 }                                                                               \
                 for (int i = 0; i < G; i++) {                                                   \
                     const cpu_q8 *xb = xq + (size_t)i * (size_t)nb + (size_t)b;                 \
-                    int32_t h0, h1;                                                             \
-                    x8_q8_halves(xb->q, &h0, &h1);                                              \
+                    const int32_t h0 = xb->h[0], h1 = xb->h[1];                                 \
                     const __m256 xd = _mm256_set1_ps(xb->d);                                    \
                     __m256i d0 = X8_SUM16(s0[i], ones), d1 = X8_SUM16(s1[i], ones);             \
                     if (Q3) {                                                                   \

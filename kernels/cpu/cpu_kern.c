@@ -335,11 +335,15 @@ static void k_quantize_q8(const float *x, int64_t k, cpu_q8 *out)
 {
     for (int64_t b = 0; b < k / 32; b++) {
         const float *xb = x + b * 32;
-        float amax = 0.0f;
-        for (int i = 0; i < 32; i++) {
-            float a = fabsf(xb[i]);
-            amax = a > amax ? a : amax;
+        /* |x| as max(x, -x), VW lanes at a time (GCC leaves the scalar
+         * max chain unvectorized: a quarter of the activations' cost). The
+         * maximum is the same whatever the order. */
+        vf m = vf_zero();
+        for (int i = 0; i < 32; i += VW) {
+            const vf v = vf_load(xb + i);
+            m = vf_max(m, vf_max(v, vf_sub(vf_zero(), v)));
         }
+        const float amax = vf_hmax(m);
         const float d = amax / 127.0f, id = d > 0.0f ? 1.0f / d : 0.0f;
         int half[2];
         for (int h = 0; h < 2; h++) { /* (two loops of 16 the compiler vectorizes) */

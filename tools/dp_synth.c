@@ -1,9 +1,11 @@
 /* dp_synth.c: the dp-synth command: writes a synthetic LLaMA GGUF (seeded
  * random weights, byte-level BPE vocabulary) of a preset or custom shape. */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/dp.h"
 #include "tools/synth_gguf.h"
@@ -13,8 +15,9 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dp-synth --out FILE [--shape tiny|tiny32|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
-            "                [--type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k]\n"
-            "                [--seed S]\n");
+            "                [--type T] [--seed S]\n"
+            "  --type: the weight type as GGUF names it, any case (default f16; an unknown\n"
+            "          name lists the types dp-synth writes)\n");
 }
 
 static int parse_u32(const char *opt, const char *s, uint32_t *out)
@@ -28,6 +31,33 @@ static int parse_u32(const char *opt, const char *s, uint32_t *out)
     }
     *out = (uint32_t)v;
     return 0;
+}
+
+/* The weight types dp-synth writes: every type quant_type_name names (as
+ * GGUF spells it, any case) whose rows synth_quantize_row encodes. */
+static bool synth_type_ok(uint32_t t)
+{
+    float x[256] = {0};
+    uint8_t row[1024];
+    return quant_type_name(t) && synth_quantize_row(t, x, row, 256) == 0;
+}
+
+static int synth_type_parse(const char *name, uint32_t *out)
+{
+    for (uint32_t t = 0; t < 64; t++)
+        if (synth_type_ok(t) && strcasecmp(quant_type_name(t), name) == 0) {
+            *out = t;
+            return 0;
+        }
+    return -1;
+}
+
+static void synth_type_names(char *buf, size_t cap)
+{
+    size_t n = 0;
+    for (uint32_t t = 0; t < 64 && n < cap; t++)
+        if (synth_type_ok(t))
+            n += (size_t)snprintf(buf + n, cap - n, "%s%s", n ? ", " : "", quant_type_name(t));
 }
 
 int main(int argc, char **argv)
@@ -103,22 +133,10 @@ int main(int argc, char **argv)
         return 2;
     }
     uint32_t wt;
-    if (strcmp(type, "f32") == 0) wt = DP_TYPE_F32;
-    else if (strcmp(type, "f16") == 0) wt = DP_TYPE_F16;
-    else if (strcmp(type, "bf16") == 0) wt = DP_TYPE_BF16;
-    else if (strcmp(type, "q8_0") == 0) wt = DP_TYPE_Q8_0;
-    else if (strcmp(type, "q4_1") == 0) wt = DP_TYPE_Q4_1;
-    else if (strcmp(type, "q4_0") == 0) wt = DP_TYPE_Q4_0;
-    else if (strcmp(type, "q5_0") == 0) wt = DP_TYPE_Q5_0;
-    else if (strcmp(type, "q5_1") == 0) wt = DP_TYPE_Q5_1;
-    else if (strcmp(type, "q2_k") == 0) wt = DP_TYPE_Q2_K;
-    else if (strcmp(type, "q3_k") == 0) wt = DP_TYPE_Q3_K;
-    else if (strcmp(type, "q4_k") == 0) wt = DP_TYPE_Q4_K;
-    else if (strcmp(type, "q5_k") == 0) wt = DP_TYPE_Q5_K;
-    else if (strcmp(type, "q6_k") == 0) wt = DP_TYPE_Q6_K;
-    else {
-        fprintf(stderr, "dp-synth: unknown type '%s' (f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, "
-                "q3_k, q4_k, q5_k, q6_k)\n", type);
+    if (synth_type_parse(type, &wt) != 0) {
+        char names[256] = "";
+        synth_type_names(names, sizeof names);
+        fprintf(stderr, "dp-synth: unknown type '%s' (%s)\n", type, names);
         return 2;
     }
     char err[DP_ERRLEN];

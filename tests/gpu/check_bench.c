@@ -479,11 +479,7 @@ static void bench_wquant(dp_backend *gpu, const bench_cfg *bc, double bw, double
     float *dx = dev_from(gpu, x, (size_t)bc->prompt * (size_t)cols);
     float *dy = dev_alloc(gpu, (size_t)bc->prompt * (size_t)rows);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        uint64_t rb;
-        if (quant_row_bytes(types[ti], (uint64_t)cols, &rb))
-            die(EXIT_SETUP, "%s", "bad weight shape");
-        uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
-        weight_rows(types[ti], raw, rows, cols, 0.1f);
+        uint8_t *raw = weight_make(types[ti], rows, cols, 0.1f);
         dp_weight w;
         if (gpu->ops->weight_load(gpu, &w, types[ti], rows, cols, raw, err, sizeof err))
             die(EXIT_SETUP, "weight_load: %s", err);

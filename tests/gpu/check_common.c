@@ -275,14 +275,15 @@ void model_kv_close(dp_backend *be, dp_llama *m, dp_kv_store **stores)
     llama_destroy(m);
 }
 
-/* n rows of a weight: quantized from random values where synth_quantize_row
+/* rows of a weight: quantized from random values where synth_quantize_row
  * writes the type, else (IQ4_NL, IQ4_XS) random bytes under a small f16
  * scale at the start of each block. */
-void weight_rows(uint32_t type, uint8_t *raw, int64_t rows, int64_t cols, float amp)
+uint8_t *weight_make(uint32_t type, int64_t rows, int64_t cols, float amp)
 {
     uint64_t rb;
     if (quant_row_bytes(type, (uint64_t)cols, &rb))
         die(EXIT_SETUP, "%s", "bad weight shape");
+    uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
     float *row = xmalloc((size_t)cols * sizeof *row);
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *o = raw + (size_t)r * rb;
@@ -301,4 +302,5 @@ void weight_rows(uint32_t type, uint8_t *raw, int64_t rows, int64_t cols, float 
         }
     }
     free(row);
+    return raw;
 }

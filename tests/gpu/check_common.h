@@ -54,10 +54,11 @@ void dev_wait(dp_backend *be);
 void kv_write_host(dp_backend *be, dp_kv_store *const *st, int32_t layer, const float *k,
                    const float *v, size_t nkv);
 
-/* rows x cols of a weight of type in raw (rows of its row size): quantized
- * from random values of amplitude amp (synth_quantize_row), or for IQ4_NL
- * and IQ4_XS random bytes under a small f16 scale per block. */
-void weight_rows(uint32_t type, uint8_t *raw, int64_t rows, int64_t cols, float amp);
+/* A new rows x cols weight of type (rows of its row size; the caller frees
+ * it): quantized from random values of amplitude amp (synth_quantize_row),
+ * or for IQ4_NL and IQ4_XS random bytes under a small f16 scale per block.
+ * A shape the type cannot hold ends the run (EXIT_SETUP). */
+uint8_t *weight_make(uint32_t type, int64_t rows, int64_t cols, float amp);
 
 /* One comparison: relative L2 error of got against ref, within tol. */
 void report(const char *op, const char *what, const float *ref, const float *got, size_t n,

@@ -90,11 +90,7 @@ static void check_matmul(dp_backend *be[2])
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++)
         for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
             const int64_t rows = shapes[si][0], cols = shapes[si][1];
-            uint64_t rb;
-            if (quant_row_bytes(types[ti], (uint64_t)cols, &rb))
-                die(EXIT_SETUP, "%s", "bad matmul shape");
-            uint8_t *raw = xmalloc((size_t)rb * (size_t)rows);
-            weight_rows(types[ti], raw, rows, cols, 0.1f);
+            uint8_t *raw = weight_make(types[ti], rows, cols, 0.1f);
             if (si == 0)
                 check_weight_bytes(be[1], types[ti], rows, cols, raw);
             dp_weight w[2];
@@ -436,11 +432,7 @@ static void check_embed_gather(dp_backend *be[2])
     for (int32_t i = 0; i < hb.n_out; i++)
         hb.out_tokens[i] = (int32_t)(rnd64() % (uint64_t)n);
     for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
-        uint64_t rb;
-        if (quant_row_bytes(types[ti], (uint64_t)dim, &rb))
-            die(EXIT_SETUP, "%s", "bad embed shape");
-        uint8_t *raw = xmalloc((size_t)rb * (size_t)vocab);
-        weight_rows(types[ti], raw, vocab, dim, 1.0f);
+        uint8_t *raw = weight_make(types[ti], vocab, dim, 1.0f);
         float *o[2];
         for (int b = 0; b < 2; b++) {
             dp_weight w;

@@ -109,6 +109,13 @@ void check_kv_saturate(dp_backend *be[2]);
 void check_kvpath(dp_backend *be[2], dp_kv_type dtype);
 /* The kivi4 decode path (check_kivi.c): groups, residual and attention. */
 void check_kivi(dp_backend *be[2]);
+/* Whole decode runs (check_generate.c): greedy tokens of a synthetic model
+ * of weight type with the CPU's tokens fed to both (required: a
+ * disagreement at a decisive step fails; else it is reported; the model
+ * and prompts come from seed alone), and recorded decode steps against
+ * eager issue on fresh CUDA backends (cpu: the reference for the model). */
+int check_generation(dp_backend *be[2], uint64_t seed, uint32_t type, bool required);
+void check_graphs(dp_backend *cpu);
 
 /* The 7B-shaped benchmark (check_bench.c): runs it on gpu, sized from the
  * device's free memory; small: a miniature that runs the same code in

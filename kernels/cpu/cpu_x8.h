@@ -88,15 +88,18 @@ static inline __m256i x8_bits1(__m256i qh, int shift)
     return _mm256_and_si256(_mm256_mullo_epi32(x, _mm256_set1_epi32(0x00204081)),
                             _mm256_set1_epi32(0x01010101));
 }
-/* Bit b of every byte of Q5's fifth-bit vector (cpu_internal.h: bit 2 k
- * for chunk k's low nibbles, 2 k + 1 for its high ones) to bit 4 of the
- * byte, the nibble's fifth bit. A 16-bit shift by at most 4 moves no kept
- * bit between the two bytes of a lane. */
-static inline __m256i x8_bit5(__m256i h, int b)
+/* The high bits packed beside the nibbles (Q5's fifth bits, Q6_K's top
+ * two; cpu_internal.h): the field at bit b of every byte moved to bit 4,
+ * a nibble's next bit, and kept by mask. A 16-bit shift by at most 4 moves
+ * no kept bit between the two bytes of a lane. */
+static inline __m256i x8_field4(__m256i h, int b, int mask)
 {
     const __m256i v = b <= 4 ? _mm256_slli_epi16(h, 4 - b) : _mm256_srli_epi16(h, b - 4);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x10));
+    return _mm256_and_si256(v, _mm256_set1_epi8((char)mask));
 }
+/* Q5: bit 2 k of each byte is chunk k's low nibbles' fifth bit, 2 k + 1
+ * its high ones'. */
+static inline __m256i x8_bit5(__m256i h, int b) { return x8_field4(h, b, 0x10); }
 
 /* 8 bytes (the 8 rows' scales) as floats. */
 static inline __m256 x8_u8ps(const uint8_t *p)
@@ -216,7 +219,7 @@ X8_Q45(4, 5, 0)
                     }                                                                           \
                     for (int i = 0; i < G; i++) {                                               \
                         const int8_t *q = xq[(size_t)i * (size_t)nb + (size_t)b].q;             \
-                        if (Q5) { /* (31 * 127 per pair: i32 at once, as Q5_0's) */             \
+                        if (Q5) { /* (as Q5_0's: two chunks in i16, then i32) */                \
                             X8_ACC5(s16[i], t[i], k, lo, bcast4(q + 4 * k), hi,                 \
                                     bcast4(q + 16 + 4 * k), ones);                              \
                         } else {                                                                \
@@ -249,14 +252,11 @@ X8_QK(3, 1)
 X8_QK(4, 1)
 
 /* Q6_K's top 2 bits of nibble vector k (its low nibbles: hi 0, its high
- * ones: hi 1) from top-bit vector k / 2 (cpu_internal.h) to bits 4-5 of
- * each byte. A 16-bit shift by at most 4 moves no kept bit between the two
- * bytes of a lane. */
+ * ones: hi 1) from top-bit vector k / 2, at bit 4 (k % 2) + 2 hi, to bits
+ * 4-5 of each byte. */
 static inline __m256i x8_top2(__m256i h, int k, int hi)
 {
-    const int b = 4 * (k % 2) + 2 * hi;
-    const __m256i v = b <= 4 ? _mm256_slli_epi16(h, 4 - b) : _mm256_srli_epi16(h, b - 4);
-    return _mm256_and_si256(v, _mm256_set1_epi8(0x30));
+    return x8_field4(h, 4 * (k % 2) + 2 * hi, 0x30);
 }
 
 /* The 8 rows' int8 scales sc0 (columns 0-15) and sc1 (16-31) as i16 pairs

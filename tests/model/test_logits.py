@@ -41,6 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
+from dp_logits import teacher  # noqa: E402
 
 # The prompts, as token ids of SmolLM2-135M-Instruct (49152-token GPT-2-style
 # BPE).  They were made once with ref_llama.Vocab.encode (an HF `tokenizers`
@@ -152,7 +153,6 @@ def teacher_check(binary, model, ref_model, timeout, min_positions=256):
     and 97.3 %. The bounds leave about 2x room on the errors and a few points
     on the agreement; the baseline level has no integer path and meets the
     exact bounds."""
-    import tempfile
     tokens = ref_llama.Vocab(model).encode(TEACHER_TEXT)
     if len(tokens) < min_positions:
         return [], [f"teacher text has only {len(tokens)} tokens (< {min_positions})"]
@@ -161,14 +161,10 @@ def teacher_check(binary, model, ref_model, timeout, min_positions=256):
     lines, fails = [], []
     bounds = {"exact": (1e-4, 1e-3, 0.99), "int8": (7e-2, 3e-1, 0.92)}
     for mode in ("exact", "int8"):
-        with tempfile.NamedTemporaryFile(suffix=".f32") as out:
-            cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)),
-                   "--teacher", out.name] + (["--exact"] if mode == "exact" else [])
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-            if p.returncode != 0:
-                fails.append(f"{mode}: dp-logits --teacher failed: {p.stderr.strip()[-500:]}")
-                continue
-            c = np.fromfile(out.name, dtype=np.float32).astype(np.float64)
+        c, err = teacher(binary, model, tokens, mode == "exact", timeout)
+        if err:
+            fails.append(f"{mode}: {err}")
+            continue
         if c.size != ref.size:
             fails.append(f"{mode}: {c.size} logits, expected {ref.size}")
             continue

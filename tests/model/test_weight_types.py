@@ -35,22 +35,13 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
+from dp_logits import teacher  # noqa: E402
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 SHAPE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
          "--kv-heads", "2", "--layers", "2"]
 # (mean rel L2, max rel L2, top-1 agreement)
 BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
-
-
-def teacher(binary, model, tokens, exact, timeout):
-    with tempfile.NamedTemporaryFile(suffix=".f32") as out:
-        cmd = [binary, "--model", model, "--tokens", ",".join(map(str, tokens)),
-               "--teacher", out.name] + (["--exact"] if exact else [])
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if p.returncode != 0:
-            return None, f"dp-logits --teacher failed: {p.stderr.strip()[-500:]}"
-        return np.fromfile(out.name, dtype=np.float32).astype(np.float64), None
 
 
 def main(argv=None):

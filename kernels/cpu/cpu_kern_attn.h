@@ -201,13 +201,58 @@ static inline void attend_head(attend_state *st, const kv_chunk *ch, int32_t hd,
     }
 }
 
-/* One loaded chunk of nl keys into every query head's running sums. */
-static inline void attend_chunk(attend_state *st, const kv_chunk *ch, int32_t hd, int32_t nl,
+/* The scores of every query head of a group against a loaded chunk. From
+ * an f32 / f16 store the heads are scored HS_TILE at a time: one load and
+ * widening of each K column serves them all, and their independent sums
+ * fill the multiply-add pipeline that one head's two chains leave idle (the
+ * chunk was latency-bound: a third of the served step at 32 streams). Each
+ * head's sums run in the order chunk_scores runs them: the same bits. */
+static inline void chunk_scores_group(const kv_chunk *ch, int32_t hd, int32_t nl,
+                                      const float *const *qs, int32_t group, float scale, vf *s)
+{
+    if (ch->rows) {
+        for (int32_t g = 0; g < group; g++)
+            s[g] = chunk_scores(ch, hd, nl, qs[g], scale);
+        return;
+    }
+    for (int32_t g0 = 0; g0 < group; g0 += HS_TILE) {
+        switch (group - g0 < HS_TILE ? group - g0 : HS_TILE) {
+        case 1: chunk_scores_cols(ch, hd, nl, qs + g0, 1, scale, s + g0); break;
+        case 2: chunk_scores_cols(ch, hd, nl, qs + g0, 2, scale, s + g0); break;
+        case 3: chunk_scores_cols(ch, hd, nl, qs + g0, 3, scale, s + g0); break;
+#if HS_TILE == 8
+        case 4: chunk_scores_cols(ch, hd, nl, qs + g0, 4, scale, s + g0); break;
+        case 5: chunk_scores_cols(ch, hd, nl, qs + g0, 5, scale, s + g0); break;
+        case 6: chunk_scores_cols(ch, hd, nl, qs + g0, 6, scale, s + g0); break;
+        case 7: chunk_scores_cols(ch, hd, nl, qs + g0, 7, scale, s + g0); break;
+#endif
+        default: chunk_scores_cols(ch, hd, nl, qs + g0, HS_TILE, scale, s + g0); break;
+        }
+    }
+}
+
+/* One loaded chunk of nl keys into every query head's running sums. An f16
+ * chunk's values are widened once into the tile for all the heads (each
+ * head widened them again before): the same floats. */
+static inline void attend_chunk(attend_state *st, kv_chunk *ch, int32_t hd, int32_t nl,
                                 const float *const *qs, float *const *outs, int32_t group,
                                 float scale)
 {
+    vf s[16]; /* group <= MAX_GROUP (16) */
+    chunk_scores_group(ch, hd, nl, qs, group, scale, s);
+    if (ch->es == 2 && group > 1) {
+        const uint16_t *v = (const uint16_t *)ch->v;
+        const int32_t n = nl * hd; /* the chunk's rows are consecutive */
+        int32_t i = 0;
+        for (; i + VW <= n; i += VW)
+            vf_store(ch->vt + i, vf_load_h(v + i));
+        for (; i < n; i++)
+            ch->vt[i] = kv_h2f(v[i]);
+        ch->v = ch->vt;
+        ch->es = 4;
+    }
     for (int32_t g = 0; g < group; g++)
-        attend_head(st, ch, hd, nl, chunk_scores(ch, hd, nl, qs[g], scale), g, outs[g]);
+        attend_head(st, ch, hd, nl, s[g], g, outs[g]);
 }
 
 /* kivi4 groups: keys are never made floats. A score is

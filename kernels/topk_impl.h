@@ -2,9 +2,9 @@
  * max and weight sum, and the weights of a whole row for the sampler's
  * fallback. Included by kernels/cpu/cpu_kern.c, so it is compiled once per
  * instruction-set level and dispatched with the other CPU kernels (topk.c
- * holds the public entry points). The AVX-512 paths compute exactly what the
- * scalar dp_topk_exp and dp_topk_weight compute (the same operations lane by
- * lane), so every level agrees bit for bit (tests/unit/test_sampler checks
+ * holds the public entry points). The AVX-512 and AVX2 paths compute exactly
+ * what the scalar dp_topk_exp and dp_topk_weight compute (the same
+ * operations lane by lane), so every level agrees bit for bit (tests/unit/test_sampler checks
  * the level it runs against the scalar definitions). */
 #ifndef DP_KERNELS_TOPK_IMPL_H
 #define DP_KERNELS_TOPK_IMPL_H
@@ -51,6 +51,60 @@ static inline void topk_w16(__m512 t, __mmask16 live, __m512i *lo, __m512i *hi)
     *lo = _mm512_maskz_cvttps_epu64((__mmask8)live, _mm512_castps512_ps256(e));
     *hi = _mm512_maskz_cvttps_epu64((__mmask8)(live >> 8), _mm512_extractf32x8_ps(e, 1));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define TOPK_AVX2 1
+
+/* dp_topk_exp lane by lane, as topk_exp16: round is rintf, fnmadd is
+ * fmaf(-k, c, x), and ldexpf(p, k) a multiply by 2^k made from k's bits
+ * (exact: k >= -44 and the results are normal). Dead lanes: garbage, masked
+ * by the callers. */
+static inline __m256 topk_exp8(__m256 t)
+{
+    const __m256 k = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), t);
+    f = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), f);
+    __m256 p = _mm256_set1_ps(1.0f / 720);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    const __m256i e = _mm256_slli_epi32(
+        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* t = (x - m) * inv_t for 8 logits, and the lanes with a nonzero weight
+ * (all ones; NaN compares false, as in dp_topk_weight). */
+static inline __m256 topk_t8(const float *x, __m256 vm, __m256 vinv, __m256 *live)
+{
+    const __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x), vm), vinv);
+    *live = _mm256_cmp_ps(t, _mm256_set1_ps(-DP_TOPK_TCUT), _CMP_GT_OQ);
+    return t;
+}
+
+/* An integer-valued float below 2^52 (or +0) as a 64-bit integer: added
+ * to 2^52 in double, exactly, its bits less 2^52's are the value. */
+static inline __m256i topk_u64x4(__m128 v)
+{
+    const __m256d magic = _mm256_set1_pd(4503599627370496.0);
+    return _mm256_sub_epi64(_mm256_castpd_si256(_mm256_add_pd(_mm256_cvtps_pd(v), magic)),
+                            _mm256_castpd_si256(magic));
+}
+
+/* The weights of 8 lanes as two vectors of 4 (dead lanes 0): truncated as
+ * the scalar conversion to uint64_t truncates. */
+static inline void topk_w8(__m256 t, __m256 live, __m256i *lo, __m256i *hi)
+{
+    const __m256 e = _mm256_round_ps(_mm256_mul_ps(topk_exp8(t), _mm256_set1_ps(17592186044416.0f)),
+                                     _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 ez = _mm256_and_ps(e, live); /* dead lanes +0 */
+    *lo = topk_u64x4(_mm256_castps256_ps128(ez));
+    *hi = topk_u64x4(_mm256_extractf128_ps(ez, 1));
+}
 #endif
 
 /* The row max over non-NaN logits, -0 read as +0 (so the reported max does
@@ -64,6 +118,14 @@ static float row_max(const float *x, int32_t n)
     for (; i + 16 <= n; i += 16)
         vm = _mm512_max_ps(_mm512_loadu_ps(x + i), vm); /* a NaN lane keeps vm */
     m = _mm512_reduce_max_ps(vm);
+#elif TOPK_AVX2
+    __m256 vm = _mm256_set1_ps(-INFINITY);
+    for (; i + 8 <= n; i += 8)
+        vm = _mm256_max_ps(_mm256_loadu_ps(x + i), vm); /* a NaN lane keeps vm */
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    m = _mm_cvtss_f32(h);
 #endif
     for (; i < n; i++)
         if (x[i] > m)
@@ -88,6 +150,21 @@ static uint64_t row_weight_sum(const float *x, int32_t n, float m, float inv_t)
         acc = _mm512_add_epi64(acc, _mm512_add_epi64(lo, hi));
     }
     s = (uint64_t)_mm512_reduce_add_epi64(acc);
+#elif TOPK_AVX2
+    const __m256 vm = _mm256_set1_ps(m), vinv = _mm256_set1_ps(inv_t);
+    __m256i acc = _mm256_setzero_si256();
+    for (; i + 8 <= n; i += 8) {
+        __m256 live;
+        const __m256 t = topk_t8(x + i, vm, vinv, &live);
+        if (!_mm256_movemask_ps(live))
+            continue; /* most of a peaked row: no exp at all */
+        __m256i lo, hi;
+        topk_w8(t, live, &lo, &hi);
+        acc = _mm256_add_epi64(acc, _mm256_add_epi64(lo, hi));
+    }
+    uint64_t a4[4];
+    _mm256_storeu_si256((__m256i *)a4, acc);
+    s = a4[0] + a4[1] + a4[2] + a4[3];
 #endif
     for (; i < n; i++)
         s += dp_topk_weight((x[i] - m) * inv_t);
@@ -157,6 +234,18 @@ static void topk_row_impl(const float *x, int32_t vocab, int32_t k, float inv_t,
             heap_offer(heap, k, &thr, x, i + j); /* compares against the updated thr */
         }
     }
+#elif TOPK_AVX2
+    for (; i < vocab && (i & 7); i++)
+        heap_offer(heap, k, &thr, x, i);
+    for (; i + 8 <= vocab; i += 8) {
+        int in = _mm256_movemask_ps(
+            _mm256_cmp_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(thr), _CMP_GE_OQ));
+        while (in) {
+            const int j = __builtin_ctz((unsigned)in);
+            in &= in - 1;
+            heap_offer(heap, k, &thr, x, i + j);
+        }
+    }
 #endif
     for (; i < vocab; i++)
         heap_offer(heap, k, &thr, x, i);
@@ -193,6 +282,13 @@ static int32_t topk_argmax_impl(const float *x, int32_t vocab)
         if (eq)
             return i + __builtin_ctz(eq);
     }
+#elif TOPK_AVX2
+    const __m256 vm = _mm256_set1_ps(m);
+    for (; i + 8 <= vocab; i += 8) {
+        const int eq = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(x + i), vm, _CMP_EQ_OQ));
+        if (eq)
+            return i + __builtin_ctz((unsigned)eq);
+    }
 #endif
     for (; i < vocab; i++)
         if (x[i] == m)
@@ -223,6 +319,29 @@ static int32_t topk_weights_impl(const float *x, int32_t vocab, float m, float i
         _mm512_storeu_si512(w + n, _mm512_maskz_compress_epi64((__mmask8)live, lo));
         _mm512_storeu_si512(w + n + n_lo, _mm512_maskz_compress_epi64((__mmask8)(live >> 8), hi));
         n += __builtin_popcount(live);
+    }
+#elif TOPK_AVX2
+    const __m256 vm = _mm256_set1_ps(m), vinv = _mm256_set1_ps(inv_t);
+    for (; i + 8 <= vocab; i += 8) {
+        __m256 live;
+        const __m256 vt = topk_t8(x + i, vm, vinv, &live);
+        int mk = _mm256_movemask_ps(live);
+        if (!mk)
+            continue;
+        __m256i lo, hi;
+        topk_w8(vt, live, &lo, &hi);
+        uint64_t wb[8];
+        float tb[8];
+        _mm256_storeu_si256((__m256i *)wb, lo);
+        _mm256_storeu_si256((__m256i *)(wb + 4), hi);
+        _mm256_storeu_ps(tb, vt);
+        while (mk) {
+            const int j = __builtin_ctz((unsigned)mk);
+            mk &= mk - 1;
+            ids[n] = i + j;
+            w[n] = wb[j];
+            t[n++] = tb[j];
+        }
     }
 #endif
     for (; i < vocab; i++) {

@@ -170,7 +170,7 @@ static void check_paths(int rows, int32_t vmax)
            rows, vmax, (long long)decided, (long long)undecided);
 }
 
-/* The AVX-512 weights, sum and argmax against their scalar definitions. */
+/* The level's weights, sum and argmax against their scalar definitions. */
 static void check_topk_host(void)
 {
     static float x[20000];
@@ -209,6 +209,29 @@ static void check_topk_host(void)
         for (int32_t i = 0; i < nv; i++)
             above += dp_topk_key(x[i], i) > dp_topk_key(vals[k - 1], ids[k - 1]);
         CHECK_EQ_INT(above, k - 1);
+    }
+    /* Every weight of a sweep across the cut, at several temperatures, with
+     * NaN and -inf among them: the level's vector weights are the scalar
+     * definition's, lane for lane (and the tail past whole vectors). */
+    for (int r = 0; r < 4; r++) {
+        const int32_t nv = 19997;
+        for (int32_t i = 0; i < nv; i++)
+            x[i] = -35.0f + 35.0f * (float)i / (float)(nv - 1) + (float)r * 0.37f;
+        x[101] = NAN;
+        x[2003] = -INFINITY;
+        const float inv_t = r == 0 ? 1.0f : 1.0f / (0.3f * (float)r), mx = x[nv - 1];
+        int32_t n = 0, ids[1];
+        uint64_t s = 0;
+        for (int32_t i = 0; i < nv; i++) {
+            s += dp_topk_weight((x[i] - mx) * inv_t);
+            n += dp_topk_weight((x[i] - mx) * inv_t) != 0;
+        }
+        float vals[1], m2, sum;
+        dp_topk_row(x, nv, 1, inv_t, ids, vals, &m2, &sum);
+        CHECK(m2 == mx && ids[0] == nv - 1 && sum == dp_topk_sum_float(s));
+        CHECK_EQ_INT(dp_topk_weights(x, nv, mx, inv_t, wid, ww, wt), n);
+        for (int32_t j = 0; j < n; j++)
+            CHECK(ww[j] == dp_topk_weight((x[wid[j]] - mx) * inv_t));
     }
     /* The scalar exp against libm over the whole range. */
     for (float t = -30.0f; t <= 0.0f; t += 0.001f)

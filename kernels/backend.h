@@ -189,6 +189,8 @@ typedef struct dp_graph_stats {
 
 /* Most candidates logits_topk returns per row. */
 #define DP_TOPK_MAX 256
+/* Most weights one matmul_shared call takes. */
+#define DP_MATMUL_SHARED_MAX 4
 
 typedef struct dp_backend_ops {
     const char *name;
@@ -230,6 +232,12 @@ typedef struct dp_backend_ops {
                     int32_t dim, float eps);
     /* y[m, rows] = x[m, cols] . W^T */
     void (*matmul)(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m);
+    /* ys[i] = x . ws[i]^T for n <= DP_MATMUL_SHARED_MAX weights of the same
+     * cols over one input (the Q, K and V projections; gate and up), each
+     * y what matmul gives. Optional (NULL: matmul per weight): lets a
+     * backend prepare the input once and run the weights together. */
+    void (*matmul_shared)(dp_backend *be, float *const *ys, const float *x,
+                          const dp_weight *const *ws, int32_t n, int32_t m);
     /* Rotates q[n, n_heads*head_dim] and k[n, n_kv_heads*head_dim] in place at the batch positions. */
     void (*rope)(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
                  int32_t n_kv_heads, int32_t head_dim, const dp_rope_params *rp);

@@ -290,6 +290,19 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     return 0;
 }
 
+/* Matmuls of one input: together where the backend can (backend.h
+ * matmul_shared), else one by one. */
+static void matmul_shared(dp_backend *be, float *const *ys, const float *x,
+                          const dp_weight *const *ws, int32_t nw, int32_t n)
+{
+    if (be->ops->matmul_shared) {
+        be->ops->matmul_shared(be, ys, x, ws, nw, n);
+        return;
+    }
+    for (int32_t i = 0; i < nw; i++)
+        be->ops->matmul(be, ys[i], x, ws[i], n);
+}
+
 /* The ops of one step, top to bottom (after batch_set). */
 static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
 {
@@ -306,9 +319,8 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
         const layer_w *L = &m->layers[l];
         /* Attention block. */
         op->rmsnorm(be, m->xn, m->x, &L->attn_norm, n, hp->dim, hp->rms_eps);
-        op->matmul(be, m->q, m->xn, &L->wq, n);
-        op->matmul(be, m->k, m->xn, &L->wk, n);
-        op->matmul(be, m->v, m->xn, &L->wv, n);
+        matmul_shared(be, (float *const[]){m->q, m->k, m->v}, m->xn,
+                      (const dp_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, n);
         op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
         if (b->n_capture > 0)
             op->capture_rows(be, m->capture_q + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
@@ -318,8 +330,8 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
         /* Feed-forward block (SwiGLU). */
         op->rmsnorm(be, m->xn, m->x, &L->ffn_norm, n, hp->dim, hp->rms_eps);
-        op->matmul(be, m->gate, m->xn, &L->w_gate, n);
-        op->matmul(be, m->up, m->xn, &L->w_up, n);
+        matmul_shared(be, (float *const[]){m->gate, m->up}, m->xn,
+                      (const dp_weight *const[]){&L->w_gate, &L->w_up}, 2, n);
         op->swiglu(be, m->gate, m->gate, m->up, (int64_t)n * hp->ffn);
         op->matmul(be, m->tmp, m->gate, &L->w_down, n);
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);

@@ -397,6 +397,8 @@ int cpu_weight_load(dp_backend *be, dp_weight *w, uint32_t type, int64_t rows, i
                     const void *src, char *err, size_t errsz);
 void cpu_weight_free(dp_backend *be, dp_weight *w);
 void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m);
+void cpu_matmul_shared(dp_backend *be, float *const *ys, const float *x,
+                       const dp_weight *const *ws, int32_t n, int32_t m);
 /* Row r of w as f32 into dst (cols elements). */
 void cpu_weight_row(const dp_weight *w, int64_t r, float *dst);
 void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,

@@ -520,32 +520,91 @@ static int64_t dot_tile(const dp_weight *w, int32_t m, int64_t tasks)
     return t > TILE_SMALL ? t : TILE_SMALL;
 }
 
+/* The path of one weight's matmul and its activations: quantized into
+ * c->xq (by the pool unless there are only a few rows) where the integer
+ * path takes it. */
+static void mm_prepare(cpu_backend *c, mm_job *j)
+{
+    if (q8_ready(c, j->w, j->m)) {
+        j->path = MM_Q8;
+        if (j->m < 4) /* waking the pool costs more than the rows */
+            for (int32_t i = 0; i < j->m; i++)
+                quant_task(j, i, 0);
+        else
+            threadpool_run(c->tp, quant_task, j, j->m);
+    } else if (j->m > SMALL_M) {
+        j->path = MM_SGEMM;
+        j->tile = TILE_LARGE;
+    }
+}
+
+/* Rows per task: at least four tiles per thread, so that the last tile to
+ * finish does not leave the other threads idle for long (the K and V
+ * projections have few rows). Returns the number of tiles. */
+static int64_t mm_tiles(cpu_backend *c, mm_job *j)
+{
+    const dp_weight *w = j->w;
+    int64_t want = (int64_t)threadpool_size(c->tp) * 4;
+    if (j->path != MM_SGEMM)
+        j->tile = dot_tile(w, j->m, want);
+    else
+        while (j->tile > 16 && (w->rows + j->tile - 1) / j->tile < want)
+            j->tile /= 2;
+    /* Scratch was sized at weight load time for TILE_LARGE rows of the widest
+     * weight, see cpu_scratch_reserve. */
+    return (w->rows + j->tile - 1) / j->tile;
+}
+
 void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, int32_t m)
 {
     cpu_backend *c = cpu_of(be);
     mm_job j = {c, y, x, w, m, TILE_SMALL, MM_FUSED};
-    if (q8_ready(c, w, m)) {
-        j.path = MM_Q8;
-        if (m < 4) /* waking the pool costs more than the rows */
-            for (int32_t i = 0; i < m; i++)
-                quant_task(&j, i, 0);
-        else
-            threadpool_run(c->tp, quant_task, &j, m);
-    } else if (m > SMALL_M) {
-        j.path = MM_SGEMM;
-        j.tile = TILE_LARGE;
+    mm_prepare(c, &j);
+    threadpool_run(c->tp, mm_task, &j, mm_tiles(c, &j));
+}
+
+/* Several weights' matmuls over one input (backend.h matmul_shared) as one
+ * pool run: their tiles in one list. */
+typedef struct mm_shared {
+    mm_job j[DP_MATMUL_SHARED_MAX];
+    int64_t end[DP_MATMUL_SHARED_MAX]; /* weight i's tiles: [end[i - 1], end[i]) */
+    int32_t n;
+} mm_shared;
+
+static void mm_shared_task(void *ctx, int64_t t, int thread)
+{
+    mm_shared *s = ctx;
+    int32_t i = 0;
+    while (t >= s->end[i])
+        i++;
+    mm_task(&s->j[i], t - (i ? s->end[i - 1] : 0), thread);
+}
+
+/* The input is quantized once for every weight on the integer path (the
+ * same blocks each matmul would make: the format does not depend on the
+ * weight type), and one pool run computes every weight's tiles: the Q, K
+ * and V projections were three quantizations and three runs (six at a
+ * batch of 4 or more), the small K and V ones leaving threads idle at
+ * their ends. Each y is what cpu_matmul gives, bit for bit: a row's sums
+ * do not depend on the tile it is in. Weights off the integer path (or
+ * of different widths) go one at a time. */
+void cpu_matmul_shared(dp_backend *be, float *const *ys, const float *x,
+                       const dp_weight *const *ws, int32_t n, int32_t m)
+{
+    cpu_backend *c = cpu_of(be);
+    bool q8 = n <= DP_MATMUL_SHARED_MAX;
+    for (int32_t i = 0; i < n && q8; i++)
+        q8 = ws[i]->cols == ws[0]->cols && q8_ready(c, ws[i], m);
+    if (!q8) {
+        for (int32_t i = 0; i < n; i++)
+            cpu_matmul(be, ys[i], x, ws[i], m);
+        return;
     }
-    /* At least four tiles per thread, so that the last tile to finish does
-     * not leave the other threads idle for long (the K and V projections
-     * have few rows). */
-    int64_t want = (int64_t)threadpool_size(c->tp) * 4;
-    if (j.path != MM_SGEMM)
-        j.tile = dot_tile(w, m, want);
-    else
-        while (j.tile > 16 && (w->rows + j.tile - 1) / j.tile < want)
-            j.tile /= 2;
-    /* Scratch was sized at weight load time for TILE_LARGE rows of the widest
-     * weight, see cpu_scratch_reserve. */
-    int64_t tiles = (w->rows + j.tile - 1) / j.tile;
-    threadpool_run(c->tp, mm_task, &j, tiles);
+    mm_shared s = {.n = n};
+    for (int32_t i = 0; i < n; i++) {
+        s.j[i] = (mm_job){c, ys[i], x, ws[i], m, TILE_SMALL, MM_Q8};
+        s.end[i] = (i ? s.end[i - 1] : 0) + mm_tiles(c, &s.j[i]);
+    }
+    mm_prepare(c, &s.j[0]); /* the one quantization, into c->xq */
+    threadpool_run(c->tp, mm_shared_task, &s, s.end[n - 1]);
 }

@@ -752,6 +752,61 @@ static void test_exact_wide_rows(dp_backend *be)
     printf("exact matmul, %d-wide rows: repacked and file layouts give the same bits\n", COLS);
 }
 
+/* matmul_shared gives each weight what matmul gives it, bit for bit: the
+ * weights on the integer path together (mixed types, as a K-quant file's
+ * Q, K and V), and a set with a weight off it (F32) or in exact mode one
+ * by one. */
+static void test_matmul_shared(dp_backend *be)
+{
+    enum { COLS = 256, NW = 3 };
+    const uint32_t sets[3][NW] = {{DP_TYPE_Q4_K, DP_TYPE_Q6_K, DP_TYPE_Q8_0},
+                                  {DP_TYPE_Q4_0, DP_TYPE_Q4_0, DP_TYPE_Q5_1},
+                                  {DP_TYPE_Q4_1, DP_TYPE_F32, DP_TYPE_IQ4_XS}};
+    const int64_t rows[NW] = {40, 24, 72};
+    const int32_t ms[] = {1, 3, 5, 33};
+    CHECK(be->ops->matmul_shared != NULL);
+    const bool was_exact = be->ops->get_exact(be);
+    for (int exact = 0; exact <= 1; exact++) {
+        be->ops->set_exact(be, exact);
+        for (int st = 0; st < 3; st++) {
+            dp_weight w[NW];
+            const dp_weight *wp[NW];
+            float *ys[NW], *ref[NW];
+            float *x = be->ops->alloc(be, (size_t)33 * COLS * 4);
+            for (int64_t i = 0; i < 33 * COLS; i++)
+                x[i] = frand();
+            for (int i = 0; i < NW; i++) {
+                size_t nb;
+                void *raw = make_weight(sets[st][i], rows[i], COLS, &nb);
+                char err[DP_ERRLEN];
+                CHECK(be->ops->weight_load(be, &w[i], sets[st][i], rows[i], COLS, raw, err,
+                                           sizeof err) == 0);
+                free(raw);
+                wp[i] = &w[i];
+                ys[i] = be->ops->alloc(be, (size_t)33 * (size_t)rows[i] * 4);
+                ref[i] = be->ops->alloc(be, (size_t)33 * (size_t)rows[i] * 4);
+            }
+            for (size_t k = 0; k < sizeof ms / sizeof ms[0]; k++) {
+                for (int i = 0; i < NW; i++)
+                    be->ops->matmul(be, ref[i], x, &w[i], ms[k]);
+                be->ops->matmul_shared(be, ys, x, wp, NW, ms[k]);
+                for (int i = 0; i < NW; i++)
+                    CHECK_MSG(memcmp(ys[i], ref[i], (size_t)ms[k] * (size_t)rows[i] * 4) == 0,
+                              "set %d weight %d (%s) m=%d exact=%d differs from matmul", st, i,
+                              quant_type_name(sets[st][i]), ms[k], exact);
+            }
+            for (int i = 0; i < NW; i++) {
+                be->ops->weight_free(be, &w[i]);
+                be->ops->free(be, ys[i]);
+                be->ops->free(be, ref[i]);
+            }
+            be->ops->free(be, x);
+        }
+    }
+    be->ops->set_exact(be, was_exact);
+    printf("matmul_shared: each weight's bits as from matmul\n");
+}
+
 /* Rows of a quantized table read back (embed): at a level that keeps Q4_1,
  * Q4_0, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, Q2_K and Q3_K repacked in
  * groups of 8 rows, each row must come back as
@@ -847,6 +902,7 @@ int main(void)
         CHECK(backend_create(&be, "cpu", threads, err, sizeof err) == 0);
         test_matmul(be);
         test_exact_wide_rows(be);
+        test_matmul_shared(be);
         test_packed_rows(be, DP_TYPE_Q4_1);
         test_packed_rows(be, DP_TYPE_Q4_0);
         test_packed_rows(be, DP_TYPE_Q8_0);

@@ -20,7 +20,8 @@
 # Rows: prefill 512 tokens (llama-bench pp512 / dp-bench prefill), decode at
 # batch 1 (llama-bench tg128 / dp-bench batch 1), decode at batch 8 and 32
 # (llama-batched-bench S_TG with 64-token prompts and 64 new tokens / dp-bench
-# with 64-token prompts and 32 new tokens). Not a test: timings vary.
+# with 64-token prompts and 64 new tokens: the same contexts). Not a test:
+# timings vary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -92,7 +93,7 @@ for r in json.load(open(f"{d}/lb.json")):
     if key:
         open(f"{d}/l.{key}", "a").write(f"{r['avg_ts']}\n")
 EOF
-            DP_CPU_LEVEL=$level "$DPB" --model "$MODEL" --threads "$t" 2>/dev/null > "$d/dp.txt"
+            DP_CPU_LEVEL=$level "$DPB" --model "$MODEL" --threads "$t" --steps 64 2>/dev/null > "$d/dp.txt"
             awk '/^prefill \(512/ {print $4 >> "'"$d"'/d.pp512"}
                  /^decode batch 1 / {print $4 >> "'"$d"'/d.b1"}
                  /^decode batch 8 / {print $4 >> "'"$d"'/d.b8"}

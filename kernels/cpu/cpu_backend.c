@@ -529,6 +529,7 @@ static void cpu_destroy(dp_backend *be)
     free(c->arrays);
     free(c->seq_store);
     free(c->xq);
+    free(c->attn_tiles);
     free(c);
 }
 

@@ -85,6 +85,9 @@ typedef struct cpu_q8 {
  * lanes: no horizontal sums, no nibble unpack per row, and the scales load
  * as a vector. The same bytes as the file's layout, rearranged. */
 enum { CPU_LAYOUT_ROWS = 0, CPU_LAYOUT_X8 = 1 };
+/* Consecutive prompt tokens of one sequence attended in one task
+ * (cpu_attention.c, attend_tile). */
+#define CPU_ATTN_TILE 8
 #define CPU_X8_MAX_COLS 16384 /* rows the exact paths unpack on the stack */
 #define CPU_X8_ROW_MAX (CPU_X8_MAX_COLS / 32 * 34)
 static inline bool cpu_x8_type(uint32_t t)
@@ -186,6 +189,12 @@ typedef struct cpu_kern {
     void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                    int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
                    float scale);
+    /* The same for nt <= CPU_ATTN_TILE consecutive tokens of one sequence
+     * (token t over slots [0, n_slots[t]), n_slots rising by one; qs and
+     * outs token-major), each output attend's bits; not grouped stores. */
+    void (*attend_tile)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                        const int32_t *n_slots, int32_t nt, const float *const *qs,
+                        float *const *outs, int32_t group, float scale);
     /* The same over a grouped store's sequence (backend.h seq_sealed). */
     void (*attend_grouped)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
                            int32_t n_slots, int32_t sealed, int32_t roff, const float *const *qs,
@@ -243,6 +252,8 @@ typedef struct cpu_backend {
     bool exact;            /* no activation quantization */
     cpu_q8 *xq;            /* a matmul's quantized activations */
     size_t xq_cap;         /* blocks */
+    int32_t *attn_tiles;   /* an attention's tiles of tokens (cpu_attention.c) */
+    size_t attn_tiles_cap;
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }

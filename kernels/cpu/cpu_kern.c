@@ -656,6 +656,7 @@ const cpu_kern KERN_TABLE = {
     .quantize_q8 = k_quantize_q8,
     .decode_rows = k_decode_rows,
     .attend = k_attend,
+    .attend_tile = k_attend_tile,
     .attend_grouped = k_attend_grouped,
     .head_scores = k_head_scores,
     .softmax_add = k_softmax_add,

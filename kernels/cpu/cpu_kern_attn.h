@@ -270,26 +270,32 @@ static inline void chunk_scores_group(const kv_chunk *ch, int32_t hd, int32_t nl
     }
 }
 
-/* One loaded chunk of nl keys into every query head's running sums. An f16
- * chunk's values are widened once into the tile for all the heads (each
- * head widened them again before): the same floats. */
+/* An f16 chunk's values widened once into the tile, for the several heads
+ * that read them (each head widened them again before): the same floats. */
+static inline void chunk_widen_values(kv_chunk *ch, int32_t hd, int32_t nl)
+{
+    if (ch->es != 2)
+        return;
+    const uint16_t *v = (const uint16_t *)ch->v;
+    const int32_t n = nl * hd; /* the chunk's rows are consecutive */
+    int32_t i = 0;
+    for (; i + VW <= n; i += VW)
+        vf_store(ch->vt + i, vf_load_h(v + i));
+    for (; i < n; i++)
+        ch->vt[i] = kv_h2f(v[i]);
+    ch->v = ch->vt;
+    ch->es = 4;
+}
+
+/* One loaded chunk of nl keys into every query head's running sums. */
 static inline void attend_chunk(attend_state *st, kv_chunk *ch, int32_t hd, int32_t nl,
                                 const float *const *qs, float *const *outs, int32_t group,
                                 float scale)
 {
     vf s[16]; /* group <= MAX_GROUP (16) */
     chunk_scores_group(ch, hd, nl, qs, group, scale, s);
-    if (ch->es == 2 && group > 1) {
-        const uint16_t *v = (const uint16_t *)ch->v;
-        const int32_t n = nl * hd; /* the chunk's rows are consecutive */
-        int32_t i = 0;
-        for (; i + VW <= n; i += VW)
-            vf_store(ch->vt + i, vf_load_h(v + i));
-        for (; i < n; i++)
-            ch->vt[i] = kv_h2f(v[i]);
-        ch->v = ch->vt;
-        ch->es = 4;
-    }
+    if (group > 1)
+        chunk_widen_values(ch, hd, nl);
     for (int32_t g = 0; g < group; g++)
         attend_head(st, ch, hd, nl, s[g], g, outs[g]);
 }
@@ -432,6 +438,49 @@ static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const in
     attend_begin(&st, kv->l.head_dim, outs, group);
     attend_run(&st, &ch, kv, layer, kvh, table, 0, n_slots, qs, outs, group, scale);
     attend_end(&st, kv->l.head_dim, outs, group);
+}
+
+/* nt consecutive tokens of one sequence (a prompt chunk: token t sees
+ * slots [0, n_slots[t]), n_slots increasing by one), each with `group`
+ * query heads (qs and outs: token-major), against an f32 / f16 / q8_0 /
+ * q4_0 store. Each chunk of keys is loaded, dequantized or widened once
+ * for every token that sees it, and their heads are scored together (one
+ * token at a time loaded and widened every chunk again for each token of
+ * a prompt). Each token's chunks are those k_attend would take (they
+ * start at the same slots; its last one ends at its own length), each
+ * head's scores run in chunk_scores' order, and lanes past a token's
+ * length are masked as in k_attend: every output has k_attend's bits. */
+static void k_attend_tile(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
+                          const int32_t *n_slots, int32_t nt, const float *const *qs,
+                          float *const *outs, int32_t group, float scale)
+{
+    attend_state st[CPU_ATTN_TILE];
+    kv_chunk ch;
+    vf s[CPU_ATTN_TILE * 16];
+    const int32_t hd = kv->l.head_dim, bt = kv->l.block_tokens, n = n_slots[nt - 1];
+    for (int32_t t = 0; t < nt; t++)
+        attend_begin(&st[t], hd, outs + (size_t)t * (size_t)group, group);
+    int32_t t0 = 0; /* the first token that sees the chunk */
+    for (int32_t done = 0; done < n;) {
+        const int32_t blk = table[done / bt], c0 = done % bt;
+        int32_t nl = bt - c0 < VW ? bt - c0 : VW;
+        nl = n - done < nl ? n - done : nl;
+        while (n_slots[t0] <= done)
+            t0++;
+        chunk_load(&ch, kv, layer, blk, kvh, c0, nl);
+        chunk_scores_group(&ch, hd, nl, qs + (size_t)t0 * (size_t)group, (nt - t0) * group, scale,
+                           s);
+        chunk_widen_values(&ch, hd, nl);
+        for (int32_t t = t0; t < nt; t++) {
+            const int32_t nlt = n_slots[t] - done < nl ? n_slots[t] - done : nl;
+            for (int32_t g = 0; g < group; g++)
+                attend_head(&st[t], &ch, hd, nlt, s[(t - t0) * group + g], g,
+                            outs[(size_t)t * (size_t)group + (size_t)g]);
+        }
+        done += nl;
+    }
+    for (int32_t t = 0; t < nt; t++)
+        attend_end(&st[t], hd, outs + (size_t)t * (size_t)group, group);
 }
 
 /* A grouped store's sequence (backend.h seq_sealed): its lead in the

@@ -411,6 +411,22 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT)
         }
         if (n > 0)
             CHECK_MSG(rel_err(o, ref, (size_t)n * NH * HD) < 1e-5, "attention phase %d", phase);
+        /* A prompt's tokens are attended a tile at a time (attend_tile);
+         * each token alone in a batch (a task of its own) gives its bits. */
+        float *o1 = be->ops->alloc(be, (size_t)NH * HD * 4);
+        for (int i = 0; i < n; i++) {
+            int32_t out0 = 0;
+            dp_batch b1 = {.n_tokens = 1, .tokens = tokens + i, .pos = pos + i, .seq = seq + i,
+                           .slot = slot + i, .n_seqs = 3, .seq_store = seq_store,
+                           .block_tables = tables, .max_blocks = max_blocks, .n_out = 1,
+                           .out_tokens = &out0};
+            CHECK(be->ops->batch_set(be, &b1) == 0);
+            be->ops->attention(be, stores, 1, o1, q + (size_t)i * NH * HD, NH, 0.125f);
+            CHECK_MSG(memcmp(o1, o + (size_t)i * NH * HD, (size_t)NH * HD * 4) == 0,
+                      "attention: token %d alone differs from its tile (type %d)", i, type);
+        }
+        be->ops->free(be, o1);
+        CHECK(be->ops->batch_set(be, &b) == 0);
         /* rope: adjacent pairs rotated by pos * base^(-2i/n_rot). */
         dp_rope_params rp = {HD, 10000.0f, 1.0f, false};
         memcpy(q, o, (size_t)n * NH * HD * 4);

@@ -11,10 +11,17 @@
 int gen_init(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, char *err,
              size_t errsz)
 {
+    return gen_init_kv(g, m, block_tokens, n_blocks, DP_KV_F32, err, errsz);
+}
+
+int gen_init_kv(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, int32_t kv_type,
+                char *err, size_t errsz)
+{
     memset(g, 0, sizeof *g);
     g->model = m;
     dp_backend *be = llama_backend(m);
     dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
+    l.type = kv_type;
     int rc = kv_pool_init(&g->pool, n_blocks, block_tokens);
     if (rc)
         return dp_err(err, errsz, rc, "kv pool: bad geometry (%d blocks of %d tokens)", n_blocks,

@@ -42,8 +42,12 @@ typedef struct dp_gen {
     int64_t n_prefill_tokens, n_decode_tokens;
 } dp_gen;
 
+/* A KV store of n_blocks blocks of block_tokens tokens in f32; gen_init_kv:
+ * in kv_type (a DP_KV_* type the backend stores). */
 int gen_init(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, char *err,
              size_t errsz);
+int gen_init_kv(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, int32_t kv_type,
+                char *err, size_t errsz);
 void gen_destroy(dp_gen *g);
 
 /* Runs every sequence to max_new tokens (or EOG). tok may be NULL when no

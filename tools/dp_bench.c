@@ -218,14 +218,28 @@ int main(int argc, char **argv)
 {
     const char *model = "models/SmolLM2-135M-Instruct.Q4_1.gguf", *device = "cpu";
     int threads = 0, decode_steps = 32, prefill_len = 512;
+    /* The KV cache in f16 by default: llama.cpp's default cache type, and
+     * the daemon's on its prefill path. */
+    int32_t kv_type = DP_KV_F16;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+        else if (!strcmp(argv[i], "--kv")) {
+            kv_type = -1;
+            for (int32_t t = DP_KV_F32; t <= DP_KV_Q4_0; t++)
+                if (!strcmp(argv[i + 1], dp_kv_type_name(t)))
+                    kv_type = t;
+            if (kv_type < 0) {
+                fprintf(stderr, "dp-bench: --kv: f32, f16, q8_0 or q4_0, not '%s'\n", argv[i + 1]);
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
         else if (!strcmp(argv[i], "--threads")) threads = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--steps")) decode_steps = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--prefill")) prefill_len = atoi(argv[i + 1]);
         else {
-            fprintf(stderr, "usage: dp-bench [--model F] [--device D] [--threads N] [--steps N] [--prefill N]\n");
+            fprintf(stderr, "usage: dp-bench [--model F] [--device D] [--threads N] [--steps N] "
+                            "[--prefill N] [--kv f32|f16|q8_0|q4_0]\n");
             return 2;
         }
     }
@@ -245,7 +259,7 @@ int main(int argc, char **argv)
     }
     const dp_hparams *hp = llama_hparams(m);
     /* Bytes one decode step must read: every weight once (the tied embedding
-     * table is read whole by the output head), plus fp32 KV. Params for FLOPs. */
+     * table is read whole by the output head), plus the KV. Params for FLOPs. */
     double wbytes = 0, params = 0;
     for (uint64_t i = 0; i < g.n_tensors; i++) {
         wbytes += (double)g.tensors[i].nbytes;
@@ -256,13 +270,19 @@ int main(int argc, char **argv)
         wbytes -= (double)e->nbytes; /* only looked up by rows */
         params -= (double)e->n_elems;
     }
-    double kv_per_token = 2.0 * hp->n_layers * hp->n_kv_heads * hp->head_dim * sizeof(float);
+    /* Bytes of one head's K or V row in the cache's type (q8_0 / q4_0: 34 /
+     * 18 bytes per 32 values). */
+    const double kv_row = kv_type == DP_KV_F32   ? 4.0 * hp->head_dim
+                          : kv_type == DP_KV_F16 ? 2.0 * hp->head_dim
+                          : kv_type == DP_KV_Q8_0 ? hp->head_dim / 32 * 34.0
+                                                  : hp->head_dim / 32 * 18.0;
+    double kv_per_token = 2.0 * hp->n_layers * hp->n_kv_heads * kv_row;
 
     printf("dp-bench: model %s (%s backend, %d threads", model, be->ops->name, threads);
     if (be->ops->kernel_level)
         printf(", %s kernels, %s matmul", be->ops->kernel_level(be),
                be->ops->get_exact(be) ? "exact f32" : "int8-activation");
-    printf(")\n");
+    printf(", %s KV cache)\n", dp_kv_type_name(kv_type));
     printf("machine: read bandwidth %.1f GB/s, sgemm %.1f GFLOP/s (%d threads)\n",
            bw / 1e9, gemm / 1e9, threads);
     printf("model: %.1f M params, %.1f MB of weights read per decode step\n\n", params / 1e6,
@@ -278,7 +298,7 @@ int main(int argc, char **argv)
         int32_t *p = malloc((size_t)n * sizeof *p), out[1];
         for (int32_t i = 0; i < n; i++)
             p[i] = (int32_t)((i * 7919u + 13) % (uint32_t)hp->vocab);
-        if (gen_init(&gen, m, bt, n / bt + 4, err, sizeof err))
+        if (gen_init_kv(&gen, m, bt, n / bt + 4, kv_type, err, sizeof err))
             return 1;
         dp_gen_seq sq = {.prompt = p, .n_prompt = n, .max_new = 1, .out = out};
         sq.sampling.temperature = 0;
@@ -309,7 +329,7 @@ int main(int argc, char **argv)
             sq[s].out = outs + s * (steps + 1);
             sq[s].sampling.temperature = 0;
         }
-        if (gen_init(&gen, m, bt, B * ((plen + steps + 1) / bt + 2), err, sizeof err))
+        if (gen_init_kv(&gen, m, bt, B * ((plen + steps + 1) / bt + 2), kv_type, err, sizeof err))
             return 1;
         if (gen_run(&gen, sq, B, NULL, NULL, NULL, err, sizeof err)) {
             fprintf(stderr, "dp-bench: %s\n", err);

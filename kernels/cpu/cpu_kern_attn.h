@@ -28,11 +28,14 @@ static inline vf kv_loadv(const void *base, size_t es, size_t i, int32_t n)
  * place. A quantized store's rows are quantized per token, so its K cannot
  * be read transposed: the chunk's K and V rows are dequantized into the
  * tile's buffers (rows: K as rows too, scored one token at a time). */
+#define KV_TILE_HD 256 /* the widest head the tile holds */
 typedef struct kv_chunk {
     const void *k, *v;
     size_t es, kd;
-    bool rows;                        /* K rows at kr (quantized stores) */
-    float kr[VW * 256], vt[VW * 256]; /* quantized stores: head_dim <= 256 */
+    bool rows; /* K rows at kr (quantized stores) */
+    /* Quantized stores (head_dim <= KV_TILE_HD: kv_block_bytes) and f16
+     * values widened for several heads (chunk_widen_values). */
+    float kr[VW * KV_TILE_HD], vt[VW * KV_TILE_HD];
 } kv_chunk;
 
 /* One quantized row of head_dim values (q8_0 or q4_0 blocks) as f32. */
@@ -271,10 +274,12 @@ static inline void chunk_scores_group(const kv_chunk *ch, int32_t hd, int32_t nl
 }
 
 /* An f16 chunk's values widened once into the tile, for the several heads
- * that read them (each head widened them again before): the same floats. */
+ * that read them (each head widened them again before): the same floats.
+ * f16 heads wider than the tile (the store allows 1024) are read in
+ * place. */
 static inline void chunk_widen_values(kv_chunk *ch, int32_t hd, int32_t nl)
 {
-    if (ch->es != 2)
+    if (ch->es != 2 || hd > KV_TILE_HD)
         return;
     const uint16_t *v = (const uint16_t *)ch->v;
     const int32_t n = nl * hd; /* the chunk's rows are consecutive */

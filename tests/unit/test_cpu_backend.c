@@ -307,9 +307,10 @@ static void test_elementwise(dp_backend *be)
  * gather against a dense reference. With an f16 store the reference reads
  * K and V rounded to f16 (what kv_write stores), with a q8_0 / q4_0 store
  * each head's rows quantized and dequantized, so the bound is the same. */
-static void test_attention(dp_backend *be, int32_t type, int32_t BT)
+static void test_attention(dp_backend *be, int32_t type, int32_t BT, int32_t HD)
 {
-    enum { NH = 6, NKV = 2, HD = 32, NB = 40, NL = 2, VOCAB = 50, DIM = NH * HD };
+    enum { NH = 6, NKV = 2, NB = 40, NL = 2, VOCAB = 50, HDMAX = 512 };
+    const int32_t DIM = NH * HD;
     dp_kv_layout l = {NL, NKV, HD, BT, NB, type, 0};
     dp_kv_store *kv;
     CHECK(be->ops->kv_create(be, &l, &kv) == 0);
@@ -332,7 +333,7 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT)
             tables[s * max_blocks + b] = perm[s * max_blocks + b];
     /* Full K/V (post-rope) per sequence, layer 0; earlier tokens are written
      * by an earlier "step" of this same test. */
-    static float K[3][32][NKV * HD], V[3][32][NKV * HD], Q[3][32][NH * HD];
+    static float K[3][32][NKV * HDMAX], V[3][32][NKV * HDMAX], Q[3][32][NH * HDMAX];
     for (int s = 0; s < 3; s++)
         for (int t = 0; t < total[s]; t++) {
             for (int i = 0; i < NKV * HD; i++) {
@@ -347,7 +348,7 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT)
             if (dp_kv_type_quantized(type)) /* each head's row, as kv_write stores it */
                 for (int h = 0; h < NKV; h++) {
                     uint32_t qt = type == DP_KV_Q8_0 ? DP_TYPE_Q8_0 : DP_TYPE_Q4_0;
-                    uint8_t qb[HD / 32 * 34];
+                    uint8_t qb[HDMAX / 32 * 34];
                     CHECK(quant_quantize_row(qt, K[s][t] + h * HD, qb, HD) == 0);
                     CHECK(quant_dequant_row(qt, qb, K[s][t] + h * HD, HD) == 0);
                     CHECK(quant_quantize_row(qt, V[s][t] + h * HD, qb, HD) == 0);
@@ -378,9 +379,9 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT)
         float *k = be->ops->alloc(be, (size_t)n * NKV * HD * 4), *v = be->ops->alloc(be, (size_t)n * NKV * HD * 4);
         float *q = be->ops->alloc(be, (size_t)n * NH * HD * 4), *o = be->ops->alloc(be, (size_t)n * NH * HD * 4);
         for (int i = 0; i < n; i++) {
-            memcpy(k + (size_t)i * NKV * HD, K[seq[i]][slot[i]], sizeof K[0][0]);
-            memcpy(v + (size_t)i * NKV * HD, V[seq[i]][slot[i]], sizeof V[0][0]);
-            memcpy(q + (size_t)i * NH * HD, Q[seq[i]][slot[i]], sizeof Q[0][0]);
+            memcpy(k + (size_t)i * NKV * HD, K[seq[i]][slot[i]], (size_t)NKV * HD * sizeof(float));
+            memcpy(v + (size_t)i * NKV * HD, V[seq[i]][slot[i]], (size_t)NKV * HD * sizeof(float));
+            memcpy(q + (size_t)i * NH * HD, Q[seq[i]][slot[i]], (size_t)NH * HD * sizeof(float));
         }
         be->ops->kv_write(be, stores, 1, k, v);
         poison(o, (size_t)n * NH * HD);
@@ -442,7 +443,7 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT)
         if (n > 0)
             CHECK(rel_err(q, ref, (size_t)n * NH * HD) < 1e-5);
         /* embed + gather */
-        float table[VOCAB * DIM];
+        static float table[VOCAB * NH * HDMAX];
         for (int i = 0; i < VOCAB * DIM; i++)
             table[i] = frand();
         dp_weight tw;
@@ -935,11 +936,15 @@ int main(void)
         /* Blocks of 4 tokens (partial vector chunks) and of 32 (whole ones,
          * and chunks that start inside a block). */
         for (int32_t bt = 4; bt <= 32; bt *= 8) {
-            test_attention(be, DP_KV_F32, bt);
-            test_attention(be, DP_KV_F16, bt);
-            test_attention(be, DP_KV_Q8_0, bt);
-            test_attention(be, DP_KV_Q4_0, bt);
+            test_attention(be, DP_KV_F32, bt, 32);
+            test_attention(be, DP_KV_F16, bt, 32);
+            test_attention(be, DP_KV_Q8_0, bt, 32);
+            test_attention(be, DP_KV_Q4_0, bt, 32);
         }
+        /* Heads wider than the dequantized tile (256): f32 and f16 stores
+         * are read in place. */
+        test_attention(be, DP_KV_F32, 32, 512);
+        test_attention(be, DP_KV_F16, 32, 512);
         test_kv_views(be);
         test_logits_topk(be);
         backend_destroy(be);

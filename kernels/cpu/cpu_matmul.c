@@ -592,6 +592,8 @@ void cpu_matmul_shared(dp_backend *be, float *const *ys, const float *x,
                        const dp_weight *const *ws, int32_t n, int32_t m)
 {
     cpu_backend *c = cpu_of(be);
+    if (n <= 0)
+        return;
     bool q8 = n <= DP_MATMUL_SHARED_MAX;
     for (int32_t i = 0; i < n && q8; i++)
         q8 = ws[i]->cols == ws[0]->cols && q8_ready(c, ws[i], m);

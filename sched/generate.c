@@ -28,8 +28,8 @@ int gen_init_kv(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, 
                       block_tokens);
     if ((rc = be->ops->kv_create(be, &l, &g->store))) {
         kv_pool_destroy(&g->pool);
-        return dp_err(err, errsz, rc, "kv store: cannot allocate %d blocks of %d tokens", n_blocks,
-                      block_tokens);
+        return dp_err(err, errsz, rc, "kv store: cannot create %d blocks of %d tokens in %s",
+                      n_blocks, block_tokens, dp_kv_type_name(kv_type));
     }
     const dp_hparams *hp = llama_hparams(m);
     const size_t O = (size_t)llama_max_out(m);

@@ -14,27 +14,16 @@
 
 #include "kernels/backend.h"
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-#include <immintrin.h>
-#define TOPK_SIMD 1
+/* The kernels' float vectors (cpu/vec.h: this file is part of cpu_kern.c's
+ * translation unit, compiled once per level). vf_exp_neg is dp_topk_exp
+ * lane by lane for -30 < t <= 0: the clamp at -87 does nothing there, its
+ * round is rintf, fma(k, -c, x) is fmaf(-k, c, x), and its vf_pow2i
+ * (scalef, or a multiply by 2^k made from k's bits) is ldexpf(p, k) for
+ * these normal results. Dead lanes give garbage, masked by the callers. */
+#include "kernels/cpu/vec.h"
 
-/* dp_topk_exp lane by lane: roundscale is rintf, fnmadd(k, c, x) is
- * fmaf(-k, c, x), scalef(p, k) is ldexpf(p, k) for these normal results. */
-static inline __m512 topk_exp16(__m512 t)
-{
-    const __m512 k = _mm512_roundscale_ps(_mm512_mul_ps(t, _mm512_set1_ps(1.44269504f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_fnmadd_ps(k, _mm512_set1_ps(0.693359375f), t);
-    f = _mm512_fnmadd_ps(k, _mm512_set1_ps(-2.12194440e-4f), f);
-    __m512 p = _mm512_set1_ps(1.0f / 720);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 120));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 24));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f / 6));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, k);
-}
+#if defined(VEC_AVX512) && defined(__AVX512DQ__)
+#define TOPK_SIMD 1
 
 /* t = (x - m) * inv_t for 16 logits, and the lanes with a nonzero weight. */
 static inline __m512 topk_t16(const float *x, __m512 vm, __m512 vinv, __mmask16 *live)
@@ -47,35 +36,12 @@ static inline __m512 topk_t16(const float *x, __m512 vm, __m512 vinv, __mmask16 
 /* The weights of 16 lanes as two vectors of 8 (dead lanes 0). */
 static inline void topk_w16(__m512 t, __mmask16 live, __m512i *lo, __m512i *hi)
 {
-    const __m512 e = _mm512_mul_ps(topk_exp16(t), _mm512_set1_ps(17592186044416.0f));
+    const __m512 e = _mm512_mul_ps(vf_exp_neg(t), _mm512_set1_ps(17592186044416.0f));
     *lo = _mm512_maskz_cvttps_epu64((__mmask8)live, _mm512_castps512_ps256(e));
     *hi = _mm512_maskz_cvttps_epu64((__mmask8)(live >> 8), _mm512_extractf32x8_ps(e, 1));
 }
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#elif defined(VEC_AVX2)
 #define TOPK_AVX2 1
-
-/* dp_topk_exp lane by lane, as topk_exp16: round is rintf, fnmadd is
- * fmaf(-k, c, x), and ldexpf(p, k) a multiply by 2^k made from k's bits
- * (exact: k >= -44 and the results are normal). Dead lanes: garbage, masked
- * by the callers. */
-static inline __m256 topk_exp8(__m256 t)
-{
-    const __m256 k = _mm256_round_ps(_mm256_mul_ps(t, _mm256_set1_ps(1.44269504f)),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693359375f), t);
-    f = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.12194440e-4f), f);
-    __m256 p = _mm256_set1_ps(1.0f / 720);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 120));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 24));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f / 6));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(0.5f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    const __m256i e = _mm256_slli_epi32(
-        _mm256_add_epi32(_mm256_cvtps_epi32(k), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
 
 /* t = (x - m) * inv_t for 8 logits, and the lanes with a nonzero weight
  * (all ones; NaN compares false, as in dp_topk_weight). */
@@ -99,7 +65,7 @@ static inline __m256i topk_u64x4(__m128 v)
  * the scalar conversion to uint64_t truncates. */
 static inline void topk_w8(__m256 t, __m256 live, __m256i *lo, __m256i *hi)
 {
-    const __m256 e = _mm256_round_ps(_mm256_mul_ps(topk_exp8(t), _mm256_set1_ps(17592186044416.0f)),
+    const __m256 e = _mm256_round_ps(_mm256_mul_ps(vf_exp_neg(t), _mm256_set1_ps(17592186044416.0f)),
                                      _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     const __m256 ez = _mm256_and_ps(e, live); /* dead lanes +0 */
     *lo = topk_u64x4(_mm256_castps256_ps128(ez));

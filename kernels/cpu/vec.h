@@ -2,8 +2,9 @@
  * instruction-set level. cpu_kern.c is compiled once per level (meson passes
  * the level's -m flags), so the same kernel source becomes an AVX-512, an
  * AVX2+FMA+F16C and a portable build; cpu_dispatch.c picks one at start-up.
- * Only cpu_kern.c includes this header: nothing else may depend on the level
- * a translation unit happened to be compiled for.
+ * Only cpu_kern.c includes this header (directly and through
+ * kernels/topk_impl.h, which only it includes): nothing else may depend on
+ * the level a translation unit happened to be compiled for.
  *
  *   VW                lanes per vector (16, 8, 4)
  *   vf_zero/set1/load/store, vf_loadn/storen (n <= VW lanes, zeros past n)

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdbool.h>
+#include <string.h>
 
 typedef struct dp_backend dp_backend;
 
@@ -50,6 +51,14 @@ static inline const char *dp_kv_type_name(int t)
 {
     static const char *const names[] = {"f32", "f16", "q8_0", "q4_0", "kivi4"};
     return t >= 0 && t < DP_KV_TYPE_COUNT ? names[t] : "unknown";
+}
+/* The type named name (dp_kv_type_name's spelling), or -1. */
+static inline int dp_kv_type_parse(const char *name)
+{
+    for (int t = 0; t < DP_KV_TYPE_COUNT; t++)
+        if (!strcmp(name, dp_kv_type_name(t)))
+            return t;
+    return -1;
 }
 static inline bool dp_kv_type_quantized(int t)
 {

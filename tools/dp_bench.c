@@ -224,11 +224,8 @@ int main(int argc, char **argv)
     for (int i = 1; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "--model")) model = argv[i + 1];
         else if (!strcmp(argv[i], "--kv")) {
-            kv_type = -1;
-            for (int32_t t = DP_KV_F32; t <= DP_KV_Q4_0; t++)
-                if (!strcmp(argv[i + 1], dp_kv_type_name(t)))
-                    kv_type = t;
-            if (kv_type < 0) {
+            kv_type = dp_kv_type_parse(argv[i + 1]);
+            if (kv_type < 0 || dp_kv_type_grouped(kv_type)) {
                 fprintf(stderr, "dp-bench: --kv: f32, f16, q8_0 or q4_0, not '%s'\n", argv[i + 1]);
                 return 2;
             }
@@ -270,13 +267,11 @@ int main(int argc, char **argv)
         wbytes -= (double)e->nbytes; /* only looked up by rows */
         params -= (double)e->n_elems;
     }
-    /* Bytes of one head's K or V row in the cache's type (q8_0 / q4_0: 34 /
-     * 18 bytes per 32 values). */
-    const double kv_row = kv_type == DP_KV_F32   ? 4.0 * hp->head_dim
-                          : kv_type == DP_KV_F16 ? 2.0 * hp->head_dim
-                          : kv_type == DP_KV_Q8_0 ? hp->head_dim / 32 * 34.0
-                                                  : hp->head_dim / 32 * 18.0;
-    double kv_per_token = 2.0 * hp->n_layers * hp->n_kv_heads * kv_row;
+    /* KV bytes per token as the backend stores the type (its block's bytes
+     * over its tokens). */
+    dp_kv_layout kl = llama_kv_layout(m, 16, 1);
+    kl.type = kv_type;
+    double kv_per_token = (double)be->ops->kv_bytes_per_block(be, &kl) / kl.block_tokens;
 
     printf("dp-bench: model %s (%s backend, %d threads", model, be->ops->name, threads);
     if (be->ops->kernel_level)

@@ -1910,18 +1910,10 @@ static int parse_list_f(const char *s, float *v, int max)
     return *s ? -1 : n;
 }
 
-static int parse_kv_type(const char *v)
-{
-    for (int t = 0; t < DP_KV_TYPE_COUNT; t++)
-        if (!strcmp(v, dp_kv_type_name(t)))
-            return t;
-    return -1;
-}
-
 /* A grid's decode types may also be simulated ones (sim-kivi4, sim-kivi2: kv_sim.h). */
 static int parse_grid_type(const char *v)
 {
-    int t = parse_kv_type(v);
+    int t = dp_kv_type_parse(v);
     return t >= 0 ? t : kv_sim_parse(v);
 }
 
@@ -2021,7 +2013,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--ratios"))
             bad = (o.n_ratios = parse_list_f(v, o.ratios, MAX_RATIOS)) <= 0, ratios_set = true;
         else if (!strcmp(a, "--decode-kv-type"))
-            bad = (o.dkv_type = parse_kv_type(v)) < 0;
+            bad = (o.dkv_type = dp_kv_type_parse(v)) < 0;
         else if (!strcmp(a, "--decode-kv-types"))
             bad = (o.n_dtypes = parse_kv_types(v, o.dtypes)) <= 0;
         else if (!strcmp(a, "--passkey"))

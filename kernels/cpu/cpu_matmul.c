@@ -568,7 +568,6 @@ void cpu_matmul(dp_backend *be, float *y, const float *x, const dp_weight *w, in
 typedef struct mm_shared {
     mm_job j[DP_MATMUL_SHARED_MAX];
     int64_t end[DP_MATMUL_SHARED_MAX]; /* weight i's tiles: [end[i - 1], end[i]) */
-    int32_t n;
 } mm_shared;
 
 static void mm_shared_task(void *ctx, int64_t t, int thread)
@@ -602,7 +601,7 @@ void cpu_matmul_shared(dp_backend *be, float *const *ys, const float *x,
             cpu_matmul(be, ys[i], x, ws[i], m);
         return;
     }
-    mm_shared s = {.n = n};
+    mm_shared s;
     for (int32_t i = 0; i < n; i++) {
         s.j[i] = (mm_job){c, ys[i], x, ws[i], m, TILE_SMALL, MM_Q8};
         s.end[i] = (i ? s.end[i - 1] : 0) + mm_tiles(c, &s.j[i]);

@@ -134,28 +134,28 @@ static void migration_hist_render(tbuf *b, const dp_engine_stats *st)
  * turns and the host tier. */
 static void dualpath_render(tbuf *b, const dp_engine_stats *st)
 {
-    bool dual = st->decode_blocks_total > 0;
+    bool dual = st->kv.decode_blocks_total > 0;
     family(b, "dualpath_kv_blocks_used", "gauge", "KV cache blocks in use, per pool.");
-    tb_printf(b, "dualpath_kv_blocks_used{pool=\"prefill\"} %d\n", st->blocks_used);
+    tb_printf(b, "dualpath_kv_blocks_used{pool=\"prefill\"} %d\n", st->kv.blocks_used);
     if (dual)
-        tb_printf(b, "dualpath_kv_blocks_used{pool=\"decode\"} %d\n", st->decode_blocks_used);
+        tb_printf(b, "dualpath_kv_blocks_used{pool=\"decode\"} %d\n", st->kv.decode_blocks_used);
     family(b, "dualpath_kv_blocks_capacity", "gauge",
            "KV cache blocks in the pool, per pool (with one arena for both paths, each reports "
            "the arena's size; see dualpath_kv_arena_shared).");
-    tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"prefill\"} %d\n", st->blocks_total);
+    tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"prefill\"} %d\n", st->kv.blocks_total);
     if (dual)
-        tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"decode\"} %d\n", st->decode_blocks_total);
+        tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"decode\"} %d\n", st->kv.decode_blocks_total);
     family(b, "dualpath_kv_arena_shared", "gauge",
            "1 when the prefill and decode paths draw on one arena of blocks.");
-    tb_printf(b, "dualpath_kv_arena_shared %d\n", st->kv_shared ? 1 : 0);
+    tb_printf(b, "dualpath_kv_arena_shared %d\n", st->kv.shared ? 1 : 0);
     family(b, "dualpath_kv_block_tokens", "gauge", "Tokens per KV cache block, per pool.");
-    tb_printf(b, "dualpath_kv_block_tokens{pool=\"prefill\"} %d\n", st->block_tokens);
+    tb_printf(b, "dualpath_kv_block_tokens{pool=\"prefill\"} %d\n", st->kv.block_tokens);
     if (dual)
-        tb_printf(b, "dualpath_kv_block_tokens{pool=\"decode\"} %d\n", st->decode_block_tokens);
+        tb_printf(b, "dualpath_kv_block_tokens{pool=\"decode\"} %d\n", st->kv.decode_block_tokens);
 
     family(b, "dualpath_decode_path_sequences", "gauge",
            "Sequences whose compacted KV cache lives in the decode pool.");
-    tb_printf(b, "dualpath_decode_path_sequences %d\n", st->seqs_on_decode_path);
+    tb_printf(b, "dualpath_decode_path_sequences %d\n", st->kv.seqs_on_decode_path);
     family(b, "dualpath_migrations_total", "counter",
            "Sequences moved from the prefill path to the decode path, by the scorer used.");
     for (int i = 0; i < DP_N_SCORERS; i++)
@@ -178,26 +178,26 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     family(b, "dualpath_kept_shares_total", "counter",
            "Migrations that took the compaction of a running request with the same prompt "
            "(n > 1, identical requests) by reference, copying only its last partial block.");
-    tb_printf(b, "dualpath_kept_shares_total %lld\n", (long long)st->kept_shares);
+    tb_printf(b, "dualpath_kept_shares_total %lld\n", (long long)st->kv.kept_shares);
     family(b, "dualpath_tokens_evicted_total", "counter",
            "Prompt tokens dropped from the device at migrations.");
     tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);
     family(b, "dualpath_swaps_total", "counter",
            "Preempted decode-path caches copied to host memory (out) and restored (in).");
-    tb_printf(b, "dualpath_swaps_total{direction=\"out\"} %lld\n", (long long)st->swap_outs);
-    tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->swap_ins);
+    tb_printf(b, "dualpath_swaps_total{direction=\"out\"} %lld\n", (long long)st->kv.swap_outs);
+    tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->kv.swap_ins);
     family(b, "dualpath_swap_bytes", "gauge", "Host memory held by swapped-out decode-path caches.");
-    tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->swap_bytes);
+    tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->kv.swap_bytes);
     family(b, "dualpath_swap_space_bytes", "gauge",
            "Host memory of the swap space, allocated at start-up (swap_space; 0: none).");
-    tb_printf(b, "dualpath_swap_space_bytes %lld\n", (long long)st->swap_space_bytes);
+    tb_printf(b, "dualpath_swap_space_bytes %lld\n", (long long)st->kv.swap_space_bytes);
     family(b, "dualpath_parked_host_bytes", "gauge",
            "Host memory of the swap space held by kept turns' caches (given up first when a "
            "preempted sequence needs it).");
-    tb_printf(b, "dualpath_parked_host_bytes %lld\n", (long long)st->parked_host_bytes);
+    tb_printf(b, "dualpath_parked_host_bytes %lld\n", (long long)st->kv.parked_host_bytes);
     family(b, "dualpath_decode_recomputes_total", "counter",
            "Decode-path preemptions recomputed from their tokens (the swap space was full).");
-    tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->decode_recomputes);
+    tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->kv.decode_recomputes);
     family(b, "dualpath_recompressions_total", "counter",
            "Decode-path caches compacted again on reaching the decode budget, by the scorer "
            "used (SnapKV scores with the sequence's last window of decode queries).");
@@ -208,15 +208,15 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
            "Recompressions that found no free blocks for their new table and went through a "
            "scratch copy (they never wait for memory).");
     tb_printf(b, "dualpath_recompressions_staged_total %lld\n",
-              (long long)st->recompressions_staged);
+              (long long)st->kv.recompressions_staged);
     family(b, "dualpath_kv_groups_sealed_total", "counter",
            "Groups of a grouped decode-path KV type (kivi4) written once whole: the newest "
            "tokens wait in the arena's type until their group is full.");
-    tb_printf(b, "dualpath_kv_groups_sealed_total %lld\n", (long long)st->groups_sealed);
+    tb_printf(b, "dualpath_kv_groups_sealed_total %lld\n", (long long)st->kv.groups_sealed);
     family(b, "dualpath_kv_groups_shared_total", "counter",
            "Of those groups, the ones another sequence had sealed from the same prompt rows "
            "(a shared system prompt, n > 1): one copy held by both.");
-    tb_printf(b, "dualpath_kv_groups_shared_total %lld\n", (long long)st->groups_shared);
+    tb_printf(b, "dualpath_kv_groups_shared_total %lld\n", (long long)st->kv.groups_shared);
     family(b, "dualpath_decode_queries_missed_total", "counter",
            "Decode queries a SnapKV recompression had to go without (no capture room in a "
            "step, or no memory for the sums): it scored with the others.");
@@ -237,55 +237,55 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
 
     family(b, "dualpath_rebuilds_total", "counter",
            "Admissions that took back the KV cache of a cached prefix (an earlier turn).");
-    tb_printf(b, "dualpath_rebuilds_total %lld\n", (long long)st->rebuilds);
+    tb_printf(b, "dualpath_rebuilds_total %lld\n", (long long)st->kv.rebuilds);
     family(b, "dualpath_reply_blocks_kept_total", "counter",
            "Blocks of finished decode-path replies written back for the next turn.");
-    tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->reply_blocks_kept);
+    tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->kv.reply_blocks_kept);
     family(b, "dualpath_exempt_blocks", "gauge",
            "Decode-path KV blocks the exempt layers' tables hold (every token of the first "
            "exempt_layers layers; part of dualpath_kv_blocks_used{pool=\"decode\"}).");
-    tb_printf(b, "dualpath_exempt_blocks %d\n", st->exempt_blocks);
+    tb_printf(b, "dualpath_exempt_blocks %d\n", st->kv.exempt_blocks);
     family(b, "dualpath_parked_turns", "gauge",
            "Finished turns whose compact KV cache is kept for the conversation's next turn.");
-    tb_printf(b, "dualpath_parked_turns %d\n", st->parked_turns);
+    tb_printf(b, "dualpath_parked_turns %d\n", st->kv.parked_turns);
     family(b, "dualpath_parked_blocks", "gauge",
            "KV blocks only those kept turns hold (cached like the prefix cache's: not counted in "
            "dualpath_kv_blocks_used, dropped when blocks run short).");
-    tb_printf(b, "dualpath_parked_blocks %d\n", st->parked_blocks);
+    tb_printf(b, "dualpath_parked_blocks %d\n", st->kv.parked_blocks);
     family(b, "dualpath_turns_parked_total", "counter",
            "Finished decode-path turns whose compact KV cache was kept for a next turn.");
-    tb_printf(b, "dualpath_turns_parked_total %lld\n", (long long)st->turns_parked);
+    tb_printf(b, "dualpath_turns_parked_total %lld\n", (long long)st->kv.turns_parked);
     family(b, "dualpath_turns_resumed_total", "counter",
            "Requests that continued a kept turn's compact KV cache instead of recomputing it.");
-    tb_printf(b, "dualpath_turns_resumed_total %lld\n", (long long)st->turns_resumed);
+    tb_printf(b, "dualpath_turns_resumed_total %lld\n", (long long)st->kv.turns_resumed);
     family(b, "dualpath_resumed_tokens_total", "counter",
            "Prompt tokens those requests took from the kept cache (not computed again).");
-    tb_printf(b, "dualpath_resumed_tokens_total %lld\n", (long long)st->resumed_tokens);
+    tb_printf(b, "dualpath_resumed_tokens_total %lld\n", (long long)st->kv.resumed_tokens);
     family(b, "dualpath_parked_evictions_total", "counter",
            "Kept turns' caches dropped (oldest first): the swap space had no room for them, or "
            "more turns were kept than the daemon keeps.");
-    tb_printf(b, "dualpath_parked_evictions_total %lld\n", (long long)st->parked_evictions);
+    tb_printf(b, "dualpath_parked_evictions_total %lld\n", (long long)st->kv.parked_evictions);
     family(b, "dualpath_parked_spills_total", "counter",
            "Kept turns' caches moved to the swap space (host memory) to make room; their next "
            "turn copies them back.");
-    tb_printf(b, "dualpath_parked_spills_total %lld\n", (long long)st->parked_spills);
+    tb_printf(b, "dualpath_parked_spills_total %lld\n", (long long)st->kv.parked_spills);
     family(b, "dualpath_parked_restores_total", "counter",
            "Kept turns' caches copied back from the swap space by their next turn.");
-    tb_printf(b, "dualpath_parked_restores_total %lld\n", (long long)st->parked_restores);
+    tb_printf(b, "dualpath_parked_restores_total %lld\n", (long long)st->kv.parked_restores);
     family(b, "dualpath_rebuild_tokens_total", "counter",
            "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
            "recomputed tokens count in dualpath_engine_prefill_tokens_total.");
     tb_printf(b, "dualpath_rebuild_tokens_total{source=\"prefix_cache\"} %lld\n",
-              (long long)st->rebuild_prefix_tokens);
+              (long long)st->kv.rebuild_prefix_tokens);
     tb_printf(b, "dualpath_rebuild_tokens_total{source=\"host\"} %lld\n",
-              (long long)st->rebuild_host_tokens);
+              (long long)st->kv.rebuild_host_tokens);
     family(b, "dualpath_host_tier_spilled_blocks_total", "counter",
            "Prefill blocks copied to the host tier when evicted from the device.");
     tb_printf(b, "dualpath_host_tier_spilled_blocks_total %lld\n",
-              (long long)st->host_spilled_blocks);
+              (long long)st->kv.host_spilled_blocks);
     family(b, "dualpath_host_tier_blocks_capacity", "gauge",
            "Blocks the host tier holds at most (0: no host tier).");
-    tb_printf(b, "dualpath_host_tier_blocks_capacity %lld\n", (long long)st->host_tier_blocks);
+    tb_printf(b, "dualpath_host_tier_blocks_capacity %lld\n", (long long)st->kv.host_tier_blocks);
 }
 
 /* Label values here are ours (version, backend) or the model name the

@@ -320,13 +320,13 @@ static dp_compress_opts request_copts(const dp_engine *e, const dp_request *req)
     if (p->keep_ratio > 0.0f)
         co.keep_ratio = p->keep_ratio;
     co.seed = p->sampling.seed ^ req->id;
-    const int32_t bt = e->kv.pool.block_tokens;
+    const int32_t bt = kv_mgr_block_tokens(&e->kv);
     const int32_t pre = p->keep_prefix < req->n_prompt ? p->keep_prefix : req->n_prompt;
     co.prefix = pre > 0 ? pre / bt * bt : 0;
     return co;
 }
 
-/* The request's decode type (an index in e->kv.dt; check_request refused
+/* The request's decode type (kv_mgr_dtype's index; check_request refused
  * one the server does not keep). */
 static uint8_t request_dt(const dp_engine *e, const dp_request_params *p)
 {
@@ -778,22 +778,8 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
  * prefill path. */
 static void note_kv_bytes(dp_engine *e, eng_seq *es)
 {
-    const dp_kv_mgr *m = &e->kv;
-    /* In one arena a decode block takes an arena block, whatever it uses of it. */
-    const double dper = (double)(m->shared ? m->prefill_block_bytes : m->decode_block_bytes) /
-                        m->dt[es->seq->kv.dt].bt;
-    const double pper = (double)m->prefill_block_bytes / m->pool.block_tokens;
-    const int32_t all = es->tokens_kept + es->tokens_evicted;
-    const double xtok = kv_seq_has_x(&es->seq->kv) ? (double)all * dper / m->xfold : 0.0;
-    es->kv_bytes = (int64_t)((double)es->tokens_kept * dper + xtok + 0.5);
-    const int32_t g = m->dt[es->seq->kv.dt].group;
-    if (g > 0) { /* the lead and whole groups an arena block each, the rest in the residual */
-        const int32_t bt = m->dt[es->seq->kv.dt].bt;
-        const int32_t sealed = kv_mgr_group_sealed(bt, g, es->tokens_kept);
-        es->kv_bytes = (int64_t)dp_kv_group_rstart(bt, g, sealed) * (int64_t)m->prefill_block_bytes +
-                       (int64_t)((double)(es->tokens_kept - sealed) * pper + 0.5);
-    }
-    es->kv_bytes_full = (int64_t)((double)all * pper + 0.5);
+    kv_mgr_seq_bytes(&e->kv, &es->seq->kv, es->tokens_kept, es->tokens_kept + es->tokens_evicted,
+                     &es->kv_bytes, &es->kv_bytes_full);
 }
 
 /* Whether another live sequence with the same prompt is still on the
@@ -971,8 +957,7 @@ static int early_signal(dp_engine *e, eng_seq *es, const float *q, int64_t q_str
     if (co.scorer == DP_SCORER_SNAPKV && nq == 0)
         e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++; /* scored by key norm */
     pthread_mutex_unlock(&e->stats_mu);
-    if (compressor_select(&e->kv.mig.comp, &co, e->kv.store, kv->table.blocks, kv->n_slots, qs,
-                          q_stride, nq ? qslot : NULL, nq, k, cur) != 0) {
+    if (kv_mgr_select(&e->kv, kv, &co, qs, q_stride, nq ? qslot : NULL, nq, k, cur) != 0) {
         free(cur);
         return DP_ENOMEM;
     }
@@ -1146,12 +1131,13 @@ static void run_step(dp_engine *e)
         const dp_kv_seq *kv = &plan.items[i].seq->kv;
         if (kv->table.n_blocks > max_blocks)
             max_blocks = kv->table.n_blocks;
-        if (kv_seq_has_x(kv) && kv->xtable.n_blocks * e->kv.xfold > x_max)
-            x_max = kv->xtable.n_blocks * e->kv.xfold;
+        const int32_t xn = kv_seq_has_x(kv) ? kv_mgr_x_row(&e->kv, kv, NULL, 0) : 0;
+        if (xn > x_max)
+            x_max = xn;
     }
     /* Exempt layers: rows of the sequences without an exempt table repeat
      * their own. */
-    const bool x = e->kv.n_exempt > 0;
+    const bool x = kv_mgr_exempt_layers(&e->kv) > 0;
     if (x && max_blocks > x_max)
         x_max = max_blocks;
     if (ensure_tables(e, (size_t)plan.n_items * (size_t)max_blocks,
@@ -1271,7 +1257,7 @@ static void run_step(dp_engine *e)
                   .slot = e->b_slot, .n_seqs = plan.n_items, .seq_store = e->b_store,
                   .block_tables = e->b_tables, .max_blocks = max_blocks, .n_out = no + ns,
                   .out_tokens = e->b_out, .n_capture = nc, .capture_tokens = e->b_capture,
-                  .n_exempt = e->kv.n_exempt, .x_slot = e->x_slot, .x_seq_store = e->x_store,
+                  .n_exempt = kv_mgr_exempt_layers(&e->kv), .x_slot = e->x_slot, .x_seq_store = e->x_store,
                   .x_block_tables = e->x_tables, .x_max_blocks = x_max,
                   .seq_sealed = e->b_sealed, .seq_roff = e->b_roff};
     dp_kv_store *stores[DP_KV_MAX_STORES];
@@ -1388,6 +1374,17 @@ static void run_step(dp_engine *e)
     pthread_mutex_unlock(&e->stats_mu);
 }
 
+/* kv_mgr_stats' walk over the live sequences. */
+static const dp_kv_seq *next_live_kv(void *it)
+{
+    eng_seq **cur = it;
+    if (!*cur)
+        return NULL;
+    const dp_kv_seq *kv = &(*cur)->seq->kv;
+    *cur = (*cur)->next;
+    return kv;
+}
+
 static void update_gauges(dp_engine *e)
 {
     pthread_mutex_lock(&e->stats_mu);
@@ -1395,62 +1392,9 @@ static void update_gauges(dp_engine *e)
     if (e->stats.running > e->stats.running_peak)
         e->stats.running_peak = e->stats.running;
     e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
-    dp_kv_mgr *m = &e->kv;
-    int32_t on_decode = 0, decode_held = 0, exempt = 0;
-    kv_mgr_held_begin(m);
-    for (eng_seq *es = e->live; es; es = es->next)
-        if (es->seq->kv.path == DP_PATH_DECODE && !es->seq->kv.swapped.slots) {
-            on_decode++;
-            /* Blocks it holds by reference stay the prefill path's, or
-             * are a decode-pool share's, counted once below. */
-            decode_held += kv_mgr_held_blocks(m, &es->seq->kv);
-            exempt += es->seq->kv.xtable.n_blocks;
-        }
-    e->stats.exempt_layers = m->n_exempt;
-    e->stats.exempt_blocks = exempt;
-    /* Parked turns' blocks are counted apart: cached, taken back when needed. */
-    const int32_t parked = m->dual ? kv_mgr_parked_blocks(m) : 0;
-    if (m->dual && m->dpx.e)
-        decode_held += m->dpx.live_blocks - dprefix_parked_blocks(&m->dpx);
-    e->stats.seqs_on_decode_path = on_decode;
-    /* One shared arena: each path reports the blocks its tables hold, and
-     * both the arena's size. */
-    e->stats.blocks_total = m->pool.n_blocks;
-    e->stats.blocks_used = kv_pool_n_used(&m->pool) - (m->shared ? decode_held + parked : 0);
-    e->stats.decode_blocks_total = m->dual ? m->dpool->n_blocks : 0;
-    e->stats.decode_blocks_used = !m->dual      ? 0
-                                  : m->shared   ? decode_held
-                                                : kv_pool_n_used(m->dpool) - parked;
-    e->stats.parked_blocks = parked;
-    e->stats.kv_shared = m->shared;
-    e->stats.block_tokens = m->pool.block_tokens;
-    e->stats.decode_block_tokens = m->dual ? kv_mgr_decode_block_tokens(m) : 0;
-    e->stats.rebuilds = m->rebuilds;
-    e->stats.rebuild_prefix_tokens = m->reused_tokens - m->restored_blocks * m->pool.block_tokens;
-    e->stats.rebuild_host_tokens = m->restored_blocks * m->pool.block_tokens;
-    e->stats.reply_blocks_kept = m->reply_blocks;
-    e->stats.kept_shares = m->kept_shared;
-    e->stats.parked_turns = m->n_parked;
-    e->stats.turns_parked = m->parks;
-    e->stats.turns_resumed = m->resumes;
-    e->stats.resumed_tokens = m->resumed_tokens;
-    e->stats.parked_evictions = m->park_evictions;
-    e->stats.parked_spills = m->park_spills;
-    e->stats.parked_restores = m->park_restores;
-    e->stats.host_spilled_blocks = m->has_pc ? m->pc.spilled_blocks : 0;
-    e->stats.host_tier_blocks = m->has_host ? m->host.cap : 0;
+    eng_seq *it = e->live;
+    kv_mgr_stats(&e->kv, next_live_kv, &it, &e->stats.kv);
     e->stats.preemptions = e->sched.n_preemptions;
-    /* (Preempted sequences only: parked turns' spills are counted apart.) */
-    e->stats.swap_outs = m->has_swap ? m->swap.outs - m->park_spills : 0;
-    e->stats.swap_ins = m->has_swap ? m->swap.ins - m->park_restores : 0;
-    const int64_t parked_host = m->has_swap ? (int64_t)kv_mgr_parked_host_bytes(m) : 0;
-    e->stats.swap_bytes = m->has_swap ? (int64_t)m->swap.used_bytes - parked_host : 0;
-    e->stats.swap_space_bytes = m->has_swap ? (int64_t)m->swap.cap_bytes : 0;
-    e->stats.parked_host_bytes = parked_host;
-    e->stats.decode_recomputes = m->decode_recomputes;
-    e->stats.recompressions_staged = m->staged_recompressions;
-    e->stats.groups_sealed = m->sealed_groups;
-    e->stats.groups_shared = m->gs.hits;
     e->stats.heartbeat++;
     pthread_mutex_unlock(&e->stats_mu);
 }
@@ -1664,54 +1608,6 @@ static void cap_context(dp_engine *e)
     }
 }
 
-static void log_memory_plan(dp_engine *e)
-{
-    dp_backend *be = e->be;
-    const dp_kv_mgr *m = &e->kv;
-    const double pm = MIB((double)m->pool.n_blocks * (double)m->prefill_block_bytes);
-    const double dm = m->dual ? MIB((double)m->dpool->n_blocks * (double)m->decode_block_bytes) : 0;
-    if (m->shared && m->dstore != m->store) {
-        const dp_kv_layout *pl = be->ops->kv_layout(be, m->store);
-        const dp_kv_layout *dl = be->ops->kv_layout(be, m->dstore);
-        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks (%.0f MiB) for "
-               "both paths: a block holds %d tokens in %s on the prefill path, %d in %s on the "
-               "decode path", be->ops->name, m->pool.n_blocks, pm, pl->block_tokens,
-               dp_kv_type_name(pl->type), dl->block_tokens, dp_kv_type_name(dl->type));
-        return;
-    }
-    if (m->shared) {
-        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks x %d tokens "
-               "(%.0f MiB) for both paths", be->ops->name, m->pool.n_blocks, m->pool.block_tokens,
-               pm);
-        return;
-    }
-    char model[96] = "";
-    if (be->ops->mem_usage) {
-        size_t wb = 0, ab = 0;
-        be->ops->mem_usage(be, &wb, &ab);
-        snprintf(model, sizeof model, "weights %.0f MiB, activations %.0f MiB; ", MIB(wb),
-                 MIB(ab));
-    }
-    dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
-           ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, m->pool.n_blocks,
-           m->pool.block_tokens, pm, m->dual ? m->dpool->n_blocks : 0,
-           m->dual ? m->dbt : 0, dm);
-}
-
-/* Host memory beside the KV arena: it counts in the machine's memory (on
- * the CPU, the same RAM as the arena), so it is said at start-up. */
-static void log_host_plan(const dp_engine *e)
-{
-    const dp_kv_mgr *m = &e->kv;
-    if (!m->has_swap && !m->has_host)
-        return;
-    dp_log(DP_LOG_INFO, "engine: host memory: swap space %.0f MiB%s, host tier %.0f MiB",
-           m->has_swap ? MIB((double)m->swap.cap_bytes) : 0.0,
-           m->has_swap ? (m->swap.pinned ? " (pinned)" : "") : " (none: preempted sequences are "
-                                                                "recomputed)",
-           m->has_host ? MIB((double)m->host.cap * (double)m->host.block_bytes) : 0.0);
-}
-
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                 const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
                 size_t errsz)
@@ -1801,18 +1697,17 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     }
     if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
         goto fail;
-    if (e->kv.shared && opts->prefill_fraction != 0.25)
+    if (kv_mgr_shared(&e->kv) && opts->prefill_fraction != 0.25)
         dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
                "KV arena (it splits the memory only when decode_block_tokens differs from "
                "block_tokens with one KV type for both paths)", opts->prefill_fraction);
     const int32_t held = kv_mgr_decode_block_tokens(&e->kv);
-    if (e->kv.shared && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
+    if (kv_mgr_shared(&e->kv) && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
         opts->decode_block_tokens != held)
         dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
                "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
                dp_kv_type_name(ko.decode.type), held);
-    log_memory_plan(e);
-    log_host_plan(e);
+    kv_mgr_log_plan(&e->kv);
     cap_context(e);
     /* The model's logits rows beyond one per sequence score prompts. */
     e->score_rows = llama_max_out(model) - opts->max_seqs;
@@ -1991,24 +1886,23 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
         return dp_err(err, errsz, DP_EINVAL, "dualpath is disabled on this server");
     /* One exempt store serves every sequence: a request keeps the
      * server's exempt layers or none. */
-    if (p->exempt > 1 && p->exempt - 1 != e->kv.n_exempt)
+    const int32_t n_exempt = kv_mgr_exempt_layers(&e->kv);
+    if (p->exempt > 1 && p->exempt - 1 != n_exempt)
         return dp_err(err, errsz, DP_EINVAL, "dualpath.exempt_layers must be 0 or this server's "
-                      "exempt_layers (%d), got %d", e->kv.n_exempt, p->exempt - 1);
+                      "exempt_layers (%d), got %d", n_exempt, p->exempt - 1);
     /* A decode type other than the server's is another view of the arena
      * (kv_mgr_dtype): there where the backend has views. */
     if (p->kv_type > 0 && !e->dual)
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type: dualpath is disabled on "
                       "this server");
     if (p->kv_type > 0 && kv_mgr_dtype(&e->kv, (dp_kv_type)(p->kv_type - 1)) < 0) {
-        char have[64] = "";
-        for (int i = 0; i < e->kv.n_dt; i++)
-            snprintf(have + strlen(have), sizeof have - strlen(have), "%s%s", i ? ", " : "",
-                     dp_kv_type_name(e->kv.dt[i].type));
+        char have[64];
+        kv_mgr_dtype_names(&e->kv, have, sizeof have);
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s is not available on "
                       "this server (it keeps %s)", dp_kv_type_name(p->kv_type - 1), have);
     }
     /* A grouped type's sequences keep no exempt table. */
-    if (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1) && e->kv.n_exempt > 0 && p->exempt != 1)
+    if (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1) && n_exempt > 0 && p->exempt != 1)
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s keeps no exempt layers: "
                       "ask for dualpath.exempt_layers 0 with it", dp_kv_type_name(p->kv_type - 1));
     /* Can it ever fit, alone in the pools? The manager's one formula. */
@@ -2023,8 +1917,8 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
     if (!fits)
         return dp_err(err, errsz, DP_EINVAL,
                       "the request needs %d KV blocks for its prompt and %d for decoding; the KV "
-                      "cache holds %d%s", need.prefill, need.decode, e->kv.pool.n_blocks,
-                      e->kv.shared || !e->kv.dual ? "" : " (prefill pool)");
+                      "cache holds %d%s", need.prefill, need.decode, kv_mgr_blocks(&e->kv),
+                      kv_mgr_shared(&e->kv) || !kv_mgr_dual(&e->kv) ? "" : " (prefill pool)");
     if (atomic_load(&e->device_lost))
         return dp_err(err, errsz, DP_EDEVICE, LOST_MSG);
     return 0;

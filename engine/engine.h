@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "kvcache/compress.h"
+#include "kvcache/manager.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
 #include "sched/request.h"
@@ -100,13 +101,7 @@ typedef struct dp_engine_stats {
     int32_t running;          /* sequences being prefilled or decoded */
     int32_t running_peak;     /* most sequences running at once since start */
     int32_t waiting;          /* queued or preempted */
-    int32_t blocks_total;     /* prefill pool (the only pool without dualpath) */
-    int32_t blocks_used;
-    int32_t decode_blocks_total; /* decode pool (0 without dualpath) */
-    int32_t decode_blocks_used;
-    int32_t block_tokens, decode_block_tokens;
-    bool kv_shared;           /* both paths in one arena (both totals are its size) */
-    int32_t seqs_on_decode_path;
+    dp_kv_mgr_stats kv;       /* the KV manager's gauges and counters (kv_mgr_stats) */
     int64_t migrations;       /* sequences moved prefill -> decode */
     int64_t migrations_by_scorer[DP_N_SCORERS]; /* by the scorer actually used */
     /* Compactions that wanted SnapKV but had no captured queries and scored
@@ -116,32 +111,12 @@ typedef struct dp_engine_stats {
     int64_t tokens_evicted;
     int64_t tokens_in_place;  /* of tokens_kept, taken by reference: a prefix kept whole,
                                * or a kept share (the same prompt's compaction) */
-    int64_t kept_shares;      /* migrations that took a kept share */
     int64_t recompressions;   /* decode-budget compressions */
     int64_t recompressions_by_scorer[DP_N_SCORERS];
     int64_t decode_queries_missed; /* SnapKV decode queries a recompression went without */
-    int64_t recompressions_staged; /* of recompressions, those without free blocks (staged) */
-    int64_t groups_sealed;    /* groups written to a grouped decode type (kivi4) */
-    int64_t groups_shared;    /* ... of them, another sequence's taken (kvcache/gshare.h) */
     int64_t early_switches;   /* switches before the prompt's end (path detector) */
     int64_t early_signals;    /* kept-set selections the path detector's stable signal made */
     int64_t early_switch_tokens; /* prompt tokens computed at those switches (sum) */
-    int64_t rebuilds;         /* admissions that took back a cached prefix */
-    int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
-    int64_t rebuild_host_tokens;   /* tokens restored from the host tier */
-    int64_t reply_blocks_kept;     /* decode-path blocks written back for the next turn */
-    int32_t exempt_layers;    /* decode-path layers kept whole (kvcache/manager.h) */
-    int32_t exempt_blocks;    /* decode blocks their tables hold now (in decode_blocks_used) */
-    int32_t parked_turns;     /* finished turns' compact caches kept now (kv_mgr_park) */
-    int32_t parked_blocks;    /* blocks only they hold (not in the blocks_used gauges) */
-    int64_t turns_parked;     /* ... kept so far */
-    int64_t turns_resumed;    /* admissions that continued one */
-    int64_t resumed_tokens;   /* tokens of history those did not compute again */
-    int64_t parked_evictions; /* parked caches dropped for room */
-    int64_t parked_spills;    /* ... moved to the swap space (host memory) for room */
-    int64_t parked_restores;  /* ... and copied back by their next turn */
-    int64_t host_spilled_blocks;
-    int64_t host_tier_blocks; /* capacity in blocks (0: no host tier) */
     double migration_seconds; /* sum over migration batches */
     int64_t migration_batches;
     int64_t migration_hist[DP_MIGRATION_BUCKETS + 1]; /* cumulative-free counts per bucket, last = +Inf */
@@ -155,11 +130,6 @@ typedef struct dp_engine_stats {
     int64_t grammar_masks_computed, grammar_masks_cached;
     int64_t grammar_masks_skipped; /* the token sampled from the unmasked row was allowed */
     double grammar_seconds;
-    int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
-    int64_t swap_bytes;       /* host memory the swapped caches hold now */
-    int64_t swap_space_bytes; /* the swap space, allocated at start-up (0: none) */
-    int64_t parked_host_bytes; /* ... and the parked turns spilled there */
-    int64_t decode_recomputes; /* decode-path preemptions recomputed (swap space full) */
     int64_t requests_finished[5]; /* indexed by dp_finish */
     double busy_seconds;      /* time inside steps */
     double forward_seconds;   /* of which in the forward pass */

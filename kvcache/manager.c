@@ -208,6 +208,16 @@ int kv_mgr_dtype(const dp_kv_mgr *m, dp_kv_type type)
     return -1;
 }
 
+void kv_mgr_dtype_names(const dp_kv_mgr *m, char *buf, size_t size)
+{
+    if (size == 0)
+        return;
+    buf[0] = '\0';
+    for (int i = 0; i < m->n_dt; i++)
+        snprintf(buf + strlen(buf), size - strlen(buf), "%s%s", i ? ", " : "",
+                 dp_kv_type_name(m->dt[i].type));
+}
+
 /* The exempt layers' stores: the decode pool's memory folded (backend.h
  * kv_view) so that one decode block holds xfold blocks of the first n
  * layers, in each decode type: a sequence's exempt table costs n / n_layers
@@ -478,4 +488,62 @@ void kv_mgr_destroy(dp_kv_mgr *m)
     dprefix_destroy(&m->dpx);
     gshare_destroy(&m->gs);
     memset(m, 0, sizeof *m);
+}
+
+/* ---- the plan, said at start-up ------------------------------------------ */
+
+#define MIB(x) ((double)(x) / (1024.0 * 1024.0))
+
+static void log_memory_plan(const dp_kv_mgr *m)
+{
+    dp_backend *be = m->be;
+    const double pm = MIB((double)m->pool.n_blocks * (double)m->prefill_block_bytes);
+    const double dm = m->dual ? MIB((double)m->dpool->n_blocks * (double)m->decode_block_bytes) : 0;
+    if (m->shared && m->dstore != m->store) {
+        const dp_kv_layout *pl = be->ops->kv_layout(be, m->store);
+        const dp_kv_layout *dl = be->ops->kv_layout(be, m->dstore);
+        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks (%.0f MiB) for "
+               "both paths: a block holds %d tokens in %s on the prefill path, %d in %s on the "
+               "decode path", be->ops->name, m->pool.n_blocks, pm, pl->block_tokens,
+               dp_kv_type_name(pl->type), dl->block_tokens, dp_kv_type_name(dl->type));
+        return;
+    }
+    if (m->shared) {
+        dp_log(DP_LOG_INFO, "engine: memory plan (%s): one KV arena of %d blocks x %d tokens "
+               "(%.0f MiB) for both paths", be->ops->name, m->pool.n_blocks, m->pool.block_tokens,
+               pm);
+        return;
+    }
+    char model[96] = "";
+    if (be->ops->mem_usage) {
+        size_t wb = 0, ab = 0;
+        be->ops->mem_usage(be, &wb, &ab);
+        snprintf(model, sizeof model, "weights %.0f MiB, activations %.0f MiB; ", MIB(wb),
+                 MIB(ab));
+    }
+    dp_log(DP_LOG_INFO, "engine: memory plan (%s): %sprefill pool %d blocks x %d tokens (%.0f MiB)"
+           ", decode pool %d blocks x %d tokens (%.0f MiB)", be->ops->name, model, m->pool.n_blocks,
+           m->pool.block_tokens, pm, m->dual ? m->dpool->n_blocks : 0,
+           m->dual ? m->dbt : 0, dm);
+}
+
+/* Host memory beside the KV arena: it counts in the machine's memory (on
+ * the CPU, the same RAM as the arena), so it is said at start-up. */
+static void log_host_plan(const dp_kv_mgr *m)
+{
+    if (!m->has_swap && !m->has_host)
+        return;
+    dp_log(DP_LOG_INFO, "engine: host memory: swap space %.0f MiB%s, host tier %.0f MiB",
+           m->has_swap ? MIB((double)m->swap.cap_bytes) : 0.0,
+           m->has_swap ? (m->swap.pinned ? " (pinned)" : "") : " (none: preempted sequences are "
+                                                                "recomputed)",
+           m->has_host ? MIB((double)m->host.cap * (double)m->host.block_bytes) : 0.0);
+}
+
+void kv_mgr_log_plan(const dp_kv_mgr *m)
+{
+    if (!m->be)
+        return;
+    log_memory_plan(m);
+    log_host_plan(m);
 }

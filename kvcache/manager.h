@@ -267,11 +267,90 @@ static inline int32_t kv_mgr_decode_block_tokens(const dp_kv_mgr *m)
     return m->dt[0].group ? m->dt[0].group : m->dbt;
 }
 
+/* ---- read-only: the manager's geometry, fixed at kv_mgr_init ------------- */
+
+/* Tokens per prefill-path block (the prefix cache's unit). */
+static inline int32_t kv_mgr_block_tokens(const dp_kv_mgr *m) { return m->pool.block_tokens; }
+/* Blocks of the prefill pool (with dualpath off, or one arena: all of them). */
+static inline int32_t kv_mgr_blocks(const dp_kv_mgr *m) { return m->pool.n_blocks; }
+/* Whether both paths draw on one arena. */
+static inline bool kv_mgr_shared(const dp_kv_mgr *m) { return m->shared; }
+/* Whether the manager runs the dual path (a decode pool or view). */
+static inline bool kv_mgr_dual(const dp_kv_mgr *m) { return m->dual; }
+/* Whether prefill blocks are named and taken back (the prefix cache). */
+static inline bool kv_mgr_prefix_cache(const dp_kv_mgr *m) { return m->has_pc; }
+/* Decode-path layers kept whole (0: none). */
+static inline int32_t kv_mgr_exempt_layers(const dp_kv_mgr *m) { return m->n_exempt; }
+/* The decode types this server keeps, as "f16, kivi4" (kv_mgr_dtype's). */
+void kv_mgr_dtype_names(const dp_kv_mgr *m, char *buf, size_t size);
+
+/* usage.dualpath's bytes of a sequence on the decode path that kept `kept`
+ * of `all` prompt tokens: *bytes, its KV (kept tokens in its decode type,
+ * at the arena's bytes per decode token, and every token of its exempt
+ * layers), and *bytes_full, the same tokens whole on the prefill path. */
+void kv_mgr_seq_bytes(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t kept, int32_t all,
+                      int64_t *bytes, int64_t *bytes_full);
+/* The kept set a compaction of kv's prefill-path cache to k slots would
+ * choose now, by its scorer (compressor_select's arguments and output),
+ * without moving anything: the path detector's stability signal. */
+int kv_mgr_select(dp_kv_mgr *m, const dp_kv_seq *kv, const dp_compress_opts *co, const float *q,
+                  int64_t q_stride, const int32_t *q_slot, int32_t n_q, int32_t k, int32_t *keep);
+
+/* ---- statistics ------------------------------------------------------------ */
+
+/* What the manager reports: its gauges (now) and counters (since start), the
+ * one view of its state for the engine's statistics and the metrics. One
+ * shared arena: each path's gauge counts the blocks its tables hold, and
+ * both totals are the arena's size. */
+typedef struct dp_kv_mgr_stats {
+    int32_t blocks_total;        /* prefill pool (the only pool without dualpath) */
+    int32_t blocks_used;
+    int32_t decode_blocks_total; /* decode pool (0 without dualpath) */
+    int32_t decode_blocks_used;  /* (parked turns' blocks apart: parked_blocks) */
+    int32_t block_tokens, decode_block_tokens;
+    bool shared;                 /* both paths in one arena */
+    int32_t seqs_on_decode_path; /* of the sequences counted, those decoding on the decode path */
+    int32_t exempt_layers;       /* decode-path layers kept whole */
+    int32_t exempt_blocks;       /* decode blocks their tables hold now (in decode_blocks_used) */
+    int32_t parked_turns;        /* finished turns' compact caches kept now (kv_mgr_park) */
+    int32_t parked_blocks;       /* blocks only they hold (not in the blocks_used gauges) */
+    int64_t host_tier_blocks;    /* capacity in blocks (0: no host tier) */
+    int64_t host_spilled_blocks;
+    int64_t swap_bytes;          /* host memory swapped-out caches hold now */
+    int64_t swap_space_bytes;    /* the swap space, allocated at start-up (0: none) */
+    int64_t parked_host_bytes;   /* ... and the parked turns spilled there */
+    int64_t rebuilds;            /* admissions that took back a cached prefix */
+    int64_t rebuild_prefix_tokens; /* tokens taken from blocks still in the pool */
+    int64_t rebuild_host_tokens; /* tokens restored from the host tier */
+    int64_t reply_blocks_kept;   /* decode-path blocks written back for the next turn */
+    int64_t kept_shares;         /* migrations that took a kept share */
+    int64_t turns_parked;        /* turns parked so far */
+    int64_t turns_resumed;       /* admissions that continued one */
+    int64_t resumed_tokens;      /* tokens of history those did not compute again */
+    int64_t parked_evictions;    /* parked caches dropped for room */
+    int64_t parked_spills;       /* ... moved to the swap space for room */
+    int64_t parked_restores;     /* ... and copied back by their next turn */
+    int64_t swap_outs, swap_ins; /* decode-path preemptions: compact caches to host and back */
+    int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
+    int64_t recompressions_staged; /* recompressions without free blocks (staged) */
+    int64_t groups_sealed;       /* groups written to a grouped decode type (kivi4) */
+    int64_t groups_shared;       /* ... of them, another sequence's taken (gshare.h) */
+} dp_kv_mgr_stats;
+
+/* Fills s. The manager keeps no list of the sequences it serves: next(it)
+ * names them one at a time (every live sequence, running or not; NULL at
+ * the end), for the gauges that count what they hold. */
+void kv_mgr_stats(dp_kv_mgr *m, const dp_kv_seq *(*next)(void *it), void *it, dp_kv_mgr_stats *s);
+
 /* be NULL: pools only (no stores, no swap, no migration). The arena is
  * shared unless the layouts differ or the decode pool's size is given
  * (decode.n_blocks > 0). */
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz);
 void kv_mgr_destroy(dp_kv_mgr *m);
+/* Logs the memory plan: the pools (their blocks, tokens and types), and the
+ * host memory beside them (the swap space, the host tier), which counts in
+ * the machine's memory (on the CPU, the same RAM as the arena). */
+void kv_mgr_log_plan(const dp_kv_mgr *m);
 /* The index in m->dt of a decode type (a request's decode_kv_type), or -1
  * where this server cannot keep it (split pools, a backend without KV
  * views, a head size the type cannot hold). */

@@ -511,3 +511,10 @@ void kv_mgr_keep_reply(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32
     }
     kv_table_destroy(&t, &m->pool); /* free and named: cached for the next turn */
 }
+
+int kv_mgr_select(dp_kv_mgr *m, const dp_kv_seq *kv, const dp_compress_opts *co, const float *q,
+                  int64_t q_stride, const int32_t *q_slot, int32_t n_q, int32_t k, int32_t *keep)
+{
+    return compressor_select(&m->mig.comp, co, m->store, kv->table.blocks, kv->n_slots, q, q_stride,
+                             q_slot, n_q, k, keep);
+}

@@ -166,7 +166,7 @@ void sched_preempt(dp_sched *s, dp_seq *q)
  * newer can yield. */
 static dp_seq *pick_victim(dp_sched *s, dp_seq *q)
 {
-    if (!s->kv->shared) {
+    if (!kv_mgr_shared(s->kv)) {
         for (dp_seq *x = s->run_tail; x; x = x->prev)
             if (!x->scheduled && x->kv.path == q->kv.path)
                 return x;
@@ -246,15 +246,15 @@ static int32_t score_cut(const dp_seq *q, int32_t n, int32_t left)
 static bool shares_pending_prefix(const dp_sched *s, const dp_seq *q)
 {
     const int32_t tail = q->tail_min > 1 ? q->tail_min : 1;
-    if (!s->kv->has_pc || q->n_computed > 0 || q->scores_prompt ||
+    if (!kv_mgr_prefix_cache(s->kv) || q->n_computed > 0 || q->scores_prompt ||
         kv_mgr_can_resume(s->kv, &q->kv, q->tokens, q->n_tokens, tail))
         return false; /* (a parked turn it continues holds its history) */
-    const int32_t bt = s->kv->pool.block_tokens;
+    const int32_t bt = kv_mgr_block_tokens(s->kv);
     const int32_t q_blocks = (q->n_tokens - tail) / bt; /* what q could take from the cache */
     for (const dp_seq *r = s->run_head; r; r = r->next) {
         if (r->kv.path != DP_PATH_PREFILL || r->n_computed >= r->n_tokens)
             continue;
-        if (s->kv->dual && kv_seq_same_compaction(&q->kv, &r->kv) && q->n_tokens == r->n_tokens &&
+        if (kv_mgr_dual(s->kv) && kv_seq_same_compaction(&q->kv, &r->kv) && q->n_tokens == r->n_tokens &&
             memcmp(q->tokens, r->tokens, (size_t)q->n_tokens * sizeof *q->tokens) == 0)
             return true;
         int32_t named = r->kv.hashed_blocks;

@@ -246,7 +246,7 @@ static void collect_tokens(dp_engine *e, result *res, int32_t n)
 static void settled_stats(dp_engine *e, dp_engine_stats *st)
 {
     engine_get_stats(e, st);
-    if (st->running == 0 && st->waiting == 0 && st->blocks_used == 0 && st->decode_blocks_used == 0)
+    if (st->running == 0 && st->waiting == 0 && st->kv.blocks_used == 0 && st->kv.decode_blocks_used == 0)
         return;
     wait_notify(last_take);
     engine_get_stats(e, st);
@@ -300,8 +300,8 @@ static void check_idle(dp_engine *e)
 {
     dp_engine_stats st;
     settled_stats(e, &st);
-    CHECK_EQ_INT(st.blocks_used, 0);
-    CHECK_EQ_INT(st.decode_blocks_used, 0);
+    CHECK_EQ_INT(st.kv.blocks_used, 0);
+    CHECK_EQ_INT(st.kv.decode_blocks_used, 0);
     CHECK_EQ_INT(st.running, 0);
     CHECK_EQ_INT(st.waiting, 0);
 }
@@ -438,7 +438,7 @@ static void test_cancel(world *w)
         }
         CHECK_EQ_INT(res.finish, DP_FINISH_CANCELLED);
         settled_stats(e, &st);
-        CHECK_EQ_INT(st.blocks_used + st.decode_blocks_used, 0);
+        CHECK_EQ_INT(st.kv.blocks_used + st.kv.decode_blocks_used, 0);
         /* The cancellation is handled before the next step runs. */
         CHECK_MSG(st.steps <= steps_at_cancel + 1, "blocks freed after %lld steps",
                   (long long)(st.steps - steps_at_cancel));
@@ -720,29 +720,29 @@ static void test_dualpath_preemption(world *w, req_spec *specs, int n, int32_t s
     CHECK_EQ_INT(st.tokens_evicted, st_alone.tokens_evicted);
     CHECK_MSG(st.preemptions >= preempt_min, "%s: only %lld preemptions", what,
               (long long)st.preemptions);
-    CHECK_EQ_INT(st.kv_shared, shared);
+    CHECK_EQ_INT(st.kv.shared, shared);
     if (!shared) /* a shared arena also preempts prompts, which are recomputed */
-        CHECK_EQ_INT(st.swap_outs, st.preemptions);
-    CHECK(st.swap_outs > 0);
-    CHECK_EQ_INT(st.swap_ins, st.swap_outs);
-    CHECK_EQ_INT(st.decode_recomputes, 0);
-    CHECK_EQ_INT(st.swap_bytes, 0);
+        CHECK_EQ_INT(st.kv.swap_outs, st.preemptions);
+    CHECK(st.kv.swap_outs > 0);
+    CHECK_EQ_INT(st.kv.swap_ins, st.kv.swap_outs);
+    CHECK_EQ_INT(st.kv.decode_recomputes, 0);
+    CHECK_EQ_INT(st.kv.swap_bytes, 0);
     /* Under a budget the same recompressions ran, each scored by SnapKV
      * over the decode queries it had alone (the sums travel with a swap). */
     CHECK_EQ_INT(st.recompressions, st_alone.recompressions);
     CHECK_EQ_INT(st.recompressions_by_scorer[DP_SCORER_SNAPKV], st.recompressions);
     CHECK(budget == 0 || st.recompressions > 0);
-    CHECK(budget == 0 || !shared || st.recompressions_staged > 0); /* the arena ran dry */
-    CHECK_EQ_INT(st_alone.recompressions_staged, 0);
+    CHECK(budget == 0 || !shared || st.kv.recompressions_staged > 0); /* the arena ran dry */
+    CHECK_EQ_INT(st_alone.kv.recompressions_staged, 0);
     /* A grouped type seals the same groups alone and under pressure (a
      * swapped-out cache comes back with its groups and residual as they were). */
-    CHECK(!dp_kv_type_grouped(decode_type) || st_alone.groups_sealed > 0);
-    CHECK_EQ_INT(st.groups_sealed, st_alone.groups_sealed);
+    CHECK(!dp_kv_type_grouped(decode_type) || st_alone.kv.groups_sealed > 0);
+    CHECK_EQ_INT(st.kv.groups_sealed, st_alone.kv.groups_sealed);
     printf("%s: %d requests in a %d-block %s identical to alone (%lld preemptions, %lld compact "
            "caches swapped out and back, %lld recompressions, %lld of them staged)\n",
            what, n, small_pool, shared ? "arena for both paths" : "decode pool",
-           (long long)st.preemptions, (long long)st.swap_outs, (long long)st.recompressions,
-           (long long)st.recompressions_staged);
+           (long long)st.preemptions, (long long)st.kv.swap_outs, (long long)st.recompressions,
+           (long long)st.kv.recompressions_staged);
 }
 
 /* swap_space: the default is allocated once at start-up (4 GiB in whole
@@ -769,18 +769,18 @@ static void test_swap_space(world *w, req_spec *specs, int n, int32_t small_pool
             CHECK_EQ_INT(res[i].n, specs[i].max_tokens);
         CHECK(st.preemptions >= 5);
         if (none) {
-            CHECK_EQ_INT(st.swap_space_bytes, 0);
-            CHECK_EQ_INT(st.swap_outs, 0);
-            CHECK_EQ_INT(st.decode_recomputes, st.preemptions);
+            CHECK_EQ_INT(st.kv.swap_space_bytes, 0);
+            CHECK_EQ_INT(st.kv.swap_outs, 0);
+            CHECK_EQ_INT(st.kv.decode_recomputes, st.preemptions);
         } else {
-            CHECK(st.swap_space_bytes > ((int64_t)4 << 30) - (1 << 20) &&
-                  st.swap_space_bytes <= (int64_t)4 << 30);
-            CHECK_EQ_INT(st.swap_outs, st.preemptions);
-            CHECK_EQ_INT(st.decode_recomputes, 0);
+            CHECK(st.kv.swap_space_bytes > ((int64_t)4 << 30) - (1 << 20) &&
+                  st.kv.swap_space_bytes <= (int64_t)4 << 30);
+            CHECK_EQ_INT(st.kv.swap_outs, st.preemptions);
+            CHECK_EQ_INT(st.kv.decode_recomputes, 0);
         }
     }
     printf("swap_space: %lld preemptions recomputed without a swap space\n",
-           (long long)st.decode_recomputes);
+           (long long)st.kv.decode_recomputes);
 }
 
 /* A quantized decode path in one arena with the prefill path: a block's
@@ -828,12 +828,12 @@ static void test_quantized_decode(world *w)
         engine_destroy(e);
         for (int i = 0; i < N; i++)
             CHECK_EQ_INT(res[t][i].n, GEN);
-        CHECK_EQ_INT(st[t].kv_shared, 1);
+        CHECK_EQ_INT(st[t].kv.shared, 1);
         CHECK_EQ_INT(st[t].migrations, N);
     }
-    CHECK_EQ_INT(st[0].decode_block_tokens, 16);
-    CHECK_EQ_INT(st[1].decode_block_tokens, 30);
-    CHECK_EQ_INT(st[2].decode_block_tokens, 56);
+    CHECK_EQ_INT(st[0].kv.decode_block_tokens, 16);
+    CHECK_EQ_INT(st[1].kv.decode_block_tokens, 30);
+    CHECK_EQ_INT(st[2].kv.decode_block_tokens, 56);
     CHECK(st[0].preemptions > 0);
     CHECK_EQ_INT(st[2].preemptions, 0);
     CHECK(st[1].preemptions <= st[0].preemptions);
@@ -875,7 +875,7 @@ static void test_quantized_whole_cache(world *w, req_spec *specs, int n)
         CHECK_MSG(engine_init(&e, w->m, w->tok, &o, on_notify, NULL, err, sizeof err) == 0, "%s", err);
         dp_engine_stats st;
         engine_get_stats(e, &st);
-        blocks[t] = st.blocks_total;
+        blocks[t] = st.kv.blocks_total;
         engine_destroy(e);
         if (t == 0)
             continue;
@@ -938,7 +938,7 @@ static void test_shared_prompt(world *w)
         for (int i = 0; i < N; i++)
             CHECK_MSG(same_tokens(&res[i], &alone[0]), "dualpath %s: copy %d differs from the "
                       "prompt alone", modes[mode], i);
-        CHECK_EQ_INT(st.kept_shares, on ? N - 1 : 0);
+        CHECK_EQ_INT(st.kv.kept_shares, on ? N - 1 : 0);
         CHECK_EQ_INT(st.tokens_in_place, on ? (N - 1) * 128 : 0);
         /* Per copy: below one block (16) of recompute. With SnapKV a copy
          * would compute its window (32) too, but it waits for the first's
@@ -1107,14 +1107,14 @@ static void test_system_prompt(world *w)
     o.n_blocks = 512;
     o.n_blocks_decode = 512;
     run_with(w, &o, sp, N, ref, &split, DP_DUALPATH_DEFAULT);
-    CHECK_EQ_INT(split.kv_shared, 0);
+    CHECK_EQ_INT(split.kv.shared, 0);
     /* Split pools: the first copies the prefix, the others take its copy. */
     CHECK_EQ_INT(split.tokens_in_place, (N - 1) * 96);
     /* Each keeps its 96 prefix tokens and 12 of its other 24. */
     CHECK_EQ_INT(split.tokens_kept, N * (96 + 12));
     o.n_blocks_decode = 0;
     run_with(w, &o, sp, N, res, &shared, DP_DUALPATH_DEFAULT);
-    CHECK_EQ_INT(shared.kv_shared, 1);
+    CHECK_EQ_INT(shared.kv.shared, 1);
     CHECK_EQ_INT(shared.tokens_kept, split.tokens_kept);
     CHECK_EQ_INT(shared.tokens_in_place, N * 96);
     for (int i = 0; i < N; i++)
@@ -1158,15 +1158,15 @@ static void test_system_prompt_typed(world *w)
     dp_engine_stats alone, together, parked;
     o.resume_turns = false;
     run_each_with(w, &o, sp, N, ref, &alone, DP_DUALPATH_DEFAULT);
-    CHECK_EQ_INT(alone.kv_shared, 1);
-    CHECK_EQ_INT(alone.decode_block_tokens, 60);
+    CHECK_EQ_INT(alone.kv.shared, 1);
+    CHECK_EQ_INT(alone.kv.decode_block_tokens, 60);
     CHECK_EQ_INT(alone.tokens_in_place, 0);
     /* A finished turn's parked cache holds the share (kv_mgr_park), so one
      * at a time they share too, with the same outputs. */
     o.resume_turns = true;
     run_each_with(w, &o, sp, N, res, &parked, DP_DUALPATH_DEFAULT);
     CHECK_EQ_INT(parked.tokens_in_place, (N - 1) * 120);
-    CHECK_EQ_INT(parked.turns_resumed, 0);
+    CHECK_EQ_INT(parked.kv.turns_resumed, 0);
     for (int i = 0; i < N; i++)
         CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: the share a parked turn kept changed its output", i);
@@ -1205,13 +1205,13 @@ static void test_system_prompt_kivi(world *w)
     o.resume_turns = false;
     dp_engine_stats alone, together;
     run_each_with(w, &o, sp, N, ref, &alone, DP_DUALPATH_DEFAULT);
-    CHECK_EQ_INT(alone.groups_sealed, N);
-    CHECK_EQ_INT(alone.groups_shared, 0);
+    CHECK_EQ_INT(alone.kv.groups_sealed, N);
+    CHECK_EQ_INT(alone.kv.groups_shared, 0);
     defer_start = true;
     run_with(w, &o, sp, N, res, &together, DP_DUALPATH_DEFAULT);
     defer_start = false;
-    CHECK_EQ_INT(together.groups_sealed, N);
-    CHECK_EQ_INT(together.groups_shared, N - 1);
+    CHECK_EQ_INT(together.kv.groups_sealed, N);
+    CHECK_EQ_INT(together.kv.groups_shared, N - 1);
     for (int i = 0; i < N; i++)
         CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: a shared kivi4 group changed its output", i);
@@ -1223,15 +1223,15 @@ static void test_system_prompt_kivi(world *w)
     defer_start = true;
     run_with(w, &o, sp, N, res, &apart, DP_DUALPATH_DEFAULT);
     defer_start = false;
-    CHECK_EQ_INT(apart.groups_sealed, N);
-    CHECK_EQ_INT(apart.groups_shared, 0);
+    CHECK_EQ_INT(apart.kv.groups_sealed, N);
+    CHECK_EQ_INT(apart.kv.groups_shared, 0);
     for (int i = 0; i < N; i++)
         CHECK_MSG(same_tokens(&res[i], &ref[i]),
                   "request %d: a group of another's rows changed its output", i);
     printf("system prompt on the kivi4 decode path: %lld of %lld groups sealed by another "
            "request (the shared prompt's, for 7 of 8; none where the prompts part inside the "
            "group), the same outputs as each alone\n",
-           (long long)together.groups_shared, (long long)together.groups_sealed);
+           (long long)together.kv.groups_shared, (long long)together.kv.groups_sealed);
 }
 
 /* Admission never costs concurrency: 8 requests whose max_tokens is the rest
@@ -1264,7 +1264,7 @@ static void test_admission(world *w)
         run_with(w, &o, specs, N, res, &st[c], DP_DUALPATH_DEFAULT);
         for (int i = 0; i < N; i++)
             CHECK_EQ_INT(res[i].n, ctx - PROMPT);
-        CHECK_EQ_INT(st[c].kv_shared, c == 1);
+        CHECK_EQ_INT(st[c].kv.shared, c == 1);
     }
     exact_kv = true;
     CHECK_EQ_INT(st[0].running_peak, N);
@@ -1324,7 +1324,7 @@ static void test_snapkv_every_time(world *w)
         CHECK_EQ_INT(st.migrations, want);
         CHECK_EQ_INT(st.scorer_fallbacks[DP_COMPACT_MIGRATION], 0);
         if (round == 2)
-            CHECK(st.rebuild_prefix_tokens > 0);
+            CHECK(st.kv.rebuild_prefix_tokens > 0);
         printf("snapkv: round %d (%s): %lld migrations, all with snapkv\n", round,
                round == 0 ? "4 prompts ending in each step" : round == 1 ? "chunked prompts"
                                                                          : "prefix-cache hits",
@@ -1762,15 +1762,15 @@ static void test_multiturn_rebuild(world *w, int32_t plen0)
         engine_destroy(e);
     }
     check_same_turns(res[0], res[1], 5, "between rebuild and full recompute");
-    CHECK(st[0].rebuilds >= 4);
-    CHECK(st[0].rebuild_host_tokens > 0);
-    CHECK(st[0].host_spilled_blocks > 0);
-    CHECK_EQ_INT(st[1].rebuilds, 0);
+    CHECK(st[0].kv.rebuilds >= 4);
+    CHECK(st[0].kv.rebuild_host_tokens > 0);
+    CHECK(st[0].kv.host_spilled_blocks > 0);
+    CHECK_EQ_INT(st[1].kv.rebuilds, 0);
     CHECK(st[0].prompt_tokens < st[1].prompt_tokens); /* less was recomputed */
     printf("multi-turn: 5 turns identical to full recompute; %lld rebuilds, %lld tokens from the "
            "pool, %lld from the host tier; prompt tokens computed %lld vs %lld\n",
-           (long long)st[0].rebuilds, (long long)st[0].rebuild_prefix_tokens,
-           (long long)st[0].rebuild_host_tokens, (long long)st[0].prompt_tokens,
+           (long long)st[0].kv.rebuilds, (long long)st[0].kv.rebuild_prefix_tokens,
+           (long long)st[0].kv.rebuild_host_tokens, (long long)st[0].prompt_tokens,
            (long long)st[1].prompt_tokens);
 }
 
@@ -1793,12 +1793,12 @@ static void test_reply_reuse(world *w)
         run_conversation(w, &o, 5, 40, 16, 24, 7, res[mode], &st[mode]);
     }
     check_same_turns(res[0], res[1], 5, "with the reply reused");
-    CHECK(st[0].reply_blocks_kept >= 4);
-    CHECK_EQ_INT(st[1].reply_blocks_kept, 0);
+    CHECK(st[0].kv.reply_blocks_kept >= 4);
+    CHECK_EQ_INT(st[1].kv.reply_blocks_kept, 0);
     CHECK(st[0].prompt_tokens + 4 * 16 <= st[1].prompt_tokens);
     printf("reply reuse: 5 turns identical at keep 1.0; %lld reply blocks kept; prompt tokens "
            "computed %lld vs %lld without\n",
-           (long long)st[0].reply_blocks_kept, (long long)st[0].prompt_tokens,
+           (long long)st[0].kv.reply_blocks_kept, (long long)st[0].prompt_tokens,
            (long long)st[1].prompt_tokens);
 }
 
@@ -1831,13 +1831,13 @@ static void test_resume_turns(world *w)
     }
     check_same_turns(res[0], res[1], TURNS, "when continued from the parked turn");
     for (int mode = 0; mode < 3; mode += 2) {
-        CHECK_EQ_INT(st[mode].turns_resumed, TURNS - 1);
+        CHECK_EQ_INT(st[mode].kv.turns_resumed, TURNS - 1);
         /* Each later turn computes its new text and the reply's last token. */
         CHECK_EQ_INT(st[mode].prompt_tokens, FIRST + (TURNS - 1) * (NEW + 1));
-        CHECK_EQ_INT(st[mode].turns_parked, TURNS);
-        CHECK_EQ_INT(st[mode].parked_turns, 1); /* each turn took the one before */
+        CHECK_EQ_INT(st[mode].kv.turns_parked, TURNS);
+        CHECK_EQ_INT(st[mode].kv.parked_turns, 1); /* each turn took the one before */
     }
-    CHECK_EQ_INT(st[1].turns_resumed, 0);
+    CHECK_EQ_INT(st[1].kv.turns_resumed, 0);
     CHECK(st[1].prompt_tokens > st[0].prompt_tokens);
     CHECK_EQ_INT(st[0].tokens_evicted, 0);
     /* keep 0.5: the first migration keeps half its prompt (sinks and
@@ -1861,7 +1861,7 @@ static void test_resume_turns(world *w)
     CHECK_EQ_INT(st[2].tokens_kept, want);
     printf("resumed turns: %d turns, %d continued from the parked turn; prompt tokens computed "
            "%lld vs %lld from the tokens; identical at keep 1.0; keep 0.5: %lld kept\n",
-           TURNS, (int)st[0].turns_resumed, (long long)st[0].prompt_tokens,
+           TURNS, (int)st[0].kv.turns_resumed, (long long)st[0].prompt_tokens,
            (long long)st[1].prompt_tokens, (long long)st[2].tokens_kept);
 
     /* 12 unrelated requests one after the other in a 48-block arena: each
@@ -1905,16 +1905,16 @@ static void test_resume_turns(world *w)
         CHECK_MSG(same_tokens(&a[0][i], &a[2][i]), "request %d: spills changed its output", i);
     }
     CHECK_MSG(same_tokens(&t2[0], &t2[2]), "a turn resumed from the swap space answers otherwise");
-    CHECK(ps[0].parked_spills > 0);
-    CHECK_EQ_INT(ps[0].parked_restores, 1);
-    CHECK_EQ_INT(ps[0].turns_resumed, 1);
-    CHECK_EQ_INT(ps[2].parked_spills, 0);
-    CHECK_EQ_INT(ps[2].turns_resumed, 1);
-    CHECK_EQ_INT(ps[1].turns_resumed, 0);
+    CHECK(ps[0].kv.parked_spills > 0);
+    CHECK_EQ_INT(ps[0].kv.parked_restores, 1);
+    CHECK_EQ_INT(ps[0].kv.turns_resumed, 1);
+    CHECK_EQ_INT(ps[2].kv.parked_spills, 0);
+    CHECK_EQ_INT(ps[2].kv.turns_resumed, 1);
+    CHECK_EQ_INT(ps[1].kv.turns_resumed, 0);
     CHECK_EQ_INT(ps[0].preemptions, 0);
-    CHECK_EQ_INT(ps[0].swap_outs, 0); /* (spills are counted apart) */
-    CHECK_EQ_INT(ps[0].swap_bytes, 0);
-    CHECK(ps[0].parked_host_bytes > 0);
+    CHECK_EQ_INT(ps[0].kv.swap_outs, 0); /* (spills are counted apart) */
+    CHECK_EQ_INT(ps[0].kv.swap_bytes, 0);
+    CHECK(ps[0].kv.parked_host_bytes > 0);
     /* compress_turns = auto: a chat turn continuing a conversation
      * (params.conversation) whose previous turn is parked runs whole on an
      * idle engine with room (its parked cache dropped), and continues the
@@ -1982,15 +1982,15 @@ static void test_resume_turns(world *w)
         }
         check_idle(e);
         engine_destroy(e);
-        CHECK_EQ_INT(g[0].turns_resumed, 0);
-        CHECK_EQ_INT(g[1].turns_resumed, 1);
-        CHECK_EQ_INT(g[2].turns_resumed, 2);
+        CHECK_EQ_INT(g[0].kv.turns_resumed, 0);
+        CHECK_EQ_INT(g[1].kv.turns_resumed, 1);
+        CHECK_EQ_INT(g[2].kv.turns_resumed, 2);
     }
     printf("parked turns in a 48-block arena: %lld moved to the swap space for room (%lld dropped), "
            "0 preemptions, outputs as without them; a later turn copied its cache back and "
            "answered as where nothing was spilled; a chat turn alone ran whole, one beside another "
-           "request or right after a burst continued its parked turn\n", (long long)ps[0].parked_spills,
-           (long long)ps[0].parked_evictions);
+           "request or right after a burst continued its parked turn\n", (long long)ps[0].kv.parked_spills,
+           (long long)ps[0].kv.parked_evictions);
 }
 
 /* Exempt layers. With every layer exempt (the tiny model's 2) attention
@@ -2041,16 +2041,16 @@ static void test_exempt_layers(world *w)
         }
         CHECK_MSG(differ == 0 || portable, "every layer exempt (budget %d): %d of %d requests "
                   "differ from dualpath off", budget, differ, N);
-        CHECK_EQ_INT(st.exempt_layers, 2);
+        CHECK_EQ_INT(st.kv.exempt_layers, 2);
         CHECK(st.migrations > 0);
         CHECK(st.tokens_evicted > 0);
-        CHECK(st.swap_outs > 0);
-        CHECK_EQ_INT(st.swap_ins, st.swap_outs);
-        CHECK_EQ_INT(st.decode_recomputes, 0);
+        CHECK(st.kv.swap_outs > 0);
+        CHECK_EQ_INT(st.kv.swap_ins, st.kv.swap_outs);
+        CHECK_EQ_INT(st.kv.decode_recomputes, 0);
         CHECK(budget == 0 || st.recompressions > 0);
         printf("exempt layers: every layer exempt, keep 0.5, budget %d: %d requests in a 28-block "
                "arena (%lld preemptions, %lld swapped out and back) %s dualpath off's outputs\n",
-               budget, N, (long long)st.preemptions, (long long)st.swap_outs,
+               budget, N, (long long)st.preemptions, (long long)st.kv.swap_outs,
                differ ? "differ from (baseline kernels)" : "identical to");
     }
     o.decode_budget = 0;
@@ -2090,14 +2090,14 @@ static void test_exempt_layers(world *w)
         co.reuse_replies = false;
         run_conversation(w, &co, TURNS, FIRST, NEW, GEN, 17, mode ? conv_on : conv_off, &cst[mode]);
     }
-    CHECK_EQ_INT(cst[1].turns_resumed, TURNS - 1);
+    CHECK_EQ_INT(cst[1].kv.turns_resumed, TURNS - 1);
     CHECK(cst[1].tokens_evicted > 0);
     check_same_turns(conv_off, conv_on, TURNS, "with every layer exempt, continued from parked turns");
 
     /* One layer exempt: a request that asks for none is served as without. */
     o.exempt_layers = 0;
     run_with(w, &o, sp, N, none, &st, DP_DUALPATH_DEFAULT);
-    CHECK_EQ_INT(st.exempt_blocks, 0);
+    CHECK_EQ_INT(st.kv.exempt_blocks, 0);
     o.exempt_layers = 1;
     for (int i = 0; i < N; i++)
         sp[i].exempt = 1;
@@ -2123,7 +2123,7 @@ static void test_exempt_layers(world *w)
     request_unref(req);
     engine_destroy(e);
     printf("exempt layers: a %d-turn conversation identical to dualpath off (%lld turns resumed); "
-           "requests asking for none served as without\n", TURNS, (long long)cst[1].turns_resumed);
+           "requests asking for none served as without\n", TURNS, (long long)cst[1].kv.turns_resumed);
 }
 
 /* Per-request decode types ("dualpath": {"decode_kv_type"}): each is
@@ -2167,9 +2167,9 @@ static void test_decode_types(world *w)
         next_opts_set = defer_start = false;
         run_requests(e, sp, N, mixed, false, DP_DUALPATH_DEFAULT, &st);
         engine_destroy(e);
-        CHECK(budget > 0 || st.swap_outs >= 5); /* (recompression keeps them all in) */
-        CHECK_EQ_INT(st.swap_ins, st.swap_outs);
-        CHECK_EQ_INT(st.decode_recomputes, 0);
+        CHECK(budget > 0 || st.kv.swap_outs >= 5); /* (recompression keeps them all in) */
+        CHECK_EQ_INT(st.kv.swap_ins, st.kv.swap_outs);
+        CHECK_EQ_INT(st.kv.decode_recomputes, 0);
         CHECK_EQ_INT(st.migrations, N);
         CHECK(budget == 0 || st.recompressions > 0);
         for (int t = 0; t < T; t++) {
@@ -2194,7 +2194,7 @@ static void test_decode_types(world *w)
         printf("decode types: %d requests of f16, q8_0 and q4_0 in one %d-block arena, decode "
                "budget %d (%lld preemptions, %lld swapped out and back, %lld recompressions) "
                "identical to servers of each type\n", N, o.n_blocks, budget,
-               (long long)st.preemptions, (long long)st.swap_outs, (long long)st.recompressions);
+               (long long)st.preemptions, (long long)st.kv.swap_outs, (long long)st.recompressions);
     }
     /* A conversation in f16 on the q8_0 server continues its parked turns
      * as on an f16 server; in one that changes type every turn a parked
@@ -2215,11 +2215,11 @@ static void test_decode_types(world *w)
     dp_engine_opts fo = o;
     fo.decode_kv_type = DP_KV_F16;
     run_conversation(w, &fo, TURNS, 40, 16, 24, 23, cb, &cs[1]);
-    CHECK_EQ_INT(cs[0].turns_resumed, TURNS - 1);
-    CHECK_EQ_INT(cs[1].turns_resumed, TURNS - 1);
+    CHECK_EQ_INT(cs[0].kv.turns_resumed, TURNS - 1);
+    CHECK_EQ_INT(cs[1].kv.turns_resumed, TURNS - 1);
     check_same_turns(ca, cb, TURNS, "in f16 on a q8_0 server (against an f16 server)");
     /* (Only the last turn continues one: the first's, in its type.) */
-    CHECK_EQ_INT(cs[2].turns_resumed, 1);
+    CHECK_EQ_INT(cs[2].kv.turns_resumed, 1);
     CHECK(same_tokens(&cc[0], &ca[0]));
 
     /* Replies are written back to the prefix cache (which every request
@@ -2234,8 +2234,8 @@ static void test_decode_types(world *w)
     conv_kv_types = q4_turns;
     run_conversation(w, &ro, TURNS, 40, 16, 24, 29, cr, &cs[1]);
     conv_kv_types = NULL;
-    CHECK(cs[0].reply_blocks_kept > 0);
-    CHECK_EQ_INT(cs[1].reply_blocks_kept, 0);
+    CHECK(cs[0].kv.reply_blocks_kept > 0);
+    CHECK_EQ_INT(cs[1].kv.reply_blocks_kept, 0);
 
     /* The same prompt in each type: fewer bytes the smaller the type. */
     static req_spec one[T];

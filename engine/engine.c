@@ -334,6 +334,27 @@ static uint8_t request_dt(const dp_engine *e, const dp_request_params *p)
     return i > 0 ? (uint8_t)i : 0;
 }
 
+/* What the request asks of the KV manager: the one constructor of its KV
+ * state, for the submit check and admission alike. path: its path
+ * detector, known at admission (NULL in the check: a predicted early
+ * switch changes where the prompt switches, which admission plans, not
+ * what kv_mgr_need counts). */
+static dp_kv_request request_kv(const dp_engine *e, const dp_request *req,
+                                const dp_path_detector *path)
+{
+    const dp_request_params *p = &req->params;
+    dp_kv_request r = {.dual = runs_dual(e, p), .copts = request_copts(e, req)};
+    r.exempt = p->exempt != 1;
+    r.dt = request_dt(e, p);
+    r.whole_if_room = r.dual && p->conversation && p->dualpath_mode == DP_DUALPATH_DEFAULT &&
+                      e->opts.compress_turns == ENGINE_TURNS_AUTO;
+    /* A repetitive prompt switches at its first chunk end past min_tokens:
+     * admission holds prefill blocks up to there only (kvcache/manager.h). */
+    if (r.dual && path && path_switches_at_min(path, &e->popts))
+        r.early_end = req->n_prompt;
+    return r;
+}
+
 static int admit_request(dp_engine *e, dp_request *req)
 {
     eng_seq *es = calloc(1, sizeof *es);
@@ -341,20 +362,16 @@ static int admit_request(dp_engine *e, dp_request *req)
         return DP_ENOMEM;
     es->req = req; /* the inbox's reference moves here */
     const dp_request_params *p = &req->params;
-    const dp_compress_opts co = request_copts(e, req);
-    es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority, runs_dual(e, p), &co);
+    path_init(&es->path);
+    if (runs_dual(e, p) && e->popts.early_switch)
+        es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
+    const dp_kv_request kr = request_kv(e, req, &es->path);
+    const dp_compress_opts co = kr.copts;
+    es->seq = seq_new(req->id, req->prompt, req->n_prompt, p->priority, &kr);
     if (p->n_logit_bias > 0) {
         es->bias_ids = malloc((size_t)p->n_logit_bias * sizeof *es->bias_ids);
         es->bias_vals = malloc((size_t)p->n_logit_bias * sizeof *es->bias_vals);
     }
-    if (es->seq) {
-        es->seq->kv.exempt = p->exempt != 1;
-        es->seq->kv.dt = request_dt(e, p);
-    }
-    if (es->seq)
-        es->seq->kv.whole_if_room = es->seq->kv.dual && p->conversation &&
-                                    p->dualpath_mode == DP_DUALPATH_DEFAULT &&
-                                    e->opts.compress_turns == ENGINE_TURNS_AUTO;
     if (!es->seq || (p->n_logit_bias > 0 && (!es->bias_ids || !es->bias_vals))) {
         seq_free(es->seq);
         free(es->bias_ids);
@@ -400,13 +417,6 @@ static int admit_request(dp_engine *e, dp_request *req)
             w = room;
         es->seq->tail_min = w > 0 ? w : 0;
     }
-    path_init(&es->path);
-    if (es->seq->kv.dual && e->popts.early_switch)
-        es->path.repetition = path_repetition(req->prompt, req->n_prompt, e->popts.ngram);
-    /* A repetitive prompt switches at its first chunk end past min_tokens:
-     * admission holds prefill blocks up to there only (kvcache/manager.h). */
-    if (es->seq->kv.dual && path_switches_at_min(&es->path, &e->popts))
-        es->seq->kv.early_end = req->n_prompt;
     rng_seed(&es->rng, p->sampling.seed);
     detok_init(&es->detok, false);
     stop_init(&es->stop, (const char *const *)p->stops, p->n_stops);
@@ -1906,11 +1916,9 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s keeps no exempt layers: "
                       "ask for dualpath.exempt_layers 0 with it", dp_kv_type_name(p->kv_type - 1));
     /* Can it ever fit, alone in the pools? The manager's one formula. */
-    const dp_compress_opts co = request_copts(e, req);
+    const dp_kv_request kr = request_kv(e, req, NULL);
     dp_kv_seq kv;
-    kv_seq_init(&kv, runs_dual(e, p), &co);
-    kv.exempt = p->exempt != 1;
-    kv.dt = request_dt(e, p);
+    kv_seq_init_request(&kv, &kr);
     dp_kv_need need = kv_mgr_need(&e->kv, &kv, req->n_prompt, p->max_tokens);
     bool fits = kv_mgr_can_fit(&e->kv, &kv, req->n_prompt, p->max_tokens);
     kv_seq_destroy(&kv);

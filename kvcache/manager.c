@@ -28,6 +28,17 @@ void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co)
     kv_table_init(&kv->xtable);
 }
 
+void kv_seq_init_request(dp_kv_seq *kv, const dp_kv_request *r)
+{
+    kv_seq_init(kv, r && r->dual, r ? &r->copts : NULL);
+    if (!r)
+        return;
+    kv->whole_if_room = r->whole_if_room;
+    kv->exempt = r->exempt;
+    kv->dt = r->dt;
+    kv->early_end = r->early_end;
+}
+
 void kv_seq_destroy(dp_kv_seq *kv)
 {
     attn_acc_destroy(&kv->attn);

@@ -100,6 +100,19 @@ typedef struct dp_kv_seq {
 } dp_kv_seq;
 
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co);
+/* What a request asks of the KV manager, fixed when it is submitted: the
+ * one description from which both the submit check ("can it ever fit":
+ * kv_mgr_need, kv_mgr_can_fit) and admission build its sequence. */
+typedef struct dp_kv_request {
+    bool dual;                /* migrates to the decode path when its prompt ends */
+    bool whole_if_room;       /* dp_kv_seq.whole_if_room */
+    bool exempt;              /* keeps the server's exempt layers (false: none) */
+    uint8_t dt;               /* its decode type (kv_mgr_dtype; 0: the server's) */
+    int32_t early_end;        /* dp_kv_seq.early_end: a predicted early switch (0: none) */
+    dp_compress_opts copts;
+} dp_kv_request;
+/* kv_seq_init with every field of a request (r NULL: not dual, defaults). */
+void kv_seq_init_request(dp_kv_seq *kv, const dp_kv_request *r);
 /* Whether two sequences with the same tokens would compact them alike (a
  * kept share of one serves the other; the random scorer is seeded per
  * request and never shares; kept shares are in the server's decode type). */

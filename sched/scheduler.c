@@ -18,8 +18,8 @@
 
 #include "common/dp.h"
 
-dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority, bool dual,
-                const dp_compress_opts *co)
+dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority,
+                const dp_kv_request *kr)
 {
     dp_seq *s = calloc(1, sizeof *s);
     if (!s)
@@ -34,7 +34,7 @@ dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t pr
     s->n_tokens = s->n_prompt = n_prompt;
     s->id = id;
     s->priority = priority;
-    kv_seq_init(&s->kv, dual, co);
+    kv_seq_init_request(&s->kv, kr);
     return s;
 }
 

@@ -44,9 +44,9 @@ typedef struct dp_seq {
 } dp_seq;
 
 /* Creates a sequence holding a copy of the prompt; its cache starts on the
- * prefill path and migrates when dual (co: its compression). */
-dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority, bool dual,
-                const dp_compress_opts *co);
+ * prefill path, as kr asks (NULL: whole, never migrated). */
+dp_seq *seq_new(uint64_t id, const int32_t *prompt, int32_t n_prompt, int32_t priority,
+                const dp_kv_request *kr);
 void seq_free(dp_seq *s);
 /* Appends a sampled token (its K/V are computed by the next step). */
 int seq_append(dp_seq *s, int32_t token);

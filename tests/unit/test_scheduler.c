@@ -177,7 +177,7 @@ static void make_jobs(job *jobs, int32_t n, int32_t long_job)
         int32_t *pr = malloc((size_t)len * sizeof *pr);
         for (int32_t i = 0; i < len; i++)
             pr[i] = urand(VOCAB);
-        jobs[j].seq = seq_new((uint64_t)j, pr, len, 0, false, NULL);
+        jobs[j].seq = seq_new((uint64_t)j, pr, len, 0, NULL);
         jobs[j].max_new = 1 + urand(60);
         jobs[j].n_gen = 0;
         jobs[j].done = false;
@@ -272,7 +272,7 @@ int main(void)
         dp_sched_opts so = {256, 8, 0};
         CHECK(sched_init(&s, &so, &kv) == 0);
         int32_t pr[40] = {0};
-        dp_seq *a = seq_new(1, pr, 40, 0, false, NULL), *b = seq_new(2, pr, 40, 0, false, NULL);
+        dp_seq *a = seq_new(1, pr, 40, 0, NULL), *b = seq_new(2, pr, 40, 0, NULL);
         sched_add(&s, a);
         sched_add(&s, b);
         dp_sched_plan p;
@@ -293,7 +293,7 @@ int main(void)
         sched_remove(&s, b);
         CHECK_EQ_INT(kv_pool_n_free(pool), 4);
         /* Priority: a lower value is admitted first even if it came later. */
-        dp_seq *c = seq_new(3, pr, 40, 5, false, NULL), *d = seq_new(4, pr, 40, 1, false, NULL);
+        dp_seq *c = seq_new(3, pr, 40, 5, NULL), *d = seq_new(4, pr, 40, 1, NULL);
         sched_add(&s, c);
         sched_add(&s, d);
         sched_schedule(&s, &p);

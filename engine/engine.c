@@ -126,7 +126,11 @@ struct dp_engine {
     bool started;
     dp_engine_notify_fn notify;
     void *notify_ud;
-    /* Stats (written under stats_mu by the engine thread). */
+    /* Stats: st is the engine thread's own, updated where things happen
+     * without a lock; publish_stats copies it to stats, under stats_mu,
+     * once per loop iteration (and as a step starts), which is what
+     * engine_get_stats reads. */
+    dp_engine_stats st;
     pthread_mutex_t stats_mu;
     dp_engine_stats stats;
 };
@@ -276,9 +280,7 @@ static void finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *err
             *pp = es->next;
             break;
         }
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.requests_finished[why]++;
-    pthread_mutex_unlock(&e->stats_mu);
+    e->st.requests_finished[why]++;
     seq_free(es->seq);
     free(es->prev_keep);
     gstate_free(es->gs);
@@ -460,11 +462,9 @@ static void constrain_row(dp_engine *e, eng_seq *es, float *row)
     gstate_mask_stats(es->gs, &c0, &h0);
     es->g_dead = gstate_mask_logits(es->gs, e->gvocab, row) == 0;
     gstate_mask_stats(es->gs, &c1, &h1);
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.grammar_masks_computed += c1 - c0;
-    e->stats.grammar_masks_cached += h1 - h0;
-    e->stats.grammar_seconds += dp_now() - t0;
-    pthread_mutex_unlock(&e->stats_mu);
+    e->st.grammar_masks_computed += c1 - c0;
+    e->st.grammar_masks_cached += h1 - h0;
+    e->st.grammar_seconds += dp_now() - t0;
 }
 
 static bool is_stop_id(const dp_request_params *p, int32_t tok);
@@ -576,9 +576,7 @@ static int32_t sample_row(dp_engine *e, eng_seq *es, int32_t o)
         if (sampling_exact_unmasked(&p->sampling, e->vocab)) {
             const int32_t t = sampler_sample(&e->sampler, &p->sampling, &es->rng, row);
             if (grammar_allows_token(e, es, t)) {
-                pthread_mutex_lock(&e->stats_mu);
-                e->stats.grammar_masks_skipped++;
-                pthread_mutex_unlock(&e->stats_mu);
+                e->st.grammar_masks_skipped++;
                 return t;
             }
         }
@@ -736,30 +734,28 @@ static void record_migration(dp_engine *e, double dt, int32_t n_seqs, int64_t ke
                              int64_t shared, bool recompress, const int64_t *by_scorer, int64_t fallbacks,
                              dp_compaction_kind kind)
 {
-    pthread_mutex_lock(&e->stats_mu);
-    int64_t *counts = kind == DP_COMPACT_RECOMPRESS ? e->stats.recompressions_by_scorer
-                      : !recompress                 ? e->stats.migrations_by_scorer
+    int64_t *counts = kind == DP_COMPACT_RECOMPRESS ? e->st.recompressions_by_scorer
+                      : !recompress                 ? e->st.migrations_by_scorer
                                                     : NULL; /* a prompt's tail: counted at its switch */
     for (int i = 0; counts && i < DP_N_SCORERS; i++)
         counts[i] += by_scorer[i];
-    e->stats.scorer_fallbacks[kind] += fallbacks;
+    e->st.scorer_fallbacks[kind] += fallbacks;
     if (recompress) {
-        e->stats.recompressions += n_seqs;
+        e->st.recompressions += n_seqs;
     } else {
-        e->stats.migrations += n_seqs;
-        e->stats.tokens_in_place += shared;
+        e->st.migrations += n_seqs;
+        e->st.tokens_in_place += shared;
     }
     /* A prompt's kept and evicted tokens: at its migration, or for an early
      * switch at its prompt's end, where they are chosen. */
-    e->stats.tokens_kept += kept;
-    e->stats.tokens_evicted += evicted;
-    e->stats.migration_seconds += dt;
-    e->stats.migration_batches++;
+    e->st.tokens_kept += kept;
+    e->st.tokens_evicted += evicted;
+    e->st.migration_seconds += dt;
+    e->st.migration_batches++;
     int b = 0;
     while (b < DP_MIGRATION_BUCKETS && dt > dp_migration_bucket_bounds[b])
         b++;
-    e->stats.migration_hist[b]++;
-    pthread_mutex_unlock(&e->stats_mu);
+    e->st.migration_hist[b]++;
 }
 
 /* Slots kept by a compaction of the given kind. */
@@ -835,10 +831,8 @@ static void note_kept_as_is(dp_engine *e, eng_seq *es)
     es->tokens_kept = es->seq->kv.n_slots;
     es->tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
     note_kv_bytes(e, es);
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.tokens_kept += es->tokens_kept;
-    e->stats.tokens_evicted += es->tokens_evicted;
-    pthread_mutex_unlock(&e->stats_mu);
+    e->st.tokens_kept += es->tokens_kept;
+    e->st.tokens_evicted += es->tokens_evicted;
 }
 
 /* Compacts each sequence's cache into the decode pool through the KV
@@ -962,11 +956,9 @@ static int early_signal(dp_engine *e, eng_seq *es, const float *q, int64_t q_str
         for (int32_t j = 0; j < nq; j++)
             qslot[j] = kv->n_slots - nq + j;
     }
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.early_signals++;
+    e->st.early_signals++;
     if (co.scorer == DP_SCORER_SNAPKV && nq == 0)
-        e->stats.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++; /* scored by key norm */
-    pthread_mutex_unlock(&e->stats_mu);
+        e->st.scorer_fallbacks[DP_COMPACT_EARLY_SIGNAL]++; /* scored by key norm */
     if (kv_mgr_select(&e->kv, kv, &co, qs, q_stride, nq ? qslot : NULL, nq, k, cur) != 0) {
         free(cur);
         return DP_ENOMEM;
@@ -998,9 +990,7 @@ static void note_decode_queries(dp_engine *e, const dp_sched_plan *plan, int32_t
         es->dq_at = -1;
     }
     if (missed || e->dq_missed) {
-        pthread_mutex_lock(&e->stats_mu);
-        e->stats.decode_queries_missed += missed + e->dq_missed;
-        pthread_mutex_unlock(&e->stats_mu);
+        e->st.decode_queries_missed += missed + e->dq_missed;
         e->dq_missed = 0;
     }
 }
@@ -1089,9 +1079,7 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
         return;
     dp_log(DP_LOG_ERROR, "engine: a forward pass failed (%s); failing its %d sequences",
            dp_strerror(rc), plan->n_items);
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.failed_steps++;
-    pthread_mutex_unlock(&e->stats_mu);
+    e->st.failed_steps++;
     for (int32_t i = 0; i < plan->n_items; i++) {
         eng_seq *es = (eng_seq *)plan->items[i].seq->owner;
         if (es)
@@ -1108,7 +1096,7 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
     }
 }
 
-static void update_gauges(dp_engine *e);
+static void publish_stats(dp_engine *e);
 
 static void run_step(dp_engine *e)
 {
@@ -1121,7 +1109,7 @@ static void run_step(dp_engine *e)
     /* The gauges describe the step now running: a step that prefills the
      * requests it just admitted can take most of a second on a CPU, and
      * until its end they would still read as waiting. */
-    update_gauges(e);
+    publish_stats(e);
     if (plan.n_items == 0) {
         /* Nothing fits. If nothing runs either, the head of the queue can
          * never fit (submit checks against the pools, so this is a safety
@@ -1356,32 +1344,28 @@ static void run_step(dp_engine *e)
             switched += early[i]->tail_on_decode;
             at += early[i]->tail_on_decode ? early[i]->seq->n_computed : 0;
         }
-        pthread_mutex_lock(&e->stats_mu);
-        e->stats.early_switches += switched;
-        e->stats.early_switch_tokens += at;
-        pthread_mutex_unlock(&e->stats_mu);
+        e->st.early_switches += switched;
+        e->st.early_switch_tokens += at;
     }
     if (n_tail > 0)
         end_prompts_on_decode(e, tail_done, n_tail, captured, q_stride);
     if (n_migrate > 0)
         compact_seqs(e, migrate, n_migrate, DP_COMPACT_MIGRATION, captured, q_stride);
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.steps++;
-    e->stats.prompt_tokens += prompt_toks;
-    e->stats.generation_tokens += gen_toks;
-    e->stats.busy_seconds += dp_now() - t0;
-    e->stats.forward_seconds += tf_end - tf;
-    e->stats.sampled_candidates += e->n_cand;
-    e->stats.sampled_fallback += e->n_fallback;
-    e->stats.sampled_full_row += e->n_full;
+    e->st.steps++;
+    e->st.prompt_tokens += prompt_toks;
+    e->st.generation_tokens += gen_toks;
+    e->st.busy_seconds += dp_now() - t0;
+    e->st.forward_seconds += tf_end - tf;
+    e->st.sampled_candidates += e->n_cand;
+    e->st.sampled_fallback += e->n_fallback;
+    e->st.sampled_full_row += e->n_full;
     if (e->be->ops->step_graphs) {
         dp_graph_stats gs;
         e->be->ops->step_graphs(e->be, -1, &gs);
-        e->stats.graph_recorded = (int64_t)gs.recorded;
-        e->stats.graph_replayed = (int64_t)gs.replayed;
-        e->stats.graph_abandoned = (int64_t)gs.abandoned;
+        e->st.graph_recorded = (int64_t)gs.recorded;
+        e->st.graph_replayed = (int64_t)gs.replayed;
+        e->st.graph_abandoned = (int64_t)gs.abandoned;
     }
-    pthread_mutex_unlock(&e->stats_mu);
 }
 
 /* kv_mgr_stats' walk over the live sequences. */
@@ -1395,17 +1379,20 @@ static const dp_kv_seq *next_live_kv(void *it)
     return kv;
 }
 
-static void update_gauges(dp_engine *e)
+/* The gauges, then everything the engine thread counted, published for
+ * engine_get_stats: the one place the engine takes stats_mu. */
+static void publish_stats(dp_engine *e)
 {
-    pthread_mutex_lock(&e->stats_mu);
-    e->stats.running = e->sched.n_running;
-    if (e->stats.running > e->stats.running_peak)
-        e->stats.running_peak = e->stats.running;
-    e->stats.waiting = e->sched.n_waiting + (int32_t)e->in_n;
+    e->st.running = e->sched.n_running;
+    if (e->st.running > e->st.running_peak)
+        e->st.running_peak = e->st.running;
+    e->st.waiting = e->sched.n_waiting + (int32_t)e->in_n;
     eng_seq *it = e->live;
-    kv_mgr_stats(&e->kv, next_live_kv, &it, &e->stats.kv);
-    e->stats.preemptions = e->sched.n_preemptions;
-    e->stats.heartbeat++;
+    kv_mgr_stats(&e->kv, next_live_kv, &it, &e->st.kv);
+    e->st.preemptions = e->sched.n_preemptions;
+    e->st.heartbeat++;
+    pthread_mutex_lock(&e->stats_mu);
+    e->stats = e->st;
     pthread_mutex_unlock(&e->stats_mu);
 }
 
@@ -1432,7 +1419,7 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&e->mu);
         while (!e->in_n && !e->wake && !atomic_load(&e->stopping) && sched_idle(&e->sched)) {
             pthread_mutex_unlock(&e->mu);
-            update_gauges(e);
+            publish_stats(e);
             pthread_mutex_lock(&e->mu);
             if (e->in_n || e->wake || atomic_load(&e->stopping))
                 break;
@@ -1487,7 +1474,7 @@ static void *engine_main(void *arg)
             fail_all(e, LOST_MSG); /* what the inbox brought since */
         else if (!sched_idle(&e->sched))
             run_step(e);
-        update_gauges(e);
+        publish_stats(e);
         /* After every iteration that produced events, even when the consumer
          * already took them (it may have, between a push and this point): the
          * notification then tells it that the gauges include them. */
@@ -1495,7 +1482,7 @@ static void *engine_main(void *arg)
             e->notify(e->notify_ud);
         e->pushed = false;
     }
-    update_gauges(e);
+    publish_stats(e);
     if (e->notify)
         e->notify(e->notify_ud);
     free(batch);
@@ -1774,7 +1761,7 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         goto fail;
     }
     atomic_init(&e->queued, 0);
-    update_gauges(e);
+    publish_stats(e);
     *out = e;
     return 0;
 fail:

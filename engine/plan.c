@@ -1,0 +1,128 @@
+/* plan.c: the start-up memory plan: the KV arena's bytes (given, or what
+ * the device has left), the decode path's type under "auto", the pools'
+ * layouts, and the context length they can hold. */
+#include "engine_private.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/dp.h"
+
+/* ---- start-up memory plan -------------------------------------------------
+ * Device memory is planned once, in this order: the weights and the
+ * activations for max_batched_tokens (both allocated by llama_init, before
+ * the engine exists), then the two KV pools, which split what is left. With
+ * kv_bytes 0 (auto) "what is left" is gpu_memory_fraction of the device's
+ * total memory less everything in use now (this process's weights,
+ * activations and context, and any other process), less a reserve for the
+ * backend's scratch buffers that grow at first use (fp16 copies of
+ * activations, attention partials, scoring rows, the BLAS workspace). */
+
+#define ENGINE_KV_AUTO_HOST ((int64_t)1 << 30)
+#define ENGINE_KV_RESERVE ((int64_t)256 << 20)
+#define MIB(x) ((double)(x) / (1024.0 * 1024.0))
+
+int eng_plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, size_t errsz)
+{
+    size_t free_b = 0, total_b = 0;
+    if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) || total_b == 0) {
+        *out = ENGINE_KV_AUTO_HOST;
+        dp_log(DP_LOG_INFO, "engine: kv_memory auto: %s backend reports no device memory; "
+               "using %.0f MiB", be->ops->name, MIB(*out));
+        return 0;
+    }
+    if (fraction <= 0.0 || fraction > 1.0)
+        return dp_err(err, errsz, DP_EINVAL, "engine: gpu_memory_fraction %g is not in (0, 1]",
+                      fraction);
+    const int64_t used = (int64_t)(total_b - (free_b < total_b ? free_b : total_b));
+    const int64_t budget = (int64_t)(fraction * (double)total_b);
+    const int64_t kv = budget - used - ENGINE_KV_RESERVE;
+    dp_log(DP_LOG_INFO, "engine: kv_memory auto: %.0f MiB = %.2f x %.0f MiB total - %.0f MiB in "
+           "use - %.0f MiB reserve", MIB(kv > 0 ? kv : 0), fraction, MIB(total_b), MIB(used),
+           MIB(ENGINE_KV_RESERVE));
+    if (kv <= 0)
+        return dp_err(err, errsz, DP_ENOMEM,
+                      "engine: no device memory left for the KV cache (%.0f MiB in use of %.0f "
+                      "MiB, gpu_memory_fraction %g); raise gpu_memory_fraction or set kv_memory",
+                      MIB(used), MIB(total_b), fraction);
+    *out = kv;
+    return 0;
+}
+
+/* The decode path's "auto" where the backend keeps quantized decode types
+ * and they were measured there (kv_quant_default: the CPU's; CUDA's have not
+ * run on a device yet), over an f16 cache: kivi4 (K per channel and V per
+ * token in 4-bit groups, the lead and the newest tokens f16; 0.30-0.38 of the
+ * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
+ * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045); where
+ * the manager refuses kivi4 with the other settings, engine_init takes q8_0
+ * (eng_decode_auto_fallback). An f32 cache asked for exactness and keeps its
+ * type. */
+static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o)
+{
+    if (o->kv_type != DP_KV_F16 || !be->ops->kv_view || !be->ops->kv_quant_default)
+        return (dp_kv_type)o->kv_type;
+    dp_kv_layout q = *l;
+    q.n_blocks = 1;
+    q.type = DP_KV_KIVI4;
+    if (be->ops->kv_bytes_per_block(be, &q))
+        return DP_KV_KIVI4;
+    q.type = DP_KV_Q8_0;
+    return be->ops->kv_bytes_per_block(be, &q) ? DP_KV_Q8_0 : (dp_kv_type)o->kv_type;
+}
+
+/* auto's kivi4 becomes q8_0 where the manager would refuse it (a decode
+ * pool of its own, a decode budget, exempt layers, a block no group fits
+ * in: kv_mgr_check_grouped) or the path detector may switch early (a
+ * grouped prompt is compacted once, at its end): no combination of
+ * settings keeps the daemon from starting. */
+void eng_decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr_opts *ko)
+{
+    if (o->decode_kv_type != ENGINE_DECODE_KV_AUTO || !dp_kv_type_grouped(ko->decode.type))
+        return;
+    if (o->early_switch || kv_mgr_check_grouped(be, ko, NULL, 0))
+        ko->decode.type = DP_KV_Q8_0;
+}
+
+/* The layout of a pool's store: the model's geometry, the configured type
+ * (the decode path's auto: decode_auto_type). */
+dp_kv_layout eng_kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
+                              int32_t block_tokens, int32_t n_blocks, bool decode)
+{
+    dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
+    l.type = o->kv_type;
+    if (decode && o->decode_kv_type >= 0)
+        l.type = o->decode_kv_type;
+    else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO)
+        l.type = decode_auto_type(be, &l, o);
+    return l;
+}
+
+/* The context a request may use is what the KV memory can hold for one
+ * sequence (as llama.cpp's -c and vLLM's max_model_len are): otherwise a chat
+ * request without max_tokens (max_tokens = the rest of the context) could
+ * never be admitted and would be refused, however short. The test is the
+ * manager's need formula at both extremes: the longest prompt with one token
+ * to generate, and a one-token prompt generating the rest (a sequence too
+ * long to migrate runs whole, so dualpath never caps the context lower than
+ * off in one arena). */
+void eng_cap_context(dp_engine *e)
+{
+    dp_kv_seq kv;
+    kv_seq_init(&kv, e->dual, &e->opts.compress);
+    int64_t c = e->ctx_len;
+    while (c > 1 && !(kv_mgr_can_fit(&e->kv, &kv, c - 1, 1) && kv_mgr_can_fit(&e->kv, &kv, 1, c - 1)))
+        c--;
+    kv_seq_destroy(&kv);
+    if (c < e->ctx_len) {
+        dp_log(DP_LOG_WARN, "engine: context capped at %lld tokens (the model's is %d): that is what "
+               "the KV memory holds for one sequence; give more kv_memory for longer ones",
+               (long long)c, e->ctx_len);
+        e->ctx_len = (int32_t)c;
+    }
+}

@@ -153,7 +153,7 @@ bool mgr_whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_token
 
 /* The kept share of tokens[0..n) compacted to n_keep by kv's settings, or -1. */
 int32_t mgr_kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
-                         int32_t n_keep)
+                      int32_t n_keep)
 {
     const int32_t ks = kept_slots(m, n_keep);
     if (!seq_keeps_shared(m, kv) || !tokens || ks < m->dbt)
@@ -302,7 +302,7 @@ static int decode_reserve_bt(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int
 
 /* A compact table (t) covering n_slots. */
 int mgr_decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
-                          int32_t *took)
+                       int32_t *took)
 {
     /* A grouped sequence's table on the decode path counts its sealed
      * groups and residual (t is its own table then; a migration's new

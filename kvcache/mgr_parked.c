@@ -279,7 +279,7 @@ bool kv_mgr_can_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *t
  * when the rest of its prompt has no room now (the cache stays parked, cut
  * to what this sequence matched). */
 int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
-                       int32_t tail, bool busy, int32_t *reused)
+                    int32_t tail, bool busy, int32_t *reused)
 {
     int32_t c;
     const int32_t i = may_resume(m, kv, n_tokens, tail) ? park_find(m, kv, tokens, n_tokens, tail, &c)

@@ -70,9 +70,11 @@ void mgr_leave_share(dp_kv_mgr *m, dp_kv_seq *kv);
 void mgr_leave_kept(dp_kv_mgr *m, dp_kv_seq *kv);
 uint64_t mgr_kept_tag(const dp_compress_opts *co, int32_t n_keep);
 bool mgr_whole_has_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens, int32_t extra);
-int32_t mgr_kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n, int32_t n_keep);
+int32_t mgr_kept_find(dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t *tokens, int32_t n,
+                      int32_t n_keep);
 bool mgr_decode_room(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t need, int32_t *from_promise);
-int mgr_decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots, int32_t *took);
+int mgr_decode_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n_slots,
+                       int32_t *took);
 int mgr_x_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int64_t n, int32_t *took);
 void mgr_undo_reserve(dp_kv_mgr *m, dp_kv_seq *kv, dp_block_table *t, int32_t took);
 void mgr_protect_prompt(dp_kv_mgr *m, dp_kv_seq *kv);
@@ -91,7 +93,8 @@ bool mgr_swap_can_take(const dp_kv_mgr *m, int32_t n_blocks);
 bool mgr_park_drop_spilled(dp_kv_mgr *m);
 bool mgr_park_reclaim(dp_kv_mgr *m, int32_t need);
 int32_t mgr_parked_room(dp_kv_mgr *m);
-int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens, int32_t tail, bool busy, int32_t *reused);
+int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
+                    int32_t tail, bool busy, int32_t *reused);
 
 /* ---- mgr_swap.c ---- */
 

@@ -158,253 +158,339 @@ static int recompress_staged(dp_kv_mgr *m, dp_kv_migration *g)
     return 0;
 }
 
-/* Up to MIGRATE_BATCH sequences, all on path src, all of decode type d. */
-static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src,
-                             dp_kv_dtype *d)
-{
+/* ---- a migration batch: plan, reserve, move, then commit or undo ---------- */
+
+/* One sequence of a batch as planned: the new tables it takes, the slots
+ * its new table holds by reference and whose, the shares it takes or
+ * names, and its move. */
+typedef struct mig_entry {
+    dp_kv_migration *g;
+    dp_block_table table;     /* its new compact table */
+    int32_t took;             /* of its promise, what that table took */
+    dp_block_table xt;        /* its new exempt table (exempt layers; else empty) */
+    int32_t xtook;
+    int32_t *xrow;            /* xt as a batch row */
+    int32_t nref;             /* leading slots held by reference ... */
+    const int32_t *refb;      /* ... these blocks */
+    int32_t share;            /* the decode-pool share it holds once it moves (id + 1;
+                               * -slots: one it names; 0: none) */
+    int32_t held;             /* slots of its table a share holds */
+    int32_t kslots;           /* slots a kept share can hold of its compaction */
+    int32_t found;            /* the kept share it takes (-1: none) ... */
+    uint64_t tag;             /* ... else the tag it names its own under (0: none) */
+    const int32_t *keep_given; /* the taken kept share's lists */
+    int32_t kid;              /* the kept share it holds once it moves (id + 1; 0: none) */
+    dp_compress_opts co;      /* its move's options (kv_seq_prompt_end_opts) */
+} mig_entry;
+
+/* A batch: up to MIGRATE_BATCH sequences, all on path src, all of decode
+ * type d. The moves are one array: kv_migrate runs them in one call. */
+typedef struct mig_plan {
+    dp_path src;
+    dp_kv_dtype *d;
+    int32_t rows;             /* layers x KV heads: a kept share's lists */
+    int32_t k;                /* entries planned and reserved */
+    mig_entry e[MIGRATE_BATCH];
     dp_kv_move mv[MIGRATE_BATCH];
-    dp_compress_opts cos[MIGRATE_BATCH]; /* each move's options (kv_seq_prompt_end_opts) */
-    dp_block_table tables[MIGRATE_BATCH];
-    dp_kv_migration *ok[MIGRATE_BATCH], *staged[MIGRATE_BATCH];
-    /* share: the decode-pool share a migration holds once it moves (id + 1;
-     * negative before the loop names it: -slots); held: its slots. */
-    /* kid: the kept share it takes or names (id + 1; 0: none). */
-    int32_t took[MIGRATE_BATCH], share[MIGRATE_BATCH], held[MIGRATE_BATCH], kid[MIGRATE_BATCH],
-            k = 0, n_staged = 0;
-    /* A migration's exempt table (exempt layers), what it took of the
-     * promise, and its batch row. */
-    dp_block_table xt[MIGRATE_BATCH];
-    int32_t xtook[MIGRATE_BATCH], *xrow[MIGRATE_BATCH];
+    dp_kv_migration *staged[MIGRATE_BATCH]; /* recompressions without free blocks */
+    int32_t n_staged;
     /* Shares found but not yet joined are pinned (one more user) while
      * blocks are taken: making room may drop parked turns, and with them a
      * share's last user. Unpinned at the end. */
-    int32_t pins[2 * MIGRATE_BATCH], n_pins = 0;
-    const int32_t rows = m->mig.comp.n_layers * m->mig.comp.n_kv_heads;
-    for (int32_t i = 0; i < n; i++) {
-        dp_kv_migration *g = mg[i];
-        dp_kv_seq *kv = g->kv;
-        if (g->n_keep > kv->n_slots)
-            g->n_keep = kv->n_slots;
-        if (d->group && src == DP_PATH_DECODE) {
-            /* A grouped cache is not compacted again (its groups are
-             * sealed): a resumed turn's new text stays whole. */
-            g->rc = DP_ENOSPC;
-            continue;
-        }
-        kv_table_init(&tables[k]);
-        /* The new table starts with the blocks it keeps by reference (one
-         * more reference each), then takes decode blocks for the rest: its
-         * own leading blocks (in one arena of one type, the prefill blocks
-         * of its prefix; on the decode path, a share it holds), or a
-         * decode-pool share of its prefix that another sequence copied. */
-        int32_t nref = mgr_ref_slots(m, kv, kv->n_slots, g->n_keep);
-        const int32_t *refb = kv->table.blocks;
-        share[k] = 0;
-        if (seq_shares(m, kv) && src == DP_PATH_PREFILL) {
-            nref = 0;
-            int32_t s = g->tokens ? mgr_front_slots(m, kv, g->n_keep) : 0;
-            /* The share admission joined, unless the front shrank since (an
-             * early switch keeps fewer); else one another sequence holds. */
-            int32_t id = kv->dshare - 1;
-            if (id >= 0 && dprefix_slots(&m->dpx, id) > s) {
-                mgr_leave_share(m, kv);
-                id = -1;
-            }
-            if (id < 0 && s > 0)
-                id = dprefix_find(&m->dpx, g->tokens, s);
-            if (id >= 0) {
-                nref = dprefix_slots(&m->dpx, id);
-                refb = dprefix_blocks(&m->dpx, id);
-                share[k] = id + 1;
-            } else if (s > 0) {
-                share[k] = -s;
-            }
-        }
-        /* Its whole compaction, but for the last partial block, may be one
-         * that a sequence with the same tokens made (a kept share): it keeps
-         * the same slots and takes those blocks. Else, marked share_kept, it
-         * names its own for the next. */
-        int32_t kslots = 0, found = -1;
-        uint64_t tag = 0;
-        const int32_t *keep_given = NULL;
-        if (src == DP_PATH_PREFILL && g->tokens && g->n_keep > 0 && seq_keeps_shared(m, kv)) {
-            /* The share admission joined is found again, unless its
-             * compaction changed since (an early switch keeps fewer). */
-            kslots = kept_slots(m, g->n_keep);
-            tag = kslots > nref ? mgr_kept_tag(&kv->copts, g->n_keep) : 0;
-            found = tag ? mgr_kept_find(m, kv, g->tokens, kv->n_slots, g->n_keep) : -1;
-            if (found >= 0) {
-                nref = kslots;
-                refb = dprefix_blocks(&m->dpx, found);
-                keep_given = dprefix_keep(&m->dpx, found);
-                if (share[k] < 0)
-                    share[k] = 0; /* its front comes with the kept share's blocks */
-            } else {
-                found = -1;
-                if (!g->share_kept)
-                    tag = 0;
-            }
-        }
-        const int32_t nb = nref / d->bt;
-        int rc = g->n_keep < 1 ? DP_EINVAL : 0;
-        for (int32_t b = 0; rc == 0 && b < nb; b++)
-            rc = kv_table_push(&tables[k], m->dpool, refb[b]);
-        if (share[k] > 0)
-            dprefix_join(&m->dpx, pins[n_pins++] = share[k] - 1);
-        if (found >= 0)
-            dprefix_join(&m->dpx, pins[n_pins++] = found);
-        if (rc == 0)
-            rc = mgr_decode_reserve(m, kv, &tables[k], g->n_keep, &took[k]);
-        if (rc == DP_ENOSPC && src == DP_PATH_DECODE) {
-            kv_table_destroy(&tables[k], m->dpool);
-            staged[n_staged++] = g; /* after the others, through the scratch */
-            continue;
-        }
-        if (rc) {
-            g->rc = rc;
-            kv_table_destroy(&tables[k], m->dpool);
-            continue;
-        }
-        /* Its exempt layers keep every slot of the prompt. */
-        kv_table_init(&xt[k]);
-        xrow[k] = NULL;
-        xtook[k] = 0;
-        if (src == DP_PATH_PREFILL &&
-            ((rc = mgr_x_reserve(m, kv, &xt[k], kv->n_slots, &xtook[k])) != 0 ||
-             (xt[k].n_blocks > 0 &&
-              !(xrow[k] = malloc((size_t)xt[k].n_blocks * (size_t)m->xfold * sizeof(int32_t)))))) {
-            g->rc = rc ? rc : DP_ENOMEM;
-            mgr_undo_reserve(m, kv, &xt[k], xtook[k]);
-            mgr_undo_reserve(m, kv, &tables[k], took[k]);
-            continue;
-        }
-        if (xrow[k])
-            mgr_x_ids(m, &xt[k], xrow[k], xt[k].n_blocks * m->xfold);
-        /* The first with a prefix names its copy at once, so that the others
-         * of this batch take it too (the one backend call below writes it). */
-        held[k] = nref;
-        if (share[k] > 0) {
-            if (!kv->dshare)
-                dprefix_join(&m->dpx, share[k] - 1);
-            kv->dshare = share[k];
-        } else if (share[k] < 0) {
-            int32_t id = dprefix_add(&m->dpx, g->tokens, -share[k], tables[k].blocks);
-            held[k] = id >= 0 ? -share[k] : 0;
-            kv->dshare = id >= 0 ? id + 1 : 0;
-        }
-        /* So is a kept share: its lists are this call's selection, written
-         * before any later move of the call reads them. */
-        int32_t *keep_out = NULL;
-        kid[k] = 0;
-        if (found >= 0) {
-            if (kv->kshare != found + 1)
-                dprefix_join(&m->dpx, found);
-            kid[k] = found + 1;
-        } else if (tag) {
-            int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, tag, tables[k].blocks,
-                                          kslots, held[k] / d->bt, rows, g->n_keep);
-            if (id >= 0) {
-                kid[k] = id + 1;
-                keep_out = dprefix_keep(&m->dpx, id);
-                held[k] = kslots;
-            }
-        }
-        if (src == DP_PATH_PREFILL) { /* a recompression leaves its share once it succeeds */
-            if (kv->kshare && kv->kshare != kid[k])
-                mgr_leave_kept(m, kv); /* joined at admission, not taken */
-            kv->kshare = kid[k];
-        }
-        cos[k] = src == DP_PATH_DECODE && g->pos > 0 ? kv_seq_prompt_end_opts(kv) : kv->copts;
-        mv[k] = (dp_kv_move){.co = &cos[k], .src = kv->table.blocks,
-                             .n_src_blocks = kv->table.n_blocks, .n_slots = kv->n_slots,
-                             .dst = tables[k].blocks + nb, .n_dst_blocks = tables[k].n_blocks - nb,
-                             .n_keep = g->n_keep, .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q,
-                             .n_ref = nref, .attn = src == DP_PATH_DECODE ? &kv->attn : NULL,
-                             .keep_given = keep_given, .keep_out = keep_out, .xdst = xrow[k],
-                             .n_xdst_blocks = xt[k].n_blocks * m->xfold};
-        g->n_ref = nref;
-        ok[k++] = g;
+    int32_t pins[2 * MIGRATE_BATCH], n_pins;
+} mig_plan;
+
+/* What x's new table starts with, held by reference: its own leading
+ * blocks (in one arena of one type, the prefill blocks of its prefix; on
+ * the decode path, a share it holds), or a decode-pool share of its prefix
+ * that another sequence copied (x->share; -slots: it names one). */
+static void plan_front_share(dp_kv_mgr *m, const mig_plan *p, mig_entry *x)
+{
+    const dp_kv_migration *g = x->g;
+    dp_kv_seq *kv = g->kv;
+    x->nref = mgr_ref_slots(m, kv, kv->n_slots, g->n_keep);
+    x->refb = kv->table.blocks;
+    x->share = 0;
+    if (!seq_shares(m, kv) || p->src != DP_PATH_PREFILL)
+        return;
+    x->nref = 0;
+    const int32_t s = g->tokens ? mgr_front_slots(m, kv, g->n_keep) : 0;
+    /* The share admission joined, unless the front shrank since (an early
+     * switch keeps fewer); else one another sequence holds. */
+    int32_t id = kv->dshare - 1;
+    if (id >= 0 && dprefix_slots(&m->dpx, id) > s) {
+        mgr_leave_share(m, kv);
+        id = -1;
     }
+    if (id < 0 && s > 0)
+        id = dprefix_find(&m->dpx, g->tokens, s);
+    if (id >= 0) {
+        x->nref = dprefix_slots(&m->dpx, id);
+        x->refb = dprefix_blocks(&m->dpx, id);
+        x->share = id + 1;
+    } else if (s > 0) {
+        x->share = -s;
+    }
+}
+
+/* Its whole compaction, but for the last partial block, may be one that a
+ * sequence with the same tokens made (a kept share): it keeps the same
+ * slots and takes those blocks. Else, marked share_kept, it names its own
+ * for the next (x->tag). */
+static void plan_kept_share(dp_kv_mgr *m, const mig_plan *p, mig_entry *x)
+{
+    const dp_kv_migration *g = x->g;
+    const dp_kv_seq *kv = g->kv;
+    x->kslots = 0;
+    x->found = -1;
+    x->tag = 0;
+    x->keep_given = NULL;
+    if (p->src != DP_PATH_PREFILL || !g->tokens || g->n_keep <= 0 || !seq_keeps_shared(m, kv))
+        return;
+    /* The share admission joined is found again, unless its compaction
+     * changed since (an early switch keeps fewer). */
+    x->kslots = kept_slots(m, g->n_keep);
+    x->tag = x->kslots > x->nref ? mgr_kept_tag(&kv->copts, g->n_keep) : 0;
+    x->found = x->tag ? mgr_kept_find(m, kv, g->tokens, kv->n_slots, g->n_keep) : -1;
+    if (x->found >= 0) {
+        x->nref = x->kslots;
+        x->refb = dprefix_blocks(&m->dpx, x->found);
+        x->keep_given = dprefix_keep(&m->dpx, x->found);
+        if (x->share < 0)
+            x->share = 0; /* its front comes with the kept share's blocks */
+    } else if (!g->share_kept) {
+        x->tag = 0;
+    }
+}
+
+/* Takes x's blocks: the ones it holds by reference (one more reference
+ * each), decode blocks for the rest, and on the prefill path its exempt
+ * table (the exempt layers keep every slot of the prompt). All or nothing:
+ * on failure nothing is held but the pins. */
+static int reserve_entry(dp_kv_mgr *m, mig_plan *p, mig_entry *x)
+{
+    const dp_kv_migration *g = x->g;
+    dp_kv_seq *kv = g->kv;
+    const int32_t nb = x->nref / p->d->bt;
+    int rc = g->n_keep < 1 ? DP_EINVAL : 0;
+    for (int32_t b = 0; rc == 0 && b < nb; b++)
+        rc = kv_table_push(&x->table, m->dpool, x->refb[b]);
+    if (x->share > 0)
+        dprefix_join(&m->dpx, p->pins[p->n_pins++] = x->share - 1);
+    if (x->found >= 0)
+        dprefix_join(&m->dpx, p->pins[p->n_pins++] = x->found);
+    if (rc == 0)
+        rc = mgr_decode_reserve(m, kv, &x->table, g->n_keep, &x->took);
+    if (rc) {
+        kv_table_destroy(&x->table, m->dpool);
+        return rc;
+    }
+    kv_table_init(&x->xt);
+    x->xrow = NULL;
+    x->xtook = 0;
+    if (p->src == DP_PATH_PREFILL &&
+        ((rc = mgr_x_reserve(m, kv, &x->xt, kv->n_slots, &x->xtook)) != 0 ||
+         (x->xt.n_blocks > 0 &&
+          !(x->xrow = malloc((size_t)x->xt.n_blocks * (size_t)m->xfold * sizeof(int32_t)))))) {
+        mgr_undo_reserve(m, kv, &x->xt, x->xtook);
+        mgr_undo_reserve(m, kv, &x->table, x->took);
+        return rc ? rc : DP_ENOMEM;
+    }
+    if (x->xrow)
+        mgr_x_ids(m, &x->xt, x->xrow, x->xt.n_blocks * m->xfold);
+    return 0;
+}
+
+/* The shares x takes or names, named at once so that the others of this
+ * batch take them too (the one backend call writes them): a copy of its
+ * prefix, and a kept share, whose lists are this call's selection, written
+ * before any later move of the call reads them. Then its move. */
+static void name_shares(dp_kv_mgr *m, mig_plan *p, mig_entry *x)
+{
+    const dp_kv_migration *g = x->g;
+    dp_kv_seq *kv = g->kv;
+    const int32_t bt = p->d->bt;
+    x->held = x->nref;
+    if (x->share > 0) {
+        if (!kv->dshare)
+            dprefix_join(&m->dpx, x->share - 1);
+        kv->dshare = x->share;
+    } else if (x->share < 0) {
+        const int32_t id = dprefix_add(&m->dpx, g->tokens, -x->share, x->table.blocks);
+        x->held = id >= 0 ? -x->share : 0;
+        kv->dshare = id >= 0 ? id + 1 : 0;
+    }
+    int32_t *keep_out = NULL;
+    x->kid = 0;
+    if (x->found >= 0) {
+        if (kv->kshare != x->found + 1)
+            dprefix_join(&m->dpx, x->found);
+        x->kid = x->found + 1;
+    } else if (x->tag) {
+        const int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, x->tag,
+                                            x->table.blocks, x->kslots, x->held / bt, p->rows,
+                                            g->n_keep);
+        if (id >= 0) {
+            x->kid = id + 1;
+            keep_out = dprefix_keep(&m->dpx, id);
+            x->held = x->kslots;
+        }
+    }
+    if (p->src == DP_PATH_PREFILL) { /* a recompression leaves its share once it succeeds */
+        if (kv->kshare && kv->kshare != x->kid)
+            mgr_leave_kept(m, kv); /* joined at admission, not taken */
+        kv->kshare = x->kid;
+    }
+    x->co = p->src == DP_PATH_DECODE && g->pos > 0 ? kv_seq_prompt_end_opts(kv) : kv->copts;
+    const int32_t nb = x->nref / bt;
+    p->mv[p->k] = (dp_kv_move){
+        .co = &x->co, .src = kv->table.blocks, .n_src_blocks = kv->table.n_blocks,
+        .n_slots = kv->n_slots, .dst = x->table.blocks + nb, .n_dst_blocks = x->table.n_blocks - nb,
+        .n_keep = g->n_keep, .q = g->q, .q_stride = g->q_stride, .n_q = g->n_q, .n_ref = x->nref,
+        .attn = p->src == DP_PATH_DECODE ? &kv->attn : NULL, .keep_given = x->keep_given,
+        .keep_out = keep_out, .xdst = x->xrow, .n_xdst_blocks = x->xt.n_blocks * m->xfold};
+}
+
+/* Plans and reserves g's move as p's next entry; one that cannot move gets
+ * its rc (or, a recompression without free blocks, waits for the scratch). */
+static void plan_entry(dp_kv_mgr *m, mig_plan *p, dp_kv_migration *g)
+{
+    dp_kv_seq *kv = g->kv;
+    if (g->n_keep > kv->n_slots)
+        g->n_keep = kv->n_slots;
+    if (p->d->group && p->src == DP_PATH_DECODE) {
+        /* A grouped cache is not compacted again (its groups are sealed):
+         * a resumed turn's new text stays whole. */
+        g->rc = DP_ENOSPC;
+        return;
+    }
+    mig_entry *x = &p->e[p->k];
+    x->g = g;
+    kv_table_init(&x->table);
+    plan_front_share(m, p, x);
+    plan_kept_share(m, p, x);
+    const int rc = reserve_entry(m, p, x);
+    if (rc == DP_ENOSPC && p->src == DP_PATH_DECODE) {
+        p->staged[p->n_staged++] = g; /* after the others, through the scratch */
+        return;
+    }
+    if (rc) {
+        g->rc = rc;
+        return;
+    }
+    name_shares(m, p, x);
+    g->n_ref = x->nref;
+    p->k++;
+}
+
+/* The batch's move failed: x keeps its cache and gives back what it took. */
+static void undo_entry(dp_kv_mgr *m, const mig_plan *p, mig_entry *x, int rc)
+{
+    dp_kv_seq *kv = x->g->kv;
+    x->g->rc = rc;
+    if (p->src == DP_PATH_PREFILL) { /* a recompression keeps its table */
+        mgr_leave_kept(m, kv);
+        mgr_leave_share(m, kv);
+    }
+    mgr_undo_reserve(m, kv, &x->xt, x->xtook);
+    mgr_undo_reserve(m, kv, &x->table, x->took);
+    free(x->xrow);
+}
+
+/* x moved (p->mv[i]): its new tables replace the old, whose blocks go back. */
+static void commit_entry(dp_kv_mgr *m, const mig_plan *p, mig_entry *x, int32_t i)
+{
+    dp_kv_migration *g = x->g;
+    dp_kv_seq *kv = g->kv;
+    const dp_kv_move *mv = &p->mv[i];
+    const int32_t bt = p->d->bt;
+    free(x->xrow);
+    if (x->xt.n_blocks > 0) {
+        free(kv->xtable.blocks); /* (empty on the prefill path) */
+        kv->xtable = x->xt;
+        kv->x_n = kv->n_slots;
+    }
+    /* A kept share's scorer is the one that chose its slots (its namer's,
+     * recorded here first when both are in this batch). */
+    if (x->kid && mv->keep_out)
+        m->dpx.e[x->kid - 1].scorer = (int32_t)mv->scorer;
+    g->scorer = x->kid && mv->keep_given ? (dp_scorer)m->dpx.e[x->kid - 1].scorer : mv->scorer;
+    if (mv->keep_given)
+        m->kept_shared++;
+    if (p->src == DP_PATH_PREFILL) {
+        if (m->has_pc)
+            mgr_protect_prompt(m, kv);
+        kv->mig_pos = kv->n_slots;
+        kv->mig_keep = g->n_keep;
+        kv->exact_from = kv->mig_pos - kv->copts.window;
+        if (kv->early_at > 0 && g->n_keep < kv->n_slots) {
+            /* Planned to switch early, compacted at its prompt's end
+             * instead: the promise for its whole prompt on the decode path
+             * is one block again, as any migration's (and its exempt
+             * table's next block). */
+            int32_t want = 1 + mgr_xblocks_for(m, kv, (int64_t)kv->n_slots + bt) -
+                           kv->xtable.n_blocks;
+            if (want < 1)
+                want = 1;
+            if (kv->decode_reserve > want) {
+                m->decode_reserved -= kv->decode_reserve - want;
+                kv->decode_reserve = want;
+            }
+        }
+        if (g->n_keep < kv->n_slots)
+            kv->early_at = 0;
+    } else {
+        note_compaction(kv, g);
+        if (g->n_ref == 0)
+            mgr_leave_share(m, kv); /* its new table holds none of the share's blocks */
+        mgr_leave_kept(m, kv);
+    }
+    /* What it held goes back to its pool (named prefill blocks stay cached
+     * for the next turn); a recompression's freed blocks are taken again a
+     * token at a time, like any other. */
+    kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
+    free(kv->table.blocks);
+    kv->table = x->table;
+    kv->path = DP_PATH_DECODE;
+    kv->n_slots = g->n_keep;
+    kv->ref_blocks = x->held / bt;
+    attn_acc_reset(&kv->attn); /* its slots were rearranged */
+    kv->sealed = kv->roff = 0;
+    mgr_seal_groups(m, kv);
+}
+
+/* Up to MIGRATE_BATCH sequences, all on path src, all of decode type d:
+ * planned and reserved one by one, moved in one backend call, then each
+ * committed (or, the call failed, undone); staged recompressions last. */
+static int32_t migrate_batch(dp_kv_mgr *m, dp_kv_migration **mg, int32_t n, dp_path src,
+                             dp_kv_dtype *d)
+{
+    mig_plan plan, *p = &plan;
+    p->src = src;
+    p->d = d;
+    p->rows = m->mig.comp.n_layers * m->mig.comp.n_kv_heads;
+    p->k = p->n_staged = p->n_pins = 0;
+    for (int32_t i = 0; i < n; i++)
+        plan_entry(m, p, mg[i]);
     kv_migrator_set_exempt(&m->mig, d->xstore);
     /* (A grouped type's migration writes its residual: the arena's type.) */
-    int rc = k == 0 ? 0 : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : d->store,
-                                     d->group ? m->store : d->store, mv, k);
+    const int rc = p->k == 0 ? 0
+                             : kv_migrate(&m->mig, src == DP_PATH_PREFILL ? m->store : d->store,
+                                          d->group ? m->store : d->store, p->mv, p->k);
     if (rc)
         dp_log(DP_LOG_ERROR, "kvcache: migration of %d sequences failed (%s); they keep their "
-               "caches", k, dp_strerror(rc));
-    for (int32_t i = 0; i < k; i++) {
-        dp_kv_migration *g = ok[i];
-        dp_kv_seq *kv = g->kv;
-        if (rc) {
-            g->rc = rc;
-            if (src == DP_PATH_PREFILL) { /* a recompression keeps its table */
-                mgr_leave_kept(m, kv);
-                mgr_leave_share(m, kv);
-            }
-            mgr_undo_reserve(m, kv, &xt[i], xtook[i]);
-            mgr_undo_reserve(m, kv, &tables[i], took[i]);
-            free(xrow[i]);
-            continue;
-        }
-        free(xrow[i]);
-        if (xt[i].n_blocks > 0) {
-            free(kv->xtable.blocks); /* (empty on the prefill path) */
-            kv->xtable = xt[i];
-            kv->x_n = kv->n_slots;
-        }
-        /* A kept share's scorer is the one that chose its slots (its
-         * namer's, recorded here first when both are in this batch). */
-        if (kid[i] && mv[i].keep_out)
-            m->dpx.e[kid[i] - 1].scorer = (int32_t)mv[i].scorer;
-        g->scorer = kid[i] && mv[i].keep_given ? (dp_scorer)m->dpx.e[kid[i] - 1].scorer : mv[i].scorer;
-        if (mv[i].keep_given)
-            m->kept_shared++;
-        if (src == DP_PATH_PREFILL) {
-            if (m->has_pc)
-                mgr_protect_prompt(m, kv);
-            kv->mig_pos = kv->n_slots;
-            kv->mig_keep = g->n_keep;
-            kv->exact_from = kv->mig_pos - kv->copts.window;
-            if (kv->early_at > 0 && g->n_keep < kv->n_slots) {
-                /* Planned to switch early, compacted at its prompt's end
-                 * instead: the promise for its whole prompt on the decode
-                 * path is one block again, as any migration's (and its
-                 * exempt table's next block). */
-                int32_t want = 1 + mgr_xblocks_for(m, kv, (int64_t)kv->n_slots + d->bt) -
-                               kv->xtable.n_blocks;
-                if (want < 1)
-                    want = 1;
-                if (kv->decode_reserve > want) {
-                    m->decode_reserved -= kv->decode_reserve - want;
-                    kv->decode_reserve = want;
-                }
-            }
-            if (g->n_keep < kv->n_slots)
-                kv->early_at = 0;
-        } else {
-            note_compaction(kv, g);
-            if (g->n_ref == 0)
-                mgr_leave_share(m, kv); /* its new table holds none of the share's blocks */
-            mgr_leave_kept(m, kv);
-        }
-        /* What it held goes back to its pool (named prefill blocks stay
-         * cached for the next turn); a recompression's freed blocks are
-         * taken again a token at a time, like any other. */
-        kv_table_release(&kv->table, kv_mgr_pool_of(m, kv));
-        free(kv->table.blocks);
-        kv->table = tables[i];
-        kv->path = DP_PATH_DECODE;
-        kv->n_slots = g->n_keep;
-        kv->ref_blocks = held[i] / d->bt;
-        attn_acc_reset(&kv->attn); /* its slots were rearranged */
-        kv->sealed = kv->roff = 0;
-        mgr_seal_groups(m, kv);
+               "caches", p->k, dp_strerror(rc));
+    for (int32_t i = 0; i < p->k; i++) {
+        if (rc)
+            undo_entry(m, p, &p->e[i], rc);
+        else
+            commit_entry(m, p, &p->e[i], i);
     }
-    for (int32_t i = 0; i < n_pins; i++)
-        dprefix_leave(&m->dpx, pins[i]);
-    int32_t moved = rc ? 0 : k;
-    for (int32_t i = 0; i < n_staged; i++)
-        if ((staged[i]->rc = recompress_staged(m, staged[i])) == 0)
+    for (int32_t i = 0; i < p->n_pins; i++)
+        dprefix_leave(&m->dpx, p->pins[i]);
+    int32_t moved = rc ? 0 : p->k;
+    for (int32_t i = 0; i < p->n_staged; i++)
+        if ((p->staged[i]->rc = recompress_staged(m, p->staged[i])) == 0)
             moved++;
     return moved;
 }

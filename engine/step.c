@@ -369,7 +369,9 @@ static void take_output(dp_engine *e, eng_step *st, const dp_sched_item *it, int
     const bool alive = eng_emit_token(e, es, (*o)++);
     /* (A recompute whose prompt came back from the prefix cache whole has
      * only a generated token left: it migrates at that step.) */
-    if (alive && it->path == DP_PATH_PREFILL && es->seq->kv.dual)
+    if (alive && it->path == DP_PATH_PREFILL && es->seq->kv.dual &&
+        path_decide(&es->path, &e->popts, it->seq->n_computed, it->seq->n_prompt) ==
+            DP_SWITCH_PROMPT_DONE)
         st->migrate[st->n_migrate++] = es;
     if (alive && !it->decode_phase && it->path == DP_PATH_DECODE && es->tail_on_decode) {
         st->tail_done[st->n_tail++] = es;

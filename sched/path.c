@@ -7,23 +7,20 @@
 
 const char *path_state_name(dp_path_state s)
 {
-    static const char *n[] = {"waiting", "prefill", "decode", "preempted", "finished"};
-    return (unsigned)s <= DP_PS_FINISHED ? n[s] : "?";
+    static const char *n[] = {"waiting", "prefill", "decode", "preempted"};
+    return (unsigned)s <= DP_PS_PREEMPTED ? n[s] : "?";
 }
 
 bool path_transition_ok(dp_path_state from, dp_path_state to)
 {
     switch (from) {
-    case DP_PS_WAITING: return to == DP_PS_PREFILL || to == DP_PS_FINISHED;
-    case DP_PS_PREFILL:
-        return to == DP_PS_DECODE || to == DP_PS_PREEMPTED || to == DP_PS_FINISHED;
+    case DP_PS_WAITING: return to == DP_PS_PREFILL;
+    case DP_PS_PREFILL: return to == DP_PS_DECODE || to == DP_PS_PREEMPTED;
     case DP_PS_DECODE:
         /* PREFILL again: a new turn rebuilds the full cache. */
-        return to == DP_PS_PREFILL || to == DP_PS_PREEMPTED || to == DP_PS_FINISHED;
+        return to == DP_PS_PREFILL || to == DP_PS_PREEMPTED;
     /* DECODE again: a compact cache swapped back in as it was. */
-    case DP_PS_PREEMPTED:
-        return to == DP_PS_WAITING || to == DP_PS_DECODE || to == DP_PS_FINISHED;
-    case DP_PS_FINISHED: return false;
+    case DP_PS_PREEMPTED: return to == DP_PS_WAITING || to == DP_PS_DECODE;
     }
     return false;
 }
@@ -42,7 +39,6 @@ void path_init(dp_path_detector *p)
     p->state = DP_PS_WAITING;
     p->repetition = -1.0f;
     p->last_change = -1.0f;
-    p->decisions = 0;
 }
 
 bool path_set(dp_path_detector *p, dp_path_state to)
@@ -133,7 +129,6 @@ bool path_wants_stability(const dp_path_detector *p, const dp_path_opts *o, int3
 dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                              int32_t n_prompt)
 {
-    p->decisions++;
     if (p->state != DP_PS_PREFILL)
         return DP_STAY;
     if (n_computed >= n_prompt)

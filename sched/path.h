@@ -1,9 +1,11 @@
 /* path.h: the path detector: a per-sequence state machine
- * (WAITING -> PREFILL -> DECODE -> FINISHED, DECODE -> PREFILL on a new turn,
- * any running state -> PREEMPTED under memory pressure) and the decision of
- * when a sequence leaves the prefill path. By default that is when its prompt
- * is done; optionally earlier, when the importance ranking has stopped
- * changing between prefill chunks or the prompt is highly repetitive. A
+ * (WAITING -> PREFILL -> DECODE, DECODE -> PREFILL on a new turn, any
+ * running state -> PREEMPTED under memory pressure; a finished sequence is
+ * freed with its detector) and the decision of when a sequence leaves the
+ * prefill path: path_decide, the one trigger of a switch, asked at every
+ * prompt chunk's end. By default that is when its prompt is done;
+ * optionally earlier, when the importance ranking has stopped changing
+ * between prefill chunks or the prompt is highly repetitive. A
  * decision is host arithmetic on numbers gathered elsewhere: it never touches
  * the device and costs well under a microsecond. */
 #ifndef DP_SCHED_PATH_H
@@ -17,7 +19,6 @@ typedef enum dp_path_state {
     DP_PS_PREFILL,
     DP_PS_DECODE,
     DP_PS_PREEMPTED,
-    DP_PS_FINISHED,
 } dp_path_state;
 
 const char *path_state_name(dp_path_state s);
@@ -38,7 +39,6 @@ typedef struct dp_path_detector {
     dp_path_state state;
     float repetition;         /* share of repeated n-grams in the prompt, -1: not measured */
     float last_change;        /* kept-set change between the last two chunks, -1: none yet */
-    int32_t decisions;
 } dp_path_detector;
 
 void path_init(dp_path_detector *p);
@@ -62,7 +62,8 @@ typedef enum dp_path_decision {
     DP_SWITCH_REPETITIVE,
 } dp_path_decision;
 
-/* Decides at a chunk boundary whether a prefill-path sequence switches now. */
+/* Decides at a chunk boundary whether a prefill-path sequence switches now
+ * (DP_SWITCH_PROMPT_DONE: its prompt is done; the others: early). */
 dp_path_decision path_decide(dp_path_detector *p, const dp_path_opts *o, int32_t n_computed,
                              int32_t n_prompt);
 

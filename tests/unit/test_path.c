@@ -22,8 +22,7 @@ int main(void)
     CHECK(path_set(&p, DP_PS_PREEMPTED));
     CHECK(path_set(&p, DP_PS_WAITING));  /* recomputed */
     CHECK(path_set(&p, DP_PS_PREFILL));
-    CHECK(path_set(&p, DP_PS_FINISHED));
-    CHECK(!path_set(&p, DP_PS_PREFILL)); /* terminal */
+    CHECK(!path_set(&p, DP_PS_WAITING)); /* only a preempted one waits again */
     CHECK(path_state_name(DP_PS_DECODE)[0] == 'd');
 
     /* Repetition: distinct tokens 0; a period-8 loop close to 1. */

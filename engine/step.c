@@ -112,21 +112,6 @@ typedef struct eng_step {
     int64_t q_stride;
 } eng_step;
 
-/* Nothing fits. If nothing runs either, the head of the queue can never
- * fit (submit checks against the pools, so this is a safety net);
- * otherwise free the newest running sequence so that the others can
- * finish. */
-static void nothing_fits(dp_engine *e)
-{
-    if (!e->sched.run_head) {
-        if (e->sched.wait_head)
-            eng_finish_seq(e, (eng_seq *)e->sched.wait_head->owner, DP_FINISH_ERROR,
-                           "the KV pool cannot hold this request", false);
-        return;
-    }
-    sched_preempt(&e->sched, e->sched.run_tail);
-}
-
 /* The widest block table and exempt table of the plan, and room for them. */
 static int size_tables(dp_engine *e, eng_step *st)
 {
@@ -445,10 +430,11 @@ void eng_run_step(dp_engine *e)
      * requests it just admitted can take most of a second on a CPU, and
      * until its end they would still read as waiting. */
     eng_publish_stats(e);
-    if (st.plan.n_items == 0) {
-        nothing_fits(e);
+    if (st.plan.never_fits)
+        eng_finish_seq(e, (eng_seq *)st.plan.never_fits->owner, DP_FINISH_ERROR,
+                       "the KV pool cannot hold this request", false);
+    if (st.plan.n_items == 0)
         return;
-    }
     if (build_batch(e, &st))
         return;
     const int rc = forward(e, &st);

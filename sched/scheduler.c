@@ -370,6 +370,15 @@ void sched_schedule(dp_sched *s, dp_sched_plan *p)
         add_item(s, p, q, n);
         budget -= n;
     }
+
+    /* 4. Nothing fits. With sequences running, the newest yields its blocks
+     *    so that the others can finish; with none, the head of the queue
+     *    can never fit (submit checks against the pools, so this is a
+     *    safety net). */
+    if (p->n_items == 0 && s->run_head)
+        sched_preempt(s, s->run_tail);
+    else if (p->n_items == 0)
+        p->never_fits = s->wait_head;
     p->n_preempted = (int32_t)(s->n_preemptions - preempted_before);
 }
 

@@ -70,6 +70,9 @@ typedef struct dp_sched_plan {
     int32_t n_tokens;
     int32_t n_decode;        /* items in the generation phase */
     int32_t n_preempted;     /* preemptions made while planning this step */
+    /* An empty plan with nothing running: the head of the queue, which can
+     * then never fit (the caller fails it); NULL otherwise. */
+    dp_seq *never_fits;
 } dp_sched_plan;
 
 typedef struct dp_sched_opts {

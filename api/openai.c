@@ -12,6 +12,7 @@
 #include "jv_json.h"
 #include "kvcache/compress.h"
 #include "schema.h"
+#include "sse.h"
 
 /* ---- small helpers ---- */
 
@@ -1728,23 +1729,6 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
     return print_owned(o, len);
 }
 
-static char *sse_wrap(char *json, size_t *len)
-{
-    if (!json)
-        return NULL;
-    size_t n = strlen(json);
-    char *s = malloc(n + 9);
-    if (s) {
-        memcpy(s, "data: ", 6);
-        memcpy(s + 6, json, n);
-        memcpy(s + 6 + n, "\n\n", 3);
-        if (len)
-            *len = n + 8;
-    }
-    free(json);
-    return s;
-}
-
 char *oai_tool_chunk(const char *id, long long created, const char *model, int index,
                      cJSON *calls, const char *content, size_t *len)
 {
@@ -1777,7 +1761,7 @@ char *oai_tool_chunk(const char *id, long long created, const char *model, int i
     cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, NULL);
     size_t l;
-    return sse_wrap(print_owned(o, &l), len);
+    return sse_frame_take(print_owned(o, &l), len);
 }
 
 char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char *model, int index,
@@ -1808,7 +1792,7 @@ char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char 
         cJSON_AddNullToObject(c, "logprobs");
     add_finish(c, finish);
     size_t l;
-    char *s = sse_wrap(print_owned(o, &l), len);
+    char *s = sse_frame_take(print_owned(o, &l), len);
     return s;
 }
 
@@ -1822,5 +1806,5 @@ char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const
     cJSON_AddArrayToObject(o, "choices");
     add_usage(o, prompt_tokens, completion_tokens, dp);
     size_t l;
-    return sse_wrap(print_owned(o, &l), len);
+    return sse_frame_take(print_owned(o, &l), len);
 }

@@ -13,6 +13,7 @@
 #include "access_log.h"
 #include "common/dp.h"
 #include "internal.h"
+#include "sse.h"
 
 void server_opts_default(dp_server_opts *o)
 {
@@ -87,8 +88,8 @@ static void job_cancel(dp_job *j);
 /* A stream that cannot grow ends here rather than going on with a gap: what
  * is queued still goes out, then this event, then [DONE] (sse_reader). */
 static const char broken_tail[] =
-    "data: {\"error\":{\"message\":\"the server ran out of memory for this stream; it ends "
-    "here\",\"type\":\"server_error\",\"param\":null,\"code\":null}}\n\ndata: [DONE]\n\n";
+    SSE_FRAME("{\"error\":{\"message\":\"the server ran out of memory for this stream; it ends "
+              "here\",\"type\":\"server_error\",\"param\":null,\"code\":null}}") SSE_DONE;
 
 static void out_append(dp_job *j, const char *p, size_t n)
 {
@@ -526,13 +527,10 @@ static void stream_error(dp_job *j, const dp_api_err *e)
 {
     size_t n = 0;
     char *body = api_err_body(e, &n);
-    char *ev = body ? malloc(n + 9) : NULL;
-    if (ev) {
-        memcpy(ev, "data: ", 6);
-        memcpy(ev + 6, body, n);
-        memcpy(ev + 6 + n, "\n\n", 2);
-        out_append(j, ev, n + 8);
-    }
+    size_t len = 0;
+    char *ev = body ? sse_frame(body, n, &len) : NULL;
+    if (ev)
+        out_append(j, ev, len);
     free(ev);
     free(body);
 }
@@ -615,7 +613,7 @@ static void stream_end(dp_server *s, dp_job *j)
         out_take(j, oai_usage_chunk(j->req.kind, j->id, j->created, s->model_name, pt, ct, &dp, &n),
                  &n);
     }
-    static const char done[] = "data: [DONE]\n\n";
+    static const char done[] = SSE_DONE;
     out_append(j, done, sizeof done - 1);
     j->stream_ended = true;
 }

@@ -59,8 +59,8 @@ void access_log_request(const dp_hreq *h, enum MHD_RequestTerminationCode toe)
     for (int i = 0; i < j->n_choices && j->choices; i++) {
         const dp_oai_choice *ch = &j->choices[i];
         ct += ch->completion_tokens;
-        kept += ch->tokens_kept;
-        evicted += ch->tokens_evicted;
+        kept += ch->usage.tokens_kept;
+        evicted += ch->usage.tokens_evicted;
         const char *f = ch->done ? finish_reason_name(ch->finish) : "cancelled";
         if (fo + strlen(f) + 2 < sizeof finish)
             fo += (size_t)snprintf(finish + fo, sizeof finish - fo, "%s%s", i ? "," : "", f);

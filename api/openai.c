@@ -1603,7 +1603,7 @@ static cJSON *envelope(dp_oai_kind kind, bool chunk, const char *id, long long c
     return o;
 }
 
-static void add_usage(cJSON *o, long long pt, long long ct, const dp_oai_dualpath_usage *dp)
+static void add_usage(cJSON *o, long long pt, long long ct, const dp_kv_usage *dp)
 {
     cJSON *u = cJSON_AddObjectToObject(o, "usage");
     if (!u)
@@ -1664,16 +1664,11 @@ char *oai_response(const dp_oai_req *r, const char *id, long long created, const
         return NULL;
     cJSON *arr = cJSON_AddArrayToObject(o, "choices");
     long long pt = 0, ct = 0;
-    dp_oai_dualpath_usage dp = {0};
+    dp_kv_usage dp = {0};
     for (int i = 0; i < r->n_prompts; i++)
         pt += r->prompts[i].n_ids;
-    for (int i = 0; i < n_choices; i++) {
-        dp.tokens_kept += choices[i].tokens_kept;
-        dp.tokens_evicted += choices[i].tokens_evicted;
-        dp.tokens_resumed += choices[i].tokens_resumed;
-        dp.kv_bytes += choices[i].kv_bytes;
-        dp.kv_bytes_full += choices[i].kv_bytes_full;
-    }
+    for (int i = 0; i < n_choices; i++)
+        dp_kv_usage_add(&dp, &choices[i].usage);
     for (int i = 0; arr && i < n_choices; i++) {
         dp_oai_choice *ch = &choices[i];
         ct += ch->completion_tokens;
@@ -1798,7 +1793,7 @@ char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char 
 
 char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
                       long long prompt_tokens, long long completion_tokens,
-                      const dp_oai_dualpath_usage *dp, size_t *len)
+                      const dp_kv_usage *dp, size_t *len)
 {
     cJSON *o = envelope(kind, true, id, created, model);
     if (!o)

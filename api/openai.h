@@ -93,21 +93,10 @@ typedef struct dp_oai_choice {
     size_t text_offset;  /* completions: offset of the next token in the text */
     dp_finish finish;
     int32_t completion_tokens;
-    int32_t tokens_kept;     /* prompt tokens kept / evicted at the switch to decode */
-    int32_t tokens_evicted;
-    int32_t tokens_resumed;  /* prompt tokens continued from the previous turn's compact cache */
-    int64_t kv_bytes, kv_bytes_full; /* the prompt's KV bytes kept / whole */
+    dp_kv_usage usage;   /* usage.dualpath of this choice (its finish event's) */
     bool done;
 } dp_oai_choice;
 
-/* usage.dualpath: summed over a request's choices. */
-typedef struct dp_oai_dualpath_usage {
-    long long tokens_kept;
-    long long tokens_evicted;
-    long long tokens_resumed;
-    long long kv_bytes;      /* the kept tokens' KV bytes on the decode path */
-    long long kv_bytes_full; /* the same tokens' bytes in the whole (prefill-path) cache */
-} dp_oai_dualpath_usage;
 
 int oai_choice_append(dp_oai_choice *ch, const char *s, size_t n);
 void oai_choice_free(dp_oai_choice *ch);
@@ -149,7 +138,7 @@ char *oai_chunk(dp_oai_kind kind, const char *id, long long created, const char 
  * (may be NULL) becomes usage.dualpath. */
 char *oai_usage_chunk(dp_oai_kind kind, const char *id, long long created, const char *model,
                       long long prompt_tokens, long long completion_tokens,
-                      const dp_oai_dualpath_usage *dp, size_t *len);
+                      const dp_kv_usage *dp, size_t *len);
 
 /* True when n bytes are valid UTF-8. */
 bool oai_utf8_valid(const char *s, size_t n);

@@ -598,16 +598,12 @@ static void stream_end(dp_server *s, dp_job *j)
     }
     if (j->req.include_usage) {
         long long pt = 0, ct = 0;
-        dp_oai_dualpath_usage dp = {0};
+        dp_kv_usage dp = {0};
         for (int i = 0; i < j->req.n_prompts; i++)
             pt += j->req.prompts[i].n_ids;
         for (int i = 0; i < j->n_choices; i++) {
             ct += j->choices[i].completion_tokens;
-            dp.tokens_kept += j->choices[i].tokens_kept;
-            dp.tokens_evicted += j->choices[i].tokens_evicted;
-            dp.tokens_resumed += j->choices[i].tokens_resumed;
-            dp.kv_bytes += j->choices[i].kv_bytes;
-            dp.kv_bytes_full += j->choices[i].kv_bytes_full;
+            dp_kv_usage_add(&dp, &j->choices[i].usage);
         }
         size_t n = 0;
         out_take(j, oai_usage_chunk(j->req.kind, j->id, j->created, s->model_name, pt, ct, &dp, &n),
@@ -658,11 +654,7 @@ static void handle_event(dp_server *s, dp_event *ev)
         ch->done = true;
         ch->finish = ev->finish;
         ch->completion_tokens = ev->completion_tokens;
-        ch->tokens_kept = ev->tokens_kept;
-        ch->tokens_evicted = ev->tokens_evicted;
-        ch->tokens_resumed = ev->tokens_resumed;
-        ch->kv_bytes = ev->kv_bytes;
-        ch->kv_bytes_full = ev->kv_bytes_full;
+        ch->usage = ev->usage;
         if (ev->finish == DP_FINISH_ERROR && !j->error)
             j->error = strdup(ev->error ? ev->error : "engine error");
         if (live) {

@@ -101,11 +101,8 @@ void eng_finish_seq(dp_engine *e, eng_seq *es, dp_finish why, const char *error,
         ev->prompt_tokens = es->req->n_prompt;
         ev->completion_tokens = es->n_gen;
         ev->n_preemptions = es->seq->n_preemptions;
-        ev->tokens_kept = es->tokens_kept;
-        ev->tokens_evicted = es->tokens_evicted;
-        ev->tokens_resumed = es->resumed ? es->seq->reused_tokens : 0;
-        ev->kv_bytes = es->kv_bytes;
-        ev->kv_bytes_full = es->kv_bytes_full;
+        ev->usage = es->usage;
+        ev->usage.tokens_resumed = es->resumed ? es->seq->reused_tokens : 0;
         ev->t_first_token = es->t_first;
         ev->t_finish = dp_now();
         if (error)

@@ -41,8 +41,7 @@ typedef struct eng_seq {
     int32_t capture_at;    /* this step: first captured query index, or -1 */
     int32_t n_capture;
     int32_t dq_at, dq_slot; /* this step: its decode query's capture index (-1: none) and slot */
-    int32_t tokens_kept, tokens_evicted;
-    int64_t kv_bytes, kv_bytes_full; /* its prompt's KV after / before the migration */
+    dp_kv_usage usage;     /* its prompt's at the migration (tokens_resumed: at its finish) */
     dp_path_detector path; /* the path detector's state */
     int32_t *prev_keep;    /* early switch: kept set after the previous chunk */
     int32_t prev_k;

@@ -71,8 +71,9 @@ static int32_t compact_target(const dp_engine *e, const eng_seq *es, dp_compacti
  * prefill path. */
 static void note_kv_bytes(dp_engine *e, eng_seq *es)
 {
-    kv_mgr_seq_bytes(&e->kv, &es->seq->kv, es->tokens_kept, es->tokens_kept + es->tokens_evicted,
-                     &es->kv_bytes, &es->kv_bytes_full);
+    dp_kv_usage *u = &es->usage;
+    kv_mgr_seq_bytes(&e->kv, &es->seq->kv, (int32_t)u->tokens_kept,
+                     (int32_t)(u->tokens_kept + u->tokens_evicted), &u->kv_bytes, &u->kv_bytes_full);
 }
 
 /* Whether another live sequence with the same prompt is still on the
@@ -115,11 +116,11 @@ static bool small_lists(const dp_engine *e, int32_t n_keep)
  * below its target, or no free blocks for its compaction): its usage. */
 static void note_kept_as_is(dp_engine *e, eng_seq *es)
 {
-    es->tokens_kept = es->seq->kv.n_slots;
-    es->tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
+    es->usage.tokens_kept = es->seq->kv.n_slots;
+    es->usage.tokens_evicted = es->seq->n_prompt - es->seq->kv.n_slots;
     note_kv_bytes(e, es);
-    e->st.tokens_kept += es->tokens_kept;
-    e->st.tokens_evicted += es->tokens_evicted;
+    e->st.tokens_kept += es->usage.tokens_kept;
+    e->st.tokens_evicted += es->usage.tokens_evicted;
 }
 
 /* Compacts each sequence's cache into the decode pool through the KV
@@ -168,23 +169,23 @@ void eng_compact_seqs(dp_engine *e, eng_seq **list, int32_t n, dp_compaction_kin
             if (kind == DP_COMPACT_EARLY) {
                 /* Nothing is evicted before the prompt's end chooses (a
                  * request that ends at its first token keeps it all). */
-                es->tokens_kept = es->seq->n_prompt;
-                es->tokens_evicted = 0;
+                es->usage.tokens_kept = es->seq->n_prompt;
+                es->usage.tokens_evicted = 0;
             } else {
-                es->tokens_kept = g->n_keep;
-                es->tokens_evicted = es->seq->n_computed - g->n_keep;
-                kept += es->tokens_kept;
-                evicted += es->tokens_evicted;
+                es->usage.tokens_kept = g->n_keep;
+                es->usage.tokens_evicted = es->seq->n_computed - g->n_keep;
+                kept += es->usage.tokens_kept;
+                evicted += es->usage.tokens_evicted;
             }
             note_kv_bytes(e, es);
             shared += g->n_ref;
             path_set(&es->path, DP_PS_DECODE);
         } else if (kind == DP_COMPACT_PROMPT_END) {
-            es->tokens_evicted = es->seq->n_prompt - g->n_keep;
-            es->tokens_kept = g->n_keep;
+            es->usage.tokens_evicted = es->seq->n_prompt - g->n_keep;
+            es->usage.tokens_kept = g->n_keep;
             note_kv_bytes(e, es);
-            kept += es->tokens_kept;
-            evicted += es->tokens_evicted;
+            kept += es->usage.tokens_kept;
+            evicted += es->usage.tokens_evicted;
         }
     }
     if (moved > 0)

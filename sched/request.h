@@ -103,6 +103,27 @@ typedef struct dp_top_logprob {
     float logprob;
 } dp_top_logprob;
 
+/* What the dual path did with a sequence's prompt: usage.dualpath, carried
+ * as one struct from the engine's finish event to the response (summed
+ * over a request's choices). */
+typedef struct dp_kv_usage {
+    int64_t tokens_kept;      /* prompt tokens kept at the switch to the decode path */
+    int64_t tokens_evicted;   /* prompt tokens dropped then (0 without dualpath) */
+    int64_t tokens_resumed;   /* prompt tokens continued from the previous turn's compact
+                               * cache (kv_mgr_park), not computed again */
+    int64_t kv_bytes;         /* the kept tokens' KV bytes on the decode path */
+    int64_t kv_bytes_full;    /* the same prompt tokens' bytes whole on the prefill path */
+} dp_kv_usage;
+
+static inline void dp_kv_usage_add(dp_kv_usage *sum, const dp_kv_usage *u)
+{
+    sum->tokens_kept += u->tokens_kept;
+    sum->tokens_evicted += u->tokens_evicted;
+    sum->tokens_resumed += u->tokens_resumed;
+    sum->kv_bytes += u->kv_bytes;
+    sum->kv_bytes_full += u->kv_bytes_full;
+}
+
 typedef struct dp_event {
     struct dp_event *next;
     dp_event_kind kind;
@@ -127,12 +148,7 @@ typedef struct dp_event {
     int32_t prompt_tokens;
     int32_t completion_tokens;
     int32_t n_preemptions;
-    int32_t tokens_kept;       /* prompt tokens kept at the switch to the decode path */
-    int32_t tokens_evicted;    /* prompt tokens dropped then (0 without dualpath) */
-    int32_t tokens_resumed;    /* prompt tokens continued from the previous turn's compact
-                                * cache (kv_mgr_park), not computed again */
-    int64_t kv_bytes;          /* the kept tokens' KV bytes on the decode path */
-    int64_t kv_bytes_full;     /* the same prompt tokens' bytes whole on the prefill path */
+    dp_kv_usage usage;         /* usage.dualpath of this sequence */
     char *error;           /* owned message when finish == DP_FINISH_ERROR */
     double t_first_token;  /* dp_now() of the first token (0 if none) */
     double t_finish;

@@ -203,7 +203,7 @@ static int absorb(dp_event *ev)
         } else {
             r->finish = x->finish;
             r->completion_tokens = x->completion_tokens;
-            r->kv_bytes = x->kv_bytes;
+            r->kv_bytes = x->usage.kv_bytes;
             r->done = true;
             finished++;
         }

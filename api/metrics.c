@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +108,246 @@ static void hist_render(tbuf *b, const char *name, const char *help, const dp_hi
     tb_printf(b, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
 }
 
+/* ---- the engine's statistics: one table ---------------------------------- */
+
+/* What a series reads: a field of dp_engine_stats, of its type. */
+typedef enum { SRC_I32, SRC_I64, SRC_F64, SRC_BOOL } metric_src;
+typedef struct metric_series {
+    const char *labels;       /* "" or {name="value"} */
+    size_t off;               /* offsetof(dp_engine_stats, ...) */
+    metric_src src;
+    bool dual_only;           /* only where a decode pool exists */
+} metric_series;
+typedef struct metric_def {
+    const char *name, *type, *help;
+    metric_series series[4];  /* the first with labels NULL ends them */
+} metric_def;
+
+#define I32(f) offsetof(dp_engine_stats, f), SRC_I32, false
+#define I64(f) offsetof(dp_engine_stats, f), SRC_I64, false
+#define F64(f) offsetof(dp_engine_stats, f), SRC_F64, false
+#define BOOL(f) offsetof(dp_engine_stats, f), SRC_BOOL, false
+#define I32_DUAL(f) offsetof(dp_engine_stats, f), SRC_I32, true
+
+/* Every family whose series are fields of the engine's statistics (per-
+ * scorer and per-kind counters and the histograms are rendered below). */
+static const metric_def k_engine_metrics[] = {
+    {"dualpath_kv_blocks_used", "gauge",
+     "KV cache blocks in use, per pool.",
+     {{"{pool=\"prefill\"}", I32(kv.blocks_used)},
+      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_used)}}},
+    {"dualpath_kv_blocks_capacity", "gauge",
+     "KV cache blocks in the pool, per pool (with one arena for both paths, each "
+     "reports the arena's size; see dualpath_kv_arena_shared).",
+     {{"{pool=\"prefill\"}", I32(kv.blocks_total)},
+      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_total)}}},
+    {"dualpath_kv_arena_shared", "gauge",
+     "1 when the prefill and decode paths draw on one arena of blocks.",
+     {{"", BOOL(kv.shared)}}},
+    {"dualpath_kv_block_tokens", "gauge",
+     "Tokens per KV cache block, per pool.",
+     {{"{pool=\"prefill\"}", I32(kv.block_tokens)},
+      {"{pool=\"decode\"}", I32_DUAL(kv.decode_block_tokens)}}},
+    {"dualpath_decode_path_sequences", "gauge",
+     "Sequences whose compacted KV cache lives in the decode pool.",
+     {{"", I32(kv.seqs_on_decode_path)}}},
+    {"dualpath_tokens_kept_total", "counter",
+     "Prompt tokens kept in the decode pool at migrations.",
+     {{"", I64(tokens_kept)}}},
+    {"dualpath_tokens_in_place_total", "counter",
+     "Of the kept tokens, those the decode path took by reference, not copied: a "
+     "prefix kept whole in its prefill blocks (one arena of one type) or in the "
+     "decode blocks another request's migration copied it into, or the whole decode "
+     "blocks of the compaction of the same prompt (n > 1, identical requests).",
+     {{"", I64(tokens_in_place)}}},
+    {"dualpath_kept_shares_total", "counter",
+     "Migrations that took the compaction of a running request with the same prompt "
+     "(n > 1, identical requests) by reference, copying only its last partial block.",
+     {{"", I64(kv.kept_shares)}}},
+    {"dualpath_tokens_evicted_total", "counter",
+     "Prompt tokens dropped from the device at migrations.",
+     {{"", I64(tokens_evicted)}}},
+    {"dualpath_swaps_total", "counter",
+     "Preempted decode-path caches copied to host memory (out) and restored (in).",
+     {{"{direction=\"out\"}", I64(kv.swap_outs)},
+      {"{direction=\"in\"}", I64(kv.swap_ins)}}},
+    {"dualpath_swap_bytes", "gauge",
+     "Host memory held by swapped-out decode-path caches.",
+     {{"", I64(kv.swap_bytes)}}},
+    {"dualpath_swap_space_bytes", "gauge",
+     "Host memory of the swap space, allocated at start-up (swap_space; 0: none).",
+     {{"", I64(kv.swap_space_bytes)}}},
+    {"dualpath_parked_host_bytes", "gauge",
+     "Host memory of the swap space held by kept turns' caches (given up first when a "
+     "preempted sequence needs it).",
+     {{"", I64(kv.parked_host_bytes)}}},
+    {"dualpath_decode_recomputes_total", "counter",
+     "Decode-path preemptions recomputed from their tokens (the swap space was full).",
+     {{"", I64(kv.decode_recomputes)}}},
+    {"dualpath_recompressions_staged_total", "counter",
+     "Recompressions that found no free blocks for their new table and went through a "
+     "scratch copy (they never wait for memory).",
+     {{"", I64(kv.recompressions_staged)}}},
+    {"dualpath_kv_groups_sealed_total", "counter",
+     "Groups of a grouped decode-path KV type (kivi4) written once whole: the newest "
+     "tokens wait in the arena's type until their group is full.",
+     {{"", I64(kv.groups_sealed)}}},
+    {"dualpath_kv_groups_shared_total", "counter",
+     "Of those groups, the ones another sequence had sealed from the same prompt rows "
+     "(a shared system prompt, n > 1): one copy held by both.",
+     {{"", I64(kv.groups_shared)}}},
+    {"dualpath_decode_queries_missed_total", "counter",
+     "Decode queries a SnapKV recompression had to go without (no capture room in a "
+     "step, or no memory for the sums): it scored with the others.",
+     {{"", I64(decode_queries_missed)}}},
+    {"dualpath_early_switches_total", "counter",
+     "Sequences switched to the decode path before their prompt ended.",
+     {{"", I64(early_switches)}}},
+    {"dualpath_early_signals_total", "counter",
+     "Kept-set selections the early switch's stability signal made at prompt chunk "
+     "ends (only past early_switch's minimum and for prompts not already repetitive).",
+     {{"", I64(early_signals)}}},
+    {"dualpath_early_switch_tokens_total", "counter",
+     "Prompt tokens on the prefill path (computed or from the prefix cache) at the "
+     "early switches (over dualpath_early_switches_total: the mean switch point).",
+     {{"", I64(early_switch_tokens)}}},
+    {"dualpath_rebuilds_total", "counter",
+     "Admissions that took back the KV cache of a cached prefix (an earlier turn).",
+     {{"", I64(kv.rebuilds)}}},
+    {"dualpath_reply_blocks_kept_total", "counter",
+     "Blocks of finished decode-path replies written back for the next turn.",
+     {{"", I64(kv.reply_blocks_kept)}}},
+    {"dualpath_exempt_blocks", "gauge",
+     "Decode-path KV blocks the exempt layers' tables hold (every token of the first "
+     "exempt_layers layers; part of dualpath_kv_blocks_used{pool=\"decode\"}).",
+     {{"", I32(kv.exempt_blocks)}}},
+    {"dualpath_parked_turns", "gauge",
+     "Finished turns whose compact KV cache is kept for the conversation's next turn.",
+     {{"", I32(kv.parked_turns)}}},
+    {"dualpath_parked_blocks", "gauge",
+     "KV blocks only those kept turns hold (cached like the prefix cache's: not "
+     "counted in dualpath_kv_blocks_used, dropped when blocks run short).",
+     {{"", I32(kv.parked_blocks)}}},
+    {"dualpath_turns_parked_total", "counter",
+     "Finished decode-path turns whose compact KV cache was kept for a next turn.",
+     {{"", I64(kv.turns_parked)}}},
+    {"dualpath_turns_resumed_total", "counter",
+     "Requests that continued a kept turn's compact KV cache instead of recomputing "
+     "it.",
+     {{"", I64(kv.turns_resumed)}}},
+    {"dualpath_resumed_tokens_total", "counter",
+     "Prompt tokens those requests took from the kept cache (not computed again).",
+     {{"", I64(kv.resumed_tokens)}}},
+    {"dualpath_parked_evictions_total", "counter",
+     "Kept turns' caches dropped (oldest first): the swap space had no room for them, "
+     "or more turns were kept than the daemon keeps.",
+     {{"", I64(kv.parked_evictions)}}},
+    {"dualpath_parked_spills_total", "counter",
+     "Kept turns' caches moved to the swap space (host memory) to make room; their "
+     "next turn copies them back.",
+     {{"", I64(kv.parked_spills)}}},
+    {"dualpath_parked_restores_total", "counter",
+     "Kept turns' caches copied back from the swap space by their next turn.",
+     {{"", I64(kv.parked_restores)}}},
+    {"dualpath_rebuild_tokens_total", "counter",
+     "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
+     "recomputed tokens count in dualpath_engine_prefill_tokens_total.",
+     {{"{source=\"prefix_cache\"}", I64(kv.rebuild_prefix_tokens)},
+      {"{source=\"host\"}", I64(kv.rebuild_host_tokens)}}},
+    {"dualpath_host_tier_spilled_blocks_total", "counter",
+     "Prefill blocks copied to the host tier when evicted from the device.",
+     {{"", I64(kv.host_spilled_blocks)}}},
+    {"dualpath_host_tier_blocks_capacity", "gauge",
+     "Blocks the host tier holds at most (0: no host tier).",
+     {{"", I64(kv.host_tier_blocks)}}},
+    {"dualpath_requests_running", "gauge",
+     "Sequences being prefilled or decoded.",
+     {{"", I32(running)}}},
+    {"dualpath_requests_running_peak", "gauge",
+     "Most sequences running at once since the daemon started.",
+     {{"", I32(running_peak)}}},
+    {"dualpath_requests_waiting", "gauge",
+     "Sequences queued or preempted.",
+     {{"", I32(waiting)}}},
+    {"dualpath_engine_prefill_tokens_total", "counter",
+     "Tokens prefilled by the engine, recomputation included.",
+     {{"", I64(prompt_tokens)}}},
+    {"dualpath_engine_steps_total", "counter",
+     "Scheduler steps run.",
+     {{"", I64(steps)}}},
+    {"dualpath_engine_busy_seconds_total", "counter",
+     "Time spent inside steps.",
+     {{"", F64(busy_seconds)}}},
+    {"dualpath_engine_graph_steps_total", "counter",
+     "Decode steps recorded as CUDA graphs, replayed from one, and recordings given "
+     "up (always 0 on the CPU backend).",
+     {{"{event=\"recorded\"}", I64(graph_recorded)},
+      {"{event=\"replayed\"}", I64(graph_replayed)},
+      {"{event=\"abandoned\"}", I64(graph_abandoned)}}},
+    {"dualpath_engine_sampled_rows_total", "counter",
+     "Tokens sampled, by source: device candidates, candidates then the full row, the "
+     "full row alone.",
+     {{"{source=\"candidates\"}", I64(sampled_candidates)},
+      {"{source=\"fallback\"}", I64(sampled_fallback)},
+      {"{source=\"full_row\"}", I64(sampled_full_row)}}},
+    {"dualpath_preemptions_total", "counter",
+     "Sequences preempted under memory pressure.",
+     {{"", I64(preemptions)}}},
+    {"dualpath_grammar_masks_total", "counter",
+     "Constrained decoding: token masks by source (computed: a walk of the vocabulary "
+     "trie; cached: a mask of the same state, from any request with the same grammar; "
+     "skipped: the token sampled from the unmasked row continued the grammar)",
+     {{"{source=\"computed\"}", I64(grammar_masks_computed)},
+      {"{source=\"cached\"}", I64(grammar_masks_cached)},
+      {"{source=\"skipped\"}", I64(grammar_masks_skipped)}}},
+    {"dualpath_grammar_seconds_total", "counter",
+     "Constrained decoding: time spent masking logits",
+     {{"", F64(grammar_seconds)}}},
+    {"dualpath_failed_steps_total", "counter",
+     "Forward passes that failed and failed their sequences (the device was fine).",
+     {{"", I64(failed_steps)}}},
+};
+
+static void series_render(tbuf *b, const char *name, const metric_series *m,
+                          const dp_engine_stats *st)
+{
+    const char *p = (const char *)st + m->off;
+    int32_t i32;
+    int64_t i64;
+    double f64;
+    bool v;
+    switch (m->src) {
+    case SRC_I32:
+        memcpy(&i32, p, sizeof i32);
+        tb_printf(b, "%s%s %d\n", name, m->labels, i32);
+        break;
+    case SRC_I64:
+        memcpy(&i64, p, sizeof i64);
+        tb_printf(b, "%s%s %lld\n", name, m->labels, (long long)i64);
+        break;
+    case SRC_F64:
+        memcpy(&f64, p, sizeof f64);
+        tb_printf(b, "%s%s %.9g\n", name, m->labels, f64);
+        break;
+    case SRC_BOOL:
+        memcpy(&v, p, sizeof v);
+        tb_printf(b, "%s%s %d\n", name, m->labels, v ? 1 : 0);
+        break;
+    }
+}
+
+static void engine_metrics_render(tbuf *b, const dp_engine_stats *st)
+{
+    const bool dual = st->kv.decode_blocks_total > 0;
+    for (size_t i = 0; i < sizeof k_engine_metrics / sizeof *k_engine_metrics; i++) {
+        const metric_def *d = &k_engine_metrics[i];
+        family(b, d->name, d->type, d->help);
+        for (const metric_series *m = d->series; m->labels; m++)
+            if (dual || !m->dual_only)
+                series_render(b, d->name, m, st);
+    }
+}
+
 /* The engine's migration histogram holds per-bucket counts (the last one is
  * +Inf); Prometheus wants cumulative buckets. */
 static void migration_hist_render(tbuf *b, const dp_engine_stats *st)
@@ -129,33 +370,10 @@ static void migration_hist_render(tbuf *b, const dp_engine_stats *st)
     tb_printf(b, "%s_sum %.9g\n%s_count %lld\n", name, st->migration_seconds, name, (long long)cum);
 }
 
-/* The KV pools and the dual path: per-pool occupancy (the decode pool only
- * exists with dualpath), migrations, what they kept, rebuilds of earlier
- * turns and the host tier. */
+/* The dual path's counters by scorer and by compaction kind, and its
+ * migration histogram (its scalars are in k_engine_metrics). */
 static void dualpath_render(tbuf *b, const dp_engine_stats *st)
 {
-    bool dual = st->kv.decode_blocks_total > 0;
-    family(b, "dualpath_kv_blocks_used", "gauge", "KV cache blocks in use, per pool.");
-    tb_printf(b, "dualpath_kv_blocks_used{pool=\"prefill\"} %d\n", st->kv.blocks_used);
-    if (dual)
-        tb_printf(b, "dualpath_kv_blocks_used{pool=\"decode\"} %d\n", st->kv.decode_blocks_used);
-    family(b, "dualpath_kv_blocks_capacity", "gauge",
-           "KV cache blocks in the pool, per pool (with one arena for both paths, each reports "
-           "the arena's size; see dualpath_kv_arena_shared).");
-    tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"prefill\"} %d\n", st->kv.blocks_total);
-    if (dual)
-        tb_printf(b, "dualpath_kv_blocks_capacity{pool=\"decode\"} %d\n", st->kv.decode_blocks_total);
-    family(b, "dualpath_kv_arena_shared", "gauge",
-           "1 when the prefill and decode paths draw on one arena of blocks.");
-    tb_printf(b, "dualpath_kv_arena_shared %d\n", st->kv.shared ? 1 : 0);
-    family(b, "dualpath_kv_block_tokens", "gauge", "Tokens per KV cache block, per pool.");
-    tb_printf(b, "dualpath_kv_block_tokens{pool=\"prefill\"} %d\n", st->kv.block_tokens);
-    if (dual)
-        tb_printf(b, "dualpath_kv_block_tokens{pool=\"decode\"} %d\n", st->kv.decode_block_tokens);
-
-    family(b, "dualpath_decode_path_sequences", "gauge",
-           "Sequences whose compacted KV cache lives in the decode pool.");
-    tb_printf(b, "dualpath_decode_path_sequences %d\n", st->kv.seqs_on_decode_path);
     family(b, "dualpath_migrations_total", "counter",
            "Sequences moved from the prefill path to the decode path, by the scorer used.");
     for (int i = 0; i < DP_N_SCORERS; i++)
@@ -166,126 +384,13 @@ static void dualpath_render(tbuf *b, const dp_engine_stats *st)
     for (int i = 0; i < DP_N_COMPACTIONS; i++)
         tb_printf(b, "dualpath_scorer_fallbacks_total{kind=\"%s\"} %lld\n", dp_compaction_names[i],
                   (long long)st->scorer_fallbacks[i]);
-    family(b, "dualpath_tokens_kept_total", "counter",
-           "Prompt tokens kept in the decode pool at migrations.");
-    tb_printf(b, "dualpath_tokens_kept_total %lld\n", (long long)st->tokens_kept);
-    family(b, "dualpath_tokens_in_place_total", "counter",
-           "Of the kept tokens, those the decode path took by reference, not copied: a prefix "
-           "kept whole in its prefill blocks (one arena of one type) or in the decode blocks "
-           "another request's migration copied it into, or the whole decode blocks of the "
-           "compaction of the same prompt (n > 1, identical requests).");
-    tb_printf(b, "dualpath_tokens_in_place_total %lld\n", (long long)st->tokens_in_place);
-    family(b, "dualpath_kept_shares_total", "counter",
-           "Migrations that took the compaction of a running request with the same prompt "
-           "(n > 1, identical requests) by reference, copying only its last partial block.");
-    tb_printf(b, "dualpath_kept_shares_total %lld\n", (long long)st->kv.kept_shares);
-    family(b, "dualpath_tokens_evicted_total", "counter",
-           "Prompt tokens dropped from the device at migrations.");
-    tb_printf(b, "dualpath_tokens_evicted_total %lld\n", (long long)st->tokens_evicted);
-    family(b, "dualpath_swaps_total", "counter",
-           "Preempted decode-path caches copied to host memory (out) and restored (in).");
-    tb_printf(b, "dualpath_swaps_total{direction=\"out\"} %lld\n", (long long)st->kv.swap_outs);
-    tb_printf(b, "dualpath_swaps_total{direction=\"in\"} %lld\n", (long long)st->kv.swap_ins);
-    family(b, "dualpath_swap_bytes", "gauge", "Host memory held by swapped-out decode-path caches.");
-    tb_printf(b, "dualpath_swap_bytes %lld\n", (long long)st->kv.swap_bytes);
-    family(b, "dualpath_swap_space_bytes", "gauge",
-           "Host memory of the swap space, allocated at start-up (swap_space; 0: none).");
-    tb_printf(b, "dualpath_swap_space_bytes %lld\n", (long long)st->kv.swap_space_bytes);
-    family(b, "dualpath_parked_host_bytes", "gauge",
-           "Host memory of the swap space held by kept turns' caches (given up first when a "
-           "preempted sequence needs it).");
-    tb_printf(b, "dualpath_parked_host_bytes %lld\n", (long long)st->kv.parked_host_bytes);
-    family(b, "dualpath_decode_recomputes_total", "counter",
-           "Decode-path preemptions recomputed from their tokens (the swap space was full).");
-    tb_printf(b, "dualpath_decode_recomputes_total %lld\n", (long long)st->kv.decode_recomputes);
     family(b, "dualpath_recompressions_total", "counter",
            "Decode-path caches compacted again on reaching the decode budget, by the scorer "
            "used (SnapKV scores with the sequence's last window of decode queries).");
     for (int i = 0; i < DP_N_SCORERS; i++)
         tb_printf(b, "dualpath_recompressions_total{scorer=\"%s\"} %lld\n",
                   scorer_name((dp_scorer)i), (long long)st->recompressions_by_scorer[i]);
-    family(b, "dualpath_recompressions_staged_total", "counter",
-           "Recompressions that found no free blocks for their new table and went through a "
-           "scratch copy (they never wait for memory).");
-    tb_printf(b, "dualpath_recompressions_staged_total %lld\n",
-              (long long)st->kv.recompressions_staged);
-    family(b, "dualpath_kv_groups_sealed_total", "counter",
-           "Groups of a grouped decode-path KV type (kivi4) written once whole: the newest "
-           "tokens wait in the arena's type until their group is full.");
-    tb_printf(b, "dualpath_kv_groups_sealed_total %lld\n", (long long)st->kv.groups_sealed);
-    family(b, "dualpath_kv_groups_shared_total", "counter",
-           "Of those groups, the ones another sequence had sealed from the same prompt rows "
-           "(a shared system prompt, n > 1): one copy held by both.");
-    tb_printf(b, "dualpath_kv_groups_shared_total %lld\n", (long long)st->kv.groups_shared);
-    family(b, "dualpath_decode_queries_missed_total", "counter",
-           "Decode queries a SnapKV recompression had to go without (no capture room in a "
-           "step, or no memory for the sums): it scored with the others.");
-    tb_printf(b, "dualpath_decode_queries_missed_total %lld\n",
-              (long long)st->decode_queries_missed);
-    family(b, "dualpath_early_switches_total", "counter",
-           "Sequences switched to the decode path before their prompt ended.");
-    tb_printf(b, "dualpath_early_switches_total %lld\n", (long long)st->early_switches);
-    family(b, "dualpath_early_signals_total", "counter",
-           "Kept-set selections the early switch's stability signal made at prompt chunk ends "
-           "(only past early_switch's minimum and for prompts not already repetitive).");
-    tb_printf(b, "dualpath_early_signals_total %lld\n", (long long)st->early_signals);
-    family(b, "dualpath_early_switch_tokens_total", "counter",
-           "Prompt tokens on the prefill path (computed or from the prefix cache) at the "
-           "early switches (over dualpath_early_switches_total: the mean switch point).");
-    tb_printf(b, "dualpath_early_switch_tokens_total %lld\n", (long long)st->early_switch_tokens);
     migration_hist_render(b, st);
-
-    family(b, "dualpath_rebuilds_total", "counter",
-           "Admissions that took back the KV cache of a cached prefix (an earlier turn).");
-    tb_printf(b, "dualpath_rebuilds_total %lld\n", (long long)st->kv.rebuilds);
-    family(b, "dualpath_reply_blocks_kept_total", "counter",
-           "Blocks of finished decode-path replies written back for the next turn.");
-    tb_printf(b, "dualpath_reply_blocks_kept_total %lld\n", (long long)st->kv.reply_blocks_kept);
-    family(b, "dualpath_exempt_blocks", "gauge",
-           "Decode-path KV blocks the exempt layers' tables hold (every token of the first "
-           "exempt_layers layers; part of dualpath_kv_blocks_used{pool=\"decode\"}).");
-    tb_printf(b, "dualpath_exempt_blocks %d\n", st->kv.exempt_blocks);
-    family(b, "dualpath_parked_turns", "gauge",
-           "Finished turns whose compact KV cache is kept for the conversation's next turn.");
-    tb_printf(b, "dualpath_parked_turns %d\n", st->kv.parked_turns);
-    family(b, "dualpath_parked_blocks", "gauge",
-           "KV blocks only those kept turns hold (cached like the prefix cache's: not counted in "
-           "dualpath_kv_blocks_used, dropped when blocks run short).");
-    tb_printf(b, "dualpath_parked_blocks %d\n", st->kv.parked_blocks);
-    family(b, "dualpath_turns_parked_total", "counter",
-           "Finished decode-path turns whose compact KV cache was kept for a next turn.");
-    tb_printf(b, "dualpath_turns_parked_total %lld\n", (long long)st->kv.turns_parked);
-    family(b, "dualpath_turns_resumed_total", "counter",
-           "Requests that continued a kept turn's compact KV cache instead of recomputing it.");
-    tb_printf(b, "dualpath_turns_resumed_total %lld\n", (long long)st->kv.turns_resumed);
-    family(b, "dualpath_resumed_tokens_total", "counter",
-           "Prompt tokens those requests took from the kept cache (not computed again).");
-    tb_printf(b, "dualpath_resumed_tokens_total %lld\n", (long long)st->kv.resumed_tokens);
-    family(b, "dualpath_parked_evictions_total", "counter",
-           "Kept turns' caches dropped (oldest first): the swap space had no room for them, or "
-           "more turns were kept than the daemon keeps.");
-    tb_printf(b, "dualpath_parked_evictions_total %lld\n", (long long)st->kv.parked_evictions);
-    family(b, "dualpath_parked_spills_total", "counter",
-           "Kept turns' caches moved to the swap space (host memory) to make room; their next "
-           "turn copies them back.");
-    tb_printf(b, "dualpath_parked_spills_total %lld\n", (long long)st->kv.parked_spills);
-    family(b, "dualpath_parked_restores_total", "counter",
-           "Kept turns' caches copied back from the swap space by their next turn.");
-    tb_printf(b, "dualpath_parked_restores_total %lld\n", (long long)st->kv.parked_restores);
-    family(b, "dualpath_rebuild_tokens_total", "counter",
-           "Prompt tokens whose KV cache was taken back instead of recomputed, by source; "
-           "recomputed tokens count in dualpath_engine_prefill_tokens_total.");
-    tb_printf(b, "dualpath_rebuild_tokens_total{source=\"prefix_cache\"} %lld\n",
-              (long long)st->kv.rebuild_prefix_tokens);
-    tb_printf(b, "dualpath_rebuild_tokens_total{source=\"host\"} %lld\n",
-              (long long)st->kv.rebuild_host_tokens);
-    family(b, "dualpath_host_tier_spilled_blocks_total", "counter",
-           "Prefill blocks copied to the host tier when evicted from the device.");
-    tb_printf(b, "dualpath_host_tier_spilled_blocks_total %lld\n",
-              (long long)st->kv.host_spilled_blocks);
-    family(b, "dualpath_host_tier_blocks_capacity", "gauge",
-           "Blocks the host tier holds at most (0: no host tier).");
-    tb_printf(b, "dualpath_host_tier_blocks_capacity %lld\n", (long long)st->kv.host_tier_blocks);
 }
 
 /* Label values here are ours (version, backend) or the model name the
@@ -330,13 +435,6 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
     family(&b, "dualpath_http_connections", "gauge", "Open HTTP connections (this scrape's included).");
     tb_printf(&b, "dualpath_http_connections %u\n", info->connections);
 
-    family(&b, "dualpath_requests_running", "gauge", "Sequences being prefilled or decoded.");
-    tb_printf(&b, "dualpath_requests_running %d\n", st->running);
-    family(&b, "dualpath_requests_running_peak", "gauge",
-           "Most sequences running at once since the daemon started.");
-    tb_printf(&b, "dualpath_requests_running_peak %d\n", st->running_peak);
-    family(&b, "dualpath_requests_waiting", "gauge", "Sequences queued or preempted.");
-    tb_printf(&b, "dualpath_requests_waiting %d\n", st->waiting);
 
     family(&b, "dualpath_requests_finished_total", "counter",
            "Engine requests finished, by finish reason.");
@@ -350,50 +448,8 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
            "Tokens generated for finished requests.");
     tb_printf(&b, "dualpath_generation_tokens_total %llu\n",
               (unsigned long long)m->generation_tokens);
-    family(&b, "dualpath_engine_prefill_tokens_total", "counter",
-           "Tokens prefilled by the engine, recomputation included.");
-    tb_printf(&b, "dualpath_engine_prefill_tokens_total %lld\n", (long long)st->prompt_tokens);
-    family(&b, "dualpath_engine_steps_total", "counter", "Scheduler steps run.");
-    tb_printf(&b, "dualpath_engine_steps_total %lld\n", (long long)st->steps);
-    family(&b, "dualpath_engine_busy_seconds_total", "counter", "Time spent inside steps.");
-    tb_printf(&b, "dualpath_engine_busy_seconds_total %.9g\n", st->busy_seconds);
-    family(&b, "dualpath_engine_graph_steps_total", "counter",
-           "Decode steps recorded as CUDA graphs, replayed from one, and recordings given up "
-           "(always 0 on the CPU backend).");
-    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"recorded\"} %lld\n",
-              (long long)st->graph_recorded);
-    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"replayed\"} %lld\n",
-              (long long)st->graph_replayed);
-    tb_printf(&b, "dualpath_engine_graph_steps_total{event=\"abandoned\"} %lld\n",
-              (long long)st->graph_abandoned);
-    family(&b, "dualpath_engine_sampled_rows_total", "counter",
-           "Tokens sampled, by source: device candidates, candidates then the full row, the "
-           "full row alone.");
-    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"candidates\"} %lld\n",
-              (long long)st->sampled_candidates);
-    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"fallback\"} %lld\n",
-              (long long)st->sampled_fallback);
-    tb_printf(&b, "dualpath_engine_sampled_rows_total{source=\"full_row\"} %lld\n",
-              (long long)st->sampled_full_row);
-    family(&b, "dualpath_preemptions_total", "counter", "Sequences preempted under memory pressure.");
-    tb_printf(&b, "dualpath_preemptions_total %lld\n", (long long)st->preemptions);
-    family(&b, "dualpath_grammar_masks_total", "counter",
-           "Constrained decoding: token masks by source (computed: a walk of the vocabulary "
-           "trie; cached: a mask of the same state, from any request with the same grammar; "
-           "skipped: the token sampled from the unmasked row continued the grammar)");
-    tb_printf(&b, "dualpath_grammar_masks_total{source=\"computed\"} %lld\n",
-              (long long)st->grammar_masks_computed);
-    tb_printf(&b, "dualpath_grammar_masks_total{source=\"cached\"} %lld\n",
-              (long long)st->grammar_masks_cached);
-    tb_printf(&b, "dualpath_grammar_masks_total{source=\"skipped\"} %lld\n",
-              (long long)st->grammar_masks_skipped);
-    family(&b, "dualpath_grammar_seconds_total", "counter",
-           "Constrained decoding: time spent masking logits");
-    tb_printf(&b, "dualpath_grammar_seconds_total %.6f\n", st->grammar_seconds);
-    family(&b, "dualpath_failed_steps_total", "counter",
-           "Forward passes that failed and failed their sequences (the device was fine).");
-    tb_printf(&b, "dualpath_failed_steps_total %lld\n", (long long)st->failed_steps);
 
+    engine_metrics_render(&b, st);
     dualpath_render(&b, st);
 
     hist_render(&b, "dualpath_time_to_first_token_seconds",

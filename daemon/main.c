@@ -171,12 +171,15 @@ int main(int argc, char **argv)
         status = check_config(&cfg);
     } else if (prompt) {
         dp_log_set_level(verbose ? DP_LOG_DEBUG : cfg.log_level);
+        dp_engine_opts eo;
+        engine_from_config(&cfg, &eo);
         dp_oneshot_opts o = {
             .model = cfg.model, .prompt = prompt, .device = cfg.device,
             .max_tokens = max_tokens, .temperature = (float)temperature, .top_k = top_k,
             .top_p = (float)top_p, .min_p = (float)min_p, .seed = seed, .chat = chat,
             .chat_template = cfg.chat_template,
             .threads = cfg.threads, .exact_matmul = cfg.exact_matmul, .verbose = verbose,
+            .engine = &eo,
         };
         status = oneshot_run(&o);
     } else {

@@ -1,33 +1,64 @@
 /* oneshot.c: the one-shot command: everything from GGUF to printed text in
- * one pass, streaming the completion as complete UTF-8 pieces. */
+ * one pass, through the engine the daemon serves with (its configuration:
+ * the dual path, the prefix cache, the KV types), one request submitted
+ * and its events printed as they come, as complete UTF-8 pieces. */
 #include "oneshot.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/dp.h"
+#include "engine/engine.h"
 #include "kernels/backend.h"
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
-#include "sched/generate.h"
 #include "serve.h"
 
-typedef struct print_ctx {
-    const dp_tokenizer *tok;
-    dp_detok detok;
-} print_ctx;
+/* The engine thread says "events" (engine_take_events); this thread waits. */
+typedef struct waiter {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool ready;
+} waiter;
 
-static void print_token(void *ud, int32_t seq, int32_t token)
+static void on_events(void *ud)
 {
-    print_ctx *p = ud;
-    char buf[512];
-    int n = detok_push(&p->detok, p->tok, token, buf, sizeof buf);
-    if (n > 0) {
-        fwrite(buf, 1, (size_t)n, stdout);
-        fflush(stdout);
+    waiter *w = ud;
+    pthread_mutex_lock(&w->mu);
+    w->ready = true;
+    pthread_cond_signal(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+}
+
+/* Prints the request's text as it comes; returns its FINISH event (the
+ * caller frees it). */
+static dp_event *print_until_finish(dp_engine *e, waiter *w)
+{
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        while (!w->ready)
+            pthread_cond_wait(&w->cv, &w->mu);
+        w->ready = false;
+        pthread_mutex_unlock(&w->mu);
+        dp_event *fin = NULL;
+        for (dp_event *ev = engine_take_events(e), *nx; ev; ev = nx) {
+            nx = ev->next;
+            ev->next = NULL;
+            if (ev->text_len > 0) {
+                fwrite(ev->text, 1, ev->text_len, stdout);
+                fflush(stdout);
+            }
+            if (ev->kind == DP_EV_FINISH)
+                fin = ev;
+            else
+                event_free(ev);
+        }
+        if (fin)
+            return fin;
     }
 }
 
@@ -38,10 +69,12 @@ int oneshot_run(const dp_oneshot_opts *o)
     dp_tokenizer *tok = NULL;
     dp_backend *be = NULL;
     dp_llama *m = NULL;
-    dp_gen gen;
-    bool gen_ok = false;
+    dp_engine *e = NULL;
+    waiter w = {.ready = false};
+    pthread_mutex_init(&w.mu, NULL);
+    pthread_cond_init(&w.cv, NULL);
     char *text = NULL;
-    int32_t *ids = NULL, *out = NULL;
+    int32_t *ids = NULL;
     size_t n_ids = 0;
     int status = 1;
     double t0 = dp_now();
@@ -81,63 +114,72 @@ int oneshot_run(const dp_oneshot_opts *o)
         fprintf(stderr, "dualpathd: the prompt encodes to no tokens\n");
         goto done;
     }
-    int32_t max_new = o->max_tokens;
-    if (llama_init(&m, &g, be, 512, 64, err, sizeof err)) {
+    const dp_engine_opts *eo = o->engine;
+    /* Rows beyond one per sequence: prompt logprobs (engine.h), as served. */
+    int32_t max_out = eo->max_seqs + DP_ENGINE_SCORE_ROWS;
+    if (max_out > eo->max_batched_tokens)
+        max_out = eo->max_batched_tokens;
+    if (llama_init(&m, &g, be, eo->max_batched_tokens, max_out, err, sizeof err)) {
         fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
         goto done;
     }
-    const dp_hparams *hp = llama_hparams(m);
-    if ((int64_t)n_ids + max_new > hp->n_ctx_train) {
-        fprintf(stderr, "dualpathd: prompt (%zu tokens) + max tokens (%d) exceeds the context (%d)\n",
-                n_ids, max_new, hp->n_ctx_train);
+    if (engine_init(&e, m, tok, eo, on_events, &w, err, sizeof err) || engine_start(e)) {
+        fprintf(stderr, "dualpathd: %s\n", e ? "cannot start the engine" : err);
         goto done;
     }
-    const int32_t bt = 16;
-    int32_t n_blocks = (int32_t)((n_ids + (size_t)max_new + bt - 1) / bt) + 1;
-    if (gen_init(&gen, m, bt, n_blocks, err, sizeof err)) {
+    if (o->verbose)
+        fprintf(stderr, "dualpathd: %s backend, %d layers, %zu prompt tokens, loaded in %.2f s\n",
+                be->ops->name, llama_hparams(m)->n_layers, n_ids, dp_now() - t0);
+    dp_request_params p = {.max_tokens = o->max_tokens, .logprobs = -1};
+    sampling_default(&p.sampling);
+    p.sampling.temperature = o->temperature;
+    p.sampling.top_k = o->top_k;
+    p.sampling.top_p = o->top_p;
+    p.sampling.min_p = o->min_p;
+    p.sampling.seed = o->seed;
+    dp_request *req = request_new(ids, (int32_t)n_ids, &p);
+    if (!req) {
+        fprintf(stderr, "dualpathd: out of memory\n");
+        goto done;
+    }
+    ids = NULL; /* the request's now */
+    int rc = engine_submit(e, req, err, sizeof err);
+    request_unref(req);
+    if (rc) {
         fprintf(stderr, "dualpathd: %s\n", err);
         goto done;
     }
-    gen_ok = true;
-    if (o->verbose)
-        fprintf(stderr, "dualpathd: %s backend, %d layers, %zu prompt tokens, loaded in %.2f s\n",
-                be->ops->name, hp->n_layers, n_ids, dp_now() - t0);
-    out = malloc((size_t)(max_new > 0 ? max_new : 1) * sizeof *out);
-    if (!out)
-        goto done;
-    dp_gen_seq sq = {.prompt = ids, .n_prompt = (int32_t)n_ids, .max_new = max_new,
-                     .stop_at_eog = true, .out = out};
-    sampling_default(&sq.sampling);
-    sq.sampling.temperature = o->temperature;
-    sq.sampling.top_k = o->top_k;
-    sq.sampling.top_p = o->top_p;
-    sq.sampling.min_p = o->min_p;
-    sq.sampling.seed = o->seed;
-    print_ctx pc = {.tok = tok};
-    detok_init(&pc.detok, false);
-    if (gen_run(&gen, &sq, 1, tok, print_token, &pc, err, sizeof err)) {
-        fprintf(stderr, "\ndualpathd: %s\n", err);
-        goto done;
-    }
-    char tail[64];
-    int nt = detok_flush(&pc.detok, tail, sizeof tail);
-    if (nt > 0)
-        fwrite(tail, 1, (size_t)nt, stdout);
+    const double t_submit = dp_now();
+    dp_event *fin = print_until_finish(e, &w);
     fputc('\n', stdout);
-    if (o->verbose)
-        fprintf(stderr, "dualpathd: prefill %lld tokens in %.3f s, decode %lld tokens in %.3f s (%.1f tok/s)\n",
-                (long long)gen.n_prefill_tokens, gen.t_prefill, (long long)gen.n_decode_tokens,
-                gen.t_decode, gen.t_decode > 0 ? gen.n_decode_tokens / gen.t_decode : 0.0);
-    status = 0;
+    if (fin->finish == DP_FINISH_ERROR) {
+        fprintf(stderr, "dualpathd: %s\n", fin->error ? fin->error : "the request failed");
+    } else {
+        status = 0;
+        if (o->verbose) {
+            const double t_first = fin->t_first_token > 0 ? fin->t_first_token : fin->t_finish;
+            const double dt = fin->t_finish - t_first;
+            fprintf(stderr, "dualpathd: prompt %d tokens, first token after %.3f s, %d tokens in "
+                    "%.3f s (%.1f tok/s); KV kept %lld of %lld prompt tokens\n",
+                    fin->prompt_tokens, t_first - t_submit, fin->completion_tokens, dt,
+                    dt > 0 ? (fin->completion_tokens - 1) / dt : 0.0,
+                    (long long)fin->usage.tokens_kept,
+                    (long long)(fin->usage.tokens_kept + fin->usage.tokens_evicted));
+        }
+    }
+    event_free(fin);
 done:
-    if (gen_ok)
-        gen_destroy(&gen);
+    if (e) {
+        engine_stop(e);
+        engine_destroy(e);
+    }
     llama_destroy(m);
     backend_destroy(be);
     tokenizer_destroy(tok);
     gguf_close(&g);
     free(text);
     free(ids);
-    free(out);
+    pthread_cond_destroy(&w.cv);
+    pthread_mutex_destroy(&w.mu);
     return status;
 }

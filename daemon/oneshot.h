@@ -1,10 +1,12 @@
 /* oneshot.h: `dualpathd --prompt`: load the model, generate one completion to
- * stdout, exit. */
+ * stdout through the engine the daemon serves with, exit. */
 #ifndef DP_DAEMON_ONESHOT_H
 #define DP_DAEMON_ONESHOT_H
 
 #include <stdbool.h>
 #include <stdint.h>
+
+#include "engine/engine.h"
 
 typedef struct dp_oneshot_opts {
     const char *model;
@@ -21,6 +23,7 @@ typedef struct dp_oneshot_opts {
     int threads;
     bool exact_matmul;
     bool verbose;
+    const dp_engine_opts *engine; /* the daemon's engine options (its configuration) */
 } dp_oneshot_opts;
 
 /* Returns a process exit status. */

@@ -15,7 +15,7 @@
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "sched/generate.h"
+#include "tools/generate.h"
 
 /* Read bandwidth with every core streaming its own share of a 512 MiB
  * buffer: what a decode step does with the weights. */

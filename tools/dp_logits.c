@@ -12,7 +12,7 @@
 #include "common/dp.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "sched/generate.h"
+#include "tools/generate.h"
 
 static int parse_tokens(const char *s, int32_t **out, int32_t *n)
 {

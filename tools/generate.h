@@ -1,9 +1,10 @@
 /* generate.h: static-batch generation: runs a fixed set of sequences to
- * completion over one paged KV pool (one-shot mode, tools and tests). Prompts
- * are packed into steps of at most the model's token budget, then all live
- * sequences decode together, one token each per step. */
-#ifndef DP_SCHED_GENERATE_H
-#define DP_SCHED_GENERATE_H
+ * completion over one paged KV pool, without the engine (tools and tests;
+ * the daemon, one-shot mode included, runs the engine). Prompts are packed
+ * into steps of at most the model's token budget, then all live sequences
+ * decode together, one token each per step. */
+#ifndef DP_TOOLS_GENERATE_H
+#define DP_TOOLS_GENERATE_H
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -11,7 +12,7 @@
 #include "kvcache/pool.h"
 #include "model/llama.h"
 #include "model/tokenizer.h"
-#include "sampler.h"
+#include "sched/sampler.h"
 
 typedef struct dp_gen_seq {
     const int32_t *prompt;

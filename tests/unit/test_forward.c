@@ -12,7 +12,7 @@
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/llama.h"
-#include "sched/generate.h"
+#include "tools/generate.h"
 #include "t.h"
 #include "tools/synth_gguf.h"
 

@@ -15,6 +15,7 @@
 #include "model/chat_template.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "model/tokenizer.h"
 #include "serve.h"
 
@@ -65,10 +66,20 @@ static dp_event *print_until_finish(dp_engine *e, waiter *w)
 int oneshot_run(const dp_oneshot_opts *o)
 {
     char err[DP_ERRLEN];
-    dp_gguf g;
-    dp_tokenizer *tok = NULL;
-    dp_backend *be = NULL;
-    dp_llama *m = NULL;
+    const dp_engine_opts *eo = o->engine;
+    /* Rows beyond one per sequence: prompt logprobs (engine.h), as served. */
+    int32_t max_out = eo->max_seqs + DP_ENGINE_SCORE_ROWS;
+    if (max_out > eo->max_batched_tokens)
+        max_out = eo->max_batched_tokens;
+    const dp_model_open_opts mo = {.path = o->model, .device = o->device, .threads = o->threads,
+                                   .max_tokens = eo->max_batched_tokens, .max_out = max_out,
+                                   .tokenizer = true, .exact_matmul = o->exact_matmul};
+    dp_model_files mf;
+    const double t0 = dp_now();
+    if (model_open(&mf, &mo, err, sizeof err)) {
+        fprintf(stderr, "dualpathd: %s\n", err);
+        return 1;
+    }
     dp_engine *e = NULL;
     waiter w = {.ready = false};
     pthread_mutex_init(&w.mu, NULL);
@@ -77,26 +88,10 @@ int oneshot_run(const dp_oneshot_opts *o)
     int32_t *ids = NULL;
     size_t n_ids = 0;
     int status = 1;
-    double t0 = dp_now();
-
-    if (gguf_open(&g, o->model, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
-        return 1;
-    }
-    if (tokenizer_init_gguf(&tok, &g, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: model %s: tokenizer: %s\n", o->model, err);
-        goto done;
-    }
-    if (backend_create(&be, o->device, o->threads, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: %s\n", err);
-        goto done;
-    }
-    if (be->ops->set_exact && o->exact_matmul)
-        be->ops->set_exact(be, true);
     const char *prompt = o->prompt;
     if (o->chat) {
         dp_chat_template ct;
-        if (serve_chat_template(&ct, o->chat_template, &g, tok, err, sizeof err)) {
+        if (serve_chat_template(&ct, o->chat_template, &mf.g, mf.tok, err, sizeof err)) {
             fprintf(stderr, "dualpathd: chat template: %s\n", err);
             goto done;
         }
@@ -109,27 +104,18 @@ int oneshot_run(const dp_oneshot_opts *o)
         }
         prompt = text;
     }
-    if (tokenizer_encode(tok, prompt, strlen(prompt), tokenizer_add_bos(tok), o->chat, &ids,
+    if (tokenizer_encode(mf.tok, prompt, strlen(prompt), tokenizer_add_bos(mf.tok), o->chat, &ids,
                          &n_ids) || n_ids == 0) {
         fprintf(stderr, "dualpathd: the prompt encodes to no tokens\n");
         goto done;
     }
-    const dp_engine_opts *eo = o->engine;
-    /* Rows beyond one per sequence: prompt logprobs (engine.h), as served. */
-    int32_t max_out = eo->max_seqs + DP_ENGINE_SCORE_ROWS;
-    if (max_out > eo->max_batched_tokens)
-        max_out = eo->max_batched_tokens;
-    if (llama_init(&m, &g, be, eo->max_batched_tokens, max_out, err, sizeof err)) {
-        fprintf(stderr, "dualpathd: cannot load model %s: %s\n", o->model, err);
-        goto done;
-    }
-    if (engine_init(&e, m, tok, eo, on_events, &w, err, sizeof err) || engine_start(e)) {
+    if (engine_init(&e, mf.m, mf.tok, eo, on_events, &w, err, sizeof err) || engine_start(e)) {
         fprintf(stderr, "dualpathd: %s\n", e ? "cannot start the engine" : err);
         goto done;
     }
     if (o->verbose)
         fprintf(stderr, "dualpathd: %s backend, %d layers, %zu prompt tokens, loaded in %.2f s\n",
-                be->ops->name, llama_hparams(m)->n_layers, n_ids, dp_now() - t0);
+                mf.be->ops->name, llama_hparams(mf.m)->n_layers, n_ids, dp_now() - t0);
     dp_request_params p = {.max_tokens = o->max_tokens, .logprobs = -1};
     sampling_default(&p.sampling);
     p.sampling.temperature = o->temperature;
@@ -173,10 +159,7 @@ done:
         engine_stop(e);
         engine_destroy(e);
     }
-    llama_destroy(m);
-    backend_destroy(be);
-    tokenizer_destroy(tok);
-    gguf_close(&g);
+    model_close(&mf);
     free(text);
     free(ids);
     pthread_cond_destroy(&w.cv);

@@ -15,6 +15,7 @@
 #include "kernels/quant.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "tools/generate.h"
 
 /* Read bandwidth with every core streaming its own share of a 512 MiB
@@ -246,24 +247,26 @@ int main(int argc, char **argv)
     double gemm = measure_gemm(threads);
 
     char err[DP_ERRLEN];
-    dp_gguf g;
-    dp_backend *be;
-    dp_llama *m;
-    if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, threads, err, sizeof err) ||
-        llama_init(&m, &g, be, 512, 64, err, sizeof err)) {
+    dp_model_files mf;
+    const dp_model_open_opts mo = {.path = model, .device = device, .threads = threads,
+                                   .max_tokens = 512, .max_out = 64};
+    if (model_open(&mf, &mo, err, sizeof err)) {
         fprintf(stderr, "dp-bench: %s\n", err);
         return 1;
     }
+    const dp_gguf *g = &mf.g;
+    dp_backend *be = mf.be;
+    dp_llama *m = mf.m;
     const dp_hparams *hp = llama_hparams(m);
     /* Bytes one decode step must read: every weight once (the tied embedding
      * table is read whole by the output head), plus the KV. Params for FLOPs. */
     double wbytes = 0, params = 0;
-    for (uint64_t i = 0; i < g.n_tensors; i++) {
-        wbytes += (double)g.tensors[i].nbytes;
-        params += (double)g.tensors[i].n_elems;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        wbytes += (double)g->tensors[i].nbytes;
+        params += (double)g->tensors[i].n_elems;
     }
     if (!hp->tied_output) {
-        const dp_gguf_tensor *e = gguf_find_tensor(&g, "token_embd.weight");
+        const dp_gguf_tensor *e = gguf_find_tensor(g, "token_embd.weight");
         wbytes -= (double)e->nbytes; /* only looked up by rows */
         params -= (double)e->n_elems;
     }
@@ -345,8 +348,6 @@ int main(int argc, char **argv)
         free(outs);
     }
     bench_migration(be, m, bw);
-    llama_destroy(m);
-    backend_destroy(be);
-    gguf_close(&g);
+    model_close(&mf);
     return 0;
 }

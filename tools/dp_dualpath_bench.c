@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "model/tokenizer.h"
 #include "sched/path.h"
 #include "tools/bench_util.h"
@@ -99,16 +100,16 @@ int main(int argc, char **argv)
         }
     }
     char err[DP_ERRLEN];
-    dp_gguf g;
-    dp_backend *be;
-    dp_llama *m;
-    dp_tokenizer *tok;
-    if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, threads, err, sizeof err) ||
-        llama_init(&m, &g, be, 512, 64, err, sizeof err) ||
-        tokenizer_init_gguf(&tok, &g, err, sizeof err)) {
+    dp_model_files mf;
+    const dp_model_open_opts mo = {.path = model, .device = device, .threads = threads,
+                                   .max_tokens = 512, .max_out = 64, .tokenizer = true};
+    if (model_open(&mf, &mo, err, sizeof err)) {
         fprintf(stderr, "dp-dualpath-bench: %s\n", err);
         return 1;
     }
+    dp_backend *be = mf.be;
+    dp_llama *m = mf.m;
+    dp_tokenizer *tok = mf.tok;
     dp_kv_layout l1 = llama_kv_layout(m, 16, 1);
     const double bytes_per_token = (double)be->ops->kv_bytes_per_block(be, &l1) / 16.0;
     const int64_t kv_bytes = (int64_t)(kv_mb * 1024 * 1024);
@@ -168,9 +169,6 @@ int main(int argc, char **argv)
         printf("\npath detector: %.1f ns per decision (target: under 5 us per sequence per step)\n", ns);
         (void)sink;
     }
-    tokenizer_destroy(tok);
-    llama_destroy(m);
-    backend_destroy(be);
-    gguf_close(&g);
+    model_close(&mf);
     return 0;
 }

@@ -12,6 +12,7 @@
 #include "engine/engine.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "model/tokenizer.h"
 #include "tools/bench_util.h"
 
@@ -50,16 +51,16 @@ int main(int argc, char **argv)
         if (levels[i] > maxc)
             maxc = levels[i];
     char err[DP_ERRLEN];
-    dp_gguf g;
-    dp_backend *be;
-    dp_llama *m;
-    dp_tokenizer *tok;
-    if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, threads, err, sizeof err) ||
-        llama_init(&m, &g, be, 512, maxc, err, sizeof err) ||
-        tokenizer_init_gguf(&tok, &g, err, sizeof err)) {
+    dp_model_files mf;
+    const dp_model_open_opts mo = {.path = model, .device = device, .threads = threads,
+                                   .max_tokens = 512, .max_out = maxc, .tokenizer = true};
+    if (model_open(&mf, &mo, err, sizeof err)) {
         fprintf(stderr, "dp-engine-bench: %s\n", err);
         return 1;
     }
+    dp_backend *be = mf.be;
+    dp_llama *m = mf.m;
+    dp_tokenizer *tok = mf.tok;
     const int32_t vocab = llama_hparams(m)->vocab;
     if (top_p < 0.0f)
         top_p = temperature > 0 ? 0.9f : 1.0f;
@@ -111,9 +112,6 @@ int main(int argc, char **argv)
         fflush(stdout);
         engine_destroy(e);
     }
-    tokenizer_destroy(tok);
-    llama_destroy(m);
-    backend_destroy(be);
-    gguf_close(&g);
+    model_close(&mf);
     return 0;
 }

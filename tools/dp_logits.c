@@ -12,6 +12,7 @@
 #include "common/dp.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "tools/generate.h"
 
 static int parse_tokens(const char *s, int32_t **out, int32_t *n)
@@ -137,16 +138,16 @@ int main(int argc, char **argv)
         return 2;
     }
     char err[DP_ERRLEN];
-    dp_gguf g;
-    dp_backend *be;
-    dp_llama *m;
+    dp_model_files mf;
     dp_gen gen;
-    if (gguf_open(&g, model, err, sizeof err) || backend_create(&be, device, 0, err, sizeof err) ||
-        llama_init(&m, &g, be, 256, 16, err, sizeof err) ||
-        (!teacher && gen_init(&gen, m, 16, (n + steps) / 16 + 2, err, sizeof err))) {
+    const dp_model_open_opts mo = {.path = model, .device = device, .max_tokens = 256, .max_out = 16};
+    if (model_open(&mf, &mo, err, sizeof err) ||
+        (!teacher && gen_init(&gen, mf.m, 16, (n + steps) / 16 + 2, err, sizeof err))) {
         fprintf(stderr, "dp-logits: %s\n", err);
         return 1;
     }
+    dp_backend *be = mf.be;
+    dp_llama *m = mf.m;
     if (be->ops->set_exact)
         be->ops->set_exact(be, exact);
     if (be->ops->kernel_level)
@@ -156,9 +157,7 @@ int main(int argc, char **argv)
         int rc = teacher_force(m, ids, n, teacher, err, sizeof err);
         if (rc)
             fprintf(stderr, "dp-logits: %s\n", err);
-        llama_destroy(m);
-        backend_destroy(be);
-        gguf_close(&g);
+        model_close(&mf);
         free(ids);
         return rc ? 1 : 0;
     }
@@ -182,9 +181,7 @@ int main(int argc, char **argv)
         printf("%s%d", i ? ", " : "", out[i]);
     printf("]}\n");
     gen_destroy(&gen);
-    llama_destroy(m);
-    backend_destroy(be);
-    gguf_close(&g);
+    model_close(&mf);
     free(logits);
     free(out);
     free(ids);

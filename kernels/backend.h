@@ -9,6 +9,8 @@
 #include <stdbool.h>
 #include <string.h>
 
+#include "common/dp.h"
+
 typedef struct dp_backend dp_backend;
 
 /* A weight tensor resident on the backend. rows = output features (GGUF
@@ -173,6 +175,42 @@ typedef struct dp_compact_seq {
     int32_t n_keep;
     const int32_t *keep;         /* host, [n_layers][n_kv_heads][n_keep] source slots */
 } dp_compact_seq;
+
+/* kv_compact's arguments, checked alike by every backend before it copies
+ * (the copy trusts every index): layouts src (ls) and dst (ld), dst with
+ * as many layers as src or fewer (an exempt-layer view; a backend without
+ * views never sees one), grouped types as each store is. A grouped source
+ * is DP_EUNSUPPORTED: a compaction writes a grouped store, never reads one
+ * (its keep lists could not name the residual's slots, which live in the
+ * arena); a grouped destination keeps whole groups of its block tokens. */
+static inline int kv_compact_check(const dp_kv_layout *ls, const dp_kv_layout *ld, bool src_grouped,
+                                   bool dst_grouped, const dp_compact_seq *seqs, int32_t n_seqs)
+{
+    if (n_seqs < 0 || ls->n_layers < ld->n_layers || ls->n_kv_heads != ld->n_kv_heads ||
+        ls->head_dim != ld->head_dim)
+        return DP_EINVAL;
+    if (src_grouped)
+        return DP_EUNSUPPORTED;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        const dp_compact_seq *q = &seqs[i];
+        if (q->n_keep < 0 || q->n_src_blocks < 0 || q->n_dst_blocks < 0 ||
+            (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens ||
+            (dst_grouped && q->n_keep % ld->block_tokens))
+            return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_dst_blocks; b++)
+            if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
+                return DP_EINVAL;
+        for (int32_t b = 0; b < q->n_src_blocks; b++)
+            if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
+                return DP_EINVAL;
+        const int64_t n = (int64_t)ld->n_layers * ld->n_kv_heads * q->n_keep;
+        const int64_t slots = (int64_t)q->n_src_blocks * ls->block_tokens;
+        for (int64_t k = 0; k < n; k++)
+            if (q->keep[k] < 0 || q->keep[k] >= slots)
+                return DP_EINVAL;
+    }
+    return 0;
+}
 
 typedef struct dp_rope_params {
     int32_t n_rot;       /* rotated dims per head (<= head_dim) */

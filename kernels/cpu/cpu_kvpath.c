@@ -293,30 +293,10 @@ static void compact_task(void *ctx, int64_t t, int thread)
 int cpu_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
                    const dp_compact_seq *seqs, int32_t n_seqs)
 {
-    const dp_kv_layout *ls = &src->l, *ld = &dst->l;
-    if (ls->n_layers < ld->n_layers || ls->n_kv_heads != ld->n_kv_heads || ls->head_dim != ld->head_dim)
-        return DP_EINVAL;
-    /* A grouped store is written, never read, by a compaction: its keep
-     * lists could not name the residual's slots (they live in the arena). */
-    if (src->kivi)
-        return DP_EUNSUPPORTED;
-    /* Validate every index first: the copy itself trusts them. */
-    for (int32_t i = 0; i < n_seqs; i++) {
-        const dp_compact_seq *q = &seqs[i];
-        if (q->n_keep < 0 || (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens ||
-            (dst->kivi && q->n_keep % ld->block_tokens))
-            return DP_EINVAL;
-        for (int32_t b = 0; b < q->n_dst_blocks; b++)
-            if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
-                return DP_EINVAL;
-        for (int32_t b = 0; b < q->n_src_blocks; b++)
-            if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
-                return DP_EINVAL;
-        size_t n = (size_t)ld->n_layers * (size_t)ls->n_kv_heads * (size_t)q->n_keep;
-        for (size_t k = 0; k < n; k++)
-            if (q->keep[k] < 0 || q->keep[k] >= q->n_src_blocks * ls->block_tokens)
-                return DP_EINVAL;
-    }
+    const dp_kv_layout *ld = &dst->l;
+    const int rc = kv_compact_check(&src->l, ld, src->kivi, dst->kivi, seqs, n_seqs);
+    if (rc)
+        return rc;
     compact_job j = {src, dst, seqs, n_seqs, 0};
     threadpool_run(cpu_of(be)->tp, compact_task, &j, (int64_t)n_seqs * ld->n_layers);
     return j.failed ? DP_ENOMEM : 0;

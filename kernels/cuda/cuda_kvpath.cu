@@ -435,35 +435,19 @@ int cuda_kv_compact(dp_backend *be, const dp_kv_store *src, dp_kv_store *dst,
     cuda_backend *c = cuda_of(be);
     cuda_bind(c);
     const dp_kv_layout *ls = &src->l, *ld = &dst->l;
-    if (ls->n_layers != ld->n_layers || ls->n_kv_heads != ld->n_kv_heads ||
-        ls->head_dim != ld->head_dim || n_seqs < 0)
+    /* (No KV views here: a destination with fewer layers is refused.) */
+    if (ls->n_layers != ld->n_layers)
         return DP_EINVAL;
-    /* A grouped store is written, never read, by a compaction: its keep
-     * lists could not name the residual's slots (they live in the arena). */
-    if (src->head_bytes)
-        return DP_EUNSUPPORTED;
     const bool kivi = dst->head_bytes != 0;
-    /* Validate every index first (as the CPU does): the copy trusts them. */
+    const int rc = kv_compact_check(ls, ld, src->head_bytes != 0, kivi, seqs, n_seqs);
+    if (rc)
+        return rc;
     size_t n_idx = 0;
     int64_t total_rows = 0;
     const int64_t per_keep = (int64_t)ls->n_layers * ls->n_kv_heads;
     for (int32_t i = 0; i < n_seqs; i++) {
         const dp_compact_seq *q = &seqs[i];
-        if (q->n_keep < 0 || q->n_src_blocks < 0 || q->n_dst_blocks < 0 ||
-            (int64_t)q->n_keep > (int64_t)q->n_dst_blocks * ld->block_tokens ||
-            (kivi && q->n_keep % ld->block_tokens))
-            return DP_EINVAL;
-        for (int32_t b = 0; b < q->n_dst_blocks; b++)
-            if (q->dst_table[b] < 0 || q->dst_table[b] >= ld->n_blocks)
-                return DP_EINVAL;
-        for (int32_t b = 0; b < q->n_src_blocks; b++)
-            if (q->src_table[b] < 0 || q->src_table[b] >= ls->n_blocks)
-                return DP_EINVAL;
-        const size_t n = (size_t)per_keep * (size_t)q->n_keep;
-        for (size_t k = 0; k < n; k++)
-            if (q->keep[k] < 0 || (int64_t)q->keep[k] >= (int64_t)q->n_src_blocks * ls->block_tokens)
-                return DP_EINVAL;
-        n_idx += (size_t)q->n_src_blocks + (size_t)q->n_dst_blocks + n;
+        n_idx += (size_t)q->n_src_blocks + (size_t)q->n_dst_blocks + (size_t)per_keep * (size_t)q->n_keep;
         total_rows += per_keep * (kivi ? q->n_keep / ld->block_tokens : q->n_keep);
     }
     if (total_rows == 0)

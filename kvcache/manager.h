@@ -188,6 +188,10 @@ typedef struct dp_kv_parked {
     uint64_t stamp;    /* when parked: the oldest goes first */
 } dp_kv_parked;
 
+/* The manager. Every field is private: only kvcache/manager.c and mgr_*.c
+ * (and the manager's white-box tests) read or write them. Everyone else
+ * uses the functions below: the read-only accessors of its geometry,
+ * kv_mgr_stats() for its gauges and counters, and its operations. */
 typedef struct dp_kv_mgr {
     dp_backend *be;              /* NULL: bookkeeping only (scheduler tests) */
     bool dual;

@@ -267,6 +267,198 @@ static int exempt_init(dp_kv_mgr *m, int32_t n, int32_t n_dblocks, char *err, si
     return 0;
 }
 
+/* Bytes of a block of each path's layout (l, dl: one block each); a type
+ * the backend cannot keep at this head size is refused. */
+static int init_block_bytes(dp_kv_mgr *m, const dp_kv_mgr_opts *o, const dp_kv_layout *l,
+                            const dp_kv_layout *dl, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    m->prefill_block_bytes = be->ops->kv_bytes_per_block(be, l);
+    m->decode_block_bytes = o->dual ? be->ops->kv_bytes_per_block(be, dl) : 0;
+    if (!m->prefill_block_bytes || (o->dual && !m->decode_block_bytes)) {
+        const dp_kv_layout *bad = m->prefill_block_bytes ? dl : l;
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend cannot keep a KV "
+                      "cache of type %s with head_dim %d", be->ops->name,
+                      dp_kv_type_name(bad->type), bad->head_dim);
+    }
+    return 0;
+}
+
+/* One arena unless the decode path's blocks differ in size or its pool's
+ * size is given. A decode type other than the prefill path's (a quantized
+ * decode pool) shares the arena through a view of it: a decode block is an
+ * arena block read as that type, holding as many tokens as fit in its
+ * bytes (dl->block_tokens, m->dbt). */
+static int init_geometry(dp_kv_mgr *m, const dp_kv_mgr_opts *o, dp_kv_layout *dl, char *err,
+                         size_t errsz)
+{
+    dp_backend *be = m->be;
+    const bool typed = o->decode.type != o->prefill.type;
+    if (o->dual && typed && be && !be->ops->kv_view)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend keeps the decode "
+                      "path in the prefill path's KV type only (decode_kv_type %s, "
+                      "kv_cache_type %s)", be->ops->name, dp_kv_type_name(o->decode.type),
+                      dp_kv_type_name(o->prefill.type));
+    m->shared = o->dual && o->decode.n_blocks <= 0 &&
+                (typed ? be && be->ops->kv_view
+                       : o->decode.block_tokens == o->prefill.block_tokens);
+    m->dpool = m->shared ? &m->pool : &m->dpool_own;
+    const bool grouped = o->dual && dp_kv_type_grouped(o->decode.type);
+    int rc;
+    if (grouped && (rc = kv_mgr_check_grouped(be, o, err, errsz)))
+        return rc;
+    /* A grouped type's migrations write the arena's type (it seals whole
+     * groups from them), by reference like the arena's own. */
+    m->by_ref = m->shared && (!typed || grouped);
+    m->share_front = o->dual && !m->by_ref && be;
+    m->dbt = o->decode.block_tokens;
+    if (m->shared && grouped) {
+        dl->block_tokens = kv_mgr_group_tokens(be, dl, m->prefill_block_bytes);
+        m->dbt = o->prefill.block_tokens; /* a table's unit: the residual's blocks */
+        m->decode_block_bytes = m->prefill_block_bytes;
+    } else if (m->shared && typed) {
+        dl->block_tokens = 1;
+        size_t per_token = be->ops->kv_bytes_per_block(be, dl);
+        m->dbt = (int32_t)(m->prefill_block_bytes / per_token);
+        if (m->dbt < 1)
+            return dp_err(err, errsz, DP_EINVAL, "engine: a %s decode token does not fit in a KV "
+                          "block of %d tokens; raise block_tokens", dp_kv_type_name(dl->type),
+                          o->prefill.block_tokens);
+        dl->block_tokens = m->dbt;
+        m->decode_block_bytes = be->ops->kv_bytes_per_block(be, dl);
+    }
+    return 0;
+}
+
+/* The pools and their stores: the arena (l), and the decode path's, a view
+ * of it, the arena itself or a pool of its own (dl); *n_dblocks its blocks. */
+static int init_pools(dp_kv_mgr *m, const dp_kv_mgr_opts *o, dp_kv_layout *l, dp_kv_layout *dl,
+                      int32_t *n_dblocks, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    const bool typed = o->decode.type != o->prefill.type;
+    int32_t n_blocks;
+    plan_blocks(m, o, &n_blocks, n_dblocks);
+    if (n_blocks < 1 || (o->dual && !m->shared && *n_dblocks < 1))
+        return dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
+                      o->prefill.block_tokens);
+    l->n_blocks = n_blocks;
+    int rc;
+    if ((rc = kv_pool_init(&m->pool, n_blocks, o->prefill.block_tokens)) ||
+        (be && (rc = be->ops->kv_create(be, l, &m->store))))
+        return dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d "
+                      "tokens", n_blocks, o->prefill.block_tokens);
+    if (o->dual && m->shared && typed) {
+        dl->n_blocks = *n_dblocks = n_blocks;
+        if (be && (rc = be->ops->kv_view(be, m->store, dl, &m->dstore)))
+            return dp_err(err, errsz, rc, "engine: cannot view the KV arena as %s blocks of %d "
+                          "tokens", dp_kv_type_name(dl->type), dl->block_tokens);
+    } else if (o->dual && m->shared) {
+        m->dstore = m->store;
+        *n_dblocks = n_blocks;
+        m->decode_block_bytes = m->prefill_block_bytes;
+    } else if (o->dual) {
+        dl->n_blocks = *n_dblocks;
+        if ((rc = kv_pool_init(m->dpool, *n_dblocks, o->decode.block_tokens)) ||
+            (be && (rc = be->ops->kv_create(be, dl, &m->dstore))))
+            return dp_err(err, errsz, rc, "engine: cannot allocate a decode pool of %d blocks "
+                          "of %d tokens", *n_dblocks, o->decode.block_tokens);
+    }
+    return 0;
+}
+
+/* What hangs off the decode pool: its types, the server type's
+ * recompression scratch, the exempt layers' views and the shares. */
+static int init_decode_types(dp_kv_mgr *m, const dp_kv_mgr_opts *o, const dp_kv_layout *l,
+                             const dp_kv_layout *dl, int32_t n_dblocks, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    int rc;
+    if ((rc = dtypes_init(m, dl, l)))
+        return dp_err(err, errsz, rc, "out of memory");
+    /* The server's decode type's recompression scratch, now and once (its
+     * bytes are inside kv_bytes: plan_blocks); a type a request asks for
+     * takes its own at its first staged recompression. */
+    const int32_t scratch = budget_scratch_blocks(m, m->dt[0].bt);
+    if (be && scratch > 0 && (rc = mgr_scratch_reserve(m, &m->dt[0], scratch)))
+        return dp_err(err, errsz, rc, "engine: cannot allocate the decode budget's "
+                      "recompression scratch (%d blocks)", scratch);
+    if (o->dual && o->exempt_layers > 0 && be &&
+        (rc = exempt_init(m, o->exempt_layers, n_dblocks, err, errsz)))
+        return rc;
+    /* Each share (a prefix kept whole, a kept share) holds a decode block at
+     * least, and lives while a sequence holds it: two per running sequence
+     * at most. */
+    if (o->dual && be &&
+        (rc = dprefix_init(&m->dpx, m->dpool, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024)))
+        return dp_err(err, errsz, rc, "out of memory");
+    return 0;
+}
+
+/* The migrator and the swap space. Preempted compact caches wait in the
+ * swap space (swap_bytes, allocated here once, as vLLM's swap_space): each
+ * waiting sequence holds at most its own cache, and a refused swap-out
+ * falls back to a recompute that may change the sequence's continuation.
+ * In one arena the copies are of arena blocks, whatever type reads them. */
+static int init_moves(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    int rc;
+    if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads, o->head_dim)))
+        return dp_err(err, errsz, rc, "out of memory");
+    dp_kv_store *ss = m->shared ? m->store : m->dstore;
+    rc = o->swap_bytes > 0 ? kv_swap_init(&m->swap, be, ss, m->dpool, (size_t)o->swap_bytes)
+                           : DP_EINVAL;
+    if (rc == DP_ENOMEM)
+        return dp_err(err, errsz, rc, "cannot allocate a swap space of %lld bytes (swap_space)",
+                      (long long)o->swap_bytes);
+    if (rc && o->swap_bytes > 0)
+        dp_log(DP_LOG_WARN, "kvcache: a swap space of %lld bytes holds no block of %zu bytes: "
+               "preempted sequences are recomputed", (long long)o->swap_bytes,
+               be->ops->kv_bytes_per_block(be, be->ops->kv_layout(be, ss)));
+    m->has_swap = rc == 0;
+    return 0;
+}
+
+/* The prefix cache, its host tier, and a grouped type's shared groups. */
+static int init_prefix_cache(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    dp_backend *be = m->be;
+    const bool grouped = o->dual && dp_kv_type_grouped(o->decode.type);
+    int rc;
+    if (o->host_tier_bytes > 0 && be) {
+        /* Pinned where the backend has it: spills and restores then run
+         * asynchronously on its stream (kvcache/host.h). */
+        dp_host_alloc ha = {mgr_host_alloc, mgr_host_free, be};
+        if ((rc = host_tier_init(&m->host, (size_t)o->host_tier_bytes, m->prefill_block_bytes,
+                                 (size_t)o->prefill.block_tokens * sizeof(int32_t),
+                                 be->ops->host_alloc && be->ops->host_free ? &ha : NULL)))
+            return dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
+                          (long long)o->host_tier_bytes);
+        m->has_host = true;
+    }
+    if ((rc = prefix_init(&m->pc, &m->pool, be, m->store, m->has_host ? &m->host : NULL)))
+        return dp_err(err, errsz, rc, "out of memory");
+    m->has_pc = true;
+    if (grouped && be && (rc = gshare_init(&m->gs, m->dpool)))
+        return dp_err(err, errsz, rc, "out of memory");
+    if (grouped && be &&
+        !(m->held_stamp = calloc((size_t)m->dpool->n_blocks, sizeof *m->held_stamp)))
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* Room for the parked turns' list and their count's scratch. */
+static int init_parked(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    m->parked = calloc((size_t)o->max_parked, sizeof *m->parked);
+    m->park_cnt = calloc((size_t)m->dpool->n_blocks, sizeof *m->park_cnt);
+    if (!m->parked || !m->park_cnt)
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory");
+    m->max_parked = o->max_parked;
+    return 0;
+}
+
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz)
 {
     memset(m, 0, sizeof *m);
@@ -280,189 +472,19 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         m->budget_keep = compress_budget_keep(o->decode_budget, o->budget_floor);
     dp_kv_layout l = o->prefill, dl = o->decode;
     l.n_blocks = dl.n_blocks = 1;
+    int32_t n_dblocks = 0;
     int rc;
-    if (be) {
-        m->prefill_block_bytes = be->ops->kv_bytes_per_block(be, &l);
-        m->decode_block_bytes = o->dual ? be->ops->kv_bytes_per_block(be, &dl) : 0;
-        if (!m->prefill_block_bytes || (o->dual && !m->decode_block_bytes)) {
-            const dp_kv_layout *bad = m->prefill_block_bytes ? &dl : &l;
-            rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend cannot keep a KV "
-                        "cache of type %s with head_dim %d", be->ops->name,
-                        dp_kv_type_name(bad->type), bad->head_dim);
-            goto fail;
-        }
-    }
-    /* One arena unless the decode path's blocks differ in size or its
-     * pool's size is given. A decode type other than the prefill path's
-     * (a quantized decode pool) shares the arena through a view of it: a
-     * decode block is an arena block read as that type, holding as many
-     * tokens as fit in its bytes. */
-    const bool typed = o->decode.type != o->prefill.type;
-    if (o->dual && typed && be && !be->ops->kv_view) {
-        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend keeps the decode path "
-                    "in the prefill path's KV type only (decode_kv_type %s, kv_cache_type %s)",
-                    be->ops->name, dp_kv_type_name(o->decode.type), dp_kv_type_name(o->prefill.type));
-        goto fail;
-    }
-    m->shared = o->dual && o->decode.n_blocks <= 0 &&
-                (typed ? be && be->ops->kv_view
-                       : o->decode.block_tokens == o->prefill.block_tokens);
-    m->dpool = m->shared ? &m->pool : &m->dpool_own;
-    const bool grouped = o->dual && dp_kv_type_grouped(o->decode.type);
-    if (grouped && (rc = kv_mgr_check_grouped(be, o, err, errsz)))
-        goto fail;
-    /* A grouped type's migrations write the arena's type (it seals whole
-     * groups from them), by reference like the arena's own. */
-    m->by_ref = m->shared && (!typed || grouped);
-    m->share_front = o->dual && !m->by_ref && be;
-    m->dbt = o->decode.block_tokens;
-    if (m->shared && grouped) {
-        dl.block_tokens = kv_mgr_group_tokens(be, &dl, m->prefill_block_bytes);
-        m->dbt = o->prefill.block_tokens; /* a table's unit: the residual's blocks */
-        m->decode_block_bytes = m->prefill_block_bytes;
-    } else if (m->shared && typed) {
-        dl.block_tokens = 1;
-        size_t per_token = be->ops->kv_bytes_per_block(be, &dl);
-        m->dbt = (int32_t)(m->prefill_block_bytes / per_token);
-        if (m->dbt < 1) {
-            rc = dp_err(err, errsz, DP_EINVAL, "engine: a %s decode token does not fit in a KV "
-                        "block of %d tokens; raise block_tokens", dp_kv_type_name(dl.type),
-                        o->prefill.block_tokens);
-            goto fail;
-        }
-        dl.block_tokens = m->dbt;
-        m->decode_block_bytes = be->ops->kv_bytes_per_block(be, &dl);
-    }
-    int32_t n_blocks, n_dblocks;
-    plan_blocks(m, o, &n_blocks, &n_dblocks);
-    if (n_blocks < 1 || (o->dual && !m->shared && n_dblocks < 1)) {
-        rc = dp_err(err, errsz, DP_EINVAL, "engine: KV memory holds no block of %d tokens",
-                    o->prefill.block_tokens);
-        goto fail;
-    }
-    l.n_blocks = n_blocks;
-    if ((rc = kv_pool_init(&m->pool, n_blocks, o->prefill.block_tokens)) ||
-        (be && (rc = be->ops->kv_create(be, &l, &m->store)))) {
-        rc = dp_err(err, errsz, rc, "engine: cannot allocate a KV pool of %d blocks of %d tokens",
-                    n_blocks, o->prefill.block_tokens);
-        goto fail;
-    }
-    if (o->dual && m->shared && typed) {
-        dl.n_blocks = n_dblocks = n_blocks;
-        if (be && (rc = be->ops->kv_view(be, m->store, &dl, &m->dstore))) {
-            rc = dp_err(err, errsz, rc, "engine: cannot view the KV arena as %s blocks of %d "
-                        "tokens", dp_kv_type_name(dl.type), dl.block_tokens);
-            goto fail;
-        }
-    } else if (o->dual && m->shared) {
-        m->dstore = m->store;
-        n_dblocks = n_blocks;
-        m->decode_block_bytes = m->prefill_block_bytes;
-    } else if (o->dual) {
-        dl.n_blocks = n_dblocks;
-        if ((rc = kv_pool_init(m->dpool, n_dblocks, o->decode.block_tokens)) ||
-            (be && (rc = be->ops->kv_create(be, &dl, &m->dstore)))) {
-            rc = dp_err(err, errsz, rc,
-                        "engine: cannot allocate a decode pool of %d blocks of %d tokens", n_dblocks,
-                        o->decode.block_tokens);
-            goto fail;
-        }
-    }
-    if ((rc = dtypes_init(m, &dl, &l))) {
-        rc = dp_err(err, errsz, rc, "out of memory");
-        goto fail;
-    }
-    /* The server's decode type's recompression scratch, now and once (its
-     * bytes are inside kv_bytes: plan_blocks); a type a request asks for
-     * takes its own at its first staged recompression. */
-    if (be && budget_scratch_blocks(m, m->dt[0].bt) > 0 &&
-        (rc = mgr_scratch_reserve(m, &m->dt[0], budget_scratch_blocks(m, m->dt[0].bt)))) {
-        rc = dp_err(err, errsz, rc, "engine: cannot allocate the decode budget's recompression "
-                    "scratch (%d blocks)", budget_scratch_blocks(m, m->dt[0].bt));
-        goto fail;
-    }
-    if (o->dual && o->exempt_layers > 0 && be &&
-        (rc = exempt_init(m, o->exempt_layers, n_dblocks, err, errsz)))
-        goto fail;
-    /* Each share (a prefix kept whole, a kept share) holds a decode block at
-     * least, and lives while a sequence holds it: two per running sequence
-     * at most. */
-    if (o->dual && be &&
-        (rc = dprefix_init(&m->dpx, m->dpool, m->dbt, n_dblocks < 1024 ? n_dblocks : 1024))) {
-        rc = dp_err(err, errsz, rc, "out of memory");
-        goto fail;
-    }
-    if (o->dual) {
-        if (be) {
-            if ((rc = kv_migrator_init(&m->mig, be, o->n_layers, o->n_kv_heads, o->n_heads,
-                                       o->head_dim))) {
-                rc = dp_err(err, errsz, rc, "out of memory");
-                goto fail;
-            }
-            /* Preempted compact caches wait in the swap space (swap_bytes,
-             * allocated here once, as vLLM's swap_space): each waiting
-             * sequence holds at most its own cache, and a refused swap-out
-             * falls back to a recompute that may change the sequence's
-             * continuation. In one arena the copies are of arena blocks,
-             * whatever type reads them. */
-            dp_kv_store *ss = m->shared ? m->store : m->dstore;
-            rc = o->swap_bytes > 0 ? kv_swap_init(&m->swap, be, ss, m->dpool, (size_t)o->swap_bytes)
-                                   : DP_EINVAL;
-            if (rc == DP_ENOMEM) {
-                rc = dp_err(err, errsz, rc, "cannot allocate a swap space of %lld bytes "
-                            "(swap_space)", (long long)o->swap_bytes);
-                goto fail;
-            }
-            if (rc && o->swap_bytes > 0)
-                dp_log(DP_LOG_WARN, "kvcache: a swap space of %lld bytes holds no block of %zu "
-                       "bytes: preempted sequences are recomputed", (long long)o->swap_bytes,
-                       be->ops->kv_bytes_per_block(be, be->ops->kv_layout(be, ss)));
-            m->has_swap = rc == 0;
-            rc = 0;
-        }
-    }
-    if (o->prefix_cache) {
-        if (o->host_tier_bytes > 0 && be) {
-            /* Pinned where the backend has it: spills and restores then run
-             * asynchronously on its stream (kvcache/host.h). */
-            dp_host_alloc ha = {mgr_host_alloc, mgr_host_free, be};
-            if ((rc = host_tier_init(&m->host, (size_t)o->host_tier_bytes, m->prefill_block_bytes,
-                                     (size_t)o->prefill.block_tokens * sizeof(int32_t),
-                                     be->ops->host_alloc && be->ops->host_free ? &ha : NULL))) {
-                rc = dp_err(err, errsz, rc, "engine: cannot allocate a %lld-byte host tier",
-                            (long long)o->host_tier_bytes);
-                goto fail;
-            }
-            m->has_host = true;
-        }
-        if ((rc = prefix_init(&m->pc, &m->pool, be, m->store, m->has_host ? &m->host : NULL))) {
-            rc = dp_err(err, errsz, rc, "out of memory");
-            goto fail;
-        }
-        m->has_pc = true;
-        if (grouped && be && (rc = gshare_init(&m->gs, m->dpool))) {
-            rc = dp_err(err, errsz, rc, "out of memory");
-            goto fail;
-        }
-        if (grouped && be &&
-            !(m->held_stamp = calloc((size_t)m->dpool->n_blocks, sizeof *m->held_stamp))) {
-            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
-            goto fail;
-        }
-    }
-    if (o->dual && o->max_parked > 0) {
-        m->parked = calloc((size_t)o->max_parked, sizeof *m->parked);
-        m->park_cnt = calloc((size_t)m->dpool->n_blocks, sizeof *m->park_cnt);
-        if (!m->parked || !m->park_cnt) {
-            rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
-            goto fail;
-        }
-        m->max_parked = o->max_parked;
+    if ((be && (rc = init_block_bytes(m, o, &l, &dl, err, errsz))) ||
+        (rc = init_geometry(m, o, &dl, err, errsz)) ||
+        (rc = init_pools(m, o, &l, &dl, &n_dblocks, err, errsz)) ||
+        (rc = init_decode_types(m, o, &l, &dl, n_dblocks, err, errsz)) ||
+        (o->dual && be && (rc = init_moves(m, o, err, errsz))) ||
+        (o->prefix_cache && (rc = init_prefix_cache(m, o, err, errsz))) ||
+        (o->dual && o->max_parked > 0 && (rc = init_parked(m, o, err, errsz)))) {
+        kv_mgr_destroy(m);
+        return rc;
     }
     return 0;
-fail:
-    kv_mgr_destroy(m);
-    return rc;
 }
 
 void kv_mgr_destroy(dp_kv_mgr *m)

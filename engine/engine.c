@@ -318,6 +318,82 @@ static void *engine_main(void *arg)
 
 /* ---- public API ----------------------------------------------------------- */
 
+/* The options the engine refuses whatever the memory: a model sized for
+ * fewer tokens or outputs per step, bad dual-path settings, a quantized
+ * whole cache with the dual path. */
+static int check_opts(const dp_engine *e, const dp_engine_opts *opts, char *err, size_t errsz)
+{
+    if (opts->max_batched_tokens > llama_max_tokens(e->model) ||
+        opts->max_seqs > llama_max_out(e->model))
+        return dp_err(err, errsz, DP_EINVAL,
+                      "engine: model sized for %d tokens / %d outputs per step, engine wants %d / %d",
+                      llama_max_tokens(e->model), llama_max_out(e->model),
+                      opts->max_batched_tokens, opts->max_seqs);
+    if (e->dual && (opts->compress.keep_ratio <= 0.0f || opts->compress.keep_ratio > 1.0f ||
+                    opts->prefill_fraction <= 0.0 || opts->prefill_fraction >= 1.0))
+        return dp_err(err, errsz, DP_EINVAL, "engine: bad dual-path settings (keep_ratio %g, "
+                      "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
+    /* A quantized whole cache is dualpath off's (llama.cpp's -ctk q8_0):
+     * the prefill path keeps f16 or f32, and the decode path's type is
+     * decode_kv_type. */
+    if (e->dual && dp_kv_type_quantized(opts->kv_type))
+        return dp_err(err, errsz, DP_EINVAL, "engine: kv_cache_type %s keeps the whole cache "
+                      "quantized and needs dualpath = false; with the dual path the prefill path "
+                      "keeps f16 or f32 and decode_kv_type sets the decode path's type",
+                      dp_kv_type_name(opts->kv_type));
+    return 0;
+}
+
+/* The step's arrays, sized for the largest step (tokens T, sequences S,
+ * output rows R); false without memory. */
+static bool alloc_step_arrays(dp_engine *e, const dp_engine_opts *opts)
+{
+    size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
+    size_t R = (size_t)llama_max_out(e->model);
+    const size_t SC = e->score_rows > 0 ? (size_t)e->score_rows : 1;
+    e->logits = malloc(R * (size_t)e->vocab * sizeof(float));
+    e->sc_out = malloc(SC * sizeof(int32_t));
+    e->sc_pos = malloc(SC * sizeof(int32_t));
+    e->sc_seq = malloc(SC * sizeof *e->sc_seq);
+    e->raw_row = malloc((size_t)e->vocab * sizeof(float));
+    e->topk_k = e->vocab < ENGINE_TOPK ? e->vocab : ENGINE_TOPK;
+    e->t_temp = malloc(S * sizeof(float));
+    e->t_max = malloc(S * sizeof(float));
+    e->t_sum = malloc(S * sizeof(float));
+    e->t_mask = calloc(S, 1);
+    e->t_ids = malloc(S * (size_t)e->topk_k * sizeof(int32_t));
+    e->t_tok = malloc(S * sizeof(int32_t));
+    e->t_pd = malloc(S * sizeof *e->t_pd);
+    e->t_seq = malloc(S * sizeof *e->t_seq);
+    e->t_vals = malloc(S * (size_t)e->topk_k * sizeof(float));
+    e->eog = malloc((size_t)e->vocab * sizeof(int32_t));
+    for (int32_t t = 0; e->eog && t < e->vocab; t++)
+        if (tokenizer_is_eog(e->tok, t))
+            e->eog[e->n_eog++] = t;
+    e->b_tokens = malloc(T * sizeof(int32_t));
+    e->b_pos = malloc(T * sizeof(int32_t));
+    e->b_seq = malloc(T * sizeof(int32_t));
+    e->b_slot = malloc(T * sizeof(int32_t));
+    e->b_out = malloc(R * sizeof(int32_t));
+    e->b_store = calloc(S, 1);
+    e->b_sealed = calloc(S, sizeof(int32_t));
+    e->b_roff = calloc(S, sizeof(int32_t));
+    e->x_store = calloc(S, 1);
+    e->x_slot = malloc(T * sizeof(int32_t));
+    e->capture_cap = llama_capture_capacity(e->model);
+    e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
+    for (int i = 0; i < 3; i++)
+        e->lists[i] = malloc(S * sizeof(eng_seq *));
+    e->mig = malloc(S * sizeof *e->mig);
+    e->in_cap = 64;
+    e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
+    return e->logits && e->b_capture && e->lists[0] && e->mig && e->lists[1] && e->lists[2] &&
+           e->raw_row && e->t_temp && e->t_max && e->t_sum && e->t_mask && e->t_ids &&
+           e->t_vals && e->t_tok && e->t_pd && e->t_seq && e->eog && e->b_tokens && e->b_pos &&
+           e->b_seq && e->b_slot && e->b_out && e->b_store && e->in_q && e->b_sealed &&
+           e->b_roff && e->x_store && e->x_slot && e->sc_out && e->sc_pos && e->sc_seq;
+}
+
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
                 const dp_engine_opts *opts, dp_engine_notify_fn notify, void *ud, char *err,
                 size_t errsz)
@@ -339,31 +415,10 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     e->ctx_len = opts->context_length > 0 && opts->context_length < hp->n_ctx_train
                      ? opts->context_length
                      : hp->n_ctx_train;
-    int rc;
-    if (opts->max_batched_tokens > llama_max_tokens(model) || opts->max_seqs > llama_max_out(model)) {
-        rc = dp_err(err, errsz, DP_EINVAL,
-                    "engine: model sized for %d tokens / %d outputs per step, engine wants %d / %d",
-                    llama_max_tokens(model), llama_max_out(model), opts->max_batched_tokens,
-                    opts->max_seqs);
-        goto fail;
-    }
     e->dual = opts->dualpath;
-    if (e->dual && (opts->compress.keep_ratio <= 0.0f || opts->compress.keep_ratio > 1.0f ||
-                    opts->prefill_fraction <= 0.0 || opts->prefill_fraction >= 1.0)) {
-        rc = dp_err(err, errsz, DP_EINVAL, "engine: bad dual-path settings (keep_ratio %g, "
-                    "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
+    int rc;
+    if ((rc = check_opts(e, opts, err, errsz)))
         goto fail;
-    }
-    /* A quantized whole cache is dualpath off's (llama.cpp's -ctk q8_0):
-     * the prefill path keeps f16 or f32, and the decode path's type is
-     * decode_kv_type. */
-    if (e->dual && dp_kv_type_quantized(opts->kv_type)) {
-        rc = dp_err(err, errsz, DP_EINVAL, "engine: kv_cache_type %s keeps the whole cache "
-                    "quantized and needs dualpath = false; with the dual path the prefill path "
-                    "keeps f16 or f32 and decode_kv_type sets the decode path's type",
-                    dp_kv_type_name(opts->kv_type));
-        goto fail;
-    }
     /* The path detector's settings (the KV manager plans predicted early
      * switches with its min_tokens). */
     if (e->dual) {
@@ -372,104 +427,13 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
         if (opts->early_min_tokens > 0)
             e->popts.min_tokens = opts->early_min_tokens;
     }
-    int64_t kv_bytes = opts->kv_bytes;
-    if (kv_bytes <= 0 && (opts->n_blocks <= 0 || (e->dual && opts->n_blocks_decode <= 0)) &&
-        (rc = eng_plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err, errsz)))
+    if ((rc = eng_plan_memory(e, opts, err, errsz)))
         goto fail;
-    int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
-    dp_kv_mgr_opts ko = {
-        .prefill = eng_kv_layout_of(e->be, model, opts, opts->block_tokens, opts->n_blocks, false),
-        .decode = eng_kv_layout_of(e->be, model, opts, dbt, opts->n_blocks_decode, true),
-        .kv_bytes = kv_bytes,
-        .dual = e->dual,
-        .prefill_fraction = opts->prefill_fraction,
-        .ctx_len = e->ctx_len,
-        .decode_budget = opts->decode_budget,
-        .budget_floor = opts->compress.sinks + opts->compress.window,
-        .prefix_cache = opts->prefix_cache,
-        .host_tier_bytes = opts->host_tier_bytes,
-        .swap_bytes = opts->swap_bytes,
-        .reuse_replies = opts->reuse_replies,
-        .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
-        .head_dim = hp->head_dim,
-        .early_min = e->popts.min_tokens, .early_chunk = opts->max_batched_tokens,
-        .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
-        .exempt_layers = e->dual ? opts->exempt_layers : 0,
-    };
-    eng_decode_auto_fallback(e->be, opts, &ko);
-    /* A grouped type's prompt is compacted once, at its end, where its
-     * groups are sealed: it never switches early. */
-    if (e->dual && opts->early_switch && dp_kv_type_grouped(ko.decode.type)) {
-        rc = dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s compacts a prompt "
-                    "once, at its end, and does not switch early: set early_switch = false or "
-                    "another decode_kv_type", dp_kv_type_name(ko.decode.type));
-        goto fail;
-    }
-    if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
-        goto fail;
-    if (kv_mgr_shared(&e->kv) && opts->prefill_fraction != 0.25)
-        dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
-               "KV arena (it splits the memory only when decode_block_tokens differs from "
-               "block_tokens with one KV type for both paths)", opts->prefill_fraction);
-    const int32_t held = kv_mgr_decode_block_tokens(&e->kv);
-    if (kv_mgr_shared(&e->kv) && ko.decode.type != ko.prefill.type && opts->decode_block_tokens != 16 &&
-        opts->decode_block_tokens != held)
-        dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
-               "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
-               dp_kv_type_name(ko.decode.type), held);
-    kv_mgr_log_plan(&e->kv);
-    eng_cap_context(e);
     /* The model's logits rows beyond one per sequence score prompts. */
     e->score_rows = llama_max_out(model) - opts->max_seqs;
     dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, e->score_rows};
-    size_t T = (size_t)opts->max_batched_tokens, S = (size_t)opts->max_seqs;
-    size_t R = (size_t)llama_max_out(model);
-    e->logits = malloc(R * (size_t)e->vocab * sizeof(float));
-    e->sc_out = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof(int32_t));
-    e->sc_pos = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof(int32_t));
-    e->sc_seq = malloc((e->score_rows > 0 ? (size_t)e->score_rows : 1) * sizeof *e->sc_seq);
-    e->raw_row = malloc((size_t)e->vocab * sizeof(float));
-    e->topk_k = e->vocab < ENGINE_TOPK ? e->vocab : ENGINE_TOPK;
-    e->t_temp = malloc(S * sizeof(float));
-    e->t_max = malloc(S * sizeof(float));
-    e->t_sum = malloc(S * sizeof(float));
-    e->t_mask = calloc(S, 1);
-    e->t_ids = malloc(S * (size_t)e->topk_k * sizeof(int32_t));
-    e->t_tok = malloc(S * sizeof(int32_t));
-    e->t_pd = malloc(S * sizeof *e->t_pd);
-    e->t_seq = malloc(S * sizeof *e->t_seq);
-    e->t_vals = malloc(S * (size_t)e->topk_k * sizeof(float));
-    e->eog = malloc((size_t)e->vocab * sizeof(int32_t));
-    for (int32_t t = 0; e->eog && t < e->vocab; t++)
-        if (tokenizer_is_eog(tok, t))
-            e->eog[e->n_eog++] = t;
-    e->b_tokens = malloc(T * sizeof(int32_t));
-    e->b_pos = malloc(T * sizeof(int32_t));
-    e->b_seq = malloc(T * sizeof(int32_t));
-    e->b_slot = malloc(T * sizeof(int32_t));
-    e->b_out = malloc(R * sizeof(int32_t));
-    e->b_store = calloc(S, 1);
-    e->b_sealed = calloc(S, sizeof(int32_t));
-    e->b_roff = calloc(S, sizeof(int32_t));
-    e->x_store = calloc(S, 1);
-    e->x_slot = malloc(T * sizeof(int32_t));
-    e->capture_cap = llama_capture_capacity(model);
-    e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
-    for (int i = 0; i < 3; i++)
-        e->lists[i] = malloc(S * sizeof(eng_seq *));
-    e->mig = malloc(S * sizeof *e->mig);
-    e->in_cap = 64;
-    e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
-    if (sched_init(&e->sched, &so, &e->kv) ||
-        sampler_init(&e->sampler, e->vocab) || !e->logits || !e->b_capture || !e->lists[0] ||
-        !e->mig ||
-        !e->lists[1] || !e->lists[2] ||
-        !e->raw_row || !e->t_temp || !e->t_max || !e->t_sum || !e->t_mask || !e->t_ids ||
-        !e->t_vals || !e->t_tok || !e->t_pd || !e->t_seq || !e->eog || !e->b_tokens ||
-        !e->b_pos || !e->b_seq || !e->b_slot || !e->b_out || !e->b_store || !e->in_q ||
-        !e->b_sealed || !e->b_roff ||
-        !e->x_store || !e->x_slot ||
-        !e->sc_out || !e->sc_pos || !e->sc_seq) {
+    if (sched_init(&e->sched, &so, &e->kv) || sampler_init(&e->sampler, e->vocab) ||
+        !alloc_step_arrays(e, opts)) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }

@@ -173,10 +173,9 @@ void eng_run_step(dp_engine *e);
 
 /* ---- plan.c ---- */
 
-int eng_plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, size_t errsz);
-void eng_decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr_opts *ko);
-dp_kv_layout eng_kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
-                              int32_t block_tokens, int32_t n_blocks, bool decode);
-void eng_cap_context(dp_engine *e);
+/* The KV manager as the options and the device's memory allow (kv_bytes
+ * planned where not given, the decode type's auto fallback), its plan
+ * logged, the context capped to what it can hold. */
+int eng_plan_memory(dp_engine *e, const dp_engine_opts *opts, char *err, size_t errsz);
 
 #endif

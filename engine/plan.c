@@ -27,7 +27,7 @@
 #define ENGINE_KV_RESERVE ((int64_t)256 << 20)
 #define MIB(x) ((double)(x) / (1024.0 * 1024.0))
 
-int eng_plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, size_t errsz)
+static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, size_t errsz)
 {
     size_t free_b = 0, total_b = 0;
     if (!be->ops->mem_info || be->ops->mem_info(be, &free_b, &total_b) || total_b == 0) {
@@ -61,7 +61,7 @@ int eng_plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *err, 
  * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
  * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045); where
  * the manager refuses kivi4 with the other settings, engine_init takes q8_0
- * (eng_decode_auto_fallback). An f32 cache asked for exactness and keeps its
+ * (decode_auto_fallback). An f32 cache asked for exactness and keeps its
  * type. */
 static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o)
 {
@@ -81,7 +81,7 @@ static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const 
  * in: kv_mgr_check_grouped) or the path detector may switch early (a
  * grouped prompt is compacted once, at its end): no combination of
  * settings keeps the daemon from starting. */
-void eng_decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr_opts *ko)
+static void decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr_opts *ko)
 {
     if (o->decode_kv_type != ENGINE_DECODE_KV_AUTO || !dp_kv_type_grouped(ko->decode.type))
         return;
@@ -91,8 +91,8 @@ void eng_decode_auto_fallback(dp_backend *be, const dp_engine_opts *o, dp_kv_mgr
 
 /* The layout of a pool's store: the model's geometry, the configured type
  * (the decode path's auto: decode_auto_type). */
-dp_kv_layout eng_kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
-                              int32_t block_tokens, int32_t n_blocks, bool decode)
+static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine_opts *o,
+                                 int32_t block_tokens, int32_t n_blocks, bool decode)
 {
     dp_kv_layout l = llama_kv_layout(m, block_tokens, n_blocks);
     l.type = o->kv_type;
@@ -111,7 +111,7 @@ dp_kv_layout eng_kv_layout_of(dp_backend *be, const dp_llama *m, const dp_engine
  * to generate, and a one-token prompt generating the rest (a sequence too
  * long to migrate runs whole, so dualpath never caps the context lower than
  * off in one arena). */
-void eng_cap_context(dp_engine *e)
+static void cap_context(dp_engine *e)
 {
     dp_kv_seq kv;
     kv_seq_init(&kv, e->dual, &e->opts.compress);
@@ -125,4 +125,56 @@ void eng_cap_context(dp_engine *e)
                (long long)c, e->ctx_len);
         e->ctx_len = (int32_t)c;
     }
+}
+
+int eng_plan_memory(dp_engine *e, const dp_engine_opts *opts, char *err, size_t errsz)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    int64_t kv_bytes = opts->kv_bytes;
+    int rc;
+    if (kv_bytes <= 0 && (opts->n_blocks <= 0 || (e->dual && opts->n_blocks_decode <= 0)) &&
+        (rc = plan_kv_bytes(e->be, opts->gpu_memory_fraction, &kv_bytes, err, errsz)))
+        return rc;
+    int32_t dbt = opts->decode_block_tokens > 0 ? opts->decode_block_tokens : opts->block_tokens;
+    dp_kv_mgr_opts ko = {
+        .prefill = kv_layout_of(e->be, e->model, opts, opts->block_tokens, opts->n_blocks, false),
+        .decode = kv_layout_of(e->be, e->model, opts, dbt, opts->n_blocks_decode, true),
+        .kv_bytes = kv_bytes,
+        .dual = e->dual,
+        .prefill_fraction = opts->prefill_fraction,
+        .ctx_len = e->ctx_len,
+        .decode_budget = opts->decode_budget,
+        .budget_floor = opts->compress.sinks + opts->compress.window,
+        .prefix_cache = opts->prefix_cache,
+        .host_tier_bytes = opts->host_tier_bytes,
+        .swap_bytes = opts->swap_bytes,
+        .reuse_replies = opts->reuse_replies,
+        .n_layers = hp->n_layers, .n_kv_heads = hp->n_kv_heads, .n_heads = hp->n_heads,
+        .head_dim = hp->head_dim,
+        .early_min = e->popts.min_tokens, .early_chunk = opts->max_batched_tokens,
+        .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
+        .exempt_layers = e->dual ? opts->exempt_layers : 0,
+    };
+    decode_auto_fallback(e->be, opts, &ko);
+    /* A grouped type's prompt is compacted once, at its end, where its
+     * groups are sealed: it never switches early. */
+    if (e->dual && opts->early_switch && dp_kv_type_grouped(ko.decode.type))
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: decode_kv_type %s compacts a prompt "
+                      "once, at its end, and does not switch early: set early_switch = false or "
+                      "another decode_kv_type", dp_kv_type_name(ko.decode.type));
+    if ((rc = kv_mgr_init(&e->kv, e->be, &ko, err, errsz)))
+        return rc;
+    if (kv_mgr_shared(&e->kv) && opts->prefill_fraction != 0.25)
+        dp_log(DP_LOG_WARN, "engine: prefill_pool_fraction %g has no effect: both paths share one "
+               "KV arena (it splits the memory only when decode_block_tokens differs from "
+               "block_tokens with one KV type for both paths)", opts->prefill_fraction);
+    const int32_t held = kv_mgr_decode_block_tokens(&e->kv);
+    if (kv_mgr_shared(&e->kv) && ko.decode.type != ko.prefill.type &&
+        opts->decode_block_tokens != 16 && opts->decode_block_tokens != held)
+        dp_log(DP_LOG_WARN, "engine: decode_block_tokens %d has no effect: a %s decode path "
+               "holds %d tokens in each block of the shared arena", opts->decode_block_tokens,
+               dp_kv_type_name(ko.decode.type), held);
+    kv_mgr_log_plan(&e->kv);
+    cap_context(e);
+    return 0;
 }

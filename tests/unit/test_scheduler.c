@@ -281,8 +281,15 @@ int main(void)
         CHECK(p.items[0].seq == a);
         CHECK_EQ_INT(s.n_waiting, 1);
         sched_commit(&s, &p);
-        sched_schedule(&s, &p); /* a is fully computed with nothing appended: no work */
+        /* a is fully computed with nothing appended: no work, so nothing
+         * fits, and step 4 of the plan makes the newest running sequence
+         * (a) yield its blocks. */
+        sched_schedule(&s, &p);
         CHECK_EQ_INT(p.n_items, 0);
+        CHECK_EQ_INT(p.n_preempted, 1);
+        CHECK(p.never_fits == NULL);
+        CHECK_EQ_INT(s.n_running, 0);
+        CHECK_EQ_INT(s.n_waiting, 2);
         sched_commit(&s, &p);
         sched_remove(&s, a); /* a finishes: its blocks free, b is admitted */
         CHECK_EQ_INT(kv_pool_n_free(pool), 4);
@@ -302,6 +309,17 @@ int main(void)
         sched_remove(&s, c);
         sched_remove(&s, d);
         CHECK_EQ_INT(kv_pool_n_free(pool), 4);
+        /* Nothing running and a head that can never fit (7 blocks of a
+         * 4-block pool; submit checks against the pools, so a safety net):
+         * the plan names it for the engine to fail. */
+        int32_t huge[100] = {0};
+        dp_seq *e = seq_new(5, huge, 100, 0, NULL);
+        sched_add(&s, e);
+        sched_schedule(&s, &p);
+        CHECK_EQ_INT(p.n_items, 0);
+        CHECK(p.never_fits == e);
+        sched_remove(&s, e);
+        seq_free(e);
         seq_free(a);
         seq_free(b);
         seq_free(c);

@@ -179,7 +179,7 @@ int main(int argc, char **argv)
             .top_p = (float)top_p, .min_p = (float)min_p, .seed = seed, .chat = chat,
             .chat_template = cfg.chat_template,
             .threads = cfg.threads, .exact_matmul = cfg.exact_matmul, .verbose = verbose,
-            .engine = &eo,
+            .cuda_graphs = cfg.cuda_graphs, .engine = &eo,
         };
         status = oneshot_run(&o);
     } else {

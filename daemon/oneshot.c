@@ -73,7 +73,8 @@ int oneshot_run(const dp_oneshot_opts *o)
         max_out = eo->max_batched_tokens;
     const dp_model_open_opts mo = {.path = o->model, .device = o->device, .threads = o->threads,
                                    .max_tokens = eo->max_batched_tokens, .max_out = max_out,
-                                   .tokenizer = true, .exact_matmul = o->exact_matmul};
+                                   .tokenizer = true, .exact_matmul = o->exact_matmul,
+                                   .no_graphs = !o->cuda_graphs, .drop_pages = true};
     dp_model_files mf;
     const double t0 = dp_now();
     if (model_open(&mf, &mo, err, sizeof err)) {

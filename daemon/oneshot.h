@@ -22,6 +22,7 @@ typedef struct dp_oneshot_opts {
     const char *chat_template; /* as serve's: NULL or "": the model's */
     int threads;
     bool exact_matmul;
+    bool cuda_graphs;            /* as serving's cuda_graphs */
     bool verbose;
     const dp_engine_opts *engine; /* the daemon's engine options (its configuration) */
 } dp_oneshot_opts;

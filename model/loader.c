@@ -24,10 +24,14 @@ int model_open(dp_model_files *mf, const dp_model_open_opts *o, char *err, size_
         goto fail;
     if (mf->be->ops->set_exact && o->exact_matmul)
         mf->be->ops->set_exact(mf->be, true);
+    if (mf->be->ops->step_graphs && o->no_graphs)
+        mf->be->ops->step_graphs(mf->be, DP_GRAPHS_OFF, NULL);
     if ((rc = llama_init(&mf->m, &mf->g, mf->be, o->max_tokens, o->max_out, e2, sizeof e2))) {
         dp_err(err, errsz, rc, "cannot load model %s: %s", o->path, e2);
         goto fail;
     }
+    if (o->drop_pages) /* the backend holds its own copy of every weight */
+        gguf_drop_tensor_pages(&mf->g);
     return 0;
 fail:
     model_close(mf);

@@ -22,6 +22,9 @@ typedef struct dp_model_open_opts {
     int32_t max_out;          /* ... and output rows */
     bool tokenizer;           /* open the tokenizer too */
     bool exact_matmul;        /* the CPU's exact f32 matmul (backend set_exact) */
+    bool no_graphs;           /* record no CUDA graphs (the daemon's cuda_graphs = false) */
+    bool drop_pages;          /* drop the file's tensor pages once the backend holds its
+                               * copy of every weight (as the daemon does) */
 } dp_model_open_opts;
 
 typedef struct dp_model_files {

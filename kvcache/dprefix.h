@@ -24,11 +24,25 @@
 #ifndef DP_KVCACHE_DPREFIX_H
 #define DP_KVCACHE_DPREFIX_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/hash.h"
 #include "pool.h"
 #include "u64map.h"
+
+/* A sequence's hold on an entry (a prefix copy or a kept share): one
+ * handle type for both, distinct from an entry's id so that the two are
+ * never mixed. The zero handle holds nothing, so a zeroed sequence holds
+ * no share. */
+typedef struct dp_share {
+    int32_t h; /* the entry's id + 1; 0: none */
+} dp_share;
+static inline dp_share share_none(void) { return (dp_share){0}; }
+static inline dp_share share_of(int32_t id) { return (dp_share){id + 1}; }
+static inline bool share_held(dp_share s) { return s.h != 0; }
+static inline int32_t share_id(dp_share s) { return s.h - 1; }
+static inline bool share_eq(dp_share a, dp_share b) { return a.h == b.h; }
 
 typedef struct dp_dprefix_entry {
     uint64_t name;       /* 0: a free entry */

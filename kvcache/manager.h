@@ -55,11 +55,11 @@ typedef struct dp_kv_seq {
     int32_t ref_blocks;       /* leading decode-table blocks held by reference: to the
                                * prefill path's (a prefix kept whole; kv_mgr_migrate), or
                                * to a decode-pool share (dshare, kshare) */
-    int32_t dshare;           /* the decode-pool share it holds (dprefix.h): id + 1, 0: none;
-                               * on the prefill path, the one admission joined: slots its
+    dp_share dshare;          /* the decode-pool share it holds (dprefix.h); on the
+                               * prefill path, the one admission joined: slots its
                                * migration will not take */
-    int32_t kshare;           /* the kept share (dprefix.h) it named or took at its
-                               * migration: id + 1, 0: none */
+    dp_share kshare;          /* the kept share (dprefix.h) it named or took at its
+                               * migration */
     bool recompressed;        /* compacted again on the decode path since */
     /* A predicted early switch (the path detector switches a repetitive
      * prompt at its first chunk end past the manager's early_min): early_end

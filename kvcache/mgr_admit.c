@@ -93,9 +93,9 @@ int32_t mgr_ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slots, 
         return mgr_front_slots(m, kv, n_keep);
     if (!seq_shares(m, kv))
         return 0;
-    if (!kv->dshare)
+    if (!share_held(kv->dshare))
         return 0;
-    const int32_t id = kv->dshare - 1, r = dprefix_slots(&m->dpx, id);
+    const int32_t id = share_id(kv->dshare), r = dprefix_slots(&m->dpx, id);
     /* On the decode path its table starts with the share's blocks (or holds
      * a kept share's, which start with them). */
     if (kv->path == DP_PATH_DECODE &&
@@ -107,16 +107,16 @@ int32_t mgr_ref_slots(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_slots, 
 
 void mgr_leave_share(dp_kv_mgr *m, dp_kv_seq *kv)
 {
-    if (kv->dshare)
-        dprefix_leave(&m->dpx, kv->dshare - 1);
-    kv->dshare = 0;
+    if (share_held(kv->dshare))
+        dprefix_leave(&m->dpx, share_id(kv->dshare));
+    kv->dshare = share_none();
 }
 
 void mgr_leave_kept(dp_kv_mgr *m, dp_kv_seq *kv)
 {
-    if (kv->kshare)
-        dprefix_leave(&m->dpx, kv->kshare - 1);
-    kv->kshare = 0;
+    if (share_held(kv->kshare))
+        dprefix_leave(&m->dpx, share_id(kv->kshare));
+    kv->kshare = share_none();
 }
 
 /* A kept share's tag: what chose its slots. Sequences with the same tokens
@@ -219,9 +219,10 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
      * are a share's that others hold (a kept share it joined at admission
      * holds more of them than its front). */
     int32_t r = mgr_ref_slots(m, kv, c, keep);
-    if (kv->kshare && kv->path == DP_PATH_PREFILL && dprefix_slots(&m->dpx, kv->kshare - 1) > r &&
-        m->dpx.e[kv->kshare - 1].cols == keep)
-        r = dprefix_slots(&m->dpx, kv->kshare - 1);
+    const int32_t kid = share_id(kv->kshare);
+    if (share_held(kv->kshare) && kv->path == DP_PATH_PREFILL && dprefix_slots(&m->dpx, kid) > r &&
+        m->dpx.e[kid].cols == keep)
+        r = dprefix_slots(&m->dpx, kid);
     /* Exempt layers keep every token, whatever the budget. */
     n.decode = decode_promise(m, kv, (int64_t)mgr_dblocks_for(m, kv, d) - r / seq_bt(m, kv) +
                                          mgr_xblocks_for(m, kv, (int64_t)c + n_more));
@@ -423,11 +424,11 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * identical requests): it will keep those slots without selecting, so
      * no window of its own must run for SnapKV (only its last token), and
      * it holds the share from now until it migrates. */
-    if (m->dual && kv->dual && !kv->kshare && kv->table.n_blocks == 0) {
+    if (m->dual && kv->dual && !share_held(kv->kshare) && kv->table.n_blocks == 0) {
         int32_t id = mgr_kept_find(m, kv, tokens, n_tokens, kv_mgr_migration_keep(m, kv, n_tokens));
         if (id >= 0) {
             dprefix_join(&m->dpx, id);
-            kv->kshare = id + 1;
+            kv->kshare = share_of(id);
             if (tail < n_tokens) /* not a prompt scored whole */
                 tail = 1;
         }
@@ -443,12 +444,12 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
      * it becomes one of the share's users (left again if not admitted, or
      * if it runs whole), so the share outlives whoever holds it now until
      * this sequence migrates. */
-    if (seq_shares(m, kv) && kv->dual && !kv->dshare) {
+    if (seq_shares(m, kv) && kv->dual && !share_held(kv->dshare)) {
         int32_t s = mgr_front_slots(m, kv, compress_n_keep(&kv->copts, n_tokens));
         int32_t share = s > 0 ? dprefix_find(&m->dpx, tokens, s) : -1;
         if (share >= 0) {
             dprefix_join(&m->dpx, share);
-            kv->dshare = share + 1;
+            kv->dshare = share_of(share);
         }
     }
     if (may_whole && kv->dual && mgr_whole_has_room(m, kv, n_tokens, mgr_parked_room(m))) {
@@ -475,7 +476,7 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     /* A predicted early switch is planned when it needs less than the
      * switch at the prompt's end (with a quantized decode path it does) and
      * fits at all. */
-    kv->early_at = dual && !kv->kshare ? early_point(m, kv, got, n_tokens) : 0;
+    kv->early_at = dual && !share_held(kv->kshare) ? early_point(m, kv, got, n_tokens) : 0;
     if (kv->early_at > 0) {
         dp_kv_need en = kv_mgr_need(m, kv, n_tokens, seq_bt(m, kv));
         if (en.prefill + en.decode < need.prefill + need.decode && kv_mgr_fits(m, en))

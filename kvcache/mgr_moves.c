@@ -179,7 +179,7 @@ typedef struct mig_entry {
     int32_t found;            /* the kept share it takes (-1: none) ... */
     uint64_t tag;             /* ... else the tag it names its own under (0: none) */
     const int32_t *keep_given; /* the taken kept share's lists */
-    int32_t kid;              /* the kept share it holds once it moves (id + 1; 0: none) */
+    dp_share kid;             /* the kept share it holds once it moves */
     dp_compress_opts co;      /* its move's options (kv_seq_prompt_end_opts) */
 } mig_entry;
 
@@ -217,7 +217,7 @@ static void plan_front_share(dp_kv_mgr *m, const mig_plan *p, mig_entry *x)
     const int32_t s = g->tokens ? mgr_front_slots(m, kv, g->n_keep) : 0;
     /* The share admission joined, unless the front shrank since (an early
      * switch keeps fewer); else one another sequence holds. */
-    int32_t id = kv->dshare - 1;
+    int32_t id = share_held(kv->dshare) ? share_id(kv->dshare) : -1;
     if (id >= 0 && dprefix_slots(&m->dpx, id) > s) {
         mgr_leave_share(m, kv);
         id = -1;
@@ -312,32 +312,32 @@ static void name_shares(dp_kv_mgr *m, mig_plan *p, mig_entry *x)
     const int32_t bt = p->d->bt;
     x->held = x->nref;
     if (x->share > 0) {
-        if (!kv->dshare)
+        if (!share_held(kv->dshare))
             dprefix_join(&m->dpx, x->share - 1);
-        kv->dshare = x->share;
+        kv->dshare = share_of(x->share - 1);
     } else if (x->share < 0) {
         const int32_t id = dprefix_add(&m->dpx, g->tokens, -x->share, x->table.blocks);
         x->held = id >= 0 ? -x->share : 0;
-        kv->dshare = id >= 0 ? id + 1 : 0;
+        kv->dshare = id >= 0 ? share_of(id) : share_none();
     }
     int32_t *keep_out = NULL;
-    x->kid = 0;
+    x->kid = share_none();
     if (x->found >= 0) {
-        if (kv->kshare != x->found + 1)
+        if (!share_eq(kv->kshare, share_of(x->found)))
             dprefix_join(&m->dpx, x->found);
-        x->kid = x->found + 1;
+        x->kid = share_of(x->found);
     } else if (x->tag) {
         const int32_t id = dprefix_add_kept(&m->dpx, g->tokens, kv->n_slots, x->tag,
                                             x->table.blocks, x->kslots, x->held / bt, p->rows,
                                             g->n_keep);
         if (id >= 0) {
-            x->kid = id + 1;
+            x->kid = share_of(id);
             keep_out = dprefix_keep(&m->dpx, id);
             x->held = x->kslots;
         }
     }
     if (p->src == DP_PATH_PREFILL) { /* a recompression leaves its share once it succeeds */
-        if (kv->kshare && kv->kshare != x->kid)
+        if (share_held(kv->kshare) && !share_eq(kv->kshare, x->kid))
             mgr_leave_kept(m, kv); /* joined at admission, not taken */
         kv->kshare = x->kid;
     }
@@ -412,9 +412,10 @@ static void commit_entry(dp_kv_mgr *m, const mig_plan *p, mig_entry *x, int32_t 
     }
     /* A kept share's scorer is the one that chose its slots (its namer's,
      * recorded here first when both are in this batch). */
-    if (x->kid && mv->keep_out)
-        m->dpx.e[x->kid - 1].scorer = (int32_t)mv->scorer;
-    g->scorer = x->kid && mv->keep_given ? (dp_scorer)m->dpx.e[x->kid - 1].scorer : mv->scorer;
+    if (share_held(x->kid) && mv->keep_out)
+        m->dpx.e[share_id(x->kid)].scorer = (int32_t)mv->scorer;
+    g->scorer = share_held(x->kid) && mv->keep_given ? (dp_scorer)m->dpx.e[share_id(x->kid)].scorer
+                                                     : mv->scorer;
     if (mv->keep_given)
         m->kept_shared++;
     if (p->src == DP_PATH_PREFILL) {

@@ -26,20 +26,20 @@ static dp_kv_parked park_take(dp_kv_mgr *m, int32_t i)
     dp_kv_parked p = m->parked[i];
     m->parked[i] = m->parked[--m->n_parked];
     m->parked_blocks -= seq_dblocks(&p.kv) - p.kv.ref_blocks;
-    if (p.kv.dshare)
-        dprefix_park(&m->dpx, p.kv.dshare - 1, -1);
-    if (p.kv.kshare)
-        dprefix_park(&m->dpx, p.kv.kshare - 1, -1);
+    if (share_held(p.kv.dshare))
+        dprefix_park(&m->dpx, share_id(p.kv.dshare), -1);
+    if (share_held(p.kv.kshare))
+        dprefix_park(&m->dpx, share_id(p.kv.kshare), -1);
     return p;
 }
 
 /* Puts a cache park_take took back in the list. */
 static void park_put(dp_kv_mgr *m, const dp_kv_parked *p)
 {
-    if (p->kv.dshare)
-        dprefix_park(&m->dpx, p->kv.dshare - 1, 1);
-    if (p->kv.kshare)
-        dprefix_park(&m->dpx, p->kv.kshare - 1, 1);
+    if (share_held(p->kv.dshare))
+        dprefix_park(&m->dpx, share_id(p->kv.dshare), 1);
+    if (share_held(p->kv.kshare))
+        dprefix_park(&m->dpx, share_id(p->kv.kshare), 1);
     m->parked[m->n_parked++] = *p;
     m->parked_blocks += seq_dblocks(&p->kv) - p->kv.ref_blocks;
 }
@@ -211,8 +211,8 @@ static int32_t park_find(const dp_kv_mgr *m, const dp_kv_seq *kv, const int32_t 
 
 static bool may_resume(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t n_tokens, int32_t tail)
 {
-    return m->n_parked > 0 && m->dual && kv->dual && kv->table.n_blocks == 0 && !kv->dshare &&
-           !kv->kshare && tail < n_tokens;
+    return m->n_parked > 0 && m->dual && kv->dual && kv->table.n_blocks == 0 &&
+           !share_held(kv->dshare) && !share_held(kv->kshare) && tail < n_tokens;
 }
 
 /* Counts (tally false) or tallies and clears (true) the pool references

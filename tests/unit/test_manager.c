@@ -207,15 +207,15 @@ static void test_decode_share(void)
     dp_kv_migration g = {.kv = &a, .tokens = ta, .n_keep = keep};
     CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
     CHECK_EQ_INT(g.n_ref, 0); /* the first copies */
-    CHECK(a.dshare > 0 && a.ref_blocks == s / dbt);
+    CHECK(share_held(a.dshare) && a.ref_blocks == s / dbt);
     CHECK_EQ_INT(m.dpx.live_blocks, s / dbt);
     /* b: promised its compressed size less the share, plus a block. */
     const int32_t before = m.decode_reserved;
     CHECK(kv_mgr_admit(&m, &b, tb, 140, 1, true, &reused) == 0);
-    CHECK(b.dshare > 0);
-    CHECK_EQ_INT(dprefix_slots(&m.dpx, b.dshare - 1), s);
+    CHECK(share_held(b.dshare));
+    CHECK_EQ_INT(dprefix_slots(&m.dpx, share_id(b.dshare)), s);
     CHECK_EQ_INT(m.decode_reserved - before, (keep + dbt + dbt - 1) / dbt - s / dbt);
-    CHECK_EQ_INT(b.dshare, a.dshare);
+    CHECK(share_eq(b.dshare, a.dshare));
     int32_t shared[8];
     memcpy(shared, a.table.blocks, (size_t)(s / dbt) * sizeof *shared);
     kv_mgr_free(&m, &a); /* the share stays: b was admitted on it */
@@ -284,12 +284,12 @@ static void test_kept_share(void)
     dp_kv_migration g = {.kv = &s[0], .tokens = tok, .n_keep = keep, .share_kept = true};
     CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
     CHECK_EQ_INT(g.n_ref, 0);
-    CHECK(s[0].kshare > 0);
+    CHECK(share_held(s[0].kshare));
     CHECK_EQ_INT(m.dpx.live_blocks, kslots / dbt);
     g = (dp_kv_migration){.kv = &s[1], .tokens = tok, .n_keep = keep};
     CHECK_EQ_INT(kv_mgr_migrate(&m, &g, 1), 1);
     CHECK_EQ_INT(g.n_ref, kslots);
-    CHECK_EQ_INT(s[1].kshare, s[0].kshare);
+    CHECK(share_eq(s[1].kshare, s[0].kshare));
     CHECK(memcmp(s[1].table.blocks, s[0].table.blocks, (size_t)(kslots / dbt) * sizeof(int32_t)) == 0);
     CHECK(s[1].table.blocks[kslots / dbt] != s[0].table.blocks[kslots / dbt]);
     g = (dp_kv_migration){.kv = &s[2], .tokens = tok, .n_keep = keep};

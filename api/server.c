@@ -525,14 +525,11 @@ static void stream_token(dp_server *s, dp_job *j, int k, const dp_event *ev)
  * no half-written event before the stream's error ending). */
 static void stream_error(dp_job *j, const dp_api_err *e)
 {
-    size_t n = 0;
-    char *body = api_err_body(e, &n);
     size_t len = 0;
-    char *ev = body ? sse_frame(body, n, &len) : NULL;
+    char *ev = sse_frame_take(api_err_body(e, NULL), &len);
     if (ev)
         out_append(j, ev, len);
     free(ev);
-    free(body);
 }
 
 static void stream_finish(dp_server *s, dp_job *j, int k, const dp_event *ev)

@@ -30,9 +30,8 @@ static void fmt_ms(char *out, size_t outsz, double seconds)
         snprintf(out, outsz, "%.0f", seconds * 1000.0);
 }
 
-void access_log_request(const dp_hreq *h, enum MHD_RequestTerminationCode toe)
+void access_log_request(const dp_hreq *h, const dp_job *j, enum MHD_RequestTerminationCode toe)
 {
-    const dp_job *j = h->job;
     double now = dp_now();
     /* No response queued: the client went away first (nginx's 499). */
     unsigned status = h->status ? h->status : 499;

@@ -5,10 +5,11 @@
 
 #include "internal.h"
 
-/* Called once per request from MHD's completion callback, before h is freed.
+/* Called once per request when it ends, before h is freed; j is its job
+ * (NULL for the small endpoints).
  * Completion requests and failures are logged at info, the small endpoints
  * (/health, /metrics, ...) that answered < 400 at debug. Prompt text appears
  * only at debug. */
-void access_log_request(const dp_hreq *h, enum MHD_RequestTerminationCode toe);
+void access_log_request(const dp_hreq *h, const dp_job *j, enum MHD_RequestTerminationCode toe);
 
 #endif

@@ -1,6 +1,7 @@
 /* http.c: libmicrohttpd in external epoll mode driven by libuv: a uv_poll_t
  * on MHD's epoll fd and one kick() (MHD_run + a timer re-armed from
- * MHD_get_timeout). Also request bodies (capped), responses and resumes. */
+ * MHD_get_timeout). Also connection deadlines, request bodies (capped),
+ * responses and resumes. What a request means is the owner's (cb). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
@@ -17,7 +18,7 @@
 #include <unistd.h>
 
 #include "common/dp.h"
-#include "internal.h"
+#include "http.h"
 
 static void on_timer(uv_timer_t *t)
 {
@@ -33,7 +34,7 @@ static void on_poll(uv_poll_t *p, int status, int events)
  * the epoll set; it puts it back at the next MHD_run after a slot frees. */
 #define AT_LIMIT_TICK_MS 100
 
-void http_kick(dp_server *s)
+void http_kick(dp_http *s)
 {
     if (!s->mhd || s->in_mhd)
         return;
@@ -59,20 +60,31 @@ void http_kick(dp_server *s)
         uv_timer_start(&s->timer, on_timer, ms, 0);
     else
         uv_timer_stop(&s->timer);
-    server_check_drain(s);
+    if (s->cb.ran)
+        s->cb.ran(s->cb.ud);
 }
 
-void http_resume(dp_job *j)
+void http_suspend(struct MHD_Connection *conn)
 {
-    if (j->conn && j->suspended) {
-        j->suspended = false;
-        MHD_resume_connection(j->conn);
-    }
+    MHD_suspend_connection(conn);
 }
 
-static void count(dp_server *s, unsigned status)
+void http_resume(dp_http *t, struct MHD_Connection *conn)
 {
-    metrics_count_response(&s->metrics, (int)status);
+    MHD_resume_connection(conn);
+}
+
+enum MHD_Result http_queue(dp_hreq *h, unsigned status, struct MHD_Response *r)
+{
+    dp_http *t = h->http;
+    if (h->close) /* the framing is in doubt: never read another request from it */
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    if (t->cb.respond)
+        t->cb.respond(t->cb.ud, h, r, status);
+    enum MHD_Result ret = MHD_queue_response(h->conn, status, r);
+    h->answered = true;
+    h->status = status;
+    return ret;
 }
 
 static enum MHD_Result send_ex(dp_hreq *h, unsigned status, const char *ctype, char *body,
@@ -97,30 +109,9 @@ static enum MHD_Result send_ex(dp_hreq *h, unsigned status, const char *ctype, c
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
     if (hname)
         MHD_add_response_header(r, hname, hval);
-    if (h->close) /* the framing is in doubt: never read another request from it */
-        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
-    http_add_cors(h, r);
-    enum MHD_Result ret = MHD_queue_response(h->conn, status, r);
+    enum MHD_Result ret = http_queue(h, status, r);
     MHD_destroy_response(r);
-    h->answered = true;
-    h->status = status;
-    count(h->srv, status);
     return ret;
-}
-
-void http_add_cors(dp_hreq *h, struct MHD_Response *r)
-{
-    dp_server *s = h->srv;
-    if (!guard_cors_on(&s->guard))
-        return;
-    /* The answer depends on Origin unless every origin is allowed: caches
-     * must not serve one origin's response to another. */
-    if (!s->guard.any_origin)
-        MHD_add_response_header(r, "Vary", "Origin");
-    const char *origin = MHD_lookup_connection_value(h->conn, MHD_HEADER_KIND, "Origin");
-    const char *allow = guard_cors_origin(&s->guard, origin);
-    if (allow)
-        MHD_add_response_header(r, "Access-Control-Allow-Origin", allow);
 }
 
 enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len)
@@ -175,7 +166,7 @@ typedef struct dp_conn {
     uv_poll_t poll;
     uv_timer_t timer;
     int open_handles;         /* freed when both handles are closed */
-    dp_server *srv;
+    dp_http *srv;
     dp_hreq *hreq;            /* the request being served, if any */
     struct dp_conn *prev, *next; /* the server's open connections */
     int fd;
@@ -206,14 +197,15 @@ static void conn_unwatch(dp_conn *c)
  * cancelled, and the write that ends it fails. */
 static void conn_end(dp_conn *c)
 {
-    dp_server *s = c->srv;
+    dp_http *s = c->srv;
     conn_unwatch(c);
     uv_timer_stop(&c->timer);
     c->gone = true;
     shutdown(c->fd, SHUT_RDWR);
     if (c->hreq) {
-        c->hreq->client_gone = true; /* for a job not started yet */
-        server_client_gone(s, c->hreq);
+        c->hreq->client_gone = true; /* for a request not yet handed on */
+        if (s->cb.client_gone)
+            s->cb.client_gone(s->cb.ud, c->hreq);
     }
 }
 
@@ -230,18 +222,22 @@ static const char *const phase_what[] = {
     [PH_IDLE] = "sent no next request",
 };
 
+static dp_http_deadline deadline_of(conn_phase ph)
+{
+    return ph == PH_HEADERS ? DP_DEADLINE_HEADERS : ph == PH_BODY ? DP_DEADLINE_BODY
+                                                                  : DP_DEADLINE_IDLE;
+}
+
 static void on_deadline(uv_timer_t *t)
 {
     dp_conn *c = t->data;
-    dp_server *s = c->srv;
-    double secs = c->phase == PH_HEADERS ? s->opts.header_timeout_s
-                  : c->phase == PH_BODY  ? s->opts.body_timeout_s
-                                         : s->opts.idle_timeout_s;
+    dp_http *s = c->srv;
     if (c->phase == PH_SERVING || c->gone)
         return;
-    s->metrics.conn_timeouts[c->phase == PH_HEADERS ? DP_TIMEOUT_HEADER
-                             : c->phase == PH_BODY  ? DP_TIMEOUT_BODY
-                                                    : DP_TIMEOUT_IDLE]++;
+    dp_http_deadline which = deadline_of(c->phase);
+    double secs = s->opts.timeout_s[which];
+    if (s->cb.deadline)
+        s->cb.deadline(s->cb.ud, which);
     dp_log(DP_LOG_DEBUG, "http: closing a connection that %s in %.0f s", phase_what[c->phase], secs);
     conn_end(c);
     http_kick(s);
@@ -249,11 +245,8 @@ static void on_deadline(uv_timer_t *t)
 
 static void conn_phase_set(dp_conn *c, conn_phase ph)
 {
-    dp_server *s = c->srv;
-    double secs = ph == PH_HEADERS ? s->opts.header_timeout_s
-                  : ph == PH_BODY  ? s->opts.body_timeout_s
-                  : ph == PH_IDLE  ? s->opts.idle_timeout_s
-                                   : 0;
+    dp_http *s = c->srv;
+    double secs = ph == PH_SERVING ? 0 : s->opts.timeout_s[deadline_of(ph)];
     c->phase = ph;
     if (ph == PH_BODY) {
         c->t_body0 = dp_now();
@@ -274,8 +267,8 @@ static void conn_phase_set(dp_conn *c, conn_phase ph)
 
 static void conn_body_progress(dp_conn *c, size_t n)
 {
-    dp_server *s = c->srv;
-    double secs = s->opts.body_timeout_s;
+    dp_http *s = c->srv;
+    double secs = s->opts.timeout_s[DP_DEADLINE_BODY];
     c->body_bytes += n;
     if (c->gone || secs <= 0)
         return;
@@ -289,7 +282,7 @@ static void conn_body_progress(dp_conn *c, size_t n)
     uv_timer_start(&c->timer, on_deadline, (uint64_t)((until - now) * 1000.0 + 0.5), 0);
 }
 
-static void conn_link(dp_server *s, dp_conn *c)
+static void conn_link(dp_http *s, dp_conn *c)
 {
     c->next = s->conns;
     if (s->conns)
@@ -297,7 +290,7 @@ static void conn_link(dp_server *s, dp_conn *c)
     s->conns = c;
 }
 
-static void conn_unlink(dp_server *s, dp_conn *c)
+static void conn_unlink(dp_http *s, dp_conn *c)
 {
     if (c->prev)
         c->prev->next = c->next;
@@ -311,7 +304,7 @@ static void conn_unlink(dp_server *s, dp_conn *c)
 static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    dp_server *s = cls;
+    dp_http *s = cls;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
         s->n_conns++;
         const union MHD_ConnectionInfo *ci =
@@ -348,7 +341,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     }
 }
 
-void http_end_uploads(dp_server *s)
+void http_end_uploads(dp_http *s)
 {
     for (dp_conn *c = s->conns; c; c = c->next)
         if (c->phase == PH_BODY && !c->gone)
@@ -401,13 +394,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                                  const char *method, const char *version,
                                  const char *upload, size_t *upload_size, void **con_cls)
 {
-    dp_server *s = cls;
+    dp_http *s = cls;
     dp_hreq *h = *con_cls;
     if (!h) {
         h = calloc(1, sizeof *h);
         if (!h)
             return MHD_NO;
-        h->srv = s;
+        h->http = s;
         h->conn = conn;
         h->method = method;
         h->url = url;
@@ -446,7 +439,7 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
         }
         /* Preflights and requests without a valid key are answered before
          * their bodies are read. */
-        enum MHD_Result r = routes_early(s, h);
+        enum MHD_Result r = s->cb.headers ? s->cb.headers(s->cb.ud, h) : MHD_YES;
         if (h->answered)
             return r;
         if (cl && v > s->opts.max_body) {
@@ -496,13 +489,13 @@ static enum MHD_Result on_access(void *cls, struct MHD_Connection *conn, const c
                     "the request body exceeds %zu bytes", s->opts.max_body);
         return http_send_error(h, &e);
     }
-    return routes_handle(s, h);
+    return s->cb.request(s->cb.ud, h);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    dp_server *s = cls;
+    dp_http *s = cls;
     dp_hreq *h = *con_cls;
     *con_cls = NULL;
     dp_conn *c = conn_of(conn);
@@ -510,8 +503,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         c->hreq = NULL;
     if (c)
         conn_phase_set(c, PH_IDLE); /* kept alive: the next request must come */
-    if (h)
-        server_hreq_done(s, h, toe);
+    if (!h)
+        return;
+    if (s->cb.done)
+        s->cb.done(s->cb.ud, h, toe);
+    free(h->body);
+    free(h);
+    s->n_hreqs--;
 }
 
 static void mhd_log(void *cls, const char *fmt, va_list ap)
@@ -526,7 +524,7 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
 
 /* A host name is resolved once, at start-up, to its first address (numeric
  * addresses need no lookup); "::" also takes IPv4 (dual stack), other IPv6
- * addresses are v6-only. server_check_address is the same lookup for --check-config. */
+ * addresses are v6-only. http_check_address is the same lookup for --check-config. */
 static int resolve(const char *host, int port, struct sockaddr_storage *ss, unsigned *flags,
                    char *err, size_t errsz)
 {
@@ -555,7 +553,7 @@ static int resolve(const char *host, int port, struct sockaddr_storage *ss, unsi
     return 0;
 }
 
-int server_check_address(const char *host, int port, char *err, size_t errsz)
+int http_check_address(const char *host, int port, char *err, size_t errsz)
 {
     struct sockaddr_storage ss;
     unsigned flags = 0;
@@ -602,7 +600,7 @@ static int unix_listen(const char *path, int *out, struct stat *ident, char *err
 
 /* Removes the socket file only while it is still the one we bound: a daemon
  * started during our drain may have replaced it with its own. */
-static void unix_unlink(dp_server *s)
+static void unix_unlink(dp_http *s)
 {
     struct stat st;
     if (lstat(s->opts.unix_path, &st) == 0 && st.st_dev == s->unix_ident.st_dev &&
@@ -611,7 +609,7 @@ static void unix_unlink(dp_server *s)
     s->unix_bound = false;
 }
 
-int http_open(dp_server *s, char *err, size_t errsz)
+int http_open(dp_http *s, char *err, size_t errsz)
 {
     struct sockaddr_storage ss;
     unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
@@ -633,7 +631,8 @@ int http_open(dp_server *s, char *err, size_t errsz)
     }
     /* MHD's inactivity timeout also bounds a client that stops reading a
      * response; whole seconds, at least one. */
-    unsigned idle_s = s->opts.idle_timeout_s > 0 ? (unsigned)(s->opts.idle_timeout_s + 0.999) : 0;
+    double idle = s->opts.timeout_s[DP_DEADLINE_IDLE];
+    unsigned idle_s = idle > 0 ? (unsigned)(idle + 0.999) : 0;
     /* The address option has a different type per kind: through an array. */
     struct MHD_OptionItem addr_opt[2] = {
         on_unix ? (struct MHD_OptionItem){MHD_OPTION_LISTEN_SOCKET, ufd, NULL}
@@ -680,16 +679,16 @@ int http_open(dp_server *s, char *err, size_t errsz)
     return 0;
 }
 
-void http_quiesce(dp_server *s)
+void http_quiesce(dp_http *s)
 {
-    if (!s->mhd || s->listen_fd >= 0)
+    if (!s->mhd || s->quiesced)
         return;
     MHD_socket fd = MHD_quiesce_daemon(s->mhd);
     /* Close it now so new connections are refused rather than left in the
      * backlog; in external mode no MHD thread can still be using it. */
     if (fd != MHD_INVALID_SOCKET)
         close(fd);
-    s->listen_fd = INT_MAX;
+    s->quiesced = true;
 }
 
 static void on_closed(uv_handle_t *h)
@@ -697,7 +696,7 @@ static void on_closed(uv_handle_t *h)
     (void)h;
 }
 
-void http_close(dp_server *s)
+void http_close(dp_http *s)
 {
     if (s->poll_open) {
         uv_poll_stop(&s->poll);
@@ -714,4 +713,23 @@ void http_close(dp_server *s)
     if (s->unix_bound)
         unix_unlink(s);
     uv_timer_stop(&s->timer);
+}
+
+void http_init(dp_http *t, uv_loop_t *loop, const dp_http_opts *o, const dp_http_cbs *cb)
+{
+    memset(t, 0, sizeof *t);
+    t->loop = loop;
+    t->opts = *o;
+    t->cb = *cb;
+    uv_timer_init(loop, &t->timer);
+    t->timer.data = t;
+    t->timer_open = true;
+}
+
+void http_release(dp_http *t)
+{
+    if (t->timer_open) {
+        uv_close((uv_handle_t *)&t->timer, on_closed);
+        t->timer_open = false;
+    }
 }

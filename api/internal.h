@@ -1,18 +1,22 @@
-/* internal.h: the server's state shared by http.c (libmicrohttpd on libuv),
- * routes.c (dispatch) and server.c (jobs and engine events). Not public. */
+/* internal.h: the server's state, shared by server.c (start-up, the
+ * transport's callbacks, draining), routes.c (dispatch and the small
+ * endpoints) and jobs.c (completion requests and engine events). The
+ * transport (http.h) sees none of it. Not public.
+ *
+ * Calls go one way: server.c -> routes.c -> jobs.c -> http.c. */
 #ifndef DP_API_INTERNAL_H
 #define DP_API_INTERNAL_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <sys/stat.h>
 
 #include <microhttpd.h>
 #include <uv.h>
 
 #include "errors.h"
 #include "guard.h"
+#include "http.h"
 #include "metrics.h"
 #include "openai.h"
 #include "server.h"
@@ -20,23 +24,6 @@
 typedef struct dp_job dp_job;
 
 #define DP_SERVER_UNKNOWN_NAMES 64
-
-/* One HTTP request (MHD's per-request context). */
-typedef struct dp_hreq {
-    dp_server *srv;
-    struct MHD_Connection *conn;
-    const char *method;
-    const char *url;
-    char *body;
-    size_t len, cap;
-    bool too_large;
-    bool answered;   /* a response is queued */
-    dp_job *job;     /* generation request, if any (holds a reference) */
-    double t_start;  /* access log: dp_now() at the headers */
-    unsigned status; /* access log: the queued HTTP status (0: none yet) */
-    bool client_gone; /* the peer hung up before the request was parsed */
-    bool close;       /* answer with Connection: close (the framing is in doubt) */
-} dp_hreq;
 
 /* One completion request: n_choices engine requests and their output. */
 struct dp_job {
@@ -83,24 +70,13 @@ struct dp_server {
     dp_oai_ctx oai;
     dp_metrics metrics;
     dp_guard guard;           /* API keys and CORS origins */
-    struct MHD_Daemon *mhd;
-    struct dp_conn *conns;    /* open connections (http.c) */
-    bool unix_bound;          /* the unix socket file is ours to unlink */
-    struct stat unix_ident;   /* ... while it is still this file */
-    uv_poll_t poll;
-    uv_timer_t timer;
+    dp_http http;             /* the transport; calls back server.c */
     uv_timer_t ping;
     uv_timer_t drain_timer;
     uv_async_t async;
-    bool poll_open, timers_open, async_open;
-    bool in_mhd;              /* inside MHD_run: never re-enter */
-    unsigned n_conns;         /* open connections (MHD's connection notifications) */
-    bool conn_closed;         /* one closed during the current MHD_run */
-    int port;
-    int listen_fd;            /* returned by quiesce; closed at stop */
+    bool timers_open, async_open;
     dp_job *jobs;             /* live jobs */
     int n_jobs;
-    int n_hreqs;
     bool draining;
     bool drain_forced;        /* drain timeout: running requests were cancelled */
     bool drain_ending;        /* then their grace ran out too: connections end now */
@@ -118,38 +94,30 @@ struct dp_server {
     bool unknown_overflow;
 };
 
-/* http.c */
-int http_open(dp_server *s, char *err, size_t errsz);
-void http_kick(dp_server *s);
-void http_quiesce(dp_server *s);
-void http_close(dp_server *s);
-/* Queues a response and counts its status; takes ownership of body (malloc'd). */
-enum MHD_Result http_send(dp_hreq *h, unsigned status, const char *ctype, char *body, size_t len);
-/* ... with one more header (hname: hval). */
-enum MHD_Result http_send_header(dp_hreq *h, unsigned status, const char *ctype, char *body,
-                                 size_t len, const char *hname, const char *hval);
-enum MHD_Result http_send_error(dp_hreq *h, const dp_api_err *e);
-void http_resume(dp_job *j);
-/* Adds the CORS headers the request's Origin earns to r. */
-void http_add_cors(dp_hreq *h, struct MHD_Response *r);
-/* Draining: closes the connections still sending a request body (each
- * holds a request that would keep the drain waiting for its deadline; it
- * would only get a 503). Kept-alive ones stay: their /health says 503. */
-void http_end_uploads(dp_server *s);
-
 /* routes.c */
 /* At the headers, before any body byte: CORS preflights and the API key
  * check; sets h->answered when it queued a response. */
 enum MHD_Result routes_early(dp_server *s, dp_hreq *h);
 enum MHD_Result routes_handle(dp_server *s, dp_hreq *h);
 
-/* server.c */
-enum MHD_Result server_start_job(dp_server *s, dp_hreq *h, dp_oai_kind kind);
-enum MHD_Result server_continue_job(dp_server *s, dp_hreq *h);
-void server_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe);
+/* jobs.c */
+/* Seeds the request ids (unpredictable across restarts). */
+void jobs_init(dp_server *s);
+enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind);
+/* A job's request again, after its connection was resumed. */
+enum MHD_Result jobs_continue(dp_server *s, dp_hreq *h);
 /* The client of h hung up: its generation (if any) is cancelled and its
  * parked connection resumed so that MHD ends it. */
-void server_client_gone(dp_server *s, dp_hreq *h);
-void server_check_drain(dp_server *s);
+void jobs_client_gone(dp_server *s, dp_hreq *h);
+/* h ended: its job loses the connection (and is cancelled if unfinished). */
+void jobs_hreq_done(dp_server *s, dp_hreq *h, enum MHD_RequestTerminationCode toe);
+/* Takes every engine event from the outbox and applies it. */
+void jobs_drain_events(dp_server *s);
+/* The ping timer: request_timeout, and SSE comments on quiet streams. */
+void jobs_tick(dp_server *s, double now);
+void job_cancel(dp_job *j);
+/* Resumes j's parked connection, if any (the caller kicks the transport). */
+void job_resume(dp_job *j);
+void job_free(dp_job *j);
 
 #endif

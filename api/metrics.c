@@ -460,9 +460,15 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
                 "Time from arrival to the last token.", &m->e2e);
 
     family(&b, "dualpath_http_responses_total", "counter", "HTTP responses sent, by status code.");
-    for (int i = 0; i < m->n_codes; i++)
+    bool self_seen = !info->answering;
+    for (int i = 0; i < m->n_codes; i++) {
+        bool self = m->codes[i] == info->answering;
+        self_seen |= self;
         tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} %llu\n", m->codes[i],
-                  (unsigned long long)m->code_counts[i]);
+                  (unsigned long long)m->code_counts[i] + self);
+    }
+    if (!self_seen)
+        tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} 1\n", info->answering);
     family(&b, "dualpath_http_timeouts_total", "counter",
            "Connections closed by a deadline (header, body, idle) and completions cancelled by "
            "request_timeout (request).");

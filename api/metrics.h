@@ -12,7 +12,7 @@
 #define DP_HIST_MAX_BUCKETS 24
 #define DP_METRICS_MAX_CODES 32
 
-/* Connection deadlines (api/http.c). */
+/* Connection deadlines (api/http.c's dp_http_deadline, counted by server.c). */
 enum { DP_TIMEOUT_HEADER, DP_TIMEOUT_BODY, DP_TIMEOUT_IDLE, DP_TIMEOUT_KINDS };
 
 typedef struct dp_hist {
@@ -50,6 +50,8 @@ typedef struct dp_metrics_info {
     const char *matmul;  /* int8 | exact (CPU); f32 elsewhere */
     int draining;
     unsigned connections; /* open HTTP connections */
+    int answering;        /* the status of the scrape's own response, counted once it is
+                             queued: the text includes it already (0: none) */
 } dp_metrics_info;
 
 /* malloc'd exposition text; NULL on allocation failure. */

@@ -103,10 +103,9 @@ static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
                                        : s->opts.backend ? s->opts.backend : "unknown",
                             .kernels = s->kernels[0] ? s->kernels : "unknown",
                             .matmul = s->matmul[0] ? s->matmul : "unknown",
-                            .draining = s->draining, .connections = s->n_conns};
+                            .draining = s->draining, .connections = s->http.n_conns,
+                            .answering = 200};
     size_t len = 0;
-    /* Count this response before rendering so the scrape includes itself. */
-    metrics_count_response(&s->metrics, 200);
     char *body = metrics_render(&s->metrics, &st, &info, &len);
     struct MHD_Response *r = body ? MHD_create_response_from_buffer(len, body, MHD_RESPMEM_MUST_FREE)
                                   : NULL;
@@ -115,11 +114,8 @@ static enum MHD_Result on_metrics(dp_server *s, dp_hreq *h)
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");
-    http_add_cors(h, r);
-    enum MHD_Result ret = MHD_queue_response(h->conn, 200, r);
+    enum MHD_Result ret = http_queue(h, 200, r);
     MHD_destroy_response(r);
-    h->answered = true;
-    h->status = 200;
     return ret;
 }
 
@@ -294,12 +290,8 @@ static enum MHD_Result on_options(dp_server *s, dp_hreq *h, route_kind k)
                                 rh && *rh ? rh : "Authorization, Content-Type");
         MHD_add_response_header(r, "Access-Control-Max-Age", "600");
     }
-    http_add_cors(h, r);
-    enum MHD_Result ret = MHD_queue_response(h->conn, 204, r);
+    enum MHD_Result ret = http_queue(h, 204, r);
     MHD_destroy_response(r);
-    h->answered = true;
-    h->status = 204;
-    metrics_count_response(&s->metrics, 204);
     return ret;
 }
 
@@ -342,8 +334,6 @@ enum MHD_Result routes_early(dp_server *s, dp_hreq *h)
 
 enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
 {
-    if (h->job)
-        return server_continue_job(s, h);
     const char *u = h->url;
     /* HEAD is GET without the body (MHD leaves the body out). */
     bool get = !strcmp(h->method, "GET") || !strcmp(h->method, "HEAD");
@@ -370,8 +360,7 @@ enum MHD_Result routes_handle(dp_server *s, dp_hreq *h)
             return on_tokenize(s, h);
         if (!strcmp(u, "/detokenize"))
             return on_detokenize(s, h);
-        return server_start_job(s, h, !strcmp(u, "/v1/completions") ? DP_OAI_COMPLETION
-                                                                    : DP_OAI_CHAT);
+        return jobs_start(s, h, !strcmp(u, "/v1/completions") ? DP_OAI_COMPLETION : DP_OAI_CHAT);
     }
     if (kind == R_NONE) {
         api_err_set(&e, 404, "invalid_request_error", "not_found", NULL,

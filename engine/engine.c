@@ -370,28 +370,17 @@ static bool alloc_step_arrays(dp_engine *e, const dp_engine_opts *opts)
     for (int32_t t = 0; e->eog && t < e->vocab; t++)
         if (tokenizer_is_eog(e->tok, t))
             e->eog[e->n_eog++] = t;
-    e->b_tokens = malloc(T * sizeof(int32_t));
-    e->b_pos = malloc(T * sizeof(int32_t));
-    e->b_seq = malloc(T * sizeof(int32_t));
-    e->b_slot = malloc(T * sizeof(int32_t));
-    e->b_out = malloc(R * sizeof(int32_t));
-    e->b_store = calloc(S, 1);
-    e->b_sealed = calloc(S, sizeof(int32_t));
-    e->b_roff = calloc(S, sizeof(int32_t));
-    e->x_store = calloc(S, 1);
-    e->x_slot = malloc(T * sizeof(int32_t));
-    e->capture_cap = llama_capture_capacity(e->model);
-    e->b_capture = malloc((size_t)e->capture_cap * sizeof(int32_t));
+    bool bb_ok = batch_buf_init(&e->bb, (int32_t)T, (int32_t)R, (int32_t)S,
+                                llama_capture_capacity(e->model)) == 0;
     for (int i = 0; i < 3; i++)
         e->lists[i] = malloc(S * sizeof(eng_seq *));
     e->mig = malloc(S * sizeof *e->mig);
     e->in_cap = 64;
     e->in_q = malloc((size_t)e->in_cap * sizeof *e->in_q);
-    return e->logits && e->b_capture && e->lists[0] && e->mig && e->lists[1] && e->lists[2] &&
+    return bb_ok && e->logits && e->lists[0] && e->mig && e->lists[1] && e->lists[2] &&
            e->raw_row && e->t_temp && e->t_max && e->t_sum && e->t_mask && e->t_ids &&
-           e->t_vals && e->t_tok && e->t_pd && e->t_seq && e->eog && e->b_tokens && e->b_pos &&
-           e->b_seq && e->b_slot && e->b_out && e->b_store && e->in_q && e->b_sealed &&
-           e->b_roff && e->x_store && e->x_slot && e->sc_out && e->sc_pos && e->sc_seq;
+           e->t_vals && e->t_tok && e->t_pd && e->t_seq && e->eog && e->in_q && e->sc_out &&
+           e->sc_pos && e->sc_seq;
 }
 
 int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
@@ -493,7 +482,7 @@ void engine_destroy(dp_engine *e)
     for (int32_t i = 0; i < e->in_n; i++)
         request_unref(e->in_q[i]);
     event_free_list(e->out_head);
-    free(e->b_capture);
+    batch_buf_destroy(&e->bb);
     free(e->mig);
     for (int i = 0; i < 3; i++)
         free(e->lists[i]);
@@ -512,22 +501,10 @@ void engine_destroy(dp_engine *e)
     free(e->t_pd);
     free(e->t_seq);
     free(e->eog);
-    free(e->b_tokens);
-    free(e->b_pos);
-    free(e->b_seq);
-    free(e->b_slot);
-    free(e->b_out);
     free(e->sc_out);
     free(e->sc_pos);
     free(e->sc_seq);
     gvocab_free(e->gvocab);
-    free(e->b_store);
-    free(e->b_sealed);
-    free(e->b_roff);
-    free(e->b_tables);
-    free(e->x_store);
-    free(e->x_slot);
-    free(e->x_tables);
     free(e->in_q);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->cv);

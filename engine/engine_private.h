@@ -13,6 +13,7 @@
 #include <stdatomic.h>
 
 #include "engine.h"
+#include "kernels/batch.h"
 #include "kvcache/manager.h"
 #include "sched/path.h"
 #include "sched/sampler.h"
@@ -75,8 +76,8 @@ struct dp_engine {
     dp_path_opts popts;
     eng_seq **lists[3];        /* per-step scratch lists, max_seqs entries each */
     dp_kv_migration *mig;      /* migration scratch, max_seqs entries */
-    int32_t *b_capture;
-    int32_t capture_cap;       /* llama_capture_capacity */
+    dp_batch_buf bb;           /* the step's batch arrays (engine thread only); captures:
+                                  llama_capture_capacity */
     int64_t dq_missed;         /* decode queries this step had no capture room for */
     dp_sched sched;
     dp_sampler sampler;
@@ -99,21 +100,12 @@ struct dp_engine {
     dp_sample_pending *t_pd;
     struct eng_seq **t_seq; /* the sequence of each output row */
     int64_t n_cand, n_fallback, n_full; /* rows sampled this step, by source */
-    /* Batch arrays (engine thread only). */
-    int32_t *b_tokens, *b_pos, *b_seq, *b_slot, *b_out, *b_tables;
     /* Prompt-logprob rows of the step (after the sampled rows): the token
      * index of each, its sequence and position; score_rows at most. */
     int32_t score_rows;
     int32_t *sc_out, *sc_pos;
     struct eng_seq **sc_seq;
     dp_gvocab *gvocab;         /* the vocabulary's byte trie, built for the first grammar */
-    uint8_t *b_store;
-    int32_t *b_sealed, *b_roff; /* grouped decode types' (dp_batch seq_sealed, seq_roff) */
-    /* The exempt layers' arrays of a step (dp_batch x_*). */
-    int32_t *x_slot, *x_tables;
-    size_t x_tables_cap;
-    uint8_t *x_store;
-    size_t b_tables_cap;
     eng_seq *live;
     /* Inbox and outbox. */
     pthread_mutex_t mu;

@@ -16,23 +16,10 @@
 /* ---- one step ------------------------------------------------------------- */
 
 /* *a grown to hold n entries (*cap: what it holds). */
-static int grow_i32(int32_t **a, size_t *cap, size_t n)
-{
-    if (n <= *cap)
-        return 0;
-    int32_t *t = realloc(*a, n * sizeof *t);
-    if (!t)
-        return DP_ENOMEM;
-    *a = t;
-    *cap = n;
-    return 0;
-}
-
 /* Room for a step's block tables: n entries, and nx of exempt tables. */
 static int ensure_tables(dp_engine *e, size_t n, size_t nx)
 {
-    return grow_i32(&e->b_tables, &e->b_tables_cap, n) ? DP_ENOMEM
-                                                        : grow_i32(&e->x_tables, &e->x_tables_cap, nx);
+    return batch_buf_tables(&e->bb, n, nx);
 }
 
 void eng_fail_all(dp_engine *e, const char *why)
@@ -182,12 +169,12 @@ static void add_tokens(dp_engine *e, eng_step *st, int32_t i, eng_seq *es)
             e->sc_pos[st->ns] = it->start + k;
             e->sc_seq[st->ns++] = es;
         }
-        e->b_tokens[st->nt] = q->tokens[it->start + k];
-        e->b_pos[st->nt] = it->start + k;
-        e->b_slot[st->nt] = it->slot_start + k;
+        e->bb.tokens[st->nt] = q->tokens[it->start + k];
+        e->bb.pos[st->nt] = it->start + k;
+        e->bb.slot[st->nt] = it->slot_start + k;
         if (st->x) /* exempt layers: position p at x slot p */
-            e->x_slot[st->nt] = kv_seq_has_x(&q->kv) ? q->kv.x_n + k : it->slot_start + k;
-        e->b_seq[st->nt] = i;
+            e->bb.x_slot[st->nt] = kv_seq_has_x(&q->kv) ? q->kv.x_n + k : it->slot_start + k;
+        e->bb.seq[st->nt] = i;
         st->nt++;
     }
 }
@@ -206,23 +193,23 @@ static void add_captures(dp_engine *e, eng_step *st, const dp_sched_item *it, en
                          path_wants_stability(&es->path, &e->popts, it->start + it->n,
                                               es->seq->n_prompt))) {
         int32_t w = es->capture_w < it->n ? es->capture_w : it->n;
-        if (w > e->capture_cap - st->nc)
-            w = e->capture_cap - st->nc; /* cannot happen: capacity covers every window */
+        if (w > e->bb.max_capture - st->nc)
+            w = e->bb.max_capture - st->nc; /* cannot happen: capacity covers every window */
         if (w > 0) {
             es->capture_at = st->nc;
             es->n_capture = w;
             for (int32_t k = 0; k < w; k++)
-                e->b_capture[st->nc++] = st->nt - w + k;
+                e->bb.capture[st->nc++] = st->nt - w + k;
         }
     }
     /* Under a decode budget SnapKV scores each recompression with the
      * sequence's last window of decode queries (kv_mgr_note_query). */
     es->dq_at = -1;
     if (it->decode_phase && it->n == 1 && kv_mgr_wants_query(&e->kv, &q->kv)) {
-        if (st->nc < e->capture_cap) {
+        if (st->nc < e->bb.max_capture) {
             es->dq_at = st->nc;
             es->dq_slot = it->slot_start;
-            e->b_capture[st->nc++] = st->nt - 1;
+            e->bb.capture[st->nc++] = st->nt - 1;
         } else {
             e->dq_missed++; /* a step full of prompt windows: one query fewer */
         }
@@ -234,23 +221,23 @@ static void add_tables(dp_engine *e, eng_step *st, int32_t i, const dp_sched_ite
 {
     const dp_seq *q = it->seq;
     const int32_t max_blocks = st->b.max_blocks, x_max = st->b.x_max_blocks;
-    e->b_store[i] = kv_seq_store(&q->kv, it->path);
-    e->b_sealed[i] = q->kv.sealed;
-    e->b_roff[i] = q->kv.roff;
-    int32_t *row = e->b_tables + (size_t)i * (size_t)max_blocks;
+    e->bb.store[i] = kv_seq_store(&q->kv, it->path);
+    e->bb.sealed[i] = q->kv.sealed;
+    e->bb.roff[i] = q->kv.roff;
+    int32_t *row = e->bb.tables + (size_t)i * (size_t)max_blocks;
     memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
     for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
         row[k] = 0;
     if (!st->x)
         return;
-    int32_t *xr = e->x_tables + (size_t)i * (size_t)x_max, nx;
+    int32_t *xr = e->bb.x_tables + (size_t)i * (size_t)x_max, nx;
     if (kv_seq_has_x(&q->kv)) {
         nx = kv_mgr_x_row(&e->kv, &q->kv, xr, x_max);
-        e->x_store[i] = kv_seq_xstore(&q->kv);
+        e->bb.x_store[i] = kv_seq_xstore(&q->kv);
     } else {
         nx = q->kv.table.n_blocks;
         memcpy(xr, row, (size_t)nx * sizeof *xr);
-        e->x_store[i] = e->b_store[i];
+        e->bb.x_store[i] = e->bb.store[i];
     }
     for (int32_t k = nx; k < x_max; k++)
         xr[k] = -1; /* never addressed: llama.c's check refuses a step that would */
@@ -275,23 +262,21 @@ static int build_batch(dp_engine *e, eng_step *st)
             e->t_temp[st->no] = p->sampling.temperature;
             e->t_mask[st->no] = p->ignore_eos && !eng_needs_full_row(p);
             e->t_seq[st->no] = es;
-            e->b_out[st->no++] = st->nt - 1;
+            e->bb.out[st->no++] = st->nt - 1;
         }
         add_tables(e, st, i, it);
     }
     /* Prompt-logprob rows come after the sampled ones. */
-    memcpy(e->b_out + st->no, e->sc_out, (size_t)st->ns * sizeof *e->sc_out);
+    memcpy(e->bb.out + st->no, e->sc_out, (size_t)st->ns * sizeof *e->sc_out);
     const int32_t max_blocks = st->b.max_blocks, x_max = st->b.x_max_blocks;
-    st->b = (dp_batch){.n_tokens = st->nt, .tokens = e->b_tokens, .pos = e->b_pos,
-                       .seq = e->b_seq, .slot = e->b_slot, .n_seqs = st->plan.n_items,
-                       .seq_store = e->b_store, .block_tables = e->b_tables,
-                       .max_blocks = max_blocks, .n_out = st->no + st->ns,
-                       .out_tokens = e->b_out, .n_capture = st->nc,
-                       .capture_tokens = e->b_capture,
-                       .n_exempt = kv_mgr_exempt_layers(&e->kv), .x_slot = e->x_slot,
-                       .x_seq_store = e->x_store, .x_block_tables = e->x_tables,
-                       .x_max_blocks = x_max, .seq_sealed = e->b_sealed,
-                       .seq_roff = e->b_roff};
+    st->b = batch_buf_view(&e->bb);
+    st->b.n_tokens = st->nt;
+    st->b.n_seqs = st->plan.n_items;
+    st->b.max_blocks = max_blocks;
+    st->b.n_out = st->no + st->ns;
+    st->b.n_capture = st->nc;
+    st->b.n_exempt = kv_mgr_exempt_layers(&e->kv);
+    st->b.x_max_blocks = x_max;
     return 0;
 }
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "common/dp.h"
+#include "kernels/batch.h"
 
 int gen_init(dp_gen *g, dp_llama *m, int32_t block_tokens, int32_t n_blocks, char *err,
              size_t errsz)
@@ -80,11 +81,6 @@ typedef struct seq_state {
     bool finished;
 } seq_state;
 
-typedef struct step_buf {
-    int32_t *tokens, *pos, *seq, *slot, *out_tokens, *out_seq, *tables;
-    uint8_t *seq_store;
-} step_buf;
-
 static int take_token(dp_gen_seq *sq, seq_state *st, int32_t si, int32_t t,
                       const dp_tokenizer *tok, dp_gen_token_cb cb, void *ud)
 {
@@ -107,7 +103,8 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
     if (n <= 0)
         return 0;
     seq_state *st = calloc((size_t)n, sizeof *st);
-    step_buf sb = {0};
+    dp_batch_buf bb = {0};
+    int32_t *out_seq = NULL; /* the sequence of each output row */
     int32_t max_blocks = 1;
     for (int32_t i = 0; i < n; i++) {
         if (seqs[i].n_prompt < 1 || seqs[i].max_new < 0) {
@@ -118,16 +115,10 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
         if (nb > max_blocks)
             max_blocks = nb;
     }
-    sb.tokens = malloc((size_t)T * sizeof(int32_t));
-    sb.pos = malloc((size_t)T * sizeof(int32_t));
-    sb.seq = malloc((size_t)T * sizeof(int32_t));
-    sb.slot = malloc((size_t)T * sizeof(int32_t));
-    sb.out_tokens = malloc((size_t)T * sizeof(int32_t));
-    sb.out_seq = malloc((size_t)T * sizeof(int32_t));
-    sb.tables = malloc((size_t)n * (size_t)max_blocks * sizeof(int32_t));
-    sb.seq_store = calloc((size_t)n, 1);
-    if (!st || !sb.tokens || !sb.pos || !sb.seq || !sb.slot || !sb.out_tokens || !sb.out_seq ||
-        !sb.tables || !sb.seq_store) {
+    bool bb_ok = batch_buf_init(&bb, T, T, n, 0) == 0 &&
+                 batch_buf_tables(&bb, (size_t)n * (size_t)max_blocks, 0) == 0;
+    out_seq = malloc((size_t)T * sizeof(int32_t));
+    if (!st || !bb_ok || !out_seq) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto out;
     }
@@ -144,14 +135,14 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
                         kv_pool_n_free(&g->pool));
             goto out;
         }
-        memset(sb.tables + (size_t)i * max_blocks, 0, (size_t)max_blocks * sizeof(int32_t));
-        memcpy(sb.tables + (size_t)i * max_blocks, st[i].table.blocks,
+        memset(bb.tables + (size_t)i * max_blocks, 0, (size_t)max_blocks * sizeof(int32_t));
+        memcpy(bb.tables + (size_t)i * max_blocks, st[i].table.blocks,
                (size_t)st[i].table.n_blocks * sizeof(int32_t));
     }
     dp_kv_store *stores[DP_KV_MAX_STORES] = {g->store, NULL};
-    dp_batch b = {.tokens = sb.tokens, .pos = sb.pos, .seq = sb.seq, .slot = sb.slot,
-                  .n_seqs = n, .seq_store = sb.seq_store, .block_tables = sb.tables,
-                  .max_blocks = max_blocks, .out_tokens = sb.out_tokens};
+    dp_batch b = {.tokens = bb.tokens, .pos = bb.pos, .seq = bb.seq, .slot = bb.slot,
+                  .n_seqs = n, .seq_store = bb.store, .block_tables = bb.tables,
+                  .max_blocks = max_blocks, .out_tokens = bb.out};
 
     /* Prefill: pack prompt chunks until the step's budget is used. */
     int32_t cur = 0;
@@ -162,15 +153,15 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
             dp_gen_seq *sq = &seqs[i];
             while (st[i].n_done < sq->n_prompt && nt < T) {
                 int32_t p = st[i].n_done++;
-                sb.tokens[nt] = sq->prompt[p];
-                sb.pos[nt] = p;
-                sb.slot[nt] = p;
-                sb.seq[nt] = i;
+                bb.tokens[nt] = sq->prompt[p];
+                bb.pos[nt] = p;
+                bb.slot[nt] = p;
+                bb.seq[nt] = i;
                 nt++;
             }
             if (st[i].n_done == sq->n_prompt) {
-                sb.out_seq[no] = i;
-                sb.out_tokens[no++] = nt - 1;
+                out_seq[no] = i;
+                bb.out[no++] = nt - 1;
             }
         }
         b.n_tokens = nt;
@@ -180,7 +171,7 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
             goto out;
         }
         for (int32_t o = 0; o < no; o++) {
-            int32_t i = sb.out_seq[o];
+            int32_t i = out_seq[o];
             const float *row = g->logits + (size_t)o * hp->vocab;
             if (seqs[i].prompt_logits)
                 memcpy(seqs[i].prompt_logits, row, (size_t)hp->vocab * sizeof(float));
@@ -203,12 +194,12 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
             if (st[i].finished)
                 continue;
             int32_t p = seqs[i].n_prompt + seqs[i].n_out - 1;
-            sb.tokens[nt] = st[i].last;
-            sb.pos[nt] = p;
-            sb.slot[nt] = p;
-            sb.seq[nt] = i;
-            sb.out_seq[nt] = i;
-            sb.out_tokens[nt] = nt;
+            bb.tokens[nt] = st[i].last;
+            bb.pos[nt] = p;
+            bb.slot[nt] = p;
+            bb.seq[nt] = i;
+            out_seq[nt] = i;
+            bb.out[nt] = nt;
             nt++;
         }
         if (nt == 0)
@@ -216,7 +207,7 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
         b.n_tokens = nt;
         b.n_out = nt;
         for (int32_t o = 0; o < nt && g->c_ids; o++)
-            g->c_temp[o] = seqs[sb.out_seq[o]].sampling.temperature;
+            g->c_temp[o] = seqs[out_seq[o]].sampling.temperature;
         rc = g->c_ids ? llama_forward_topk(m, &b, stores, g->c_k, g->c_temp, NULL, 0, NULL,
                                            g->c_ids, g->c_vals, g->c_max, g->c_sum)
                       : llama_forward(m, &b, stores, g->logits);
@@ -226,7 +217,7 @@ int gen_run(dp_gen *g, dp_gen_seq *seqs, int32_t n, const dp_tokenizer *tok, dp_
         }
         bool have_rows = !g->c_ids;
         for (int32_t o = 0; o < nt; o++) {
-            int32_t i = sb.out_seq[o], t;
+            int32_t i = out_seq[o], t;
             const float *row = g->logits + (size_t)o * hp->vocab;
             if (!g->c_ids) {
                 t = sampler_sample(&g->sampler, &seqs[i].sampling, &st[i].rng, row);
@@ -255,13 +246,7 @@ out:
         for (int32_t i = 0; i < n; i++)
             kv_table_destroy(&st[i].table, &g->pool);
     free(st);
-    free(sb.tokens);
-    free(sb.pos);
-    free(sb.seq);
-    free(sb.slot);
-    free(sb.out_tokens);
-    free(sb.out_seq);
-    free(sb.tables);
-    free(sb.seq_store);
+    batch_buf_destroy(&bb);
+    free(out_seq);
     return rc;
 }

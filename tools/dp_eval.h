@@ -1,21 +1,32 @@
 /* dp_eval.h: what the files of the quality evaluator (dp-eval) share: its
  * options, the evaluation context, chat sets (prompts prefilled once, then
  * compacted and generated once per grid cell) and the decode-type grid.
- * dp_eval.c holds the teacher-forced and chat checks and the reports;
- * eval_retrieval.c the retrieval checks (passkey, multi-key needles in real
- * text, the question seen before or after compaction). */
+ * One file per table family:
+ *   dp_eval.c        options, opening the model, the document's section
+ *   eval_forward.c   prefill / teacher-force, metrics, the report buffer
+ *   eval_tf.c        teacher-forced tables per scorer x keep ratio, and
+ *                    the decode budget's
+ *   eval_chat.c      chat sets and the greedy-agreement table
+ *   eval_grid.c      the decode-type x keep-ratio grid (--grid)
+ *   eval_grouped.c   grouped decode types' tables
+ *   eval_retrieval.c the grid's retrieval columns (passkey, multi-key
+ *                    needles in real text, the question seen before or
+ *                    after compaction) */
 #ifndef DP_TOOLS_DP_EVAL_H
 #define DP_TOOLS_DP_EVAL_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "common/dp.h"
+#include "kernels/batch.h"
 #include "kvcache/compress.h"
 #include "kvcache/migrate.h"
 #include "model/gguf.h"
 #include "model/llama.h"
+#include "model/loader.h"
 #include "model/tokenizer.h"
 
 #define BT 16          /* block tokens of both stores */
@@ -68,7 +79,8 @@ typedef struct acc {
 
 typedef struct ev {
     const opts *o;
-    dp_gguf g;
+    dp_model_files mf;  /* the model opened whole; be, m, tok and g are its */
+    dp_gguf *g;
     dp_backend *be;
     dp_llama *m;
     dp_tokenizer *tok;
@@ -77,7 +89,7 @@ typedef struct ev {
     int32_t vocab, qd;
     float *q_dev;    /* backend copy of the captured queries */
     float *q_host;   /* [n_layers][DP_MAX_CAPTURE][qd] */
-    int32_t *bt_tokens, *bt_pos, *bt_seq, *bt_slot, *bt_out, *bt_cap;
+    dp_batch_buf bb; /* one sequence's batches: CHUNK tokens (or more), DP_MAX_CAPTURE captures */
     float *logits;   /* [max_out * vocab] */
     /* A grouped decode type's batch arrays (dp_batch seq_sealed, seq_roff;
      * NULL: none), included by every batch dp-eval builds. */
@@ -125,6 +137,86 @@ typedef struct grid_result {
     int32_t n_layers;
 } grid_result;
 
+/* ---- forward passes and metrics (eval_forward.c) --------------------------- */
+
+/* Reference log-probabilities and argmaxes of the full cache, per row. */
+typedef struct ref_rows {
+    double *lp;      /* [n][vocab] */
+    double *p;       /* exp(lp) */
+    int32_t *am;
+    int32_t n;
+} ref_rows;
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    size_t shown; /* bytes already printed (sb_flush) */
+} sbuf;
+
+void sb_printf(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Prints what was appended since the last flush (a full run takes a while:
+ * each table shows as soon as it exists). */
+void sb_flush(sbuf *s);
+
+/* Prefills tokens [0, n) of one sequence into stores[si] (slot = position),
+ * in steps of at most CHUNK tokens; the last step's n_cap tokens have their
+ * queries captured (e->q_host); last_logits, if set, gets the last token's. */
+int ev_prefill(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+               int32_t max_blocks, const int32_t *tokens, int32_t n, int32_t n_cap,
+               float *last_logits);
+/* Teacher-forces n tokens after n_keep slots holding positions [0, pos0):
+ * token i to slot n_keep + i at pos0 + i, capturing the last n_cap queries;
+ * every token's logits land in e->logits. */
+int ev_teacher_force_cap(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                         int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
+                         int32_t n, int32_t n_cap);
+int ev_teacher_force(ev *e, dp_kv_store *const *stores, uint8_t si, const int32_t *table,
+                     int32_t max_blocks, int32_t n_keep, int32_t pos0, const int32_t *tokens,
+                     int32_t n);
+/* Uploads the captured queries of n_cap tokens for the attention scorer. */
+int ev_queries_to_backend(ev *e, int32_t n_cap);
+/* An exempt layers' store beside a decode store of layout lb (NULL without
+ * exempt layers), and a batch's exempt arrays pointed at store *xsi. */
+int ev_exempt_store(ev *e, const dp_kv_layout *lb, dp_kv_store **out);
+void ev_with_exempt(ev *e, dp_batch *b, const uint8_t *xsi, const int32_t *tables,
+                    int32_t max_blocks);
+int32_t ev_argmax(const float *row, int32_t n);
+/* log-softmax of one row into out; returns the argmax. */
+int32_t ev_log_softmax(const float *x, int32_t n, double *out);
+/* Rows for n predictions (all NULL when memory ran out). */
+ref_rows ref_rows_new(int32_t n, int32_t vocab);
+void ref_rows_free(ref_rows *r);
+/* Adds ref->n predictions (logits) against the reference rows to a. */
+void acc_add(acc *a, const ref_rows *ref, const float *logits, int32_t vocab,
+             const int32_t *targets, double *scratch);
+static inline double acc_ppl(const acc *a) { return exp(a->nll / (double)a->n); }
+static inline double acc_kl(const acc *a) { return a->kl / (double)a->n; }
+static inline double acc_top1(const acc *a) { return (double)a->agree / (double)a->n; }
+void ev_mean_std(const double *x, int n, double *mean, double *sd);
+/* Length of the common prefix of two greedy outputs of n tokens. */
+int32_t ev_same_prefix(const int32_t *a, const int32_t *b, int32_t n);
+
+/* ---- the tables (each appends its markdown to md and prints it) ------------- */
+
+/* Teacher-forced, per scorer x keep ratio, at every --prefill length. */
+int run_tf(ev *e, const int32_t *text, int32_t n_text, sbuf *md);
+/* Recompression under each --budget, at every --prefill length. */
+int run_budget(ev *e, const int32_t *text, int32_t n_text, sbuf *md);
+/* Greedy agreement on --chat prompts. */
+int run_chat(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *err, size_t errsz);
+/* The decode-type grid (--grid). */
+int run_grid(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char *err, size_t errsz);
+/* The full-cache reference of teacher-forcing window w at prompt length P
+ * (eval_tf.c; the grid's teacher-forced columns use it too). */
+int ev_window_reference(ev *e, dp_kv_store *const *stores, const int32_t *table, int32_t nb,
+                        const int32_t *text, int32_t n_text, int32_t P, int w, int32_t n_cap,
+                        float *ref_logits, ref_rows *ref, double *scratch, acc *full,
+                        const int32_t **cont, const int32_t **targets);
+/* Random-scorer seeds of scorer sc (1 for the others). */
+int n_seeds_of(const opts *o, int sc);
+/* A header row of keep-ratio columns (n_keep or kept, whichever is set). */
+void tf_table_header(sbuf *s, const opts *o, const int32_t *n_keep, const double *kept);
+
 /* ---- chat sets ------------------------------------------------------------ */
 
 /* Prefills n conversations into store A (type o->kv_type), keeping each
@@ -137,6 +229,16 @@ typedef struct grid_result {
 int chat_build(ev *e, char *const *msgs, char *const *questions, bool agnostic, int n, int32_t gen,
                int32_t btype, chat_set *cs, char *err, size_t errsz);
 void chat_destroy(ev *e, chat_set *cs);
+/* The greedy check's prompts: n passages of 300..700 tokens spread over the
+ * text, each with a question; *msgs: n user messages (free each). */
+int chat_passages(ev *e, const int32_t *text, int32_t n_text, int n, char ***msgs, char *err,
+                  size_t errsz);
+/* Compacts every prompt of cs into store B with co (kept: mean fraction
+ * kept), reads the rest after it, and generates cs->gen greedy tokens for
+ * all of them in lockstep into out (cs->n x cs->gen). */
+int chat_generate(ev *e, chat_set *cs, const dp_compress_opts *co, int32_t *out, double *kept);
+/* Frees the compacted store (and its exempt layers' store). */
+void chat_drop_btype(ev *e, chat_set *cs);
 
 /* score(cs, ref, got, cell, ud) reads one cell's greedy outputs against
  * the whole cache's. */

@@ -233,34 +233,56 @@ static bool kv_int(uint32_t type, const uint8_t *v, int64_t *si, uint64_t *ui, b
 
 /* ---- parsing ---- */
 
+/* The start of a table of n entries of sz bytes (the metadata, the tensor
+ * infos): n is checked against the bytes left, each entry taking at least
+ * min_bytes, then the entries are allocated zeroed (*out, set even when a
+ * later step fails) and seen is made ready for their names. */
+static int table_begin(cursor *c, uint64_t n, size_t min_bytes, size_t sz, const char *what,
+                       void **out, name_set *seen)
+{
+    *out = NULL;
+    if (n > cur_left(c) / min_bytes)
+        return dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: header claims %llu %s but only %zu bytes follow",
+                      (unsigned long long)n, what, cur_left(c));
+    if (n && !(*out = calloc((size_t)n, sz)))
+        return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory for %llu %s",
+                      (unsigned long long)n, what);
+    if (name_set_init(seen, n))
+        return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory");
+    return 0;
+}
+
+/* Entry i's name (what: "key of metadata entry"), printable in nb; a name
+ * already in seen is an error naming kind ("metadata key"). */
+static int read_name(cursor *c, name_set *seen, uint64_t i, const char *what, const char *kind,
+                     dp_gguf_str *name, char *nb, size_t nbsz)
+{
+    char w[64];
+    snprintf(w, sizeof w, "%s %llu", what, (unsigned long long)i);
+    int rc = rd_str(c, name, w);
+    if (rc)
+        return rc;
+    show(*name, nb, nbsz);
+    if (!name_set_add(seen, name))
+        return dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: duplicate %s '%s'", kind, nb);
+    return 0;
+}
+
 static int parse_kvs(dp_gguf *g, cursor *c)
 {
     char nb[400];
-    /* Smallest kv: empty key (8) + type (4) + one byte of value. */
-    if (g->n_kv > cur_left(c) / 13)
-        return dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: header claims %llu metadata entries but only %zu bytes follow",
-                      (unsigned long long)g->n_kv, cur_left(c));
-    if (g->n_kv) {
-        g->kv = calloc((size_t)g->n_kv, sizeof *g->kv);
-        if (!g->kv)
-            return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory for %llu metadata entries",
-                          (unsigned long long)g->n_kv);
-    }
     name_set seen;
-    if (name_set_init(&seen, g->n_kv))
-        return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory");
-    int rc = 0;
+    void *tab;
+    /* Smallest kv: empty key (8) + type (4) + one byte of value. */
+    int rc = table_begin(c, g->n_kv, 13, sizeof *g->kv, "metadata entries", &tab, &seen);
+    g->kv = tab;
+    if (rc)
+        return rc;
     for (uint64_t i = 0; i < g->n_kv && !rc; i++) {
         dp_gguf_kv *kv = &g->kv[i];
-        char what[64];
-        snprintf(what, sizeof what, "key of metadata entry %llu", (unsigned long long)i);
-        if ((rc = rd_str(c, &kv->key, what)))
+        if ((rc = read_name(c, &seen, i, "key of metadata entry", "metadata key", &kv->key, nb,
+                            sizeof nb)))
             break;
-        show(kv->key, nb, sizeof nb);
-        if (!name_set_add(&seen, &kv->key)) {
-            rc = dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: duplicate metadata key '%s'", nb);
-            break;
-        }
         if ((rc = rd_u32(c, &kv->type, "metadata value type")))
             break;
         if (!vtype_known(kv->type)) {
@@ -340,31 +362,17 @@ static int parse_alignment(dp_gguf *g, char *err, size_t errsz)
 static int parse_tensor_infos(dp_gguf *g, cursor *c)
 {
     char nb[400];
-    /* Smallest info: empty name (8) + n_dims (4) + one dim (8) + type (4) + offset (8). */
-    if (g->n_tensors > cur_left(c) / 32)
-        return dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: header claims %llu tensors but only %zu bytes follow",
-                      (unsigned long long)g->n_tensors, cur_left(c));
-    if (g->n_tensors) {
-        g->tensors = calloc((size_t)g->n_tensors, sizeof *g->tensors);
-        if (!g->tensors)
-            return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory for %llu tensors",
-                          (unsigned long long)g->n_tensors);
-    }
     name_set seen;
-    if (name_set_init(&seen, g->n_tensors))
-        return dp_err(c->err, c->errsz, DP_ENOMEM, "gguf: out of memory");
-    int rc = 0;
+    void *tab;
+    /* Smallest info: empty name (8) + n_dims (4) + one dim (8) + type (4) + offset (8). */
+    int rc = table_begin(c, g->n_tensors, 32, sizeof *g->tensors, "tensors", &tab, &seen);
+    g->tensors = tab;
+    if (rc)
+        return rc;
     for (uint64_t i = 0; i < g->n_tensors && !rc; i++) {
         dp_gguf_tensor *t = &g->tensors[i];
-        char what[64];
-        snprintf(what, sizeof what, "name of tensor %llu", (unsigned long long)i);
-        if ((rc = rd_str(c, &t->name, what)))
+        if ((rc = read_name(c, &seen, i, "name of tensor", "tensor name", &t->name, nb, sizeof nb)))
             break;
-        show(t->name, nb, sizeof nb);
-        if (!name_set_add(&seen, &t->name)) {
-            rc = dp_err(c->err, c->errsz, DP_EFORMAT, "gguf: duplicate tensor name '%s'", nb);
-            break;
-        }
         if ((rc = rd_u32(c, &t->n_dims, "tensor n_dims")))
             break;
         if (t->n_dims == 0 || t->n_dims > DP_GGUF_MAX_DIMS) {

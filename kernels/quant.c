@@ -341,36 +341,18 @@ static inline void kq_scale_min(int j, const uint8_t *q, uint8_t *sc, uint8_t *m
     }
 }
 
-static void deq_q4_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
+/* Q4_K and Q5_K: d, dmin, 6-bit scales and mins for 8 sub-blocks of 32,
+ * then (Q5_K only) qh[32], each byte the fifth bit of 8 values, then qs[128]
+ * (low 4 bits). high: the Q5_K layout. */
+static void deq_q45_k(const uint8_t *restrict b, float *restrict y, int64_t nb, bool high)
 {
-    for (int64_t i = 0; i < nb; i++, b += 144, y += 256) {
-        const float d = rd_h(b);
-        const float dmin = rd_h(b + 2);
-        const uint8_t *sc = b + 4;
-        const uint8_t *q = b + 16;
-        for (int c = 0; c < 4; c++, q += 32) {
-            uint8_t s0, m0, s1, m1;
-            kq_scale_min(2 * c, sc, &s0, &m0);
-            kq_scale_min(2 * c + 1, sc, &s1, &m1);
-            const float d0 = d * (float)s0, n0 = dmin * (float)m0;
-            const float d1 = d * (float)s1, n1 = dmin * (float)m1;
-            float *out = y + 64 * c;
-            for (int l = 0; l < 32; l++) {
-                out[l] = d0 * (float)(q[l] & 0x0f) - n0;
-                out[l + 32] = d1 * (float)(q[l] >> 4) - n1;
-            }
-        }
-    }
-}
-
-static void deq_q5_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
-{
-    for (int64_t i = 0; i < nb; i++, b += 176, y += 256) {
+    const int64_t stride = high ? 176 : 144;
+    for (int64_t i = 0; i < nb; i++, b += stride, y += 256) {
         const float d = rd_h(b);
         const float dmin = rd_h(b + 2);
         const uint8_t *sc = b + 4;
         const uint8_t *qh = b + 16;
-        const uint8_t *q = b + 48;
+        const uint8_t *q = b + (high ? 48 : 16);
         for (int c = 0; c < 4; c++, q += 32) {
             uint8_t s0, m0, s1, m1;
             kq_scale_min(2 * c, sc, &s0, &m0);
@@ -379,8 +361,11 @@ static void deq_q5_k(const uint8_t *restrict b, float *restrict y, int64_t nb)
             const float d1 = d * (float)s1, n1 = dmin * (float)m1;
             float *out = y + 64 * c;
             for (int l = 0; l < 32; l++) {
-                int lo = (q[l] & 0x0f) | (((qh[l] >> (2 * c)) & 1) << 4);
-                int hi = (q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4);
+                int lo = q[l] & 0x0f, hi = q[l] >> 4;
+                if (high) {
+                    lo |= ((qh[l] >> (2 * c)) & 1) << 4;
+                    hi |= ((qh[l] >> (2 * c + 1)) & 1) << 4;
+                }
                 out[l] = d0 * (float)lo - n0;
                 out[l + 32] = d1 * (float)hi - n1;
             }
@@ -668,8 +653,8 @@ int quant_dequant_row(uint32_t type, const void *src, float *dst, int64_t n)
     case DP_TYPE_Q8_1: deq_q8_1(b, dst, nb); break;
     case DP_TYPE_Q2_K: deq_q2_k(b, dst, nb); break;
     case DP_TYPE_Q3_K: deq_q3_k(b, dst, nb); break;
-    case DP_TYPE_Q4_K: deq_q4_k(b, dst, nb); break;
-    case DP_TYPE_Q5_K: deq_q5_k(b, dst, nb); break;
+    case DP_TYPE_Q4_K: deq_q45_k(b, dst, nb, false); break;
+    case DP_TYPE_Q5_K: deq_q45_k(b, dst, nb, true); break;
     case DP_TYPE_Q6_K: deq_q6_k(b, dst, nb); break;
     case DP_TYPE_Q8_K: deq_q8_k(b, dst, nb); break;
     case DP_TYPE_IQ4_NL: deq_iq4_nl(b, dst, nb); break;

@@ -116,15 +116,24 @@ typedef struct ivec {
     size_t n, cap;
 } ivec;
 
+/* p grown (doubling from first) to hold one more than n elements of size
+ * sz; NULL when out of memory (p is then unchanged). */
+static void *grow_one(void *p, size_t *cap, size_t n, size_t sz, size_t first)
+{
+    if (n < *cap)
+        return p;
+    size_t nc = *cap ? *cap * 2 : first;
+    void *np = realloc(p, nc * sz);
+    if (np)
+        *cap = nc;
+    return np;
+}
+
 static int ivec_push(ivec *a, int32_t x)
 {
-    if (a->n == a->cap) {
-        size_t nc = a->cap ? a->cap * 2 : 64;
-        int32_t *nv = realloc(a->v, nc * sizeof *nv);
-        if (!nv) return DP_ENOMEM;
-        a->v = nv;
-        a->cap = nc;
-    }
+    int32_t *nv = grow_one(a->v, &a->cap, a->n, sizeof *nv, 64);
+    if (!nv) return DP_ENOMEM;
+    a->v = nv;
     a->v[a->n++] = x;
     return 0;
 }
@@ -156,13 +165,9 @@ typedef struct heap {
 
 static int heap_push(heap *h, hent e)
 {
-    if (h->n == h->cap) {
-        size_t nc = h->cap ? h->cap * 2 : 64;
-        hent *nv = realloc(h->v, nc * sizeof *nv);
-        if (!nv) return DP_ENOMEM;
-        h->v = nv;
-        h->cap = nc;
-    }
+    hent *nv = grow_one(h->v, &h->cap, h->n, sizeof *nv, 64);
+    if (!nv) return DP_ENOMEM;
+    h->v = nv;
     size_t i = h->n++;
     while (i > 0) {
         size_t p = (i - 1) / 2;

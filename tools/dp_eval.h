@@ -186,6 +186,16 @@ int32_t ev_log_softmax(const float *x, int32_t n, double *out);
 /* Rows for n predictions (all NULL when memory ran out). */
 ref_rows ref_rows_new(int32_t n, int32_t vocab);
 void ref_rows_free(ref_rows *r);
+/* What a teacher-forced window's reference needs: the whole cache's n rows
+ * of logits, a row of scratch and the reference rows (ev_window_reference). */
+typedef struct ref_window {
+    float *logits;
+    double *scratch;
+    ref_rows ref;
+} ref_window;
+/* DP_ENOMEM with every member NULL when one is missing. */
+int ref_window_init(ref_window *w, int32_t n, int32_t vocab);
+void ref_window_free(ref_window *w);
 /* Adds ref->n predictions (logits) against the reference rows to a. */
 void acc_add(acc *a, const ref_rows *ref, const float *logits, int32_t vocab,
              const int32_t *targets, double *scratch);

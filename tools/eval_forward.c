@@ -169,6 +169,27 @@ void ref_rows_free(ref_rows *r)
     free(r->am);
 }
 
+int ref_window_init(ref_window *w, int32_t n, int32_t vocab)
+{
+    w->logits = malloc((size_t)n * vocab * sizeof(float));
+    w->scratch = malloc((size_t)vocab * sizeof(double));
+    w->ref = ref_rows_new(n, vocab);
+    if (w->logits && w->scratch && w->ref.lp)
+        return 0;
+    ref_window_free(w);
+    return DP_ENOMEM;
+}
+
+void ref_window_free(ref_window *w)
+{
+    free(w->logits);
+    free(w->scratch);
+    ref_rows_free(&w->ref);
+    w->logits = NULL;
+    w->scratch = NULL;
+    w->ref = (ref_rows){NULL, NULL, NULL, 0};
+}
+
 void acc_add(acc *a, const ref_rows *ref, const float *logits, int32_t vocab,
              const int32_t *targets, double *scratch)
 {

@@ -199,11 +199,10 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     memset(gt, 0, sizeof gt);
     float *sim_logits = NULL;
     int32_t *table = malloc((size_t)nb * sizeof *table);
-    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
-    double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = ref_rows_new(C, e->vocab);
+    ref_window rw;
+    const int rw_rc = ref_window_init(&rw, C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!table || !ref_logits || !scratch || !ref.lp)
+    if (!table || rw_rc)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &a)))
         goto out;
@@ -230,8 +229,8 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
     for (int w = 0; w < o->windows; w++) {
         const int32_t *cont, *targets;
         dp_kv_store *sa[DP_KV_MAX_STORES] = {a, NULL};
-        if ((rc = ev_window_reference(e, sa, table, nb, text, n_text, P, w, n_cap, ref_logits, &ref,
-                                   scratch, &g->full[pi], &cont, &targets)))
+        if ((rc = ev_window_reference(e, sa, table, nb, text, n_text, P, w, n_cap, rw.logits, &rw.ref,
+                                   rw.scratch, &g->full[pi], &cont, &targets)))
             goto out;
         for (int t = 0; t < o->n_dtypes; t++)
             for (int ri = 0; ri < o->n_ratios; ri++) {
@@ -262,13 +261,13 @@ static int grid_tf(ev *e, const int32_t *text, int32_t n_text, int pi, grid_resu
                     rc = ev_teacher_force(e, st, 1, table, nb, n_keep, P, cont, C);
                 if (rc)
                     goto out;
-                acc_add(&g->c[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
+                acc_add(&g->c[t][ri].tf[pi], &rw.ref, e->logits, e->vocab, targets, rw.scratch);
                 if (o->early > 0 && o->early < P) {
                     if ((rc = early_switch_tf(e, a, b[t], b2[t], table, nb, cont - P, P, n_cap, &co,
                                               cont, C)))
                         goto out;
                     g->ce[t][ri].n_keep[pi] = n_keep;
-                    acc_add(&g->ce[t][ri].tf[pi], &ref, e->logits, e->vocab, targets, scratch);
+                    acc_add(&g->ce[t][ri].tf[pi], &rw.ref, e->logits, e->vocab, targets, rw.scratch);
                 }
             }
         fprintf(stderr, "dp-eval: grid: P=%d window %d/%d done\n", P, w + 1, o->windows);
@@ -289,9 +288,7 @@ out:
             e->be->ops->kv_destroy(e->be, b2[t]);
     }
     free(table);
-    free(ref_logits);
-    free(scratch);
-    ref_rows_free(&ref);
+    ref_window_free(&rw);
     return rc;
 }
 

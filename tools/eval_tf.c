@@ -60,15 +60,22 @@ typedef struct tf_result {
 
 int n_seeds_of(const opts *o, int sc) { return sc == DP_SCORER_RANDOM ? o->seeds : 1; }
 
+/* Whether the text holds a window of P context tokens and C to predict. */
+static bool text_fits(int32_t n_text, int32_t P, int32_t C)
+{
+    if ((int64_t)P + C + 1 <= n_text)
+        return true;
+    fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
+            P + C + 1);
+    return false;
+}
+
 static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, tf_result *r)
 {
     const opts *o = e->o;
     const int32_t C = o->cont;
-    if ((int64_t)P + C + 1 > n_text) {
-        fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
-                P + C + 1);
+    if (!text_fits(n_text, P, C))
         return DP_EINVAL;
-    }
     double t0 = dp_now();
     memset(r, 0, sizeof *r);
     r->bit_identical = 1;
@@ -81,11 +88,10 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
     lb.type = o->dkv_type;
     dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
     int32_t *table = malloc((size_t)nb * sizeof *table);
-    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
-    double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = ref_rows_new(C, e->vocab);
+    ref_window rw;
+    const int rw_rc = ref_window_init(&rw, C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!table || !ref_logits || !scratch || !ref.lp)
+    if (!table || rw_rc)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
@@ -102,8 +108,8 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
 
     for (int w = 0; w < o->windows; w++) {
         const int32_t *cont, *targets;
-        if ((rc = ev_window_reference(e, stores, table, nb, text, n_text, P, w, n_cap, ref_logits, &ref,
-                                   scratch, &r->full, &cont, &targets)))
+        if ((rc = ev_window_reference(e, stores, table, nb, text, n_text, P, w, n_cap, rw.logits, &rw.ref,
+                                   rw.scratch, &r->full, &cont, &targets)))
             goto out2;
 
         for (int ri = 0; ri < o->n_ratios; ri++) {
@@ -123,9 +129,9 @@ static int eval_prefill(ev *e, const int32_t *text, int32_t n_text, int32_t P, t
                         (rc = ev_teacher_force(e, stores, 1, table, nb, n_keep, P, cont, C)))
                         goto out2;
                     if (n_keep == P &&
-                        memcmp(e->logits, ref_logits, (size_t)C * e->vocab * sizeof(float)) != 0)
+                        memcmp(e->logits, rw.logits, (size_t)C * e->vocab * sizeof(float)) != 0)
                         r->bit_identical = 0;
-                    acc_add(&r->a[sc][ri][sd], &ref, e->logits, e->vocab, targets, scratch);
+                    acc_add(&r->a[sc][ri][sd], &rw.ref, e->logits, e->vocab, targets, rw.scratch);
                 }
             }
             fprintf(stderr, "dp-eval: P=%d window %d/%d (offset %d): keep %.2f done, %.0f s\n", P,
@@ -147,9 +153,7 @@ out:
     if (stores[1])
         e->be->ops->kv_destroy(e->be, stores[1]);
     free(table);
-    free(ref_logits);
-    free(scratch);
-    ref_rows_free(&ref);
+    ref_window_free(&rw);
     return rc;
 }
 
@@ -248,11 +252,8 @@ static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, bu
 {
     const opts *o = e->o;
     const int32_t C = o->cont;
-    if ((int64_t)P + C + 1 > n_text) {
-        fprintf(stderr, "dp-eval: the text has %d tokens, fewer than P + %d + 1 = %d\n", n_text, C,
-                P + C + 1);
+    if (!text_fits(n_text, P, C))
         return DP_EINVAL;
-    }
     double t0 = dp_now();
     memset(r, 0, sizeof *r);
     const int32_t nba = (P + C + BT - 1) / BT, nbb = (P + C + BT) / BT + 1;
@@ -263,11 +264,10 @@ static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, bu
     lb.type = o->dkv_type;
     dp_kv_store *stores[DP_KV_MAX_STORES] = {NULL, NULL};
     int32_t *ta = malloc((size_t)nba * sizeof *ta), *tbm = malloc((size_t)2 * nbb * sizeof *tbm);
-    float *ref_logits = malloc((size_t)C * e->vocab * sizeof(float));
-    double *scratch = malloc((size_t)e->vocab * sizeof(double));
-    ref_rows ref = ref_rows_new(C, e->vocab);
+    ref_window rw;
+    const int rw_rc = ref_window_init(&rw, C, e->vocab);
     int rc = DP_ENOMEM;
-    if (!ta || !tbm || !ref_logits || !scratch || !ref.lp)
+    if (!ta || !tbm || rw_rc)
         goto out;
     if ((rc = e->be->ops->kv_create(e->be, &la, &stores[0])) ||
         (rc = e->be->ops->kv_create(e->be, &lb, &stores[1])))
@@ -282,16 +282,16 @@ static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, bu
         n_cap = P;
     for (int w = 0; w < o->windows; w++) {
         const int32_t *cont, *targets;
-        if ((rc = ev_window_reference(e, stores, ta, nba, text, n_text, P, w, n_cap, ref_logits, &ref,
-                                   scratch, &r->full, &cont, &targets)))
+        if ((rc = ev_window_reference(e, stores, ta, nba, text, n_text, P, w, n_cap, rw.logits, &rw.ref,
+                                   rw.scratch, &r->full, &cont, &targets)))
             goto out;
         for (int32_t i = 0; i < C; i++)
             r->slots_full += P + i + 1;
         dp_compress_opts co = {DP_SCORER_SNAPKV, o->keep, o->sinks, o->window, 1, 0};
         double sl = 0;
         int64_t nrec = 0;
-        if ((rc = budget_run(e, stores, ta, nba, tb, nbb, P, &co, n_cap, 0, cont, targets, &ref,
-                             scratch, &r->off, &nrec, &sl)))
+        if ((rc = budget_run(e, stores, ta, nba, tb, nbb, P, &co, n_cap, 0, cont, targets, &rw.ref,
+                             rw.scratch, &r->off, &nrec, &sl)))
             goto out;
         r->slots_off += sl;
         for (int bi = 0; bi < o->n_budgets; bi++) {
@@ -299,7 +299,7 @@ static int eval_budget(ev *e, const int32_t *text, int32_t n_text, int32_t P, bu
                 co.scorer = budget_scorers[k];
                 sl = 0;
                 if ((rc = budget_run(e, stores, ta, nba, tb, nbb, P, &co, n_cap, o->budgets[bi],
-                                     cont, targets, &ref, scratch, &r->a[bi][k],
+                                     cont, targets, &rw.ref, rw.scratch, &r->a[bi][k],
                                      &r->recompressions[bi][k], &sl)))
                     goto out;
                 if (k == 0)
@@ -321,9 +321,7 @@ out:
         e->be->ops->kv_destroy(e->be, stores[1]);
     free(ta);
     free(tbm);
-    free(ref_logits);
-    free(scratch);
-    ref_rows_free(&ref);
+    ref_window_free(&rw);
     return rc;
 }
 
@@ -418,17 +416,34 @@ static void report_tf(sbuf *s, const opts *o, int32_t P, const tf_result *r)
     }
 }
 
-int run_budget(ev *e, const int32_t *text, int32_t n_text, sbuf *md)
+/* One table at prompt length P: evaluated, then reported into md. */
+typedef int (*table_fn)(ev *e, const int32_t *text, int32_t n_text, int32_t P, sbuf *md);
+
+static int budget_table(ev *e, const int32_t *text, int32_t n_text, int32_t P, sbuf *md)
 {
-    const opts *o = e->o;
-    for (int pi = 0; pi < o->n_prefill; pi++) {
-        budget_result *r = calloc(1, sizeof *r);
-        if (!r)
-            return DP_ENOMEM;
-        int rc = eval_budget(e, text, n_text, o->prefill[pi], r);
-        if (!rc)
-            report_budget(md, o, o->prefill[pi], r);
-        free(r);
+    budget_result *r = calloc(1, sizeof *r);
+    int rc = r ? eval_budget(e, text, n_text, P, r) : DP_ENOMEM;
+    if (!rc)
+        report_budget(md, e->o, P, r);
+    free(r);
+    return rc;
+}
+
+static int tf_table(ev *e, const int32_t *text, int32_t n_text, int32_t P, sbuf *md)
+{
+    tf_result *r = calloc(1, sizeof *r);
+    int rc = r ? eval_prefill(e, text, n_text, P, r) : DP_ENOMEM;
+    if (!rc)
+        report_tf(md, e->o, P, r);
+    free(r);
+    return rc;
+}
+
+/* fn's table at every --prefill length, each printed as soon as it exists. */
+static int each_prefill(ev *e, const int32_t *text, int32_t n_text, sbuf *md, table_fn fn)
+{
+    for (int pi = 0; pi < e->o->n_prefill; pi++) {
+        int rc = fn(e, text, n_text, e->o->prefill[pi], md);
         if (rc)
             return rc;
         sb_flush(md);
@@ -436,20 +451,12 @@ int run_budget(ev *e, const int32_t *text, int32_t n_text, sbuf *md)
     return 0;
 }
 
+int run_budget(ev *e, const int32_t *text, int32_t n_text, sbuf *md)
+{
+    return each_prefill(e, text, n_text, md, budget_table);
+}
+
 int run_tf(ev *e, const int32_t *text, int32_t n_text, sbuf *md)
 {
-    const opts *o = e->o;
-    for (int pi = 0; pi < o->n_prefill; pi++) {
-        tf_result *r = calloc(1, sizeof *r);
-        if (!r)
-            return DP_ENOMEM;
-        int rc = eval_prefill(e, text, n_text, o->prefill[pi], r);
-        if (!rc)
-            report_tf(md, o, o->prefill[pi], r);
-        free(r);
-        if (rc)
-            return rc;
-        sb_flush(md);
-    }
-    return 0;
+    return each_prefill(e, text, n_text, md, tf_table);
 }

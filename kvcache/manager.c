@@ -4,10 +4,14 @@
  * swap space, migrator, shares). The rest of the manager, by concern:
  * mgr_admit.c (needs, promises, admission, freeing), mgr_grow.c (growth,
  * naming, grouped types' sealing), mgr_parked.c (finished turns kept for
- * the next), mgr_moves.c (migration, recompression, reply write-back) and
- * mgr_swap.c (preemption to the swap space). No policy lives in any of
- * them: who is admitted or preempted is the scheduler's call, which
- * sequences migrate and with which queries is the engine's. */
+ * the next: stored, found, resumed, evicted), mgr_moves.c (migration,
+ * recompression, reply write-back) and mgr_swap.c (a preempted sequence's
+ * cache moved to host memory and back). The only policies here are a
+ * cache's own, applied when an allocation needs room, as vLLM's block pool
+ * evicts cached blocks: the prefix cache's least recently used blocks and
+ * the oldest parked turns go first. Who is admitted or preempted is the
+ * scheduler's call (sched_schedule), which sequences migrate and with which
+ * queries the engine's. */
 #include "mgr_private.h"
 
 #include <stdio.h>

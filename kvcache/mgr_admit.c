@@ -1,7 +1,8 @@
 /* mgr_admit.c: the KV manager's accounting: what a sequence needs in each
- * pool (the one formula), the decode blocks promised at admission and taken
- * as it grows, admission itself (a cached prefix or a parked turn taken
- * back) and freeing. */
+ * pool (the one formula, kv_mgr_need), the decode blocks promised at
+ * admission and taken as it grows, admission itself (kv_mgr_admit: a cached
+ * prefix reused, or a parked turn taken back through mgr_parked.c) and
+ * freeing. */
 #include "mgr_private.h"
 
 #include <stdio.h>

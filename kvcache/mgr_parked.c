@@ -1,7 +1,8 @@
 /* mgr_parked.c: finished turns' compact caches kept for the conversation's
- * next turn (kv_mgr_park), dropped or spilled to the swap space when blocks
- * run short, and continued by the admission of a prompt that starts with
- * what they hold. */
+ * next turn (kv_mgr_park), found for a prompt that starts with what one
+ * holds (park_find) and continued by its admission (mgr_park_resume), and
+ * evicted, oldest first, when an allocation needs their blocks
+ * (mgr_park_reclaim: spilled to the swap space, or dropped). */
 #include "mgr_private.h"
 
 #include <stdio.h>

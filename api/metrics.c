@@ -467,7 +467,7 @@ char *metrics_render(const dp_metrics *m, const dp_engine_stats *st, const dp_me
         tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} %llu\n", m->codes[i],
                   (unsigned long long)m->code_counts[i] + self);
     }
-    if (!self_seen)
+    if (!self_seen && m->n_codes < DP_METRICS_MAX_CODES) /* (a full table drops it) */
         tb_printf(&b, "dualpath_http_responses_total{code=\"%d\"} 1\n", info->answering);
     family(&b, "dualpath_http_timeouts_total", "counter",
            "Connections closed by a deadline (header, body, idle) and completions cancelled by "

@@ -15,7 +15,6 @@
 
 /* ---- one step ------------------------------------------------------------- */
 
-/* *a grown to hold n entries (*cap: what it holds). */
 /* Room for a step's block tables: n entries, and nx of exempt tables. */
 static int ensure_tables(dp_engine *e, size_t n, size_t nx)
 {

@@ -348,10 +348,6 @@ static int ev_open(ev *e, const opts *o, char *err, size_t errsz)
     e->be = e->mf.be;
     e->m = e->mf.m;
     e->hp = llama_hparams(e->m);
-    if (o->exempt > 0 && (!o->grid || o->exempt > e->hp->n_layers))
-        return dp_err(err, errsz, DP_EINVAL,
-                      "--exempt takes a layer count up to the model's %d, with --grid",
-                      e->hp->n_layers);
     e->vocab = e->hp->vocab;
     e->qd = e->hp->n_heads * e->hp->head_dim;
     size_t qn = (size_t)e->hp->n_layers * DP_MAX_CAPTURE * (size_t)e->qd;
@@ -415,9 +411,10 @@ static int run_tables(ev *e, const int32_t *text, int32_t n_text, sbuf *md, char
         sb_flush(md);
         return 0;
     }
+    if (o->n_budgets > 0 && (rc = run_budget(e, text, n_text, md)))
+        return dp_err(err, errsz, rc, "decode-budget evaluation failed");
     if (o->n_budgets > 0)
-        return run_budget(e, text, n_text, md) ? dp_err(err, errsz, DP_EIO,
-                                                        "decode-budget evaluation failed") : 0;
+        return 0;
     if ((rc = run_tf(e, text, n_text, md)))
         return dp_err(err, errsz, rc, "teacher-forced evaluation failed");
     if (o->chat > 0 && (rc = run_chat(e, text, n_text, md, err, errsz)))
@@ -436,6 +433,12 @@ int main(int argc, char **argv)
     int32_t *text = NULL;
     size_t n_text = 0;
     int rc = ev_open(&e, &o, err, sizeof err);
+    if (!rc && o.exempt > 0 && (!o.grid || o.exempt > e.hp->n_layers)) {
+        fprintf(stderr, "dp-eval: --exempt takes a layer count up to the model's %d, with --grid\n",
+                e.hp->n_layers);
+        ev_close(&e);
+        return 2;
+    }
     if (!rc)
         rc = read_text(&e, o.text, &text, &n_text, err, sizeof err);
     if (rc) {

@@ -13,6 +13,7 @@ enum pre_kind {
     PRE_GPT2 = 0,  /* 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ */
     PRE_SMOLLM,    /* each \p{N} isolated, then the GPT-2 regex on the rest */
     PRE_LLAMA3,    /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
+    PRE_QWEN2,     /* Llama 3's with single digits: ...|\p{N}|... (Qwen 2, 2.5 and 3) */
 };
 
 /* Per-token flags. */
@@ -351,6 +352,8 @@ static int pre_from_name(dp_gguf_str s, bool present)
     if (gguf_str_eq(s, "llama3") || gguf_str_eq(s, "llama-bpe") || gguf_str_eq(s, "llama-v3") ||
         gguf_str_eq(s, "falcon3"))
         return PRE_LLAMA3;
+    if (gguf_str_eq(s, "qwen2") || gguf_str_eq(s, "deepseek-r1-qwen") || gguf_str_eq(s, "megrez"))
+        return PRE_QWEN2;
     dp_log(DP_LOG_WARN, "tokenizer: unknown pre-tokenizer '%.*s', using the GPT-2 regex",
            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     return PRE_GPT2;
@@ -733,7 +736,10 @@ static size_t match_gpt2(const uint32_t *cp, const uint8_t *fl, size_t i, size_t
     return match_space_run(fl, i, end);
 }
 
-static size_t match_llama3(const uint32_t *cp, const uint8_t *fl, size_t i, size_t end)
+/* Llama 3's pre-tokenizer; Qwen 2's is the same with digits one at a time
+ * (max_digits 1, not 3). */
+static size_t match_llama3(const uint32_t *cp, const uint8_t *fl, size_t i, size_t end,
+                           size_t max_digits)
 {
     size_t k = match_contraction(cp, i, end, true);
     if (k) return k;
@@ -745,10 +751,10 @@ static size_t match_llama3(const uint32_t *cp, const uint8_t *fl, size_t i, size
         while (j < end && (fl[j] & CF_L)) j++;
         return j;
     }
-    /* \p{N}{1,3} */
+    /* \p{N}{1,3} (Qwen 2: \p{N}) */
     if (fl[i] & CF_N) {
         j = i;
-        while (j < end && j < i + 3 && (fl[j] & CF_N)) j++;
+        while (j < end && j < i + max_digits && (fl[j] & CF_N)) j++;
         return j;
     }
     /*  ?[^\s\p{L}\p{N}]+[\r\n]* */
@@ -812,8 +818,9 @@ static int bpe_fragment(const dp_tokenizer *t, scratch *s, const unsigned char *
             while (seg_end < n && !(s->fl[seg_end] & CF_N)) seg_end++;
         }
         for (size_t i = seg; i < seg_end;) {
-            size_t e = t->pre == PRE_LLAMA3 ? match_llama3(s->cp, s->fl, i, seg_end)
-                                            : match_gpt2(s->cp, s->fl, i, seg_end);
+            size_t e = t->pre == PRE_LLAMA3 ? match_llama3(s->cp, s->fl, i, seg_end, 3)
+                       : t->pre == PRE_QWEN2  ? match_llama3(s->cp, s->fl, i, seg_end, 1)
+                                              : match_gpt2(s->cp, s->fl, i, seg_end);
             if ((rc = bpe_word(t, s, txt + s->off[i], s->off[e] - s->off[i], out))) return rc;
             i = e;
         }

@@ -310,6 +310,16 @@ static void test_bpe_small(void)
     EXPECT_IDS(t, "hello\n\n  world", false, B_HELLO, '\n', '\n', ' ', B_GWORLD);
     tokenizer_destroy(t);
 
+    /* Qwen 2's (also Qwen 2.5, Qwen 3 and the DeepSeek-R1 distills of
+     * Qwen): Llama 3's, with every digit alone. */
+    buf = build_bpe("qwen2", true, &size);
+    t = open_tok(buf, size, &g);
+    free(buf);
+    EXPECT_IDS(t, "x'S 1234", false, 'x', B_QS, ' ', '1', '2', '3', '4');
+    EXPECT_IDS(t, "(hello", false, '(', B_HELLO);
+    EXPECT_IDS(t, "hello\n\n  world", false, B_HELLO, '\n', '\n', ' ', B_GWORLD);
+    tokenizer_destroy(t);
+
     /* SmolLM2's: every digit alone. */
     buf = build_bpe("smollm", true, &size);
     t = open_tok(buf, size, &g);

@@ -217,6 +217,8 @@ typedef struct dp_rope_params {
     float freq_base;
     float freq_scale;    /* 1 / linear scaling factor; 1 when unscaled */
     bool neox;           /* rotate halves (NeoX) instead of adjacent pairs (LLaMA GGUF: false) */
+    const float *freq_factors; /* [n_rot / 2] backend memory: pair d's angle is divided by
+                                  freq_factors[d] (Llama 3's rope_freqs); NULL: none */
 } dp_rope_params;
 
 /* step_begin's answers, and step_end's request to issue a step again. */
@@ -296,6 +298,8 @@ typedef struct dp_backend_ops {
                       const float *q, int32_t n_heads, float scale);
     /* x += y (n elements). */
     void (*add)(dp_backend *be, float *x, const float *y, int64_t n);
+    /* y[n, cols] += b, each row (a projection's bias: b a vector weight of cols). */
+    void (*add_bias)(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols);
     /* out = silu(gate) * up (n elements). */
     void (*swiglu)(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
     /* out[i] = x[batch.out_tokens[i]] rows of dim. */

@@ -389,8 +389,11 @@ static void rope_row(void *p, int64_t i)
     int32_t half = rp->n_rot / 2;
     double pos = (double)r->c->b.pos[i] * rp->freq_scale;
     for (int32_t d = 0; d < half; d++) {
-        /* theta_d = pos * base^(-2d/n_rot), in double: positions reach 1e5. */
+        /* theta_d = pos * base^(-2d/n_rot) / factor_d, in double: positions
+         * reach 1e5. */
         double th = pos * pow((double)rp->freq_base, -2.0 * d / rp->n_rot);
+        if (rp->freq_factors)
+            th /= (double)rp->freq_factors[d];
         cs[d] = (float)cos(th);
         sn[d] = (float)sin(th);
     }
@@ -496,6 +499,26 @@ static void cpu_add(dp_backend *be, float *x, const float *y, int64_t n)
 {
     ew_ctx e = {x, y, NULL, n, 0, 0};
     run_elementwise(cpu_of(be), &e);
+}
+
+typedef struct bias_ctx {
+    float *y;
+    const float *b;
+    int32_t cols;
+} bias_ctx;
+
+static void bias_row(void *p, int64_t i)
+{
+    bias_ctx *c = p;
+    float *y = c->y + (size_t)i * (size_t)c->cols;
+    for (int32_t d = 0; d < c->cols; d++)
+        y[d] += c->b[d];
+}
+
+static void cpu_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols)
+{
+    bias_ctx c = {y, (const float *)b->data, cols};
+    for_rows(cpu_of(be), bias_row, &c, n, 16);
 }
 
 static void cpu_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
@@ -610,6 +633,7 @@ static const dp_backend_ops cpu_ops = {
     .kv_write = cpu_kv_write,
     .attention = cpu_attention,
     .add = cpu_add,
+    .add_bias = cpu_add_bias,
     .swiglu = cpu_swiglu,
     .gather_rows = cpu_gather_rows,
     .capture_rows = cpu_capture_rows,

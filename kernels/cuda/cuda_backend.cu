@@ -829,6 +829,7 @@ static dp_backend_ops cuda_make_ops(void)
     o.kv_write = cuda_kv_write;
     o.attention = cuda_attention;
     o.add = cuda_add;
+    o.add_bias = cuda_add_bias;
     o.swiglu = cuda_swiglu;
     o.gather_rows = cuda_gather_rows;
     o.capture_rows = cuda_capture_rows;

@@ -151,7 +151,8 @@ void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w
  * (token, pair), nothing next to the matmuls. */
 __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t n,
                                  int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
-                                 int32_t n_rot, float freq_base, float freq_scale, bool neox)
+                                 int32_t n_rot, float freq_base, float freq_scale, bool neox,
+                                 const float *freq_factors)
 {
     const int32_t half = n_rot / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -159,7 +160,9 @@ __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t
         return;
     const int32_t i = (int32_t)(idx / half), d = (int32_t)(idx % half);
     const double p = (double)pos[i] * (double)freq_scale;
-    const double th = p * pow((double)freq_base, -2.0 * d / n_rot);
+    double th = p * pow((double)freq_base, -2.0 * d / n_rot);
+    if (freq_factors)
+        th /= (double)freq_factors[d];
     double sd, cd;
     sincos(th, &sd, &cd);
     const float cs = (float)cd, sn = (float)sd;
@@ -191,7 +194,8 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
     const int64_t total = (int64_t)n * half;
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
     CUDA_LAUNCH(cuda_rope_kernel, blocks, EW_THREADS, 0, c->stream, q, k, c->bd.pos, n, n_heads,
-                n_kv_heads, head_dim, rp->n_rot, rp->freq_base, rp->freq_scale, rp->neox);
+                n_kv_heads, head_dim, rp->n_rot, rp->freq_base, rp->freq_scale, rp->neox,
+                rp->freq_factors);
     cuda_check_launch(c, "rope");
 }
 
@@ -294,6 +298,31 @@ void cuda_add(dp_backend *be, float *x, const float *y, int64_t n)
         return;
     CUDA_LAUNCH(cuda_add_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, x, y, n);
     cuda_check_launch(c, "add");
+}
+
+/* y[n, cols] += b, one thread per element (grid-stride). */
+template <typename T>
+__global__ void cuda_add_bias_kernel(float *y, const T *b, int32_t cols, int64_t total)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (int64_t)gridDim.x * blockDim.x)
+        y[i] += cuda_ld(b, (size_t)(i % cols));
+}
+
+void cuda_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols)
+{
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
+    cuda_backend *c = cuda_of(be);
+    const int64_t total = (int64_t)n * cols;
+    if (total <= 0)
+        return;
+    if (b->type == DP_TYPE_F16)
+        CUDA_LAUNCH(cuda_add_bias_kernel, cuda_grid(c, total, EW_THREADS), EW_THREADS, 0, c->stream,
+                    y, (const __half *)b->data, cols, total);
+    else
+        CUDA_LAUNCH(cuda_add_bias_kernel, cuda_grid(c, total, EW_THREADS), EW_THREADS, 0, c->stream,
+                    y, (const float *)b->data, cols, total);
+    cuda_check_launch(c, "add_bias");
 }
 
 /* out may alias gate (the forward pass writes SwiGLU in place). expf, not

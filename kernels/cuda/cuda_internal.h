@@ -534,6 +534,7 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
 void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
                    const float *v);
 void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
+void cuda_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols);
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim);

@@ -130,10 +130,13 @@ static void check_matmul(dp_backend *be[2])
 
 static void check_rmsnorm(dp_backend *be[2])
 {
-    const int32_t cases[][2] = {{37, 576}, {3, 4096}, {1, 64}};
+    /* The last: Qwen 3's per-head norm of q (7 tokens x 16 heads of 128),
+     * in place as the model runs it. */
+    const int32_t cases[][3] = {{37, 576, 0}, {3, 4096, 0}, {1, 64, 0}, {7 * 16, 128, 1}};
     char err[DP_ERRLEN], what[64];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const int32_t n = cases[ci][0], dim = cases[ci][1];
+        const bool in_place = cases[ci][2] != 0;
         const size_t ne = (size_t)n * (size_t)dim;
         float *wv = xmalloc((size_t)dim * sizeof *wv), *x = xmalloc(ne * sizeof *x), *o[2];
         for (int32_t d = 0; d < dim; d++)
@@ -143,16 +146,18 @@ static void check_rmsnorm(dp_backend *be[2])
             dp_weight w;
             if (be[b]->ops->weight_load(be[b], &w, DP_TYPE_F32, 1, dim, wv, err, sizeof err))
                 die(EXIT_SETUP, "weight_load: %s", err);
-            float *dx = dev_from(be[b], x, ne), *dout = dev_alloc(be[b], ne);
-            dev_poison(be[b], dout, ne);
+            float *dx = dev_from(be[b], x, ne), *dout = in_place ? dx : dev_alloc(be[b], ne);
+            if (!in_place)
+                dev_poison(be[b], dout, ne);
             be[b]->ops->rmsnorm(be[b], dout, dx, &w, n, dim, 1e-5f);
             o[b] = xmalloc(ne * sizeof(float));
             dev_get(be[b], o[b], dout, ne);
             be[b]->ops->free(be[b], dx);
-            be[b]->ops->free(be[b], dout);
+            if (!in_place)
+                be[b]->ops->free(be[b], dout);
             be[b]->ops->weight_free(be[b], &w);
         }
-        snprintf(what, sizeof what, "n=%d dim=%d", n, dim);
+        snprintf(what, sizeof what, "n=%d dim=%d%s", n, dim, in_place ? " in place" : "");
         report("rmsnorm", what, o[0], o[1], ne, TOL_EW);
         free(o[0]);
         free(o[1]);
@@ -337,10 +342,13 @@ static void check_rope(dp_backend *be[2])
         float base, scale;
         bool neox;
         int32_t max_pos;
+        bool factors; /* Llama 3's per-pair factors (rope_freqs) */
     } cases[] = {
-        {33, 4, 2, 64, 64, 10000.0f, 1.0f, false, 4096},
-        {17, 8, 8, 128, 128, 500000.0f, 1.0f, false, 120000},
-        {9, 6, 2, 128, 64, 10000.0f, 0.25f, true, 30000},
+        {33, 4, 2, 64, 64, 10000.0f, 1.0f, false, 4096, false},
+        {17, 8, 8, 128, 128, 500000.0f, 1.0f, false, 120000, false},
+        {9, 6, 2, 128, 64, 10000.0f, 0.25f, true, 30000, false},
+        {21, 8, 2, 64, 64, 500000.0f, 1.0f, false, 100000, true},
+        {5, 4, 4, 128, 128, 1000000.0f, 1.0f, true, 30000, true},
     };
     char what[96];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -354,11 +362,21 @@ static void check_rope(dp_backend *be[2])
         fill(q, nq, 1.0f);
         fill(k, nk, 1.0f);
         float *oq[2], *ok[2];
-        dp_rope_params rp = {cases[ci].n_rot, cases[ci].base, cases[ci].scale, cases[ci].neox};
+        /* Factors as Llama 3's are shaped: 1 for the fast pairs, up to 8 for
+         * the slow ones. */
+        const int32_t half = cases[ci].n_rot / 2;
+        float *ff = xmalloc((size_t)half * sizeof *ff);
+        for (int32_t d = 0; d < half; d++)
+            ff[d] = 1.0f + 7.0f * (float)d / (float)half + 0.1f * frand();
         for (int b = 0; b < 2; b++) {
             hbatch_set(be[b], &hb);
             float *dq = dev_from(be[b], q, nq), *dk = dev_from(be[b], k, nk);
+            float *dff = cases[ci].factors ? dev_from(be[b], ff, (size_t)half) : NULL;
+            dp_rope_params rp = {cases[ci].n_rot, cases[ci].base, cases[ci].scale, cases[ci].neox,
+                                 dff};
             be[b]->ops->rope(be[b], dq, dk, n, cases[ci].n_heads, cases[ci].n_kv, hd, &rp);
+            if (dff)
+                be[b]->ops->free(be[b], dff);
             oq[b] = xmalloc(nq * sizeof(float));
             ok[b] = xmalloc(nk * sizeof(float));
             dev_get(be[b], oq[b], dq, nq);
@@ -366,11 +384,13 @@ static void check_rope(dp_backend *be[2])
             be[b]->ops->free(be[b], dq);
             be[b]->ops->free(be[b], dk);
         }
-        snprintf(what, sizeof what, "q hd=%d n_rot=%d %s pos<%d", hd, cases[ci].n_rot,
-                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos);
+        snprintf(what, sizeof what, "q hd=%d n_rot=%d %s pos<%d%s", hd, cases[ci].n_rot,
+                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos,
+                 cases[ci].factors ? " factors" : "");
         report("rope", what, oq[0], oq[1], nq, TOL_EW);
-        snprintf(what, sizeof what, "k hd=%d n_rot=%d %s pos<%d", hd, cases[ci].n_rot,
-                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos);
+        snprintf(what, sizeof what, "k hd=%d n_rot=%d %s pos<%d%s", hd, cases[ci].n_rot,
+                 cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos,
+                 cases[ci].factors ? " factors" : "");
         report("rope", what, ok[0], ok[1], nk, TOL_EW);
         for (int b = 0; b < 2; b++) {
             free(oq[b]);
@@ -378,8 +398,36 @@ static void check_rope(dp_backend *be[2])
         }
         free(q);
         free(k);
+        free(ff);
         hbatch_free(&hb);
     }
+}
+
+/* A projection's bias added to each row (Qwen 2's Q, K and V). */
+static void check_add_bias(dp_backend *be[2])
+{
+    const int32_t n = 13, cols = 896;
+    const size_t ne = (size_t)n * cols;
+    char err[DP_ERRLEN];
+    float *bv = xmalloc((size_t)cols * sizeof *bv), *y = xmalloc(ne * sizeof *y), *o[2];
+    fill(bv, (size_t)cols, 2.0f);
+    fill(y, ne, 3.0f);
+    for (int b = 0; b < 2; b++) {
+        dp_weight w;
+        if (be[b]->ops->weight_load(be[b], &w, DP_TYPE_F32, 1, cols, bv, err, sizeof err))
+            die(EXIT_SETUP, "weight_load: %s", err);
+        float *dy = dev_from(be[b], y, ne);
+        be[b]->ops->add_bias(be[b], dy, &w, n, cols);
+        o[b] = xmalloc(ne * sizeof(float));
+        dev_get(be[b], o[b], dy, ne);
+        be[b]->ops->free(be[b], dy);
+        be[b]->ops->weight_free(be[b], &w);
+    }
+    report("add_bias", "n=13 cols=896", o[0], o[1], ne, TOL_EW);
+    free(o[0]);
+    free(o[1]);
+    free(bv);
+    free(y);
 }
 
 static void check_elementwise(dp_backend *be[2])
@@ -693,6 +741,7 @@ int main(int argc, char **argv)
         check_rmsnorm(be);
         check_norm_matmul(be);
         check_rope(be);
+        check_add_bias(be);
         check_elementwise(be);
         check_embed_gather(be);
         check_attention(be);

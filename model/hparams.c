@@ -1,9 +1,11 @@
-/* hparams.c: the {arch}.* metadata keys of a LLaMA-family GGUF, checked for
- * presence and sane ranges before any weight is touched. */
+/* hparams.c: the {arch}.* metadata keys of a GGUF of a supported
+ * architecture (arch.h), checked for presence and sane ranges before any
+ * weight is touched. */
 #include <stdio.h>
 #include <string.h>
 
 #include "common/dp.h"
+#include "kernels/quant.h"
 #include "llama.h"
 
 static int get_u32(const dp_gguf *g, const char *arch, const char *suffix, bool required,
@@ -58,9 +60,10 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
         return dp_err(err, errsz, DP_EUNSUPPORTED, "model: architecture name too long");
     memcpy(hp->arch, arch.ptr, arch.len);
     hp->arch[arch.len] = 0;
-    if (strcmp(hp->arch, "llama") != 0)
+    if (!(hp->desc = arch_find(hp->arch)))
         return dp_err(err, errsz, DP_EUNSUPPORTED,
-                      "model: architecture '%s' is not supported (only llama)", hp->arch);
+                      "model: architecture '%s' is not supported (supported: %s)", hp->arch,
+                      arch_names());
 
     uint32_t u;
     int rc;
@@ -81,14 +84,25 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
     RANGE(hp->n_kv_heads, 1, hp->n_heads, "attention.head_count_kv");
     RANGE(hp->ffn, 1, 1 << 20, "feed_forward_length");
     RANGE(hp->n_ctx_train, 1, 1 << 24, "context_length");
-    if (hp->dim % hp->n_heads)
-        return dp_err(err, errsz, DP_EFORMAT, "model: embedding_length %d is not a multiple of head_count %d",
-                      hp->dim, hp->n_heads);
     if (hp->n_heads % hp->n_kv_heads)
         return dp_err(err, errsz, DP_EFORMAT,
                       "model: head_count %d is not a multiple of head_count_kv %d", hp->n_heads,
                       hp->n_kv_heads);
-    hp->head_dim = hp->dim / hp->n_heads;
+    /* A head's size: key_length where the file gives it (Qwen 3, Gemma:
+     * not dim / n_heads), values of the same size. */
+    uint32_t kl = 0, vl = 0;
+    if ((rc = get_u32(g, hp->arch, "attention.key_length", false, 0, &kl, err, errsz)) ||
+        (rc = get_u32(g, hp->arch, "attention.value_length", false, kl, &vl, err, errsz)))
+        return rc;
+    if (kl == 0 && hp->dim % hp->n_heads)
+        return dp_err(err, errsz, DP_EFORMAT, "model: embedding_length %d is not a multiple of head_count %d",
+                      hp->dim, hp->n_heads);
+    if (kl != vl)
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: attention.key_length %u differs from attention.value_length %u", kl, vl);
+    if (kl)
+        RANGE(kl, 2, 4096, "attention.key_length");
+    hp->head_dim = kl ? (int32_t)kl : hp->dim / hp->n_heads;
     if ((rc = get_u32(g, hp->arch, "rope.dimension_count", false, (uint32_t)hp->head_dim, &u, err, errsz)))
         return rc;
     hp->n_rot = (int32_t)(u > INT32_MAX ? INT32_MAX : u);
@@ -129,9 +143,14 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
             return dp_err(err, errsz, DP_EFORMAT, "model: rope scaling factor %g is out of range", factor);
         hp->rope_freq_scale = 1.0f / factor;
     }
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
-        return dp_err(err, errsz, DP_EUNSUPPORTED,
-                      "model: per-frequency rope factors (rope_freqs.weight) are not supported");
+    /* Llama 3's frequency-dependent scaling comes as one factor per rotated
+     * pair: a pair's angle is divided by it. */
+    const dp_gguf_tensor *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf && (rf->type != DP_TYPE_F32 || rf->n_dims != 1 || rf->ne[0] != (uint64_t)hp->n_rot / 2))
+        return dp_err(err, errsz, DP_EFORMAT,
+                      "model: rope_freqs.weight must be %d F32 factors (one per rotated pair)",
+                      hp->n_rot / 2);
+    hp->rope_freqs = rf != NULL;
 
     const dp_gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)

@@ -1,5 +1,7 @@
-/* llama.c: the only file that knows the LLaMA architecture. It loads the
- * weights onto a backend and runs one batched forward step, top to bottom. */
+/* llama.c: the forward pass. It loads the weights onto a backend and runs
+ * one batched forward step, top to bottom: LLaMA's, with the variations an
+ * architecture's description asks for (arch.h: Q/K/V biases, per-head Q/K
+ * norms, NeoX RoPE, Llama 3's RoPE factors). */
 #include "llama.h"
 
 #include <math.h>
@@ -12,6 +14,8 @@
 
 typedef struct layer_w {
     dp_weight attn_norm, wq, wk, wv, wo;
+    dp_weight bq, bk, bv;         /* desc->qkv_bias */
+    dp_weight q_norm, k_norm;     /* desc->qk_norm: [head_dim] */
     dp_weight ffn_norm, w_gate, w_up, w_down;
 } layer_w;
 
@@ -22,6 +26,7 @@ struct dp_llama {
     bool capture;           /* false: no query capture buffer (llama_init_ex) */
     dp_weight tok_embd, out_norm, output;
     layer_w *layers;
+    float *rope_ff;         /* hp.rope_freqs: the factors, in backend memory */
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
     /* A decode step padded for the backend (backend.h step_pad): host
@@ -99,8 +104,9 @@ void llama_destroy(dp_llama *m)
     if (m->layers) {
         for (int32_t l = 0; l < m->hp.n_layers; l++) {
             layer_w *L = &m->layers[l];
-            dp_weight *ws[] = {&L->attn_norm, &L->wq, &L->wk, &L->wv, &L->wo,
-                               &L->ffn_norm, &L->w_gate, &L->w_up, &L->w_down};
+            dp_weight *ws[] = {&L->attn_norm, &L->wq,     &L->wk,     &L->wv,     &L->wo,
+                               &L->bq,        &L->bk,     &L->bv,     &L->q_norm, &L->k_norm,
+                               &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
                 free_w(m, ws[i]);
         }
@@ -108,6 +114,8 @@ void llama_destroy(dp_llama *m)
     }
     free(m->pad_i32);
     free(m->pad_store);
+    if (m->rope_ff)
+        be->ops->free(be, m->rope_ff);
     float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture_q};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -141,6 +149,18 @@ size_t llama_activation_bytes(const dp_hparams *hp, int32_t max_tokens, int32_t 
     for (int i = 0; i < ACT_N; i++)
         sum += n[i] * sizeof(float);
     return sum;
+}
+
+/* Llama 3's RoPE factors (hparams checked them: n_rot / 2 F32 values), in
+ * backend memory for the rope op. */
+static int load_rope_factors(dp_llama *m, const dp_gguf *g, char *err, size_t errsz)
+{
+    const dp_gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
+    const size_t bytes = (size_t)(m->hp.n_rot / 2) * sizeof(float);
+    if (!(m->rope_ff = m->be->ops->alloc(m->be, bytes)))
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory for the RoPE factors");
+    int rc = m->be->ops->upload(m->be, m->rope_ff, t->data, bytes);
+    return rc ? dp_err(err, errsz, rc, "model: uploading rope_freqs.weight failed") : 0;
 }
 
 int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
@@ -185,17 +205,33 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
     snprintf(name, sizeof name, "blk.%d.%s.weight", l, suffix);                        \
     if ((rc = load_w(m, g, name, rows, cols, &L->field, err, errsz)))                  \
         goto fail;
+#define LB(field, suffix, cols)                                                        \
+    snprintf(name, sizeof name, "blk.%d.%s.bias", l, suffix);                          \
+    if ((rc = load_w(m, g, name, 1, cols, &L->field, err, errsz)))                     \
+        goto fail;
         LW(attn_norm, "attn_norm", 1, hp->dim);
         LW(wq, "attn_q", qd, hp->dim);
         LW(wk, "attn_k", kvd, hp->dim);
         LW(wv, "attn_v", kvd, hp->dim);
         LW(wo, "attn_output", hp->dim, qd);
+        if (hp->desc->qkv_bias) {
+            LB(bq, "attn_q", qd);
+            LB(bk, "attn_k", kvd);
+            LB(bv, "attn_v", kvd);
+        }
+        if (hp->desc->qk_norm) {
+            LW(q_norm, "attn_q_norm", 1, hp->head_dim);
+            LW(k_norm, "attn_k_norm", 1, hp->head_dim);
+        }
         LW(ffn_norm, "ffn_norm", 1, hp->dim);
         LW(w_gate, "ffn_gate", hp->ffn, hp->dim);
         LW(w_up, "ffn_up", hp->ffn, hp->dim);
         LW(w_down, "ffn_down", hp->dim, hp->ffn);
 #undef LW
+#undef LB
     }
+    if (hp->rope_freqs && (rc = load_rope_factors(m, g, err, errsz)))
+        goto fail;
     size_t n[ACT_N];
     act_floats(hp, max_tokens, max_out, m->capture, n);
     float **acts[ACT_N] = {[ACT_X] = &m->x, [ACT_XN] = &m->xn, [ACT_Q] = &m->q, [ACT_K] = &m->k,
@@ -310,7 +346,9 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
     const dp_backend_ops *op = m->be->ops;
     dp_backend *be = m->be;
     const int32_t n = b->n_tokens;
-    const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, false};
+    const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, hp->desc->rope_neox,
+                               m->rope_ff};
+    const int64_t kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     const float scale = 1.0f / sqrtf((float)hp->head_dim);
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
 
@@ -321,6 +359,15 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
         op->rmsnorm(be, m->xn, m->x, &L->attn_norm, n, hp->dim, hp->rms_eps);
         matmul_shared(be, (float *const[]){m->q, m->k, m->v}, m->xn,
                       (const dp_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, n);
+        if (hp->desc->qkv_bias) {
+            op->add_bias(be, m->q, &L->bq, n, (int32_t)qd);
+            op->add_bias(be, m->k, &L->bk, n, (int32_t)kvd);
+            op->add_bias(be, m->v, &L->bv, n, (int32_t)kvd);
+        }
+        if (hp->desc->qk_norm) { /* each head its own row */
+            op->rmsnorm(be, m->q, m->q, &L->q_norm, n * hp->n_heads, hp->head_dim, hp->rms_eps);
+            op->rmsnorm(be, m->k, m->k, &L->k_norm, n * hp->n_kv_heads, hp->head_dim, hp->rms_eps);
+        }
         op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
         if (b->n_capture > 0)
             op->capture_rows(be, m->capture_q + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);

@@ -6,22 +6,25 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arch.h"
 #include "gguf.h"
 #include "kernels/backend.h"
 
 typedef struct dp_hparams {
-    char arch[32];          /* general.architecture ("llama") */
+    char arch[32];          /* general.architecture ("llama", "qwen2", "qwen3") */
+    const dp_arch *desc;    /* what the architecture changes (arch.h) */
     int32_t n_layers;
     int32_t dim;            /* embedding length */
     int32_t n_heads;
     int32_t n_kv_heads;     /* < n_heads with GQA */
-    int32_t head_dim;
+    int32_t head_dim;       /* attention.key_length, else dim / n_heads */
     int32_t ffn;            /* feed-forward length */
     int32_t n_ctx_train;    /* context length the model was trained for */
     int32_t vocab;
     int32_t n_rot;          /* rotary dims per head */
     float rope_base;
     float rope_freq_scale; /* 1 / linear scaling factor */
+    bool rope_freqs;        /* rope_freqs.weight: per-frequency factors (Llama 3) */
     float rms_eps;
     bool tied_output;       /* no output.weight: the embedding table projects */
 } dp_hparams;

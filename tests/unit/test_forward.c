@@ -222,6 +222,71 @@ static void check_errors(void)
     backend_destroy(be);
 }
 
+/* An architecture the forward pass does not describe is refused by name,
+ * and each one it does describe loads its own tensors: a qwen2 file without
+ * its Q/K/V biases, or a qwen3 one without its per-head norms, is refused
+ * naming the missing tensor (never run as if it were llama). */
+static void check_arches(void)
+{
+    char err[DP_ERRLEN];
+    gguf_writer w;
+    void *buf;
+    size_t size;
+    dp_gguf g;
+    dp_hparams hp;
+    CHECK(gguf_writer_init(&w) == 0);
+    gguf_writer_add_str(&w, "general.architecture", "gemma3");
+    CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+    CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+    CHECK(hparams_load(&hp, &g, err, sizeof err) == DP_EUNSUPPORTED);
+    printf("arches: %s\n", err);
+    CHECK(strstr(err, "'gemma3'") && strstr(err, "llama, qwen2, qwen3"));
+    gguf_close(&g);
+    free(buf);
+    gguf_writer_destroy(&w);
+
+    dp_backend *be;
+    CHECK(backend_create(&be, "cpu", 1, err, sizeof err) == 0);
+    static const struct {
+        const char *arch, *drop;
+    } cases[] = {{"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"},
+                 {"llama", "rope_freqs.weight"}};
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        dp_synth_shape sh;
+        CHECK(synth_shape_preset("tiny", &sh) == 0);
+        sh.arch = cases[ci].arch;
+        sh.rope_freqs = !strcmp(cases[ci].arch, "llama");
+        CHECK(gguf_writer_init(&w) == 0);
+        CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
+        CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+        CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+        dp_llama *m;
+        /* Whole, it loads. */
+        CHECK_MSG(llama_init(&m, &g, be, 16, 4, err, sizeof err) == 0, "%s: %s", cases[ci].arch, err);
+        CHECK(!strcmp(llama_hparams(m)->arch, cases[ci].arch));
+        llama_destroy(m);
+        dp_gguf_tensor *t = (dp_gguf_tensor *)gguf_find_tensor(&g, cases[ci].drop);
+        CHECK(t != NULL);
+        if (strcmp(cases[ci].arch, "llama")) {
+            /* Without the tensor its description needs, it is refused. */
+            t->name.ptr = "renamed.weight";
+            t->name.len = strlen(t->name.ptr);
+            CHECK(llama_init(&m, &g, be, 16, 4, err, sizeof err) != 0);
+            CHECK_MSG(strstr(err, cases[ci].drop) != NULL, "%s", err);
+        } else {
+            /* Llama 3's factors must be one per rotated pair. */
+            t->ne[0] = 3;
+            CHECK(llama_init(&m, &g, be, 16, 4, err, sizeof err) == DP_EFORMAT);
+            CHECK_MSG(strstr(err, "rope_freqs.weight") != NULL, "%s", err);
+        }
+        printf("arches: %s\n", err);
+        gguf_close(&g);
+        free(buf);
+        gguf_writer_destroy(&w);
+    }
+    backend_destroy(be);
+}
+
 static void check_bad_batch(const dp_gguf *g)
 {
     char err[DP_ERRLEN];
@@ -290,6 +355,7 @@ int main(void)
         }
     }
     check_errors();
+    check_arches();
     const char *real = "models/SmolLM2-135M-Instruct.Q4_1.gguf";
     if (access(real, R_OK) == 0 && !getenv("DP_TEST_SYNTHETIC_ONLY")) {
         dp_gguf g;

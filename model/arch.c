@@ -1,0 +1,26 @@
+/* arch.c: the architecture table (arch.h). */
+#include "arch.h"
+
+#include <string.h>
+
+/* llama: LLaMA 1-3 (Llama 3's per-frequency RoPE factors come with the
+ * file's rope_freqs.weight), Mistral 7B, SmolLM. qwen2: Qwen 2 and 2.5 and
+ * the DeepSeek-R1 distills of them. qwen3: Qwen 3 (dense). */
+static const dp_arch k_archs[] = {
+    {.name = "llama"},
+    {.name = "qwen2", .rope_neox = true, .qkv_bias = true},
+    {.name = "qwen3", .rope_neox = true, .qk_norm = true},
+};
+
+const dp_arch *arch_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof k_archs / sizeof k_archs[0]; i++)
+        if (!strcmp(k_archs[i].name, name))
+            return &k_archs[i];
+    return NULL;
+}
+
+const char *arch_names(void)
+{
+    return "llama, qwen2, qwen3";
+}

@@ -1,0 +1,22 @@
+/* arch.h: the architectures the forward pass runs, each a description of
+ * what differs from LLaMA (which tensors exist, how RoPE rotates), never a
+ * copy of the forward pass. An architecture not listed is refused at
+ * start-up by name. */
+#ifndef DP_MODEL_ARCH_H
+#define DP_MODEL_ARCH_H
+
+#include <stdbool.h>
+
+typedef struct dp_arch {
+    const char *name;  /* general.architecture, and the prefix of its keys */
+    bool rope_neox;    /* RoPE rotates halves (x[i], x[i + n_rot/2]), not adjacent pairs */
+    bool qkv_bias;     /* blk.N.attn_{q,k,v}.bias are added after the projections */
+    bool qk_norm;      /* blk.N.attn_{q,k}_norm.weight: RMSNorm over each head before RoPE */
+} dp_arch;
+
+/* The description of general.architecture = name; NULL when not supported. */
+const dp_arch *arch_find(const char *name);
+/* "llama, qwen2, qwen3": for messages. */
+const char *arch_names(void);
+
+#endif

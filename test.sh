@@ -77,6 +77,10 @@ DP_CPU_LEVEL=avx2 "$PY" tests/model/test_logits.py --model "$MODEL" --bin build/
 for l in avx2 baseline; do
     DP_CPU_LEVEL=$l "$PY" tests/model/test_weight_types.py --synth build/tools/dp-synth --bin build/tools/dp-logits
 done
+# Each architecture's variations (Llama 3's RoPE factors, Qwen 2's biases,
+# Qwen 3's Q/K norms and wide heads) against the reference.
+"$PY" tests/model/test_architectures.py --synth build/tools/dp-synth --bin build/tools/dp-logits
+DP_CPU_LEVEL=baseline "$PY" tests/model/test_architectures.py --synth build/tools/dp-synth --bin build/tools/dp-logits
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template

@@ -15,7 +15,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dp-synth --out FILE [--shape tiny|tiny32|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
-            "                [--type T] [--seed S]\n"
+            "                [--type T] [--seed S] [--arch llama|qwen2|qwen3] [--head-dim N]\n"
+            "                [--rope-freqs]\n"
             "  --type: the weight type as GGUF names it, any case (default f16; an unknown\n"
             "          name lists the types dp-synth writes)\n");
 }
@@ -85,6 +86,9 @@ int main(int argc, char **argv)
         } else if (strcmp(a, "--tied") == 0) {
             sh.tied = true;
             continue;
+        } else if (strcmp(a, "--rope-freqs") == 0) {
+            sh.rope_freqs = true;
+            continue;
         } else if (strcmp(a, "--untied") == 0) {
             sh.tied = false;
             continue;
@@ -98,6 +102,8 @@ int main(int argc, char **argv)
         if (strcmp(a, "--out") == 0) out = v;
         else if (strcmp(a, "--shape") == 0) continue;
         else if (strcmp(a, "--type") == 0) type = v;
+        else if (strcmp(a, "--arch") == 0) sh.arch = v;
+        else if (strcmp(a, "--head-dim") == 0) u = &sh.head_dim;
         else if (strcmp(a, "--layers") == 0) u = &sh.n_layers;
         else if (strcmp(a, "--dim") == 0) u = &sh.dim;
         else if (strcmp(a, "--heads") == 0) u = &sh.n_heads;

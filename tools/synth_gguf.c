@@ -517,24 +517,31 @@ static int add_rand(gguf_writer *w, uint64_t seed, const char *name, uint32_t ty
     return gguf_writer_add_tensor_fill(w, name, type, n_dims, ne, fill_random, &c, sizeof c);
 }
 
+/* A LLaMA shape: layers, dim, heads, KV heads, ffn, vocab, context, RoPE
+ * base, tied. */
+#define SHAPE(l, d, h, kv, f, v, c, rb, t)                                                   \
+    (dp_synth_shape){.n_layers = l, .dim = d, .n_heads = h, .n_kv_heads = kv, .ffn = f,     \
+                     .vocab = v, .ctx = c, .rope_base = rb, .tied = t}
+
 int synth_shape_preset(const char *name, dp_synth_shape *out)
 {
     dp_synth_shape s = {0};
     if (strcmp(name, "tiny") == 0)
-        s = (dp_synth_shape){2, 64, 4, 2, 128, 512, 256, 10000.0f, false};
+        s = SHAPE(2, 64, 4, 2, 128, 512, 256, 10000.0f, false);
     else if (strcmp(name, "tiny32") == 0) /* heads of 32: a quantized KV type's block */
-        s = (dp_synth_shape){2, 64, 2, 1, 128, 512, 256, 10000.0f, false};
+        s = SHAPE(2, 64, 2, 1, 128, 512, 256, 10000.0f, false);
     else if (strcmp(name, "tiny64") == 0) /* a head of 64: a kivi4 group's values */
-        s = (dp_synth_shape){2, 64, 1, 1, 128, 512, 256, 10000.0f, false};
+        s = SHAPE(2, 64, 1, 1, 128, 512, 256, 10000.0f, false);
     else if (strcmp(name, "smollm") == 0)
-        s = (dp_synth_shape){30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, true};
+        s = SHAPE(30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, true);
     else if (strcmp(name, "7b") == 0)
-        s = (dp_synth_shape){32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false};
+        s = SHAPE(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false);
     else
         return DP_EINVAL;
     *out = s;
     return 0;
 }
+#undef SHAPE
 
 /* GPT-2's byte-to-unicode table: printable bytes stand for themselves, the
  * others take code points from U+0100 on, in byte order. Writes UTF-8. */
@@ -719,9 +726,14 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
                       quant_type_name(wt));
     if (!sh->n_layers || !sh->dim || !sh->n_heads || !sh->n_kv_heads || !sh->ffn || !sh->ctx)
         return dp_err(err, errsz, DP_EINVAL, "synth: every shape field must be non-zero");
-    if (sh->dim % sh->n_heads || (sh->dim / sh->n_heads) % 2)
+    const char *arch = sh->arch ? sh->arch : "llama";
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))
+        return dp_err(err, errsz, DP_EINVAL, "synth: architecture '%s' (llama, qwen2, qwen3)", arch);
+    if (!sh->head_dim && (sh->dim % sh->n_heads || (sh->dim / sh->n_heads) % 2))
         return dp_err(err, errsz, DP_EINVAL, "synth: dim %u must be n_heads (%u) times an even head size", sh->dim,
                       sh->n_heads);
+    if (sh->head_dim % 2)
+        return dp_err(err, errsz, DP_EINVAL, "synth: head_dim %u must be even", sh->head_dim);
     if (sh->n_heads % sh->n_kv_heads)
         return dp_err(err, errsz, DP_EINVAL, "synth: n_heads %u is not a multiple of n_kv_heads %u", sh->n_heads,
                       sh->n_kv_heads);
@@ -732,21 +744,29 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     if (sh->vocab < 260 || sh->vocab > 16000000)
         return dp_err(err, errsz, DP_EINVAL, "synth: vocab %u out of range [260, 16000000]", sh->vocab);
 
-    const uint32_t hd = sh->dim / sh->n_heads;
+    const uint32_t hd = sh->head_dim ? sh->head_dim : sh->dim / sh->n_heads;
     const uint64_t q_out = (uint64_t)sh->n_heads * hd, kv_out = (uint64_t)sh->n_kv_heads * hd;
-    gguf_writer_add_str(w, "general.architecture", "llama");
-    gguf_writer_add_str(w, "general.name", "dp-synth llama");
+    char key[96], name[64];
+#define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
+    snprintf(name, sizeof name, "dp-synth %s", arch);
+    gguf_writer_add_str(w, "general.architecture", arch);
+    gguf_writer_add_str(w, "general.name", name);
     gguf_writer_add_u32(w, "general.file_type", (uint32_t)file_type_of(wt));
-    gguf_writer_add_u32(w, "llama.block_count", sh->n_layers);
-    gguf_writer_add_u32(w, "llama.context_length", sh->ctx);
-    gguf_writer_add_u32(w, "llama.embedding_length", sh->dim);
-    gguf_writer_add_u32(w, "llama.feed_forward_length", sh->ffn);
-    gguf_writer_add_u32(w, "llama.attention.head_count", sh->n_heads);
-    gguf_writer_add_u32(w, "llama.attention.head_count_kv", sh->n_kv_heads);
-    gguf_writer_add_f32(w, "llama.rope.freq_base", sh->rope_base);
-    gguf_writer_add_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f);
-    gguf_writer_add_u32(w, "llama.vocab_size", sh->vocab);
-    gguf_writer_add_u32(w, "llama.rope.dimension_count", hd);
+    gguf_writer_add_u32(w, KEY("block_count"), sh->n_layers);
+    gguf_writer_add_u32(w, KEY("context_length"), sh->ctx);
+    gguf_writer_add_u32(w, KEY("embedding_length"), sh->dim);
+    gguf_writer_add_u32(w, KEY("feed_forward_length"), sh->ffn);
+    gguf_writer_add_u32(w, KEY("attention.head_count"), sh->n_heads);
+    gguf_writer_add_u32(w, KEY("attention.head_count_kv"), sh->n_kv_heads);
+    gguf_writer_add_f32(w, KEY("rope.freq_base"), sh->rope_base);
+    gguf_writer_add_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-5f);
+    gguf_writer_add_u32(w, KEY("vocab_size"), sh->vocab);
+    gguf_writer_add_u32(w, KEY("rope.dimension_count"), hd);
+    if (sh->head_dim) {
+        gguf_writer_add_u32(w, KEY("attention.key_length"), hd);
+        gguf_writer_add_u32(w, KEY("attention.value_length"), hd);
+    }
+#undef KEY
     if (w->err)
         return dp_err(err, errsz, w->err, "synth: writing metadata: %s", dp_strerror(w->err));
     int rc = build_tokenizer(w, sh->vocab, err, errsz);
@@ -776,6 +796,15 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
         add_rand(w, seed, NM("attn_k.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
         add_rand(w, seed, NM("attn_v.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
         add_rand(w, seed, NM("attn_output.weight"), wt, q_out, sh->dim, 0.0f, a_q * g_out);
+        if (!strcmp(arch, "qwen2")) {
+            add_rand(w, seed, NM("attn_q.bias"), DP_TYPE_F32, q_out, 0, 0.0f, 0.5f);
+            add_rand(w, seed, NM("attn_k.bias"), DP_TYPE_F32, kv_out, 0, 0.0f, 0.5f);
+            add_rand(w, seed, NM("attn_v.bias"), DP_TYPE_F32, kv_out, 0, 0.0f, 0.5f);
+        }
+        if (!strcmp(arch, "qwen3")) {
+            add_rand(w, seed, NM("attn_q_norm.weight"), DP_TYPE_F32, hd, 0, 1.0f, 0.1f);
+            add_rand(w, seed, NM("attn_k_norm.weight"), DP_TYPE_F32, hd, 0, 1.0f, 0.1f);
+        }
         add_rand(w, seed, NM("ffn_norm.weight"), DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
         add_rand(w, seed, NM("ffn_gate.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
         add_rand(w, seed, NM("ffn_up.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
@@ -783,6 +812,8 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
 #undef NM
     }
     add_rand(w, seed, "output_norm.weight", DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
+    if (sh->rope_freqs) /* uniform in [1, 8], as Llama 3's range */
+        add_rand(w, seed, "rope_freqs.weight", DP_TYPE_F32, hd / 2, 0, 4.5f, 3.5f);
     if (!sh->tied)
         add_rand(w, seed, "output.weight", wt, sh->dim, sh->vocab, 0.0f, 3.0f * a_dim);
     if (w->err)

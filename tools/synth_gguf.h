@@ -100,7 +100,7 @@ int gguf_writer_write_file(gguf_writer *w, const char *path);
 
 typedef struct dp_synth_shape {
     uint32_t n_layers;
-    uint32_t dim;        /* embedding length; head_dim = dim / n_heads */
+    uint32_t dim;        /* embedding length */
     uint32_t n_heads;
     uint32_t n_kv_heads;
     uint32_t ffn;        /* feed-forward length */
@@ -108,6 +108,11 @@ typedef struct dp_synth_shape {
     uint32_t ctx;
     float rope_base;
     bool tied;           /* true: no output.weight (the embedding is reused) */
+    /* The architecture's variations (model/arch.h), all zero for LLaMA: */
+    const char *arch;    /* general.architecture: NULL "llama", "qwen2" (Q/K/V biases),
+                            "qwen3" (per-head Q/K norms) */
+    uint32_t head_dim;   /* 0: dim / n_heads; else written as attention.key_length */
+    bool rope_freqs;     /* rope_freqs.weight (Llama 3's per-pair factors, 1..8) */
 } dp_synth_shape;
 
 /* "tiny" (2 layers, dim 64, 4 heads, 2 kv heads, ffn 128, vocab 512, ctx 256,

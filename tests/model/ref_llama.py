@@ -24,6 +24,13 @@ Conventions (each was checked; see `--selfcheck`):
   * Output: output_norm, then logits = W_out @ x, where W_out is output.weight
     or, when the file has none (tied embeddings), token_embd.weight.
 
+Architectures (general.architecture; their keys carry its name as prefix):
+  * llama: as above; with rope_freqs.weight (Llama 3), pair i's angle is
+    divided by rope_freqs[i].
+  * qwen2: Q, K and V get their biases (blk.N.attn_{q,k,v}.bias); NeoX rope.
+  * qwen3: Q and K are RMS-normed per head (attn_{q,k}_norm, before rope);
+    NeoX rope; heads may be larger than dim / n_heads (attention.key_length).
+
 Module use:
     m = load("models/SmolLM2-135M-Instruct.Q4_1.gguf")
     logits = forward(m, [1, 2, 3])          # [3, vocab]
@@ -48,7 +55,7 @@ import numpy as np
 import gguf
 
 CACHE_DIR = os.path.expanduser("~/.cache/dualpath/ref")
-CACHE_VERSION = 2  # bump when the cached content or its layout changes
+CACHE_VERSION = 3  # bump when the cached content or its layout changes
 
 
 # --------------------------------------------------------------------------
@@ -67,6 +74,7 @@ class Config:
     rope_base: float
     n_rot: int      # how many leading dims of each head the rotary embedding touches
     eps: float
+    arch: str = "llama"
 
 
 @dataclass
@@ -80,6 +88,11 @@ class Layer:
     w_gate: np.ndarray      # [ffn_dim, dim]
     w_up: np.ndarray        # [ffn_dim, dim]
     w_down: np.ndarray      # [dim, ffn_dim]
+    bq: np.ndarray = None   # qwen2: [n_heads * head_dim]
+    bk: np.ndarray = None   # qwen2: [n_kv_heads * head_dim]
+    bv: np.ndarray = None
+    q_norm: np.ndarray = None  # qwen3: [head_dim]
+    k_norm: np.ndarray = None
 
 
 @dataclass
@@ -91,7 +104,8 @@ class Model:
     out_norm: np.ndarray    # [dim]
     w_out: np.ndarray       # [vocab, dim]; the same array as tok_embd when tied
     tied: bool
-    rope_mode: str = "norm"  # "norm" (the right one for llama) or "neox" (selfcheck only)
+    rope_mode: str = "norm"  # "norm" (llama) or "neox" (qwen2, qwen3; selfcheck for llama)
+    rope_freqs: np.ndarray = None  # Llama 3's per-pair factors, [n_rot / 2]
 
 
 def read_config(reader):
@@ -104,28 +118,30 @@ def read_config(reader):
         return f.contents()
 
     arch = get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"only the llama architecture is supported, not {arch!r}")
-    dim = int(get("llama.embedding_length"))
-    n_heads = int(get("llama.attention.head_count"))
-    head_dim = int(get("llama.attention.key_length", dim // n_heads))
-    vocab = get("llama.vocab_size", -1)
+    if arch not in ("llama", "qwen2", "qwen3"):
+        raise ValueError(f"architecture {arch!r} is not supported (llama, qwen2, qwen3)")
+    a = arch + "."
+    dim = int(get(a + "embedding_length"))
+    n_heads = int(get(a + "attention.head_count"))
+    head_dim = int(get(a + "attention.key_length", dim // n_heads))
+    vocab = get(a + "vocab_size", -1)
     if vocab == -1:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
-    for key in ("llama.rope.scaling.type", "llama.rope.scaling.factor"):
+    for key in (a + "rope.scaling.type", a + "rope.scaling.factor"):
         if key in reader.fields and str(reader.fields[key].contents()) not in ("none", "1.0"):
             raise ValueError(f"{key} = {reader.fields[key].contents()} is not supported")
     return Config(
-        n_layers=int(get("llama.block_count")),
+        n_layers=int(get(a + "block_count")),
         dim=dim,
         n_heads=n_heads,
-        n_kv_heads=int(get("llama.attention.head_count_kv", n_heads)),
+        n_kv_heads=int(get(a + "attention.head_count_kv", n_heads)),
         head_dim=head_dim,
-        ffn_dim=int(get("llama.feed_forward_length")),
+        ffn_dim=int(get(a + "feed_forward_length")),
         vocab=int(vocab),
-        rope_base=float(get("llama.rope.freq_base", 10000.0)),
-        n_rot=int(get("llama.rope.dimension_count", head_dim)),
-        eps=float(get("llama.attention.layer_norm_rms_epsilon")),
+        rope_base=float(get(a + "rope.freq_base", 10000.0)),
+        n_rot=int(get(a + "rope.dimension_count", head_dim)),
+        eps=float(get(a + "attention.layer_norm_rms_epsilon")),
+        arch=arch,
     )
 
 
@@ -189,7 +205,17 @@ def load(path):
                             ("ffn_down", (cfg.dim, cfg.ffn_dim)),
                             ("attn_norm", (cfg.dim,)), ("ffn_norm", (cfg.dim,))]:
             check(p + name + ".weight", shape)
+        opt = {}
+        if cfg.arch == "qwen2":
+            for name, n in (("bq", q_dim), ("bk", kv_dim), ("bv", kv_dim)):
+                check(p + f"attn_{name[1]}.bias", (n,))
+                opt[name] = f64(p + f"attn_{name[1]}.bias")
+        if cfg.arch == "qwen3":
+            for name in ("q_norm", "k_norm"):
+                check(p + f"attn_{name}.weight", (cfg.head_dim,))
+                opt[name] = f64(p + f"attn_{name}.weight")
         layers.append(Layer(
+            **opt,
             attn_norm=f64(p + "attn_norm.weight"),
             wq=f64(p + "attn_q.weight"),
             wk=f64(p + "attn_k.weight"),
@@ -206,8 +232,14 @@ def load(path):
     if not tied:
         check("output.weight", (cfg.vocab, cfg.dim))
     w_out = tok_embd if tied else f64("output.weight")
+    rope_freqs = None
+    if "rope_freqs.weight" in t:
+        check("rope_freqs.weight", (cfg.n_rot // 2,))
+        rope_freqs = f64("rope_freqs.weight")
     return Model(path=path, cfg=cfg, tok_embd=tok_embd, layers=layers,
-                 out_norm=f64("output_norm.weight"), w_out=w_out, tied=tied)
+                 out_norm=f64("output_norm.weight"), w_out=w_out, tied=tied,
+                 rope_mode="neox" if cfg.arch in ("qwen2", "qwen3") else "norm",
+                 rope_freqs=rope_freqs)
 
 
 # --------------------------------------------------------------------------
@@ -235,7 +267,7 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def rope(x, positions, cfg, mode="norm"):
+def rope(x, positions, cfg, mode="norm", freqs=None):
     """Rotary embedding of x: [T, n_h, head_dim] at the given positions.
 
     mode "norm": rotate adjacent pairs (x[2i], x[2i+1]) (llama.cpp's default, and
@@ -243,6 +275,8 @@ def rope(x, positions, cfg, mode="norm"):
     x[i + n_rot/2]), the HF layout; only for the self-check."""
     half = cfg.n_rot // 2
     inv_freq = cfg.rope_base ** (-2.0 * np.arange(half) / cfg.n_rot)      # [half]
+    if freqs is not None:                                                 # Llama 3
+        inv_freq = inv_freq / freqs
     angle = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq   # [T, half]
     cos = np.cos(angle)[:, None, :]                                       # [T, 1, half]
     sin = np.sin(angle)[:, None, :]
@@ -297,11 +331,17 @@ def forward_chunk(model, cache, tokens):
     for l, L in enumerate(model.layers):
         # attention
         h = rmsnorm(x, L.attn_norm, cfg.eps)
-        q = (h @ L.wq.T).reshape(T, cfg.n_heads, cfg.head_dim)
-        k = (h @ L.wk.T).reshape(T, cfg.n_kv_heads, cfg.head_dim)
-        v = (h @ L.wv.T).reshape(T, cfg.n_kv_heads, cfg.head_dim)
-        q = rope(q, positions, cfg, model.rope_mode)
-        k = rope(k, positions, cfg, model.rope_mode)
+        q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
+        if L.bq is not None:                       # qwen2
+            q, k, v = q + L.bq, k + L.bk, v + L.bv
+        q = q.reshape(T, cfg.n_heads, cfg.head_dim)
+        k = k.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+        v = v.reshape(T, cfg.n_kv_heads, cfg.head_dim)
+        if L.q_norm is not None:                   # qwen3: each head normed
+            q = rmsnorm(q, L.q_norm, cfg.eps)
+            k = rmsnorm(k, L.k_norm, cfg.eps)
+        q = rope(q, positions, cfg, model.rope_mode, model.rope_freqs)
+        k = rope(k, positions, cfg, model.rope_mode, model.rope_freqs)
         cache.k[l, p0:p0 + T] = cache.round(k)
         cache.v[l, p0:p0 + T] = cache.round(v)
         keys = cache.k[l, :p0 + T]                 # [S, n_kv_heads, head_dim]

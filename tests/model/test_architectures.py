@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""The C forward pass against the NumPy reference, on a synthetic model of each architecture.
+
+    ~/.cache/dualpath/venv/bin/python tests/model/test_architectures.py \\
+        --synth build/tools/dp-synth --bin build/tools/dp-logits
+
+For each architecture the forward pass runs (model/arch.h) dp-synth writes a
+small seeded model with that architecture's tensors and keys:
+
+  * llama3: LLaMA with rope_freqs.weight (Llama 3's per-pair RoPE factors,
+    uniform in [1, 8] here so that every pair is scaled);
+  * qwen2: Q, K and V biases and NeoX RoPE;
+  * qwen3: per-head Q and K RMSNorms, NeoX RoPE, and heads of 96 with
+    dim 256 and 4 heads (attention.key_length: not dim / n_heads);
+  * llama: the plain layout, for comparison.
+
+dp-logits --teacher gives the logits at every position of a fixed token
+sequence, with the exact f32 matmul and with the default integer path, and
+ref_llama.py (written apart from model/ and kernels/) gives the reference.
+Bounds are test_weight_types.py's: exact mean relative L2 < 1e-4, max < 1e-3,
+top-1 >= 99 %; the int8 path < 4e-2, < 8e-2, >= 85 %.
+
+Exit status: 0 all passed, 1 an architecture failed, 2 a tool is missing.
+"""
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import ref_llama  # noqa: E402
+from dp_logits import teacher  # noqa: E402
+
+BASE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
+        "--kv-heads", "2", "--layers", "2", "--type", "q8_0"]
+ARCHS = {
+    "llama": [],
+    "llama3": ["--rope-freqs", "--rope-base", "500000"],
+    "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
+    "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
+}
+BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--synth", default="build/tools/dp-synth", help="the dp-synth tool")
+    ap.add_argument("--bin", default="build/tools/dp-logits", help="the dp-logits tool")
+    ap.add_argument("--archs", default=",".join(ARCHS))
+    ap.add_argument("--positions", type=int, default=48)
+    ap.add_argument("--timeout", type=float, default=300)
+    a = ap.parse_args(argv)
+    for tool in (a.synth, a.bin):
+        if not (os.path.isfile(tool) and os.access(tool, os.X_OK)):
+            print(f"test_architectures: ERROR: {tool!r} does not exist or is not executable",
+                  file=sys.stderr)
+            return 2
+    rng = np.random.default_rng(20261207)
+    tokens = [int(t) for t in rng.integers(3, 512, size=a.positions)]
+    print(f"{'arch':<7} {'matmul':<6} {'positions':>9} {'mean rel L2':>12} {'max rel L2':>11} "
+          f"{'top-1':>8}")
+    failures = []
+    names = a.archs.split(",")
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, name in enumerate(names):
+            path = os.path.join(tmp, f"synth-{name}.gguf")
+            p = subprocess.run([a.synth, "--out", path, "--seed", str(300 + i)] + BASE + ARCHS[name],
+                               capture_output=True, text=True, timeout=a.timeout)
+            if p.returncode != 0:
+                failures.append(f"{name}: dp-synth failed: {p.stderr.strip()[-300:]}")
+                continue
+            model = ref_llama.load(path)
+            ref = ref_llama.forward(model, tokens)
+            ref_top = np.argmax(ref, axis=1)
+            for mode in ("exact", "int8"):
+                c, err = teacher(a.bin, path, tokens, mode == "exact", a.timeout)
+                if err:
+                    failures.append(f"{name} {mode}: {err}")
+                    continue
+                if c.size != ref.size:
+                    failures.append(f"{name} {mode}: {c.size} logits, expected {ref.size}")
+                    continue
+                c = c.reshape(ref.shape)
+                rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
+                agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
+                mean_b, max_b, agree_b = BOUNDS[mode]
+                ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
+                print(f"{name:<7} {mode:<6} {len(tokens):>9} {rel.mean():>12.3e} {rel.max():>11.3e} "
+                      f"{100 * agree:>6.1f} %  {'ok' if ok else 'FAIL'}")
+                if not ok:
+                    failures.append(f"{name} {mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), "
+                                    f"max {rel.max():.3e} (< {max_b:g}), top-1 {100 * agree:.1f} % "
+                                    f"(>= {100 * agree_b:g} %)")
+    for f in failures:
+        print(f"FAIL {f}")
+    bad = {f.split()[0].rstrip(":") for f in failures}
+    print(f"{len(names) - len(bad)} architectures passed, {len(bad)} failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ BASE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--
 ARCHS = {
     "llama": [],
     "llama3 (rope_freqs)": ["--rope-freqs", "--rope-base", "500000"],
+    "llama (head 96, as Mistral Nemo)": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3 (head 96)": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
 }

@@ -9,6 +9,8 @@ small seeded model with that architecture's tensors and keys:
 
   * llama3: LLaMA with rope_freqs.weight (Llama 3's per-pair RoPE factors,
     uniform in [1, 8] here so that every pair is scaled);
+  * mistral: LLaMA with heads of 96 at dim 256 and 4 heads
+    (attention.key_length, as Mistral Nemo's heads are not dim / n_heads);
   * qwen2: Q, K and V biases and NeoX RoPE;
   * qwen3: per-head Q and K RMSNorms, NeoX RoPE, and heads of 96 with
     dim 256 and 4 heads (attention.key_length: not dim / n_heads);
@@ -40,6 +42,7 @@ BASE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--
 ARCHS = {
     "llama": [],
     "llama3": ["--rope-freqs", "--rope-base", "500000"],
+    "mistral": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
 }

@@ -212,19 +212,12 @@ static void log_unknown_fields(dp_server *s, const dp_job *j)
     }
 }
 
-enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind)
+/* A job for h, in the server's live list and holding h's reference. */
+static dp_job *job_new(dp_server *s, dp_hreq *h, dp_oai_kind kind)
 {
-    dp_api_err e;
-    if (s->draining || !s->engine) {
-        api_err_set(&e, 503, "service_unavailable", "draining", NULL,
-                    s->draining ? "the server is shutting down" : "the server is not ready");
-        return http_send_error(h, &e);
-    }
     dp_job *j = calloc(1, sizeof *j);
-    if (!j) {
-        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        return http_send_error(h, &e);
-    }
+    if (!j)
+        return NULL;
     j->srv = s;
     j->refs = 1; /* the hreq */
     j->conn = h->conn;
@@ -235,17 +228,144 @@ enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     s->jobs = j;
     s->n_jobs++;
     h->data = j;
-    bool hung_up = h->client_gone;
     snprintf(j->id, sizeof j->id, "%s%016llx%08llx", kind_prefix(kind),
              (unsigned long long)next_rand(s), (unsigned long long)(next_rand(s) & 0xffffffffu));
     j->created = (long long)time(NULL);
+    return j;
+}
+
+/* Choice k (copy i of prompt pr): its engine request and what its response
+ * starts with (an echoed prompt, logprobs arrays). DP_ENOMEM. */
+static int add_choice(dp_server *s, dp_job *j, dp_oai_kind kind, const dp_oai_prompt *pr, int i,
+                      int k)
+{
+    const dp_oai_req *r = &j->req;
+    dp_request_params params;
+    if (oai_params_clone(&params, &r->params))
+        return DP_ENOMEM;
+    params.max_tokens = pr->max_tokens;
+    params.sampling.seed = r->has_seed ? r->params.sampling.seed + (uint64_t)i : next_rand(s);
+    int32_t *ids = malloc((size_t)pr->n_ids * sizeof *ids);
+    if (!ids) {
+        request_params_free(&params);
+        return DP_ENOMEM;
+    }
+    memcpy(ids, pr->ids, (size_t)pr->n_ids * sizeof *ids);
+    /* request_new takes the prompt and the params' owned parts. */
+    j->reqs[k] = request_new(ids, pr->n_ids, &params);
+    if (!j->reqs[k]) {
+        free(ids);
+        request_params_free(&params);
+        return DP_ENOMEM;
+    }
+    j->reqs[k]->user = j;
+    dp_oai_choice *ch = &j->choices[k];
+    if (r->echo) {
+        if (!r->stream)
+            oai_choice_append(ch, pr->text, strlen(pr->text));
+        ch->text_offset = strlen(pr->text);
+    }
+    if (r->params.logprobs >= 0 && !r->stream && !(ch->logprobs = oai_logprobs_new(kind)))
+        return DP_ENOMEM;
+    /* Echo with logprobs: the prompt's tokens lead the logprobs, the first
+     * with nulls; streamed, they go with the prompt's text before the first
+     * token. */
+    if (r->echo && r->params.logprobs >= 0) {
+        if (r->stream && !(ch->echo_lp = oai_logprobs_new(kind)))
+            return DP_ENOMEM;
+        oai_logprobs_add_prompt(r->stream ? ch->echo_lp : ch->logprobs, s->tok, pr->ids[0], NULL,
+                                0, &ch->prompt_offset);
+    }
+    if (r->prompt_lp >= 0) {
+        if (!(ch->prompt_lp = cJSON_CreateArray()))
+            return DP_ENOMEM;
+        cJSON_AddItemToArray(ch->prompt_lp, cJSON_CreateNull());
+    }
+    return 0;
+}
+
+/* Every choice: n copies of each prompt. */
+static int add_choices(dp_server *s, dp_job *j, dp_oai_kind kind)
+{
+    const dp_oai_req *r = &j->req;
+    j->reqs = calloc((size_t)j->n_choices, sizeof *j->reqs);
+    j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
+    if (!j->reqs || !j->choices)
+        return DP_ENOMEM;
+    for (int p = 0, k = 0; p < r->n_prompts; p++)
+        for (int i = 0; i < r->n; i++, k++)
+            if (add_choice(s, j, kind, &r->prompts[p], i, k))
+                return DP_ENOMEM;
+    return 0;
+}
+
+/* A job that could not be built: nothing of it runs, h gets a 500. */
+static enum MHD_Result job_oom(dp_hreq *h, dp_job *j)
+{
+    dp_api_err e;
+    j->cancelled = true;
+    for (int m = 0; m < j->n_choices && j->choices; m++)
+        j->choices[m].done = true;
+    j->n_done = j->n_choices;
+    j->finished = true;
+    api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+    return http_send_error(h, &e);
+}
+
+/* A stream's answer: the headers now, each choice's first chunk (the
+ * assistant role; an echoed prompt), the rest as the engine delivers. */
+static enum MHD_Result stream_start(dp_server *s, dp_hreq *h, dp_job *j, dp_oai_kind kind)
+{
+    const dp_oai_req *r = &j->req;
+    for (int k = 0; k < j->n_choices; k++) {
+        size_t n = 0;
+        int pidx = k / r->n;
+        if (kind == DP_OAI_CHAT)
+            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, "assistant", "", NULL,
+                                  NULL, &n), &n);
+        else if (r->echo && !j->choices[k].echo_lp)
+            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, NULL,
+                                  r->prompts[pidx].text, NULL, NULL, &n), &n);
+    }
+    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
+                                                                  sse_reader, j, sse_free);
+    if (!resp) {
+        dp_api_err e;
+        j->cancelled = true;
+        job_cancel(j);
+        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return http_send_error(h, &e);
+    }
+    j->refs++; /* the response */
+    j->last_write = dp_now();
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = http_queue(h, 200, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind)
+{
+    dp_api_err e;
+    if (s->draining || !s->engine) {
+        api_err_set(&e, 503, "service_unavailable", "draining", NULL,
+                    s->draining ? "the server is shutting down" : "the server is not ready");
+        return http_send_error(h, &e);
+    }
+    dp_job *j = job_new(s, h, kind);
+    if (!j) {
+        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
+        return http_send_error(h, &e);
+    }
+    const bool hung_up = h->client_gone;
     if (oai_parse(&s->oai, kind, h->body, h->len, &j->req, &e)) {
         j->finished = true;
         return http_send_error(h, &e);
     }
-    dp_oai_req *r = &j->req;
     log_unknown_fields(s, j);
-    j->n_choices = r->n_prompts * r->n;
+    j->n_choices = j->req.n_prompts * j->req.n;
     int max_queue = engine_max_queue(s->engine);
     if (max_queue > 0 && j->n_choices > max_queue) {
         /* It could never be queued whole: not a "retry later". */
@@ -254,59 +374,8 @@ enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind)
                         "at most %d requests", j->n_choices, max_queue);
         return http_send_error(h, &e);
     }
-    j->reqs = calloc((size_t)j->n_choices, sizeof *j->reqs);
-    j->choices = calloc((size_t)j->n_choices, sizeof *j->choices);
-    if (!j->reqs || !j->choices)
-        goto oom;
-    for (int p = 0, k = 0; p < r->n_prompts; p++) {
-        dp_oai_prompt *pr = &r->prompts[p];
-        for (int i = 0; i < r->n; i++, k++) {
-            dp_request_params params;
-            if (oai_params_clone(&params, &r->params))
-                goto oom;
-            params.max_tokens = pr->max_tokens;
-            params.sampling.seed = r->has_seed ? r->params.sampling.seed + (uint64_t)i : next_rand(s);
-            int32_t *ids = malloc((size_t)pr->n_ids * sizeof *ids);
-            if (!ids) {
-                request_params_free(&params);
-                goto oom;
-            }
-            memcpy(ids, pr->ids, (size_t)pr->n_ids * sizeof *ids);
-            /* request_new takes the prompt and the params' owned parts. */
-            j->reqs[k] = request_new(ids, pr->n_ids, &params);
-            if (!j->reqs[k]) {
-                free(ids);
-                request_params_free(&params);
-                goto oom;
-            }
-            j->reqs[k]->user = j;
-            if (r->echo) {
-                if (!r->stream)
-                    oai_choice_append(&j->choices[k], pr->text, strlen(pr->text));
-                j->choices[k].text_offset = strlen(pr->text);
-            }
-            dp_oai_choice *ch = &j->choices[k];
-            if (r->params.logprobs >= 0 && !r->stream) {
-                ch->logprobs = oai_logprobs_new(kind);
-                if (!ch->logprobs)
-                    goto oom;
-            }
-            /* Echo with logprobs: the prompt's tokens lead the logprobs, the
-             * first with nulls; streamed, they go with the prompt's text
-             * before the first token. */
-            if (r->echo && r->params.logprobs >= 0) {
-                if (r->stream && !(ch->echo_lp = oai_logprobs_new(kind)))
-                    goto oom;
-                oai_logprobs_add_prompt(r->stream ? ch->echo_lp : ch->logprobs, s->tok, pr->ids[0],
-                                        NULL, 0, &ch->prompt_offset);
-            }
-            if (r->prompt_lp >= 0) {
-                if (!(ch->prompt_lp = cJSON_CreateArray()))
-                    goto oom;
-                cJSON_AddItemToArray(ch->prompt_lp, cJSON_CreateNull());
-            }
-        }
-    }
+    if (add_choices(s, j, kind))
+        return job_oom(h, j);
     /* All choices at once: copies of one prompt are prefilled once and
      * share its compaction (engine_submit_all). */
     char err[DP_ERRLEN] = "";
@@ -324,46 +393,12 @@ enum MHD_Result jobs_start(dp_server *s, dp_hreq *h, dp_oai_kind kind)
     j->refs += j->n_choices; /* each until its FINISH */
     if (hung_up)
         jobs_client_gone(s, h); /* the hang-up came with the request */
-    if (!r->stream) {
+    if (!j->req.stream) {
         j->suspended = true;
         http_suspend(h->conn);
         return MHD_YES;
     }
-    /* Streaming: the headers go now, chunks as the engine delivers. */
-    for (int k = 0; k < j->n_choices; k++) {
-        size_t n = 0;
-        int pidx = k / r->n;
-        if (kind == DP_OAI_CHAT)
-            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, "assistant", "", NULL,
-                                  NULL, &n), &n);
-        else if (r->echo && !j->choices[k].echo_lp)
-            out_take(j, oai_chunk(kind, j->id, j->created, s->model_name, k, NULL,
-                                  r->prompts[pidx].text, NULL, NULL, &n), &n);
-    }
-    struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384,
-                                                                  sse_reader, j, sse_free);
-    if (!resp) {
-        j->cancelled = true;
-        job_cancel(j);
-        api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-        return http_send_error(h, &e);
-    }
-    j->refs++; /* the response */
-    j->last_write = dp_now();
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
-    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
-    enum MHD_Result ret = http_queue(h, 200, resp);
-    MHD_destroy_response(resp);
-    return ret;
-oom:
-    j->cancelled = true;
-    for (int m = 0; m < j->n_choices && j->choices; m++)
-        j->choices[m].done = true;
-    j->n_done = j->n_choices;
-    j->finished = true;
-    api_err_set(&e, 500, "server_error", NULL, NULL, "out of memory");
-    return http_send_error(h, &e);
+    return stream_start(s, h, j, kind);
 }
 
 /* Non-stream: called again after the job's connection was resumed. */

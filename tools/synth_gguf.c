@@ -536,7 +536,17 @@ int synth_shape_preset(const char *name, dp_synth_shape *out)
         s = SHAPE(30, 576, 9, 3, 1536, 49152, 8192, 100000.0f, true);
     else if (strcmp(name, "7b") == 0)
         s = SHAPE(32, 4096, 32, 32, 11008, 32000, 4096, 10000.0f, false);
-    else
+    else if (strcmp(name, "tiny-llama3") == 0) { /* tiny with Llama 3's RoPE factors */
+        s = SHAPE(2, 64, 4, 2, 128, 512, 256, 500000.0f, false);
+        s.rope_freqs = true;
+    } else if (strcmp(name, "tiny-qwen2") == 0) { /* tiny with Q/K/V biases, NeoX RoPE */
+        s = SHAPE(2, 64, 4, 2, 128, 512, 256, 1000000.0f, true);
+        s.arch = "qwen2";
+    } else if (strcmp(name, "tiny-qwen3") == 0) { /* Q/K norms, heads of 32 at dim 64 */
+        s = SHAPE(2, 64, 4, 2, 128, 512, 256, 1000000.0f, true);
+        s.arch = "qwen3";
+        s.head_dim = 32;
+    } else
         return DP_EINVAL;
     *out = s;
     return 0;

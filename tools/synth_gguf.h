@@ -116,7 +116,9 @@ typedef struct dp_synth_shape {
 } dp_synth_shape;
 
 /* "tiny" (2 layers, dim 64, 4 heads, 2 kv heads, ffn 128, vocab 512, ctx 256,
- * untied), "smollm" (SmolLM2-135M's shape, tied) or "7b" (LLaMA-2 7B). */
+ * untied), "smollm" (SmolLM2-135M's shape, tied) or "7b" (LLaMA-2 7B);
+ * "tiny-llama3", "tiny-qwen2" and "tiny-qwen3": tiny in each architecture's
+ * layout (qwen3 with heads of 32). */
 int synth_shape_preset(const char *name, dp_synth_shape *out);
 
 /* Encodes n floats (a multiple of the block size) as F32, F16, BF16, Q8_0,

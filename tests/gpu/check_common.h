@@ -114,7 +114,8 @@ void check_kivi(dp_backend *be[2]);
  * disagreement at a decisive step fails; else it is reported; the model
  * and prompts come from seed alone), and recorded decode steps against
  * eager issue on fresh CUDA backends (cpu: the reference for the model). */
-int check_generation(dp_backend *be[2], uint64_t seed, uint32_t type, bool required);
+int check_generation(dp_backend *be[2], const char *preset, uint64_t seed, uint32_t type,
+                     bool required);
 void check_graphs(dp_backend *cpu);
 
 /* The 7B-shaped benchmark (check_bench.c): runs it on gpu, sized from the

@@ -100,7 +100,8 @@ static void gen_forced(dp_backend *be, const dp_gguf *g, int32_t *const prompts[
 
 /* required: the check counts (a disagreement at a decisive step fails it);
  * otherwise it is reported only. */
-int check_generation(dp_backend *be[2], uint64_t seed, uint32_t type, bool required)
+int check_generation(dp_backend *be[2], const char *preset, uint64_t seed, uint32_t type,
+                     bool required)
 {
     /* A stream of its own, from the seed alone: the model and prompts do
      * not change when checks before this one draw more numbers. */
@@ -109,7 +110,7 @@ int check_generation(dp_backend *be[2], uint64_t seed, uint32_t type, bool requi
     if (!g_rs)
         g_rs = 1;
     synth_model sm;
-    synth_open(&sm, "tiny", rnd64(), type);
+    synth_open(&sm, preset, rnd64(), type);
     const int32_t vocab = (int32_t)sm.sh.vocab;
     const int32_t lens[GEN_SEQS] = {5, 17, 33, 1};
     int32_t *prompts[GEN_SEQS];
@@ -154,8 +155,8 @@ int check_generation(dp_backend *be[2], uint64_t seed, uint32_t type, bool requi
     if (required && !ok)
         g_failed++;
     char what[96];
-    snprintf(what, sizeof what, "tiny %s, %d seqs x %d greedy, teacher-forced", quant_type_name(type),
-             GEN_SEQS, GEN_NEW);
+    snprintf(what, sizeof what, "%s %s, %d seqs x %d greedy, teacher-forced", preset,
+             quant_type_name(type), GEN_SEQS, GEN_NEW);
     printf("  %-12s %-46s argmax agrees %d/%d decisive (gap > %.2f std), %d/%d near ties; "
            "logits rel %.1e%s", "generate", what, agree, decisive, GEN_MARGIN, tie_agree, ties,
            sqrt(num / (den > 0 ? den : 1)), required ? "" : " (report only)");

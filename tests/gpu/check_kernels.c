@@ -755,12 +755,17 @@ int main(int argc, char **argv)
         printf("generation: greedy tokens, cpu against cuda\n");
         /* F16 weights: both backends hold the same weights, so only activation
          * and KV rounding differ; the first tokens must agree. */
-        check_generation(be, seed, DP_TYPE_F16, true);
+        check_generation(be, "tiny", seed, DP_TYPE_F16, true);
+        /* Each architecture's variations (Llama 3's RoPE factors, Qwen 2's
+         * biases, Qwen 3's per-head norms and wide heads) on the device. */
+        check_generation(be, "tiny-llama3", seed, DP_TYPE_F16, true);
+        check_generation(be, "tiny-qwen2", seed, DP_TYPE_F16, true);
+        check_generation(be, "tiny-qwen3", seed, DP_TYPE_F16, true);
         /* Quantized weights: the same block values on both sides (the CPU's
          * exact path dequantizes them to f32, the device's GEMV too; its
          * prefill GEMM rounds them to fp16). */
-        check_generation(be, seed, DP_TYPE_Q8_0, true);
-        check_generation(be, seed, DP_TYPE_Q4_1, true);
+        check_generation(be, "tiny", seed, DP_TYPE_Q8_0, true);
+        check_generation(be, "tiny", seed, DP_TYPE_Q4_1, true);
         check_forward_topk(be);
         if (!self_test) {
             printf("recorded decode steps: graphs against eager issue\n");

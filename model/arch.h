@@ -12,11 +12,14 @@ typedef struct dp_arch {
     bool rope_neox;    /* RoPE rotates halves (x[i], x[i + n_rot/2]), not adjacent pairs */
     bool qkv_bias;     /* blk.N.attn_{q,k,v}.bias are added after the projections */
     bool qk_norm;      /* blk.N.attn_{q,k}_norm.weight: RMSNorm over each head before RoPE */
+    bool fused;        /* blk.N.attn_qkv.weight holds Q, K and V (rows in that order) where
+                          the file has it, and blk.N.ffn_up.weight the gate then the up
+                          projection (2 x ffn rows, no ffn_gate) */
 } dp_arch;
 
 /* The description of general.architecture = name; NULL when not supported. */
 const dp_arch *arch_find(const char *name);
-/* "llama, qwen2, qwen3": for messages. */
+/* "llama, qwen2, qwen3, phi3": for messages. */
 const char *arch_names(void);
 
 #endif

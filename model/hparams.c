@@ -151,6 +151,19 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
                       "model: rope_freqs.weight must be %d F32 factors (one per rotated pair)",
                       hp->n_rot / 2);
     hp->rope_freqs = rf != NULL;
+    /* LongRoPE (Phi-3's 128k models): per-pair factors chosen by context
+     * length, with an attention scale; not implemented. */
+    if (gguf_find_tensor(g, "rope_factors_long.weight") ||
+        gguf_find_tensor(g, "rope_factors_short.weight"))
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: LongRoPE factors (rope_factors_long/short.weight) are not supported");
+    /* Phi-3's files name a sliding window that its models were not run
+     * with: llama.cpp ignores it too (full attention). Said, not hidden. */
+    uint32_t swa = 0;
+    if (hp->desc->fused &&
+        get_u32(g, hp->arch, "attention.sliding_window", false, 0, &swa, err, errsz) == 0 && swa)
+        dp_log(DP_LOG_WARN, "model: %s.attention.sliding_window = %u is not applied: every layer "
+               "attends to the whole context, as llama.cpp runs these models", hp->arch, swa);
 
     const dp_gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)

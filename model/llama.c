@@ -59,20 +59,22 @@ dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_
     return l;
 }
 
-/* Loads tensor `name`, checking it is [cols, rows] in GGUF order (ne[0] = cols). */
-static int load_w(dp_llama *m, const dp_gguf *g, const char *name, int64_t rows, int64_t cols,
-                  dp_weight *w, char *err, size_t errsz)
+/* Loads rows [row0, row0 + rows) of tensor `name`, checking it is
+ * [cols, total] in GGUF order (ne[0] = cols): a fused tensor's part. */
+static int load_w_rows(dp_llama *m, const dp_gguf *g, const char *name, int64_t total,
+                       int64_t row0, int64_t rows, int64_t cols, dp_weight *w, char *err,
+                       size_t errsz)
 {
     const dp_gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return dp_err(err, errsz, DP_EFORMAT, "model: missing tensor '%s'", name);
-    bool vec = rows == 1;
+    bool vec = total == 1;
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
-    if (t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)rows || t->n_dims > (vec ? 1u : 2u))
+    if (t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)total || t->n_dims > (vec ? 1u : 2u))
         return dp_err(err, errsz, DP_EFORMAT,
                       "model: tensor '%s' has shape [%llu, %llu], expected [%lld, %lld]", name,
                       (unsigned long long)t->ne[0], (unsigned long long)ne1, (long long)cols,
-                      (long long)rows);
+                      (long long)total);
     if (vec && t->type != DP_TYPE_F32)
         return dp_err(err, errsz, DP_EUNSUPPORTED, "model: norm tensor '%s' is %s, expected F32",
                       name, quant_type_name(t->type));
@@ -80,11 +82,22 @@ static int load_w(dp_llama *m, const dp_gguf *g, const char *name, int64_t rows,
         return dp_err(err, errsz, DP_EUNSUPPORTED,
                       "model: tensor '%s' has type %s, which is not supported", name,
                       quant_type_name(t->type));
+    uint64_t row_bytes = 0;
+    if (quant_row_bytes(t->type, (uint64_t)cols, &row_bytes))
+        return dp_err(err, errsz, DP_EFORMAT, "model: tensor '%s': bad row size", name);
+    const uint8_t *data = (const uint8_t *)t->data + (size_t)row0 * (size_t)row_bytes;
     char werr[DP_ERRLEN];
-    int rc = m->be->ops->weight_load(m->be, w, t->type, rows, cols, t->data, werr, sizeof werr);
+    int rc = m->be->ops->weight_load(m->be, w, t->type, rows, cols, data, werr, sizeof werr);
     if (rc)
         return dp_err(err, errsz, rc, "model: tensor '%s': %s", name, werr);
     return 0;
+}
+
+/* Loads tensor `name`, checking it is [cols, rows] in GGUF order (ne[0] = cols). */
+static int load_w(dp_llama *m, const dp_gguf *g, const char *name, int64_t rows, int64_t cols,
+                  dp_weight *w, char *err, size_t errsz)
+{
+    return load_w_rows(m, g, name, rows, 0, rows, cols, w, err, errsz);
 }
 
 static void free_w(dp_llama *m, dp_weight *w)
@@ -210,9 +223,19 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
     if ((rc = load_w(m, g, name, 1, cols, &L->field, err, errsz)))                     \
         goto fail;
         LW(attn_norm, "attn_norm", 1, hp->dim);
-        LW(wq, "attn_q", qd, hp->dim);
-        LW(wk, "attn_k", kvd, hp->dim);
-        LW(wv, "attn_v", kvd, hp->dim);
+        snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+        if (hp->desc->fused && gguf_find_tensor(g, name)) {
+            /* Phi-3's fused projection: Q's rows, then K's, then V's. */
+            const int64_t all = qd + 2 * kvd;
+            if ((rc = load_w_rows(m, g, name, all, 0, qd, hp->dim, &L->wq, err, errsz)) ||
+                (rc = load_w_rows(m, g, name, all, qd, kvd, hp->dim, &L->wk, err, errsz)) ||
+                (rc = load_w_rows(m, g, name, all, qd + kvd, kvd, hp->dim, &L->wv, err, errsz)))
+                goto fail;
+        } else {
+            LW(wq, "attn_q", qd, hp->dim);
+            LW(wk, "attn_k", kvd, hp->dim);
+            LW(wv, "attn_v", kvd, hp->dim);
+        }
         LW(wo, "attn_output", hp->dim, qd);
         if (hp->desc->qkv_bias) {
             LB(bq, "attn_q", qd);
@@ -224,8 +247,18 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
             LW(k_norm, "attn_k_norm", 1, hp->head_dim);
         }
         LW(ffn_norm, "ffn_norm", 1, hp->dim);
-        LW(w_gate, "ffn_gate", hp->ffn, hp->dim);
-        LW(w_up, "ffn_up", hp->ffn, hp->dim);
+        if (hp->desc->fused) {
+            /* Phi-3's ffn_up: the gate's rows, then the up projection's. */
+            snprintf(name, sizeof name, "blk.%d.ffn_up.weight", l);
+            const int64_t all = 2 * (int64_t)hp->ffn;
+            if ((rc = load_w_rows(m, g, name, all, 0, hp->ffn, hp->dim, &L->w_gate, err, errsz)) ||
+                (rc = load_w_rows(m, g, name, all, hp->ffn, hp->ffn, hp->dim, &L->w_up, err,
+                                  errsz)))
+                goto fail;
+        } else {
+            LW(w_gate, "ffn_gate", hp->ffn, hp->dim);
+            LW(w_up, "ffn_up", hp->ffn, hp->dim);
+        }
         LW(w_down, "ffn_down", hp->dim, hp->ffn);
 #undef LW
 #undef LB

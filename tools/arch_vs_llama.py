@@ -17,6 +17,7 @@ ARCHS = {
     "llama (head 96, as Mistral Nemo)": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3 (head 96)": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
+    "phi3 (fused QKV, gate/up)": ["--arch", "phi3"],
 }
 
 

@@ -15,7 +15,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dp-synth --out FILE [--shape tiny|tiny32|7b|smollm] [--layers N] [--dim N] [--heads N]\n"
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
-            "                [--type T] [--seed S] [--arch llama|qwen2|qwen3] [--head-dim N]\n"
+            "                [--type T] [--seed S] [--arch llama|qwen2|qwen3|phi3] [--head-dim N]\n"
             "                [--rope-freqs]\n"
             "  --type: the weight type as GGUF names it, any case (default f16; an unknown\n"
             "          name lists the types dp-synth writes)\n");

@@ -546,6 +546,9 @@ int synth_shape_preset(const char *name, dp_synth_shape *out)
         s = SHAPE(2, 64, 4, 2, 128, 512, 256, 1000000.0f, true);
         s.arch = "qwen3";
         s.head_dim = 32;
+    } else if (strcmp(name, "tiny-phi3") == 0) { /* fused QKV and gate/up, NeoX RoPE */
+        s = SHAPE(2, 64, 4, 2, 128, 512, 256, 10000.0f, false);
+        s.arch = "phi3";
     } else
         return DP_EINVAL;
     *out = s;
@@ -737,8 +740,11 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     if (!sh->n_layers || !sh->dim || !sh->n_heads || !sh->n_kv_heads || !sh->ffn || !sh->ctx)
         return dp_err(err, errsz, DP_EINVAL, "synth: every shape field must be non-zero");
     const char *arch = sh->arch ? sh->arch : "llama";
-    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3"))
-        return dp_err(err, errsz, DP_EINVAL, "synth: architecture '%s' (llama, qwen2, qwen3)", arch);
+    if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3") &&
+        strcmp(arch, "phi3"))
+        return dp_err(err, errsz, DP_EINVAL, "synth: architecture '%s' (llama, qwen2, qwen3, phi3)",
+                      arch);
+    const bool fused = !strcmp(arch, "phi3");
     if (!sh->head_dim && (sh->dim % sh->n_heads || (sh->dim / sh->n_heads) % 2))
         return dp_err(err, errsz, DP_EINVAL, "synth: dim %u must be n_heads (%u) times an even head size", sh->dim,
                       sh->n_heads);
@@ -758,7 +764,10 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     const uint64_t q_out = (uint64_t)sh->n_heads * hd, kv_out = (uint64_t)sh->n_kv_heads * hd;
     char key[96], name[64];
 #define KEY(suffix) (snprintf(key, sizeof key, "%s.%s", arch, suffix), key)
-    snprintf(name, sizeof name, "dp-synth %s", arch);
+    /* (Not "phi3" in the name: llama.cpp keys Phi-3's special-token
+     * attributes on general.name and then wants SentencePiece's </s>, <unk>
+     * and <s>, which this BPE vocabulary does not have.) */
+    snprintf(name, sizeof name, "dp-synth %s", fused ? "fused-qkv" : arch);
     gguf_writer_add_str(w, "general.architecture", arch);
     gguf_writer_add_str(w, "general.name", name);
     gguf_writer_add_u32(w, "general.file_type", (uint32_t)file_type_of(wt));
@@ -802,9 +811,13 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
         char nm[64];
 #define NM(suffix) (snprintf(nm, sizeof nm, "blk.%u." suffix, l), nm)
         add_rand(w, seed, NM("attn_norm.weight"), DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
-        add_rand(w, seed, NM("attn_q.weight"), wt, sh->dim, q_out, 0.0f, a_dim);
-        add_rand(w, seed, NM("attn_k.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
-        add_rand(w, seed, NM("attn_v.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
+        if (fused) { /* Phi-3: Q, K and V in one tensor, in that order */
+            add_rand(w, seed, NM("attn_qkv.weight"), wt, sh->dim, q_out + 2 * kv_out, 0.0f, a_dim);
+        } else {
+            add_rand(w, seed, NM("attn_q.weight"), wt, sh->dim, q_out, 0.0f, a_dim);
+            add_rand(w, seed, NM("attn_k.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
+            add_rand(w, seed, NM("attn_v.weight"), wt, sh->dim, kv_out, 0.0f, a_dim);
+        }
         add_rand(w, seed, NM("attn_output.weight"), wt, q_out, sh->dim, 0.0f, a_q * g_out);
         if (!strcmp(arch, "qwen2")) {
             add_rand(w, seed, NM("attn_q.bias"), DP_TYPE_F32, q_out, 0, 0.0f, 0.5f);
@@ -816,8 +829,12 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
             add_rand(w, seed, NM("attn_k_norm.weight"), DP_TYPE_F32, hd, 0, 1.0f, 0.1f);
         }
         add_rand(w, seed, NM("ffn_norm.weight"), DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
-        add_rand(w, seed, NM("ffn_gate.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
-        add_rand(w, seed, NM("ffn_up.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
+        if (fused) { /* Phi-3: the gate's rows, then the up projection's */
+            add_rand(w, seed, NM("ffn_up.weight"), wt, sh->dim, 2 * (uint64_t)sh->ffn, 0.0f, a_dim);
+        } else {
+            add_rand(w, seed, NM("ffn_gate.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
+            add_rand(w, seed, NM("ffn_up.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
+        }
         add_rand(w, seed, NM("ffn_down.weight"), wt, sh->ffn, sh->dim, 0.0f, a_ffn * g_out);
 #undef NM
     }

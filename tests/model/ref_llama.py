@@ -30,6 +30,8 @@ Architectures (general.architecture; their keys carry its name as prefix):
   * qwen2: Q, K and V get their biases (blk.N.attn_{q,k,v}.bias); NeoX rope.
   * qwen3: Q and K are RMS-normed per head (attn_{q,k}_norm, before rope);
     NeoX rope; heads may be larger than dim / n_heads (attention.key_length).
+  * phi3: attn_qkv.weight holds Q, K and V (rows in that order), ffn_up.weight
+    the gate then the up projection; NeoX rope.
 
 Module use:
     m = load("models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -118,8 +120,8 @@ def read_config(reader):
         return f.contents()
 
     arch = get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3"):
-        raise ValueError(f"architecture {arch!r} is not supported (llama, qwen2, qwen3)")
+    if arch not in ("llama", "qwen2", "qwen3", "phi3"):
+        raise ValueError(f"architecture {arch!r} is not supported (llama, qwen2, qwen3, phi3)")
     a = arch + "."
     dim = int(get(a + "embedding_length"))
     n_heads = int(get(a + "attention.head_count"))
@@ -199,6 +201,17 @@ def load(path):
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
+        if p + "attn_qkv.weight" in t:             # phi3: split the fused tensors
+            check(p + "attn_qkv.weight", (q_dim + 2 * kv_dim, cfg.dim))
+            qkv = t.pop(p + "attn_qkv.weight")
+            t[p + "attn_q.weight"] = qkv[:q_dim]
+            t[p + "attn_k.weight"] = qkv[q_dim:q_dim + kv_dim]
+            t[p + "attn_v.weight"] = qkv[q_dim + kv_dim:]
+        if cfg.arch == "phi3":
+            check(p + "ffn_up.weight", (2 * cfg.ffn_dim, cfg.dim))
+            gu = t.pop(p + "ffn_up.weight")
+            t[p + "ffn_gate.weight"] = gu[:cfg.ffn_dim]
+            t[p + "ffn_up.weight"] = gu[cfg.ffn_dim:]
         for name, shape in [("attn_q", (q_dim, cfg.dim)), ("attn_k", (kv_dim, cfg.dim)),
                             ("attn_v", (kv_dim, cfg.dim)), ("attn_output", (cfg.dim, q_dim)),
                             ("ffn_gate", (cfg.ffn_dim, cfg.dim)), ("ffn_up", (cfg.ffn_dim, cfg.dim)),
@@ -238,7 +251,7 @@ def load(path):
         rope_freqs = f64("rope_freqs.weight")
     return Model(path=path, cfg=cfg, tok_embd=tok_embd, layers=layers,
                  out_norm=f64("output_norm.weight"), w_out=w_out, tied=tied,
-                 rope_mode="neox" if cfg.arch in ("qwen2", "qwen3") else "norm",
+                 rope_mode="neox" if cfg.arch in ("qwen2", "qwen3", "phi3") else "norm",
                  rope_freqs=rope_freqs)
 
 

@@ -14,6 +14,8 @@ small seeded model with that architecture's tensors and keys:
   * qwen2: Q, K and V biases and NeoX RoPE;
   * qwen3: per-head Q and K RMSNorms, NeoX RoPE, and heads of 96 with
     dim 256 and 4 heads (attention.key_length: not dim / n_heads);
+  * phi3: Q, K and V in one tensor, the gate and up projections in another,
+    NeoX RoPE;
   * llama: the plain layout, for comparison.
 
 dp-logits --teacher gives the logits at every position of a fixed token
@@ -45,6 +47,7 @@ ARCHS = {
     "mistral": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
+    "phi3": ["--arch", "phi3"],
 }
 BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
 

@@ -224,8 +224,9 @@ static void check_errors(void)
 
 /* An architecture the forward pass does not describe is refused by name,
  * and each one it does describe loads its own tensors: a qwen2 file without
- * its Q/K/V biases, or a qwen3 one without its per-head norms, is refused
- * naming the missing tensor (never run as if it were llama). */
+ * its Q/K/V biases, a qwen3 one without its per-head norms or a phi3 one
+ * without its fused gate/up is refused naming the missing tensor (never run
+ * as if it were llama). */
 static void check_arches(void)
 {
     char err[DP_ERRLEN];
@@ -240,7 +241,7 @@ static void check_arches(void)
     CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
     CHECK(hparams_load(&hp, &g, err, sizeof err) == DP_EUNSUPPORTED);
     printf("arches: %s\n", err);
-    CHECK(strstr(err, "'gemma3'") && strstr(err, "llama, qwen2, qwen3"));
+    CHECK(strstr(err, "'gemma3'") && strstr(err, "llama, qwen2, qwen3, phi3"));
     gguf_close(&g);
     free(buf);
     gguf_writer_destroy(&w);
@@ -250,7 +251,7 @@ static void check_arches(void)
     static const struct {
         const char *arch, *drop;
     } cases[] = {{"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"},
-                 {"llama", "rope_freqs.weight"}};
+                 {"phi3", "blk.0.ffn_up.weight"}, {"llama", "rope_freqs.weight"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         dp_synth_shape sh;
         CHECK(synth_shape_preset("tiny", &sh) == 0);

@@ -88,21 +88,23 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
         return dp_err(err, errsz, DP_EFORMAT,
                       "model: head_count %d is not a multiple of head_count_kv %d", hp->n_heads,
                       hp->n_kv_heads);
-    /* A head's size: key_length where the file gives it (Qwen 3, Gemma:
-     * not dim / n_heads), values of the same size. */
+    /* A head's size: key_length where the file gives it (Qwen 3, Mistral
+     * Nemo: not dim / n_heads); values must be of the same size. At most
+     * 1024: what the backends' KV layouts take (the CPU's RoPE too). */
     uint32_t kl = 0, vl = 0;
     if ((rc = get_u32(g, hp->arch, "attention.key_length", false, 0, &kl, err, errsz)) ||
-        (rc = get_u32(g, hp->arch, "attention.value_length", false, kl, &vl, err, errsz)))
+        (rc = get_u32(g, hp->arch, "attention.value_length", false, 0, &vl, err, errsz)))
         return rc;
     if (kl == 0 && hp->dim % hp->n_heads)
         return dp_err(err, errsz, DP_EFORMAT, "model: embedding_length %d is not a multiple of head_count %d",
                       hp->dim, hp->n_heads);
-    if (kl != vl)
-        return dp_err(err, errsz, DP_EUNSUPPORTED,
-                      "model: attention.key_length %u differs from attention.value_length %u", kl, vl);
     if (kl)
-        RANGE(kl, 2, 4096, "attention.key_length");
+        RANGE(kl, 2, 1024, "attention.key_length");
     hp->head_dim = kl ? (int32_t)kl : hp->dim / hp->n_heads;
+    if (vl && vl != (uint32_t)hp->head_dim)
+        return dp_err(err, errsz, DP_EUNSUPPORTED,
+                      "model: attention.value_length %u differs from the key size %d (values and "
+                      "keys of different sizes are not supported)", vl, hp->head_dim);
     if ((rc = get_u32(g, hp->arch, "rope.dimension_count", false, (uint32_t)hp->head_dim, &u, err, errsz)))
         return rc;
     hp->n_rot = (int32_t)(u > INT32_MAX ? INT32_MAX : u);
@@ -160,8 +162,8 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
     /* Phi-3's files name a sliding window that its models were not run
      * with: llama.cpp ignores it too (full attention). Said, not hidden. */
     uint32_t swa = 0;
-    if (hp->desc->fused &&
-        get_u32(g, hp->arch, "attention.sliding_window", false, 0, &swa, err, errsz) == 0 && swa)
+    snprintf(key, sizeof key, "%s.attention.sliding_window", hp->arch);
+    if (hp->desc->fused && gguf_get_u32(g, key, &swa) == 0 && swa)
         dp_log(DP_LOG_WARN, "model: %s.attention.sliding_window = %u is not applied: every layer "
                "attends to the whole context, as llama.cpp runs these models", hp->arch, swa);
 

@@ -14,6 +14,7 @@ enum pre_kind {
     PRE_SMOLLM,    /* each \p{N} isolated, then the GPT-2 regex on the rest */
     PRE_LLAMA3,    /* (?i:'s|...)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|... */
     PRE_QWEN2,     /* Llama 3's with single digits: ...|\p{N}|... (Qwen 2, 2.5 and 3) */
+    PRE_DBRX,      /* Llama 3's expression, merges always applied (Phi-4, DBRX) */
 };
 
 /* Per-token flags. */
@@ -354,6 +355,8 @@ static int pre_from_name(dp_gguf_str s, bool present)
         return PRE_LLAMA3;
     if (gguf_str_eq(s, "qwen2") || gguf_str_eq(s, "deepseek-r1-qwen") || gguf_str_eq(s, "megrez"))
         return PRE_QWEN2;
+    if (gguf_str_eq(s, "dbrx") || gguf_str_eq(s, "smaug-bpe"))
+        return PRE_DBRX;
     dp_log(DP_LOG_WARN, "tokenizer: unknown pre-tokenizer '%.*s', using the GPT-2 regex",
            (int)(s.len > 64 ? 64 : s.len), s.ptr);
     return PRE_GPT2;
@@ -818,9 +821,13 @@ static int bpe_fragment(const dp_tokenizer *t, scratch *s, const unsigned char *
             while (seg_end < n && !(s->fl[seg_end] & CF_N)) seg_end++;
         }
         for (size_t i = seg; i < seg_end;) {
-            size_t e = t->pre == PRE_LLAMA3 ? match_llama3(s->cp, s->fl, i, seg_end, 3)
-                       : t->pre == PRE_QWEN2  ? match_llama3(s->cp, s->fl, i, seg_end, 1)
-                                              : match_gpt2(s->cp, s->fl, i, seg_end);
+            size_t e;
+            if (t->pre == PRE_LLAMA3 || t->pre == PRE_DBRX)
+                e = match_llama3(s->cp, s->fl, i, seg_end, 3);
+            else if (t->pre == PRE_QWEN2)
+                e = match_llama3(s->cp, s->fl, i, seg_end, 1);
+            else
+                e = match_gpt2(s->cp, s->fl, i, seg_end);
             if ((rc = bpe_word(t, s, txt + s->off[i], s->off[e] - s->off[i], out))) return rc;
             i = e;
         }

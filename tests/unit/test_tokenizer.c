@@ -320,6 +320,14 @@ static void test_bpe_small(void)
     EXPECT_IDS(t, "hello\n\n  world", false, B_HELLO, '\n', '\n', ' ', B_GWORLD);
     tokenizer_destroy(t);
 
+    /* DBRX's (Phi-4's): Llama 3's expression (its merges always applied). */
+    buf = build_bpe("dbrx", true, &size);
+    t = open_tok(buf, size, &g);
+    free(buf);
+    EXPECT_IDS(t, "x'S 1234", false, 'x', B_QS, ' ', B_12, '3', '4');
+    EXPECT_IDS(t, "(hello", false, '(', B_HELLO);
+    tokenizer_destroy(t);
+
     /* SmolLM2's: every digit alone. */
     buf = build_bpe("smollm", true, &size);
     t = open_tok(buf, size, &g);

@@ -1,16 +1,16 @@
-/* llama_logits.c: llama.cpp's own logits for a token list, for comparing
- * the forward pass with llama.cpp's (tools/arch-vs-llama.sh builds it
- * against the llama.cpp that tools/llama-cpp.sh builds). Not part of the
- * project's build.
+/* llama_logits.cpp: llama.cpp's own logits for a token list, for comparing
+ * the forward pass with llama.cpp's (tools/arch-vs-llama.sh builds it with
+ * g++ against the llama.cpp that tools/llama-cpp.sh builds, a C++ library;
+ * it needs that tree's llama.h). Not part of the project's build.
  *
  *   llama-logits MODEL TOKENS(1,2,3) OUT.f32 STEPS
  *
  * Writes the logits at every position of the list (raw f32, [n][vocab]) to
  * OUT.f32, with an f32 KV cache and no flash attention (the exact path),
  * then prints STEPS greedy tokens after the list as a JSON array. */
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "llama.h"
 

@@ -21,7 +21,7 @@ small seeded model with that architecture's tensors and keys:
 dp-logits --teacher gives the logits at every position of a fixed token
 sequence, with the exact f32 matmul and with the default integer path, and
 ref_llama.py (written apart from model/ and kernels/) gives the reference.
-Bounds are test_weight_types.py's: exact mean relative L2 < 1e-4, max < 1e-3,
+Bounds (dp_logits.BOUNDS, as test_weight_types.py's): exact mean relative L2 < 1e-4, max < 1e-3,
 top-1 >= 99 %; the int8 path < 4e-2, < 8e-2, >= 85 %.
 
 Exit status: 0 all passed, 1 an architecture failed, 2 a tool is missing.
@@ -36,8 +36,7 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ref_llama  # noqa: E402
-from dp_logits import teacher  # noqa: E402
+from dp_logits import check_paths  # noqa: E402
 
 BASE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
         "--kv-heads", "2", "--layers", "2", "--type", "q8_0"]
@@ -49,7 +48,6 @@ ARCHS = {
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3": ["--arch", "phi3"],
 }
-BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
 
 
 def main(argv=None):
@@ -79,28 +77,7 @@ def main(argv=None):
             if p.returncode != 0:
                 failures.append(f"{name}: dp-synth failed: {p.stderr.strip()[-300:]}")
                 continue
-            model = ref_llama.load(path)
-            ref = ref_llama.forward(model, tokens)
-            ref_top = np.argmax(ref, axis=1)
-            for mode in ("exact", "int8"):
-                c, err = teacher(a.bin, path, tokens, mode == "exact", a.timeout)
-                if err:
-                    failures.append(f"{name} {mode}: {err}")
-                    continue
-                if c.size != ref.size:
-                    failures.append(f"{name} {mode}: {c.size} logits, expected {ref.size}")
-                    continue
-                c = c.reshape(ref.shape)
-                rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
-                agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
-                mean_b, max_b, agree_b = BOUNDS[mode]
-                ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
-                print(f"{name:<7} {mode:<6} {len(tokens):>9} {rel.mean():>12.3e} {rel.max():>11.3e} "
-                      f"{100 * agree:>6.1f} %  {'ok' if ok else 'FAIL'}")
-                if not ok:
-                    failures.append(f"{name} {mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), "
-                                    f"max {rel.max():.3e} (< {max_b:g}), top-1 {100 * agree:.1f} % "
-                                    f"(>= {100 * agree_b:g} %)")
+            check_paths(a.bin, path, tokens, name, 7, a.timeout, failures)
     for f in failures:
         print(f"FAIL {f}")
     bad = {f.split()[0].rstrip(":") for f in failures}

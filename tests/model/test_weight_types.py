@@ -34,14 +34,11 @@ import tempfile
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import ref_llama  # noqa: E402
-from dp_logits import teacher  # noqa: E402
+from dp_logits import check_paths  # noqa: E402
 
 TYPES = ["q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_k", "q3_k", "q4_k", "q5_k", "q6_k"]
 SHAPE = ["--shape", "tiny", "--dim", "256", "--ffn", "512", "--vocab", "512", "--heads", "4",
          "--kv-heads", "2", "--layers", "2"]
-# (mean rel L2, max rel L2, top-1 agreement)
-BOUNDS = {"exact": (1e-4, 1e-3, 0.99), "int8": (4e-2, 8e-2, 0.85)}
 
 
 def main(argv=None):
@@ -70,28 +67,7 @@ def main(argv=None):
             if p.returncode != 0:
                 failures.append(f"{t}: dp-synth failed: {p.stderr.strip()[-300:]}")
                 continue
-            model = ref_llama.load(path)
-            ref = ref_llama.forward(model, tokens)
-            ref_top = np.argmax(ref, axis=1)
-            for mode in ("exact", "int8"):
-                c, err = teacher(a.bin, path, tokens, mode == "exact", a.timeout)
-                if err:
-                    failures.append(f"{t} {mode}: {err}")
-                    continue
-                if c.size != ref.size:
-                    failures.append(f"{t} {mode}: {c.size} logits, expected {ref.size}")
-                    continue
-                c = c.reshape(ref.shape)
-                rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
-                agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
-                mean_b, max_b, agree_b = BOUNDS[mode]
-                ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
-                print(f"{t:<6} {mode:<6} {len(tokens):>9} {rel.mean():>12.3e} {rel.max():>11.3e} "
-                      f"{100 * agree:>6.1f} %  {'ok' if ok else 'FAIL'}")
-                if not ok:
-                    failures.append(f"{t} {mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max "
-                                    f"{rel.max():.3e} (< {max_b:g}), top-1 {100 * agree:.1f} % "
-                                    f"(>= {100 * agree_b:g} %)")
+            check_paths(a.bin, path, tokens, t, 6, a.timeout, failures)
     for f in failures:
         print(f"FAIL {f}")
     print(f"{len(a.types.split(',')) - len({f.split()[0] for f in failures})} types passed, "

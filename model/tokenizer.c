@@ -49,6 +49,7 @@ struct dp_tokenizer {
     uint8_t bl_len[256];
 
     int32_t *specials;      /* control/user-defined ids, for parse_special */
+    size_t n_user_defined;  /* of them user-defined: matched in any text */
     size_t n_specials;
     bool special_first[256];
 };
@@ -474,6 +475,8 @@ int tokenizer_init_gguf(dp_tokenizer **out, const dp_gguf *g, char *err, size_t 
     for (int32_t i = 0; i < n; i++) {
         if ((t->type[i] == DP_TOKTYPE_CONTROL || t->type[i] == DP_TOKTYPE_USER_DEFINED) && t->text_len[i] > 0)
             t->n_specials++;
+        if (t->type[i] == DP_TOKTYPE_USER_DEFINED && t->text_len[i] > 0)
+            t->n_user_defined++;
     }
     if (t->n_specials) {
         t->specials = malloc(t->n_specials * sizeof *t->specials);
@@ -792,13 +795,18 @@ static int spm_text(const dp_tokenizer *t, scratch *s, const char *txt, size_t l
     return spm_fragment(t, s, s->buf, m, out);
 }
 
-/* Longest special token starting at p, or -1. */
-static int32_t special_at(const dp_tokenizer *t, const char *p, size_t rem)
+/* Longest special token starting at p, or -1: control tokens only with
+ * parse_special, user-defined ones always (Gemma's runs of spaces and
+ * newlines are such tokens; llama.cpp and HF's added tokens match them in
+ * any text). */
+static int32_t special_at(const dp_tokenizer *t, const char *p, size_t rem, bool parse_special)
 {
     int32_t best = -1;
     size_t best_len = 0;
     for (size_t k = 0; k < t->n_specials; k++) {
         int32_t id = t->specials[k];
+        if (!parse_special && t->type[id] != DP_TOKTYPE_USER_DEFINED)
+            continue;
         size_t l = t->text_len[id];
         if (l > best_len && l <= rem && memcmp(p, t->text + t->text_off[id], l) == 0) {
             best = id;
@@ -829,10 +837,10 @@ int tokenizer_encode(const dp_tokenizer *t, const char *text, size_t len, bool a
     /* SPM adds its space prefix at the start and after each special token. */
     bool after_special = true;
     size_t start = 0;
-    if (parse_special && t->n_specials) {
+    if (t->n_specials && (parse_special || t->n_user_defined)) {
         for (size_t i = 0; i < len; i++) {
             if (!t->special_first[(unsigned char)text[i]]) continue;
-            int32_t sp = special_at(t, text + i, len - i);
+            int32_t sp = special_at(t, text + i, len - i, parse_special);
             if (sp < 0) continue;
             if (i > start) {
                 if ((rc = encode_raw(t, &s, text + start, i - start, after_special, &v))) goto done;

@@ -44,8 +44,9 @@ bool tokenizer_is_special(const dp_tokenizer *t, int32_t id);
 int32_t tokenizer_find(const dp_tokenizer *t, const char *text);
 
 /* Encodes len bytes of text (any bytes, invalid UTF-8 included). With
- * parse_special, control and user-defined token texts in the input map to
- * their ids; without it they are plain text. add_bos prepends BOS when the
+ * parse_special, control token texts in the input map to their ids; without
+ * it they are plain text. User-defined tokens' texts (Gemma's runs of
+ * spaces) map to their ids in either case, as llama.cpp's. add_bos prepends BOS when the
  * vocabulary has one. *out is malloc'd; the caller frees it. */
 int tokenizer_encode(const dp_tokenizer *t, const char *text, size_t len, bool add_bos,
                      bool parse_special, int32_t **out, size_t *n_out);

@@ -293,15 +293,24 @@ typedef struct dp_backend_ops {
     /* Writes k and v rows [n, n_kv_heads*head_dim] into the batch's slots. */
     void (*kv_write)(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
                      const float *v);
-    /* out[n, n_heads*head_dim] = causal paged attention over each token's slots 0..slot. */
+    /* out[n, n_heads*head_dim] = causal paged attention over each token's
+     * slots 0..slot; window > 0 (a sliding-window layer): over its last
+     * `window` slots only, slot - window < s <= slot (llama.cpp's standard
+     * window), whose blocks alone are read. A window counts slots, which are
+     * positions where nothing of the sequence was evicted (the model refuses
+     * grouped stores on such layers). */
     void (*attention)(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
-                      const float *q, int32_t n_heads, float scale);
+                      const float *q, int32_t n_heads, float scale, int32_t window);
     /* x += y (n elements). */
     void (*add)(dp_backend *be, float *x, const float *y, int64_t n);
     /* y[n, cols] += b, each row (a projection's bias: b a vector weight of cols). */
     void (*add_bias)(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols);
     /* out = silu(gate) * up (n elements). */
     void (*swiglu)(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+    /* out = gelu(gate) * up, GELU's tanh form (Gemma's gated FFN). */
+    void (*geglu)(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+    /* x *= s (n elements; Gemma's embedding scale). */
+    void (*scale)(dp_backend *be, float *x, float s, int64_t n);
     /* out[i] = x[batch.out_tokens[i]] rows of dim. */
     void (*gather_rows)(dp_backend *be, float *out, const float *x, int32_t dim);
     /* out[i] = x[batch.capture_tokens[i]] rows of dim (queries kept for scoring). */

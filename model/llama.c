@@ -405,7 +405,7 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
         if (b->n_capture > 0)
             op->capture_rows(be, m->capture_q + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
         op->kv_write(be, stores, l, m->k, m->v);
-        op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale);
+        op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale, 0);
         op->matmul(be, m->tmp, m->att, &L->wo, n);
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
         /* Feed-forward block (SwiGLU). */

@@ -19,6 +19,7 @@ typedef struct attn_job {
     const float *q;
     int32_t n_heads;
     float scale;
+    int32_t window; /* > 0: a sliding-window layer's (backend.h attention) */
     int32_t n_kv;
     const int32_t *tiles; /* tile k: tokens [tiles[k], tiles[k + 1]) */
 } attn_job;
@@ -34,6 +35,7 @@ static void attn_token(const attn_job *j, const dp_batch *b, int32_t i, int32_t 
     const int32_t hd = kv->l.head_dim;
     const int32_t group = j->n_heads / n_kv;
     const int32_t *table = b->block_tables + (size_t)s * (size_t)b->max_blocks;
+    const int32_t first = j->window > 0 && b->slot[i] + 1 > j->window ? b->slot[i] + 1 - j->window : 0;
     const float *qs[MAX_GROUP];
     float *outs[MAX_GROUP];
     /* Heads are handled MAX_GROUP at a time (real models have groups <= 8). */
@@ -44,12 +46,15 @@ static void attn_token(const attn_job *j, const dp_batch *b, int32_t i, int32_t 
             qs[g] = j->q + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
             outs[g] = j->out + ((size_t)i * (size_t)j->n_heads + (size_t)h) * (size_t)hd;
         }
+        /* (A grouped store never serves a windowed layer: llama.c's
+         * check_batch refuses it.) */
         if (kv->kivi) /* (no seq_sealed: every slot sealed) */
             j->c->k->attend_grouped(kv, j->layer, kvh, table, b->slot[i] + 1,
                                     b->seq_sealed ? b->seq_sealed[s] : INT32_MAX,
                                     b->seq_sealed ? b->seq_roff[s] : 0, qs, outs, ng, j->scale);
         else
-            j->c->k->attend(kv, j->layer, kvh, table, b->slot[i] + 1, qs, outs, ng, j->scale);
+            j->c->k->attend(kv, j->layer, kvh, table, first, b->slot[i] + 1, qs, outs, ng,
+                            j->scale);
     }
 }
 
@@ -69,7 +74,10 @@ static void attn_task(void *ctx, int64_t task, int thread)
     const int32_t s = b->seq[i0];
     const dp_kv_store *kv = j->stores[b->seq_store[s]];
     const int32_t hd = kv->l.head_dim, group = j->n_heads / j->n_kv;
-    if (nt == 1 || kv->kivi || group > MAX_GROUP) {
+    /* A tile's tokens share their first slot: past a window's length each
+     * token starts elsewhere, so one at a time. */
+    const bool windowed = j->window > 0 && b->slot[i0 + nt - 1] + 1 > j->window;
+    if (nt == 1 || kv->kivi || group > MAX_GROUP || windowed) {
         for (int32_t i = i0; i < i0 + nt; i++)
             attn_token(j, b, i, kvh);
         return;
@@ -114,13 +122,13 @@ static int32_t attn_tiles(cpu_backend *c, const dp_batch *b)
 }
 
 void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
-                   const float *q, int32_t n_heads, float scale)
+                   const float *q, int32_t n_heads, float scale, int32_t window)
 {
     cpu_backend *c = cpu_of(be);
     /* Every store of a model has the same head geometry; take it from the
      * store of the first token's sequence. */
     const dp_kv_store *kv0 = stores[c->b.seq_store[c->b.seq[0]]];
-    attn_job j = {c, stores, layer, out, q, n_heads, scale, kv0->l.n_kv_heads, NULL};
+    attn_job j = {c, stores, layer, out, q, n_heads, scale, window, kv0->l.n_kv_heads, NULL};
     const int32_t n_tiles = attn_tiles(c, cpu_batch_at(c, layer));
     if (n_tiles < 0) {
         /* Without memory for the tiles, one token a task (the same bits). */

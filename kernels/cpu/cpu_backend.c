@@ -466,26 +466,47 @@ static void cpu_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t lay
     for_rows(w.c, kvw_row, &w, w.c->b.n_tokens, 64);
 }
 
+enum { EW_ADD, EW_SWIGLU, EW_GEGLU, EW_SCALE };
+
 typedef struct ew_ctx {
     float *out;
     const float *a, *b;
     int64_t n;
     int64_t chunk;
     int op;
+    float s; /* EW_SCALE */
 } ew_ctx;
+
+/* GELU's tanh form, as Gemma was trained with (and llama.cpp computes,
+ * there through an f16 table). */
+static inline float gelu_tanh(float x)
+{
+    const float c = 0.79788456080286535588f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
 
 static void ew_chunk(void *p, int64_t t)
 {
     ew_ctx *e = p;
     int64_t lo = t * e->chunk, hi = lo + e->chunk < e->n ? lo + e->chunk : e->n;
-    if (e->op == 0) {
+    switch (e->op) {
+    case EW_ADD:
         for (int64_t i = lo; i < hi; i++)
             e->out[i] += e->a[i];
-    } else {
+        break;
+    case EW_SWIGLU:
         for (int64_t i = lo; i < hi; i++) {
             float g = e->a[i];
             e->out[i] = g / (1.0f + expf(-g)) * e->b[i];
         }
+        break;
+    case EW_GEGLU:
+        for (int64_t i = lo; i < hi; i++)
+            e->out[i] = gelu_tanh(e->a[i]) * e->b[i];
+        break;
+    default:
+        for (int64_t i = lo; i < hi; i++)
+            e->out[i] *= e->s;
     }
 }
 
@@ -497,7 +518,7 @@ static void run_elementwise(cpu_backend *c, ew_ctx *e)
 
 static void cpu_add(dp_backend *be, float *x, const float *y, int64_t n)
 {
-    ew_ctx e = {x, y, NULL, n, 0, 0};
+    ew_ctx e = {x, y, NULL, n, 0, EW_ADD, 0.0f};
     run_elementwise(cpu_of(be), &e);
 }
 
@@ -523,7 +544,19 @@ static void cpu_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n
 
 static void cpu_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
 {
-    ew_ctx e = {out, gate, up, n, 0, 1};
+    ew_ctx e = {out, gate, up, n, 0, EW_SWIGLU, 0.0f};
+    run_elementwise(cpu_of(be), &e);
+}
+
+static void cpu_geglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
+{
+    ew_ctx e = {out, gate, up, n, 0, EW_GEGLU, 0.0f};
+    run_elementwise(cpu_of(be), &e);
+}
+
+static void cpu_scale(dp_backend *be, float *x, float s, int64_t n)
+{
+    ew_ctx e = {x, NULL, NULL, n, 0, EW_SCALE, s};
     run_elementwise(cpu_of(be), &e);
 }
 
@@ -635,6 +668,8 @@ static const dp_backend_ops cpu_ops = {
     .add = cpu_add,
     .add_bias = cpu_add_bias,
     .swiglu = cpu_swiglu,
+    .geglu = cpu_geglu,
+    .scale = cpu_scale,
     .gather_rows = cpu_gather_rows,
     .capture_rows = cpu_capture_rows,
     .kv_score_knorm = cpu_kv_score_knorm,

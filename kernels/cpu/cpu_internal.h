@@ -187,8 +187,8 @@ typedef struct cpu_kern {
     /* Attention of `group` query heads sharing KV head kvh over slots
      * [0, n_slots) of a sequence's table (online softmax, one pass). */
     void (*attend)(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
-                   int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
-                   float scale);
+                   int32_t first, int32_t n_slots, const float *const *qs, float *const *outs,
+                   int32_t group, float scale);
     /* The same for nt <= CPU_ATTN_TILE consecutive tokens of one sequence
      * (token t over slots [0, n_slots[t]), n_slots rising by one; qs and
      * outs token-major), each output attend's bits; not grouped stores. */
@@ -413,7 +413,7 @@ void cpu_matmul_shared(dp_backend *be, float *const *ys, const float *x,
 /* Row r of w as f32 into dst (cols elements). */
 void cpu_weight_row(const dp_weight *w, int64_t r, float *dst);
 void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
-                   const float *q, int32_t n_heads, float scale);
+                   const float *q, int32_t n_heads, float scale, int32_t window);
 void cpu_kv_score_knorm(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,
                         float *out);
 void cpu_kv_score_attn(dp_backend *be, const dp_kv_store *kv, const int32_t *table, int32_t n_slots,

@@ -434,14 +434,16 @@ static inline void attend_run(attend_state *st, kv_chunk *ch, const dp_kv_store 
     }
 }
 
+/* Slots [first, n_slots) (first > 0: a sliding window's; the blocks
+ * before it are not read). */
 static void k_attend(const dp_kv_store *kv, int32_t layer, int32_t kvh, const int32_t *table,
-                     int32_t n_slots, const float *const *qs, float *const *outs, int32_t group,
-                     float scale)
+                     int32_t first, int32_t n_slots, const float *const *qs, float *const *outs,
+                     int32_t group, float scale)
 {
     attend_state st;
     kv_chunk ch;
     attend_begin(&st, kv->l.head_dim, outs, group);
-    attend_run(&st, &ch, kv, layer, kvh, table, 0, n_slots, qs, outs, group, scale);
+    attend_run(&st, &ch, kv, layer, kvh, table, first, n_slots - first, qs, outs, group, scale);
     attend_end(&st, kv->l.head_dim, outs, group);
 }
 

@@ -17,7 +17,7 @@ int cuda_attention_setup(cuda_backend *c, char *err, size_t errsz)
 }
 
 void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
-                    const float *q, int32_t n_heads, float scale)
+                    const float *q, int32_t n_heads, float scale, int32_t window)
 {
     cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
@@ -39,7 +39,7 @@ void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, f
     }
     dim3 grid((unsigned)c->n_tiles, (unsigned)(n_kv * p.n_rchunks), (unsigned)p.splits);
     CUDA_LAUNCH(cuda_attn_kernel, grid, NT, cuda_att_smem(hd), c->stream, kd, layer, c->bd,
-                c->max_blocks, c->n_tokens, n_heads, p.n_rchunks, scale, q, out, c->part,
+                c->max_blocks, c->n_tokens, n_heads, p.n_rchunks, scale, window, q, out, c->part,
                 p.split_len, p.splits);
     cuda_check_launch(c, "attention");
     if (p.splits > 1) {

@@ -61,13 +61,13 @@ __device__ __forceinline__ void cuda_att_dots(const float *qs, const __half2 *kr
 __global__ void __launch_bounds__(NT)
     cuda_attn_kernel(cuda_kv_desc kd, int32_t layer, cuda_batch_dev bd, int32_t max_blocks,
                      int32_t n_tokens, int32_t n_heads, int32_t n_rchunks, float scale,
-                     const float *__restrict__ q, float *__restrict__ out,
+                     int32_t window, const float *__restrict__ q, float *__restrict__ out,
                      float *__restrict__ part, int32_t split_len, int32_t n_splits)
 {
     CUDA_DYN_SMEM(cuda_att_raw);
     __shared__ int32_t row_tok[ROWS], row_head[ROWS], row_slot[ROWS];
     __shared__ float row_m[ROWS], row_l[ROWS], row_corr[ROWS];
-    __shared__ int32_t s_kmax;
+    __shared__ int32_t s_kmax, s_kmin;
 
     const int32_t hd = kd.head_dim, n_kv = kd.n_kv, group = n_heads / n_kv;
     const int32_t hd2 = hd / 2, kstride = hd2 + 1;
@@ -120,10 +120,16 @@ __global__ void __launch_bounds__(NT)
     }
     __syncthreads();
     if (tid == 0) {
-        int32_t km = -1;
-        for (int32_t r = 0; r < R; r++)
+        /* Keys [s_kmin, s_kmax]: every row's, a window's start the least of
+         * the rows' (keys before it are never read: a sliding-window layer's
+         * blocks there may be gone). */
+        int32_t km = -1, kn = INT32_MAX;
+        for (int32_t r = 0; r < R; r++) {
             km = max(km, row_slot[r]);
+            kn = min(kn, window > 0 ? max(row_slot[r] - window + 1, 0) : 0);
+        }
         s_kmax = km;
+        s_kmin = kn == INT32_MAX ? 0 : kn;
     }
     for (int32_t idx = tid; idx < R * hd; idx += NT) {
         const int32_t r = idx / hd, d = idx % hd;
@@ -131,8 +137,8 @@ __global__ void __launch_bounds__(NT)
                   scale;
     }
     __syncthreads();
-    const int32_t kb = split * split_len;
-    const int32_t ke = min(kb + split_len, s_kmax + 1);
+    const int32_t kb = max(split * split_len, s_kmin - s_kmin % KT);
+    const int32_t ke = min(split * split_len + split_len, s_kmax + 1);
 
     /* PV phase: thread owns half2 column pc of rows prg * rpg .. + rpg. */
     const int32_t n_rg = NT / hd2; /* >= 1: hd2 <= 128 */
@@ -162,7 +168,7 @@ __global__ void __launch_bounds__(NT)
                 const int32_t idx = base + u * NT, j = idx / vecs, vi = idx % vecs;
                 kk[u] = make_uint4(0, 0, 0, 0);
                 vv[u] = kk[u];
-                if (idx < KT * vecs && j < nk) {
+                if (idx < KT * vecs && j < nk && k0 + j >= s_kmin) {
                     const int32_t p = k0 + j;
                     int32_t blk = table[p / bt], tok = p % bt;
                     bool group = false;
@@ -240,8 +246,10 @@ __global__ void __launch_bounds__(NT)
 #pragma unroll
             for (int i = 0; i < ROWS; i++)
                 if (i < R)
-                    ps[i * KT + sj] = (sj < nk && p <= row_slot[i]) ? sc[i] + ps[i * KT + sj]
-                                                                    : -INFINITY;
+                    ps[i * KT + sj] = (sj < nk && p <= row_slot[i] &&
+                                       (window <= 0 || p > row_slot[i] - window))
+                                          ? sc[i] + ps[i * KT + sj]
+                                          : -INFINITY;
         }
         __syncthreads();
 

@@ -831,6 +831,8 @@ static dp_backend_ops cuda_make_ops(void)
     o.add = cuda_add;
     o.add_bias = cuda_add_bias;
     o.swiglu = cuda_swiglu;
+    o.geglu = cuda_geglu;
+    o.scale = cuda_scale;
     o.gather_rows = cuda_gather_rows;
     o.capture_rows = cuda_capture_rows;
     o.kv_score_knorm = cuda_kv_score_knorm;

@@ -347,6 +347,45 @@ void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up,
     cuda_check_launch(c, "swiglu");
 }
 
+/* GELU's tanh form (Gemma's gated FFN); tanhf, as the CPU. */
+__global__ void cuda_geglu_kernel(float *out, const float *gate, const float *up, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        const float g = gate[i];
+        out[i] = 0.5f * g * (1.0f + tanhf(0.79788456080286535588f * (g + 0.044715f * g * g * g))) *
+                 up[i];
+    }
+}
+
+void cuda_geglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
+{
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    CUDA_LAUNCH(cuda_geglu_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, out,
+                gate, up, n);
+    cuda_check_launch(c, "geglu");
+}
+
+__global__ void cuda_scale_kernel(float *x, float s, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x)
+        x[i] *= s;
+}
+
+void cuda_scale(dp_backend *be, float *x, float s, int64_t n)
+{
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    CUDA_LAUNCH(cuda_scale_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, x, s, n);
+    cuda_check_launch(c, "scale");
+}
+
 __global__ void cuda_gather_kernel(float *out, const float *x, const int32_t *rows, int32_t dim)
 {
     const float *src = x + (size_t)rows[blockIdx.x] * (size_t)dim;

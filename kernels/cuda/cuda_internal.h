@@ -536,6 +536,8 @@ void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, co
 void cuda_add(dp_backend *be, float *x, const float *y, int64_t n);
 void cuda_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n, int32_t cols);
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+void cuda_geglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n);
+void cuda_scale(dp_backend *be, float *x, float s, int64_t n);
 void cuda_gather_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 void cuda_capture_rows(dp_backend *be, float *out, const float *x, int32_t dim);
 int cuda_logits_topk(dp_backend *be, float *logits, int32_t n, int32_t vocab, int32_t k,
@@ -560,7 +562,7 @@ int cuda_kv_block_write(dp_backend *be, dp_kv_store *kv, int32_t block, const vo
 
 /* Attention (cuda_attention.cu). */
 void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, float *out,
-                    const float *q, int32_t n_heads, float scale);
+                    const float *q, int32_t n_heads, float scale, int32_t window);
 /* One-time kernel attributes (shared memory opt-in); 0 or a DP_E* code. */
 int cuda_attention_setup(cuda_backend *c, char *err, size_t errsz);
 

@@ -436,7 +436,10 @@ static void check_elementwise(dp_backend *be[2])
     float *a = xmalloc(n * sizeof *a), *c = xmalloc(n * sizeof *c), *o[2];
     fill(a, n, 6.0f);
     fill(c, n, 2.0f);
-    for (int op = 0; op < 3; op++) {
+    static const char *const names[] = {"add", "swiglu", "swiglu", "geglu", "scale"};
+    static const char *const what[] = {"n=100003", "n=100003", "n=100003 in place",
+                                       "n=100003 in place", "n=100003 x 25.3"};
+    for (int op = 0; op < 5; op++) {
         for (int b = 0; b < 2; b++) {
             float *da = dev_from(be[b], a, n), *dc = dev_from(be[b], c, n), *dout = da;
             if (op == 0) {
@@ -445,8 +448,12 @@ static void check_elementwise(dp_backend *be[2])
                 dout = dev_alloc(be[b], n);
                 dev_poison(be[b], dout, n);
                 be[b]->ops->swiglu(be[b], dout, da, dc, (int64_t)n);
-            } else {
+            } else if (op == 2) {
                 be[b]->ops->swiglu(be[b], da, da, dc, (int64_t)n); /* in place, as the model does */
+            } else if (op == 3) {
+                be[b]->ops->geglu(be[b], da, da, dc, (int64_t)n); /* Gemma's, in place */
+            } else {
+                be[b]->ops->scale(be[b], da, 25.3f, (int64_t)n); /* Gemma's embedding scale */
             }
             o[b] = xmalloc(n * sizeof(float));
             dev_get(be[b], o[b], dout, n);
@@ -455,8 +462,7 @@ static void check_elementwise(dp_backend *be[2])
             be[b]->ops->free(be[b], da);
             be[b]->ops->free(be[b], dc);
         }
-        report(op == 0 ? "add" : "swiglu", op == 0 ? "n=100003" : op == 1 ? "n=100003" : "n=100003 in place",
-               o[0], o[1], n, TOL_EW);
+        report(names[op], what[op], o[0], o[1], n, TOL_EW);
         free(o[0]);
         free(o[1]);
     }

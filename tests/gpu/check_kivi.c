@@ -230,7 +230,7 @@ static void check_kivi_case(dp_backend *be[2], const kivi_cfg *c, kivi_seq *sq, 
         kivi_write(e, st, &h3, c, k3, v3, true);
         float *dq = dev_from(e, q, (size_t)n3 * qw), *dout = dev_alloc(e, (size_t)n3 * qw);
         dev_poison(e, dout, (size_t)n3 * qw);
-        e->ops->attention(e, st, c->n_layers - 1, dout, dq, c->n_heads, scale);
+        e->ops->attention(e, st, c->n_layers - 1, dout, dq, c->n_heads, scale, 0);
         o[b] = xmalloc((size_t)n3 * qw * sizeof(float));
         dev_get(e, o[b], dout, (size_t)n3 * qw);
         if (probe >= 0) /* the first group's bytes, every layer */

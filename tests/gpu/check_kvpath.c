@@ -29,6 +29,7 @@ typedef struct att_cfg {
                            * dp_kv_type + 1 (the quantized decode path) */
     bool view1;           /* store 1 is a view of store 0 in type1 (kv_view: the decode
                            * path in one arena); the two share block ids */
+    int32_t window;       /* > 0: a sliding-window layer's (the last window slots) */
 } att_cfg;
 
 typedef struct att_seq {
@@ -149,7 +150,7 @@ static void check_attention_case(dp_backend *be[2], const att_cfg *cfg, const at
         float *dq = dev_from(be[b], q, (size_t)n_new * qw);
         float *dout = dev_alloc(be[b], (size_t)n_new * qw);
         dev_poison(be[b], dout, (size_t)n_new * qw);
-        be[b]->ops->attention(be[b], st, layer, dout, dq, cfg->n_heads, scale);
+        be[b]->ops->attention(be[b], st, layer, dout, dq, cfg->n_heads, scale, cfg->window);
         o[b] = xmalloc((size_t)n_new * qw * sizeof(float));
         dev_get(be[b], o[b], dout, (size_t)n_new * qw);
         if (cfg->type1) {
@@ -193,15 +194,21 @@ void check_attention(dp_backend *be[2])
      * the same rounding (the bytes are compared in check_kvpath), and read
      * them back in attention. */
     const att_cfg cfgs[] = {
-        {"hd64 gqa8/2 2 stores", 2, 2, 64, 8, {16, 8}, {64, 400}, 0, false},
-        {"hd128 mha4", 2, 4, 128, 4, {16, 0}, {256, 0}, 0, false},
-        {"hd256 gqa3/1", 1, 1, 256, 3, {32, 0}, {128, 0}, 0, false},
-        {"hd80 gqa12/2 2 stores", 2, 2, 80, 12, {16, 4}, {64, 800}, 0, false},
-        {"hd64 gqa8/2 q8_0 store", 2, 2, 64, 8, {16, 30}, {64, 400}, DP_KV_Q8_0 + 1, false},
-        {"hd128 gqa6/2 q4_0 store", 2, 2, 128, 6, {16, 56}, {64, 400}, DP_KV_Q4_0 + 1, false},
+        {"hd64 gqa8/2 2 stores", 2, 2, 64, 8, {16, 8}, {64, 400}, 0, false, 0},
+        {"hd128 mha4", 2, 4, 128, 4, {16, 0}, {256, 0}, 0, false, 0},
+        {"hd256 gqa3/1", 1, 1, 256, 3, {32, 0}, {128, 0}, 0, false, 0},
+        {"hd80 gqa12/2 2 stores", 2, 2, 80, 12, {16, 4}, {64, 800}, 0, false, 0},
+        {"hd64 gqa8/2 q8_0 store", 2, 2, 64, 8, {16, 30}, {64, 400}, DP_KV_Q8_0 + 1, false, 0},
+        {"hd128 gqa6/2 q4_0 store", 2, 2, 128, 6, {16, 56}, {64, 400}, DP_KV_Q4_0 + 1, false, 0},
         /* One arena: 16 f16 tokens' bytes hold 30 of q8_0. */
         {"hd64 gqa8/2 q8_0 view of the arena", 2, 2, 64, 8, {16, 30}, {400, 400},
-         DP_KV_Q8_0 + 1, true},
+         DP_KV_Q8_0 + 1, true, 0},
+        /* Sliding-window layers: Gemma 3's geometry and window, and a
+         * window no block or key tile divides, over two stores. */
+        {"hd256 gqa4/1 window 512", 1, 1, 256, 4, {16, 0}, {256, 0}, 0, false, 512},
+        {"hd64 gqa8/2 2 stores window 37", 2, 2, 64, 8, {16, 8}, {64, 400}, 0, false, 37},
+        {"hd64 gqa8/2 q8_0 store window 37", 2, 2, 64, 8, {16, 30}, {64, 400}, DP_KV_Q8_0 + 1,
+         false, 37},
     };
     for (size_t ci = 0; ci < sizeof cfgs / sizeof cfgs[0]; ci++) {
         const att_cfg *c = &cfgs[ci];
@@ -566,7 +573,7 @@ void check_kvpath(dp_backend *be[2], dp_kv_type dtype)
             g_rs = save; /* the same queries on both backends */
         float *dqa = dev_from(be[b], qa, 6 * qw), *dout = dev_alloc(be[b], 6 * qw);
         dev_poison(be[b], dout, 6 * qw);
-        be[b]->ops->attention(be[b], st, n_layers - 1, dout, dqa, n_heads, scale);
+        be[b]->ops->attention(be[b], st, n_layers - 1, dout, dqa, n_heads, scale, 0);
         after[b] = xmalloc(6 * qw * sizeof(float));
         dev_get(be[b], after[b], dout, 6 * qw);
         if (quant) {

@@ -35,6 +35,7 @@ typedef struct cfg_spec {
     const char *name;
     int32_t n_kv, hd, n_heads, n_layers;
     int32_t bt[2], nb[2]; /* nb[1] == 0: one store */
+    int32_t window;       /* > 0: a sliding-window layer's last slots only */
 } cfg_spec;
 
 static int g_failed;
@@ -141,8 +142,8 @@ static std::vector<float> run_case(const cfg_spec &c, const std::vector<seq_spec
     float *qp = q.data(), *op = out.data(), *pp = part.data();
     dim3 grid((unsigned)n_tiles, (unsigned)(c.n_kv * p.n_rchunks), (unsigned)p.splits);
     emu_launch(grid, NT, cuda_att_smem(c.hd), [&]() {
-        cuda_attn_kernel(kd, layer, bd, max_blocks, n_tokens, c.n_heads, p.n_rchunks, scale, qp, op,
-                         pp, p.split_len, p.splits);
+        cuda_attn_kernel(kd, layer, bd, max_blocks, n_tokens, c.n_heads, p.n_rchunks, scale,
+                         c.window, qp, op, pp, p.split_len, p.splits);
     });
     if (p.splits > 1) {
         const int32_t n_rows = n_tokens * c.n_heads;
@@ -150,18 +151,20 @@ static std::vector<float> run_case(const cfg_spec &c, const std::vector<seq_spec
                    [&]() { cuda_attn_combine(pp, op, n_rows, c.hd, p.splits); });
     }
 
-    /* Reference: softmax over slots 0..slot of the token's sequence. */
+    /* Reference: softmax over slots 0..slot of the token's sequence (its
+     * last window of them where the case has a window). */
     ref->assign(out.size(), 0.0);
     const int32_t group = c.n_heads / c.n_kv;
     std::vector<double> sc;
     for (int32_t t = 0; t < n_tokens; t++) {
         const int32_t s = tok_seq[t], st = seq_store[s], bt = c.bt[st], n = tok_slot[t] + 1;
+        const int32_t p0 = c.window > 0 && n > c.window ? n - c.window : 0;
         sc.assign(n, 0.0);
         for (int32_t h = 0; h < c.n_heads; h++) {
             const int32_t kvh = h / group;
             const float *qh = q.data() + ((size_t)t * c.n_heads + h) * c.hd;
             double mx = -INFINITY, sum = 0;
-            for (int32_t pidx = 0; pidx < n; pidx++) {
+            for (int32_t pidx = p0; pidx < n; pidx++) {
                 const int32_t blk = tables[(size_t)s * max_blocks + pidx / bt];
                 const size_t row =
                     ((((size_t)layer * c.nb[st] + blk) * c.n_kv + kvh) * bt + pidx % bt) * c.hd;
@@ -171,12 +174,12 @@ static std::vector<float> run_case(const cfg_spec &c, const std::vector<seq_spec
                 sc[pidx] = d * scale;
                 mx = sc[pidx] > mx ? sc[pidx] : mx;
             }
-            for (int32_t pidx = 0; pidx < n; pidx++) {
+            for (int32_t pidx = p0; pidx < n; pidx++) {
                 sc[pidx] = exp(sc[pidx] - mx);
                 sum += sc[pidx];
             }
             double *o = ref->data() + ((size_t)t * c.n_heads + h) * c.hd;
-            for (int32_t pidx = 0; pidx < n; pidx++) {
+            for (int32_t pidx = p0; pidx < n; pidx++) {
                 const int32_t blk = tables[(size_t)s * max_blocks + pidx / bt];
                 const size_t row =
                     ((((size_t)layer * c.nb[st] + blk) * c.n_kv + kvh) * bt + pidx % bt) * c.hd;
@@ -220,10 +223,14 @@ static void check(const cfg_spec &c, const char *label, const std::vector<seq_sp
 int main(void)
 {
     const cfg_spec cfgs[] = {
-        {"hd64 gqa 8/2, 2 stores", 2, 64, 8, 2, {16, 8}, {48, 160}},
-        {"hd128 mha 2", 2, 128, 2, 1, {16, 0}, {160, 0}},
-        {"hd256 gqa 3/1", 1, 256, 3, 1, {32, 0}, {80, 0}},
-        {"hd80 gqa 12/2, 2 stores", 2, 80, 12, 2, {16, 4}, {48, 400}},
+        {"hd64 gqa 8/2, 2 stores", 2, 64, 8, 2, {16, 8}, {48, 160}, 0},
+        {"hd128 mha 2", 2, 128, 2, 1, {16, 0}, {160, 0}, 0},
+        {"hd256 gqa 3/1", 1, 256, 3, 1, {32, 0}, {80, 0}, 0},
+        {"hd80 gqa 12/2, 2 stores", 2, 80, 12, 2, {16, 4}, {48, 400}, 0},
+        /* Sliding-window layers: windows that start inside a key tile and a
+         * split, and Gemma 3's head and window. */
+        {"hd64 gqa 8/2, window 45", 2, 64, 8, 2, {16, 8}, {48, 160}, 45},
+        {"hd256 gqa 4/1, window 512", 1, 256, 4, 1, {16, 0}, {160, 0}, 512},
     };
     printf("emu_attention: the CUDA attention kernels, emulated on the CPU\n");
     for (const cfg_spec &c : cfgs) {

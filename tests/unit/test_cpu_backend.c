@@ -290,6 +290,20 @@ static void test_elementwise(dp_backend *be)
     for (int i = 0; i < n * dim; i++)
         ref[i] = x[i] / (1.0 + exp(-(double)x[i])) * y[i];
     CHECK(rel_err(o, ref, n * dim) < 1e-6);
+    /* geglu: GELU's tanh form */
+    poison(o, n * dim);
+    be->ops->geglu(be, o, x, y, n * dim);
+    for (int i = 0; i < n * dim; i++) {
+        const double g = x[i];
+        ref[i] = 0.5 * g * (1.0 + tanh(sqrt(2.0 / M_PI) * (g + 0.044715 * g * g * g))) * y[i];
+    }
+    CHECK(rel_err(o, ref, n * dim) < 1e-6);
+    /* scale */
+    memcpy(o, x, (size_t)(n * dim) * sizeof *o);
+    be->ops->scale(be, o, 2.5f, n * dim);
+    for (int i = 0; i < n * dim; i++)
+        ref[i] = 2.5 * x[i];
+    CHECK(rel_err(o, ref, n * dim) < 1e-7);
     /* add */
     for (int i = 0; i < n * dim; i++)
         ref[i] = (double)x[i] + y[i];
@@ -384,15 +398,21 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT, int32_t HD)
             memcpy(q + (size_t)i * NH * HD, Q[seq[i]][slot[i]], (size_t)NH * HD * sizeof(float));
         }
         be->ops->kv_write(be, stores, 1, k, v);
-        poison(o, (size_t)n * NH * HD);
-        be->ops->attention(be, stores, 1, o, q, NH, 0.125f);
+        /* Whole, and a sliding window of 5 slots (slot - 5 < t <= slot):
+         * tiles past a window's length go token by token. */
         double *ref = malloc((size_t)n * NH * HD * sizeof *ref);
+        float *o1 = be->ops->alloc(be, (size_t)NH * HD * 4);
+        for (int32_t W = 0; W <= 5; W += 5) {
+        CHECK(be->ops->batch_set(be, &b) == 0);
+        poison(o, (size_t)n * NH * HD);
+        be->ops->attention(be, stores, 1, o, q, NH, 0.125f, W);
         for (int i = 0; i < n; i++) {
             int s = seq[i];
             for (int h = 0; h < NH; h++) {
                 int kh = h / (NH / NKV);
                 double sc[32], mx = -1e30, sum = 0;
-                for (int t = 0; t <= slot[i]; t++) {
+                const int t0 = W > 0 && slot[i] + 1 > W ? slot[i] + 1 - W : 0;
+                for (int t = t0; t <= slot[i]; t++) {
                     double d = 0;
                     for (int e = 0; e < HD; e++)
                         d += (double)Q[s][slot[i]][h * HD + e] * K[s][t][kh * HD + e];
@@ -400,21 +420,21 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT, int32_t HD)
                     if (sc[t] > mx)
                         mx = sc[t];
                 }
-                for (int t = 0; t <= slot[i]; t++)
+                for (int t = t0; t <= slot[i]; t++)
                     sum += (sc[t] = exp(sc[t] - mx));
                 for (int e = 0; e < HD; e++) {
                     double acc = 0;
-                    for (int t = 0; t <= slot[i]; t++)
+                    for (int t = t0; t <= slot[i]; t++)
                         acc += sc[t] / sum * V[s][t][kh * HD + e];
                     ref[((size_t)i * NH + h) * HD + e] = acc;
                 }
             }
         }
         if (n > 0)
-            CHECK_MSG(rel_err(o, ref, (size_t)n * NH * HD) < 1e-5, "attention phase %d", phase);
+            CHECK_MSG(rel_err(o, ref, (size_t)n * NH * HD) < 1e-5, "attention phase %d window %d",
+                      phase, W);
         /* A prompt's tokens are attended a tile at a time (attend_tile);
          * each token alone in a batch (a task of its own) gives its bits. */
-        float *o1 = be->ops->alloc(be, (size_t)NH * HD * 4);
         for (int i = 0; i < n; i++) {
             int32_t out0 = 0;
             dp_batch b1 = {.n_tokens = 1, .tokens = tokens + i, .pos = pos + i, .seq = seq + i,
@@ -422,9 +442,11 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT, int32_t HD)
                            .block_tables = tables, .max_blocks = max_blocks, .n_out = 1,
                            .out_tokens = &out0};
             CHECK(be->ops->batch_set(be, &b1) == 0);
-            be->ops->attention(be, stores, 1, o1, q + (size_t)i * NH * HD, NH, 0.125f);
+            be->ops->attention(be, stores, 1, o1, q + (size_t)i * NH * HD, NH, 0.125f, W);
             CHECK_MSG(memcmp(o1, o + (size_t)i * NH * HD, (size_t)NH * HD * 4) == 0,
-                      "attention: token %d alone differs from its tile (type %d)", i, type);
+                      "attention: token %d alone differs from its tile (type %d, window %d)", i,
+                      type, W);
+        }
         }
         be->ops->free(be, o1);
         CHECK(be->ops->batch_set(be, &b) == 0);

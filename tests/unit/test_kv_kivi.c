@@ -208,7 +208,7 @@ static void test_grouped(dp_backend *be, int32_t n, bool with_lead, int32_t grou
     for (size_t i = 0; i < (size_t)last * NH * HD; i++)
         o[i] = NAN;
     be->ops->kv_write(be, stores + 1, 1, k, v);
-    be->ops->attention(be, stores + 1, 1, o, q, NH, 0.125f);
+    be->ops->attention(be, stores + 1, 1, o, q, NH, 0.125f, 0);
     double worst = 0;
     for (int32_t i = 0; i < last; i++)
         for (int32_t h = 0; h < NH; h++) {

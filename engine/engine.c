@@ -333,6 +333,20 @@ static int check_opts(const dp_engine *e, const dp_engine_opts *opts, char *err,
                     opts->prefill_fraction <= 0.0 || opts->prefill_fraction >= 1.0))
         return dp_err(err, errsz, DP_EINVAL, "engine: bad dual-path settings (keep_ratio %g, "
                       "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
+    /* A sliding-window layer attends to its last slots, which are its
+     * last positions only while nothing of the sequence was evicted
+     * (backend.h attention): the decode path keeps every token of such a
+     * model, in a type that is not grouped. */
+    const dp_hparams *hp = llama_hparams(e->model);
+    if (e->dual && hp->swa_window > 0 && opts->compress.keep_ratio < 1.0f)
+        return dp_err(err, errsz, DP_EINVAL, "engine: keep_ratio %g: this model (%s) has "
+                      "sliding-window layers, whose cache the decode path keeps whole: keep_ratio "
+                      "must be 1 with it", opts->compress.keep_ratio, hp->arch);
+    if (e->dual && hp->swa_window > 0 && opts->decode_kv_type >= 0 &&
+        dp_kv_type_grouped(opts->decode_kv_type))
+        return dp_err(err, errsz, DP_EINVAL, "engine: decode_kv_type %s: this model (%s) has "
+                      "sliding-window layers, which a grouped type cannot serve; use q8_0, q4_0, "
+                      "f16 or auto", dp_kv_type_name(opts->decode_kv_type), hp->arch);
     /* A quantized whole cache is dualpath off's (llama.cpp's -ctk q8_0):
      * the prefill path keeps f16 or f32, and the decode path's type is
      * decode_kv_type. */
@@ -552,6 +566,15 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s is not available on "
                       "this server (it keeps %s)", dp_kv_type_name(p->kv_type - 1), have);
     }
+    /* (check_opts: a sliding-window model's decode path keeps every token,
+     * in a type that is not grouped.) */
+    if (llama_hparams(e->model)->swa_window > 0 && e->dual && runs_dual(e, p) &&
+        ((p->keep_ratio > 0.0f && p->keep_ratio < 1.0f) ||
+         (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1))))
+        return dp_err(err, errsz, DP_EINVAL, "dualpath.%s: this model has sliding-window "
+                      "layers, whose cache is kept whole (keep_ratio 1, a type that is not "
+                      "grouped)", p->keep_ratio > 0.0f && p->keep_ratio < 1.0f ? "keep_ratio"
+                                                                               : "decode_kv_type");
     /* A grouped type's sequences keep no exempt table. */
     if (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1) && n_exempt > 0 && p->exempt != 1)
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s keeps no exempt layers: "

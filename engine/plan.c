@@ -61,16 +61,18 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
  * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
  * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045); where
  * the manager refuses kivi4 with the other settings, engine_init takes q8_0
- * (decode_auto_fallback). An f32 cache asked for exactness and keeps its
- * type. */
-static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o)
+ * (decode_auto_fallback), and on a model with sliding-window layers (a
+ * grouped sequence's slots are not positions: engine.c check_opts). An f32
+ * cache asked for exactness and keeps its type. */
+static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o,
+                                   bool sliding)
 {
     if (o->kv_type != DP_KV_F16 || !be->ops->kv_view || !be->ops->kv_quant_default)
         return (dp_kv_type)o->kv_type;
     dp_kv_layout q = *l;
     q.n_blocks = 1;
     q.type = DP_KV_KIVI4;
-    if (be->ops->kv_bytes_per_block(be, &q))
+    if (!sliding && be->ops->kv_bytes_per_block(be, &q))
         return DP_KV_KIVI4;
     q.type = DP_KV_Q8_0;
     return be->ops->kv_bytes_per_block(be, &q) ? DP_KV_Q8_0 : (dp_kv_type)o->kv_type;
@@ -99,7 +101,7 @@ static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_eng
     if (decode && o->decode_kv_type >= 0)
         l.type = o->decode_kv_type;
     else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO)
-        l.type = decode_auto_type(be, &l, o);
+        l.type = decode_auto_type(be, &l, o, llama_hparams(m)->swa_window > 0);
     return l;
 }
 

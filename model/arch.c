@@ -6,12 +6,17 @@
 /* llama: LLaMA 1-3 (Llama 3's per-frequency RoPE factors come with the
  * file's rope_freqs.weight), Mistral 7B, SmolLM. qwen2: Qwen 2 and 2.5 and
  * the DeepSeek-R1 distills of them. qwen3: Qwen 3 (dense). phi3: Phi-3 and
- * Phi-4 (their fused tensors; LongRoPE's factors are refused). */
+ * Phi-4 (their fused tensors; LongRoPE's factors are refused). gemma3:
+ * Gemma 3's text models, five sliding-window layers to one global (as
+ * llama.cpp and the reference implementation lay them out; the files do
+ * not say it), the local layers at RoPE base 10000. */
 static const dp_arch k_archs[] = {
     {.name = "llama"},
     {.name = "qwen2", .rope_neox = true, .qkv_bias = true},
     {.name = "qwen3", .rope_neox = true, .qk_norm = true},
     {.name = "phi3", .rope_neox = true, .fused = true},
+    {.name = "gemma3", .rope_neox = true, .qk_norm = true, .gemma = true, .swa_period = 6,
+     .rope_base_swa = 10000.0f},
 };
 
 const dp_arch *arch_find(const char *name)
@@ -24,5 +29,5 @@ const dp_arch *arch_find(const char *name)
 
 const char *arch_names(void)
 {
-    return "llama, qwen2, qwen3, phi3";
+    return "llama, qwen2, qwen3, phi3, gemma3";
 }

@@ -1,6 +1,7 @@
 /* hparams.c: the {arch}.* metadata keys of a GGUF of a supported
  * architecture (arch.h), checked for presence and sane ranges before any
  * weight is touched. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -40,6 +41,30 @@ static int get_f32(const dp_gguf *g, const char *arch, const char *suffix, bool 
         return dp_err(err, errsz, DP_EFORMAT, "model: missing metadata key '%s'", key);
     if (rc)
         return dp_err(err, errsz, DP_EFORMAT, "model: metadata key '%s' is not a number", key);
+    return 0;
+}
+
+/* {arch}.attention.sliding_window: the window of an architecture with
+ * sliding-window layers (arch.h swa_period), required there. Other files
+ * that name one (Phi-3's, some Mistral conversions) are run with full
+ * attention, as llama.cpp runs them: said, not hidden. */
+static int sliding_window_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
+{
+    char key[128];
+    uint32_t swa = 0;
+    snprintf(key, sizeof key, "%s.attention.sliding_window", hp->arch);
+    const bool has = gguf_get_u32(g, key, &swa) == 0 && swa > 0;
+    if (hp->desc->swa_period > 0) {
+        if (!has)
+            return dp_err(err, errsz, DP_EFORMAT, "model: missing metadata key '%s'", key);
+        if (swa > (uint32_t)hp->n_ctx_train)
+            swa = (uint32_t)hp->n_ctx_train; /* a window past the context is no window */
+        hp->swa_window = (int32_t)swa;
+        return 0;
+    }
+    if (has)
+        dp_log(DP_LOG_WARN, "model: %s = %u is not applied: every layer attends to the whole "
+               "context, as llama.cpp runs these models (the same below the window)", key, swa);
     return 0;
 }
 
@@ -159,13 +184,14 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
         gguf_find_tensor(g, "rope_factors_short.weight"))
         return dp_err(err, errsz, DP_EUNSUPPORTED,
                       "model: LongRoPE factors (rope_factors_long/short.weight) are not supported");
-    /* Phi-3's files name a sliding window that its models were not run
-     * with: llama.cpp ignores it too (full attention). Said, not hidden. */
-    uint32_t swa = 0;
-    snprintf(key, sizeof key, "%s.attention.sliding_window", hp->arch);
-    if (hp->desc->fused && gguf_get_u32(g, key, &swa) == 0 && swa)
-        dp_log(DP_LOG_WARN, "model: %s.attention.sliding_window = %u is not applied: every layer "
-               "attends to the whole context, as llama.cpp runs these models", hp->arch, swa);
+    if ((rc = sliding_window_load(hp, g, err, errsz)))
+        return rc;
+    hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);
+    /* Gemma 3 27B scales queries by its query_pre_attn_scalar, dim / heads
+     * (168), not by the head size (128): llama.cpp knows it by its 62
+     * layers, as here (the file does not carry the scalar). */
+    if (hp->desc->gemma && hp->n_layers == 62)
+        hp->attn_scale = 1.0f / sqrtf((float)hp->dim / (float)hp->n_heads);
 
     const dp_gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
     if (!emb)

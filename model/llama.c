@@ -1,7 +1,8 @@
 /* llama.c: the forward pass. It loads the weights onto a backend and runs
  * one batched forward step, top to bottom: LLaMA's, with the variations an
  * architecture's description asks for (arch.h: Q/K/V biases, per-head Q/K
- * norms, NeoX RoPE, Llama 3's RoPE factors). */
+ * norms, NeoX RoPE, Llama 3's RoPE factors, Gemma's scaled embedding, extra
+ * norms, GELU gating and sliding-window layers). */
 #include "llama.h"
 
 #include <math.h>
@@ -17,6 +18,7 @@ typedef struct layer_w {
     dp_weight bq, bk, bv;         /* desc->qkv_bias */
     dp_weight q_norm, k_norm;     /* desc->qk_norm: [head_dim] */
     dp_weight ffn_norm, w_gate, w_up, w_down;
+    dp_weight post_attn_norm, post_ffn_norm; /* desc->gemma */
 } layer_w;
 
 struct dp_llama {
@@ -119,7 +121,8 @@ void llama_destroy(dp_llama *m)
             layer_w *L = &m->layers[l];
             dp_weight *ws[] = {&L->attn_norm, &L->wq,     &L->wk,     &L->wv,     &L->wo,
                                &L->bq,        &L->bk,     &L->bv,     &L->q_norm, &L->k_norm,
-                               &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down};
+                               &L->ffn_norm,  &L->w_gate, &L->w_up,   &L->w_down,
+                               &L->post_attn_norm, &L->post_ffn_norm};
             for (size_t i = 0; i < sizeof ws / sizeof ws[0]; i++)
                 free_w(m, ws[i]);
         }
@@ -260,6 +263,10 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
             LW(w_up, "ffn_up", hp->ffn, hp->dim);
         }
         LW(w_down, "ffn_down", hp->dim, hp->ffn);
+        if (hp->desc->gemma) {
+            LW(post_attn_norm, "post_attention_norm", 1, hp->dim);
+            LW(post_ffn_norm, "post_ffw_norm", 1, hp->dim);
+        }
 #undef LW
 #undef LB
     }
@@ -347,6 +354,10 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
             (x && !check_slots(layouts, b, i, b->x_slot, b->x_seq_store, b->x_block_tables,
                                b->x_max_blocks, b->n_exempt)))
             return DP_EINVAL;
+        /* A window counts slots (backend.h attention): a grouped store's
+         * sequence is a compacted one, whose slots are not positions. */
+        if (m->hp.swa_window > 0 && dp_kv_type_grouped(layouts[b->seq_store[b->seq[i]]]->type))
+            return DP_EUNSUPPORTED;
     }
     for (int32_t i = 0; i < b->n_out; i++)
         if (b->out_tokens[i] < 0 || b->out_tokens[i] >= b->n_tokens)
@@ -376,44 +387,57 @@ static void matmul_shared(dp_backend *be, float *const *ys, const float *x,
 static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *stores)
 {
     const dp_hparams *hp = &m->hp;
+    const dp_arch *a = hp->desc;
     const dp_backend_ops *op = m->be->ops;
     dp_backend *be = m->be;
     const int32_t n = b->n_tokens;
-    const dp_rope_params rp = {hp->n_rot, hp->rope_base, hp->rope_freq_scale, hp->desc->rope_neox,
-                               m->rope_ff};
+    /* [0]: global layers; [1]: sliding-window layers (their own base, no
+     * scaling: Gemma 3's local layers). */
+    const dp_rope_params rp[2] = {
+        {hp->n_rot, hp->rope_base, hp->rope_freq_scale, a->rope_neox, m->rope_ff},
+        {hp->n_rot, a->rope_base_swa, 1.0f, a->rope_neox, NULL}};
     const int64_t kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
-    const float scale = 1.0f / sqrtf((float)hp->head_dim);
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
 
     op->embed(be, &m->tok_embd, m->x, n);
+    if (a->gemma)
+        op->scale(be, m->x, sqrtf((float)hp->dim), (int64_t)n * hp->dim);
     for (int32_t l = 0; l < hp->n_layers; l++) {
         const layer_w *L = &m->layers[l];
+        const int32_t window = hparams_layer_window(hp, l);
         /* Attention block. */
         op->rmsnorm(be, m->xn, m->x, &L->attn_norm, n, hp->dim, hp->rms_eps);
         matmul_shared(be, (float *const[]){m->q, m->k, m->v}, m->xn,
                       (const dp_weight *const[]){&L->wq, &L->wk, &L->wv}, 3, n);
-        if (hp->desc->qkv_bias) {
+        if (a->qkv_bias) {
             op->add_bias(be, m->q, &L->bq, n, (int32_t)qd);
             op->add_bias(be, m->k, &L->bk, n, (int32_t)kvd);
             op->add_bias(be, m->v, &L->bv, n, (int32_t)kvd);
         }
-        if (hp->desc->qk_norm) { /* each head its own row */
+        if (a->qk_norm) { /* each head its own row */
             op->rmsnorm(be, m->q, m->q, &L->q_norm, n * hp->n_heads, hp->head_dim, hp->rms_eps);
             op->rmsnorm(be, m->k, m->k, &L->k_norm, n * hp->n_kv_heads, hp->head_dim, hp->rms_eps);
         }
-        op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp);
+        op->rope(be, m->q, m->k, n, hp->n_heads, hp->n_kv_heads, hp->head_dim, &rp[window > 0]);
         if (b->n_capture > 0)
             op->capture_rows(be, m->capture_q + (size_t)l * b->n_capture * qd, m->q, (int32_t)qd);
         op->kv_write(be, stores, l, m->k, m->v);
-        op->attention(be, stores, l, m->att, m->q, hp->n_heads, scale, 0);
+        op->attention(be, stores, l, m->att, m->q, hp->n_heads, hp->attn_scale, window);
         op->matmul(be, m->tmp, m->att, &L->wo, n);
+        if (a->gemma)
+            op->rmsnorm(be, m->tmp, m->tmp, &L->post_attn_norm, n, hp->dim, hp->rms_eps);
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
-        /* Feed-forward block (SwiGLU). */
+        /* Feed-forward block (SwiGLU; Gemma: GELU-gated). */
         op->rmsnorm(be, m->xn, m->x, &L->ffn_norm, n, hp->dim, hp->rms_eps);
         matmul_shared(be, (float *const[]){m->gate, m->up}, m->xn,
                       (const dp_weight *const[]){&L->w_gate, &L->w_up}, 2, n);
-        op->swiglu(be, m->gate, m->gate, m->up, (int64_t)n * hp->ffn);
+        if (a->gemma)
+            op->geglu(be, m->gate, m->gate, m->up, (int64_t)n * hp->ffn);
+        else
+            op->swiglu(be, m->gate, m->gate, m->up, (int64_t)n * hp->ffn);
         op->matmul(be, m->tmp, m->gate, &L->w_down, n);
+        if (a->gemma)
+            op->rmsnorm(be, m->tmp, m->tmp, &L->post_ffn_norm, n, hp->dim, hp->rms_eps);
         op->add(be, m->x, m->tmp, (int64_t)n * hp->dim);
     }
     if (b->n_out == 0)

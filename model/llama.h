@@ -11,7 +11,7 @@
 #include "kernels/backend.h"
 
 typedef struct dp_hparams {
-    char arch[32];          /* general.architecture ("llama", "qwen2", "qwen3") */
+    char arch[32];          /* general.architecture ("llama", "qwen2", "gemma3", ...) */
     const dp_arch *desc;    /* what the architecture changes (arch.h) */
     int32_t n_layers;
     int32_t dim;            /* embedding length */
@@ -27,7 +27,17 @@ typedef struct dp_hparams {
     bool rope_freqs;        /* rope_freqs.weight: per-frequency factors (Llama 3) */
     float rms_eps;
     bool tied_output;       /* no output.weight: the embedding table projects */
+    int32_t swa_window;     /* > 0: the sliding-window layers' window (tokens); 0: none */
+    float attn_scale;       /* the attention's score scale (1 / sqrt(head_dim) but where an
+                               architecture says otherwise) */
 } dp_hparams;
+
+/* The window of layer l: hp->swa_window on a sliding-window layer, else 0. */
+static inline int32_t hparams_layer_window(const dp_hparams *hp, int32_t l)
+{
+    const int32_t p = hp->desc ? hp->desc->swa_period : 0;
+    return hp->swa_window > 0 && p > 0 && (l + 1) % p != 0 ? hp->swa_window : 0;
+}
 
 /* Reads and checks hyperparameters ({arch}.* keys); the message names a
  * missing or out-of-range key. */

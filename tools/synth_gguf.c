@@ -549,6 +549,11 @@ int synth_shape_preset(const char *name, dp_synth_shape *out)
     } else if (strcmp(name, "tiny-phi3") == 0) { /* fused QKV and gate/up, NeoX RoPE */
         s = SHAPE(2, 64, 4, 2, 128, 512, 256, 10000.0f, false);
         s.arch = "phi3";
+    } else if (strcmp(name, "tiny-gemma3") == 0) { /* 5 window layers, 1 global, 1 window */
+        s = SHAPE(7, 64, 4, 1, 128, 512, 256, 1000000.0f, true);
+        s.arch = "gemma3";
+        s.head_dim = 32;
+        s.sliding_window = 8;
     } else
         return DP_EINVAL;
     *out = s;
@@ -741,10 +746,12 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
         return dp_err(err, errsz, DP_EINVAL, "synth: every shape field must be non-zero");
     const char *arch = sh->arch ? sh->arch : "llama";
     if (strcmp(arch, "llama") && strcmp(arch, "qwen2") && strcmp(arch, "qwen3") &&
-        strcmp(arch, "phi3"))
-        return dp_err(err, errsz, DP_EINVAL, "synth: architecture '%s' (llama, qwen2, qwen3, phi3)",
-                      arch);
-    const bool fused = !strcmp(arch, "phi3");
+        strcmp(arch, "phi3") && strcmp(arch, "gemma3"))
+        return dp_err(err, errsz, DP_EINVAL,
+                      "synth: architecture '%s' (llama, qwen2, qwen3, phi3, gemma3)", arch);
+    const bool fused = !strcmp(arch, "phi3"), gemma = !strcmp(arch, "gemma3");
+    if (gemma && !sh->sliding_window)
+        return dp_err(err, errsz, DP_EINVAL, "synth: gemma3 needs a sliding window");
     if (!sh->head_dim && (sh->dim % sh->n_heads || (sh->dim / sh->n_heads) % 2))
         return dp_err(err, errsz, DP_EINVAL, "synth: dim %u must be n_heads (%u) times an even head size", sh->dim,
                       sh->n_heads);
@@ -785,6 +792,8 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
         gguf_writer_add_u32(w, KEY("attention.key_length"), hd);
         gguf_writer_add_u32(w, KEY("attention.value_length"), hd);
     }
+    if (sh->sliding_window)
+        gguf_writer_add_u32(w, KEY("attention.sliding_window"), sh->sliding_window);
 #undef KEY
     if (w->err)
         return dp_err(err, errsz, w->err, "synth: writing metadata: %s", dp_strerror(w->err));
@@ -824,7 +833,7 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
             add_rand(w, seed, NM("attn_k.bias"), DP_TYPE_F32, kv_out, 0, 0.0f, 0.5f);
             add_rand(w, seed, NM("attn_v.bias"), DP_TYPE_F32, kv_out, 0, 0.0f, 0.5f);
         }
-        if (!strcmp(arch, "qwen3")) {
+        if (!strcmp(arch, "qwen3") || gemma) {
             add_rand(w, seed, NM("attn_q_norm.weight"), DP_TYPE_F32, hd, 0, 1.0f, 0.1f);
             add_rand(w, seed, NM("attn_k_norm.weight"), DP_TYPE_F32, hd, 0, 1.0f, 0.1f);
         }
@@ -836,6 +845,10 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
             add_rand(w, seed, NM("ffn_up.weight"), wt, sh->dim, sh->ffn, 0.0f, a_dim);
         }
         add_rand(w, seed, NM("ffn_down.weight"), wt, sh->ffn, sh->dim, 0.0f, a_ffn * g_out);
+        if (gemma) { /* (1 + w) already, as the files carry Gemma's norms */
+            add_rand(w, seed, NM("post_attention_norm.weight"), DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
+            add_rand(w, seed, NM("post_ffw_norm.weight"), DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
+        }
 #undef NM
     }
     add_rand(w, seed, "output_norm.weight", DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);

@@ -110,15 +110,18 @@ typedef struct dp_synth_shape {
     bool tied;           /* true: no output.weight (the embedding is reused) */
     /* The architecture's variations (model/arch.h), all zero for LLaMA: */
     const char *arch;    /* general.architecture: NULL "llama", "qwen2" (Q/K/V biases),
-                            "qwen3" (per-head Q/K norms), "phi3" (fused QKV, gate/up) */
+                            "qwen3" (per-head Q/K norms), "phi3" (fused QKV, gate/up),
+                            "gemma3" (Q/K norms, post-norms, sliding-window layers) */
     uint32_t head_dim;   /* 0: dim / n_heads; else written as attention.key_length */
     bool rope_freqs;     /* rope_freqs.weight (Llama 3's per-pair factors, 1..8) */
+    uint32_t sliding_window; /* "gemma3": attention.sliding_window (required there) */
 } dp_synth_shape;
 
 /* "tiny" (2 layers, dim 64, 4 heads, 2 kv heads, ffn 128, vocab 512, ctx 256,
  * untied), "smollm" (SmolLM2-135M's shape, tied) or "7b" (LLaMA-2 7B);
- * "tiny-llama3", "tiny-qwen2", "tiny-qwen3" and "tiny-phi3": tiny in each
- * architecture's layout (qwen3 with heads of 32). */
+ * "tiny-llama3", "tiny-qwen2", "tiny-qwen3", "tiny-phi3" and "tiny-gemma3":
+ * tiny in each architecture's layout (qwen3 with heads of 32; gemma3 with 7
+ * layers, the sixth global, the others windows of 8 tokens). */
 int synth_shape_preset(const char *name, dp_synth_shape *out);
 
 /* Encodes n floats (a multiple of the block size) as F32, F16, BF16, Q8_0,

@@ -764,11 +764,14 @@ int main(int argc, char **argv)
         check_generation(be, "tiny", seed, DP_TYPE_F16, true);
         /* Each architecture's variations (Llama 3's RoPE factors, Qwen 2's
          * biases, Qwen 3's per-head norms and wide heads, Phi-3's fused
-         * tensors) on the device. */
+         * tensors, Gemma 3's) on the device. */
         check_generation(be, "tiny-llama3", seed, DP_TYPE_F16, true);
         check_generation(be, "tiny-qwen2", seed, DP_TYPE_F16, true);
         check_generation(be, "tiny-qwen3", seed, DP_TYPE_F16, true);
         check_generation(be, "tiny-phi3", seed, DP_TYPE_F16, true);
+        /* Gemma 3's scaled embedding, extra norms, GELU gating and windows
+         * of 8 slots (its prompt and tokens slide them). */
+        check_generation(be, "tiny-gemma3", seed, DP_TYPE_F16, true);
         /* Quantized weights: the same block values on both sides (the CPU's
          * exact path dequantizes them to f32, the device's GEMV too; its
          * prefill GEMM rounds them to fp16). */

@@ -32,6 +32,11 @@ Architectures (general.architecture; their keys carry its name as prefix):
     NeoX rope; heads may be larger than dim / n_heads (attention.key_length).
   * phi3: attn_qkv.weight holds Q, K and V (rows in that order), ffn_up.weight
     the gate then the up projection; NeoX rope.
+  * gemma3: the embedding times sqrt(dim); Q/K normed per head as qwen3;
+    RMSNorm of the attention's and of the FFN's output (post_attention_norm,
+    post_ffw_norm) before each residual add; GELU (tanh) gating; NeoX rope.
+    Five of each six layers (those with (l + 1) % 6 != 0) see only the last
+    attention.sliding_window positions and rotate at base 10000.
 
 Module use:
     m = load("models/SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -77,6 +82,13 @@ class Config:
     n_rot: int      # how many leading dims of each head the rotary embedding touches
     eps: float
     arch: str = "llama"
+    swa_window: int = 0      # gemma3: the window of its sliding-window layers
+    rope_base_swa: float = 10000.0
+    attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+
+    def window(self, l):
+        """gemma3: five sliding-window layers, then a global one."""
+        return self.swa_window if self.swa_window and (l + 1) % 6 else 0
 
 
 @dataclass
@@ -93,8 +105,10 @@ class Layer:
     bq: np.ndarray = None   # qwen2: [n_heads * head_dim]
     bk: np.ndarray = None   # qwen2: [n_kv_heads * head_dim]
     bv: np.ndarray = None
-    q_norm: np.ndarray = None  # qwen3: [head_dim]
+    q_norm: np.ndarray = None  # qwen3, gemma3: [head_dim]
     k_norm: np.ndarray = None
+    post_attn_norm: np.ndarray = None  # gemma3: [dim]
+    post_ffn_norm: np.ndarray = None
 
 
 @dataclass
@@ -120,8 +134,8 @@ def read_config(reader):
         return f.contents()
 
     arch = get("general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "phi3"):
-        raise ValueError(f"architecture {arch!r} is not supported (llama, qwen2, qwen3, phi3)")
+    if arch not in ("llama", "qwen2", "qwen3", "phi3", "gemma3"):
+        raise ValueError(f"architecture {arch!r} is not supported (llama, qwen2, qwen3, phi3, gemma3)")
     a = arch + "."
     dim = int(get(a + "embedding_length"))
     n_heads = int(get(a + "attention.head_count"))
@@ -144,6 +158,7 @@ def read_config(reader):
         n_rot=int(get(a + "rope.dimension_count", head_dim)),
         eps=float(get(a + "attention.layer_norm_rms_epsilon")),
         arch=arch,
+        swa_window=int(get(a + "attention.sliding_window", 0)) if arch == "gemma3" else 0,
     )
 
 
@@ -223,10 +238,14 @@ def load(path):
             for name, n in (("bq", q_dim), ("bk", kv_dim), ("bv", kv_dim)):
                 check(p + f"attn_{name[1]}.bias", (n,))
                 opt[name] = f64(p + f"attn_{name[1]}.bias")
-        if cfg.arch == "qwen3":
+        if cfg.arch in ("qwen3", "gemma3"):
             for name in ("q_norm", "k_norm"):
                 check(p + f"attn_{name}.weight", (cfg.head_dim,))
                 opt[name] = f64(p + f"attn_{name}.weight")
+        if cfg.arch == "gemma3":
+            for name, tn in (("post_attn_norm", "post_attention_norm"), ("post_ffn_norm", "post_ffw_norm")):
+                check(p + tn + ".weight", (cfg.dim,))
+                opt[name] = f64(p + tn + ".weight")
         layers.append(Layer(
             **opt,
             attn_norm=f64(p + "attn_norm.weight"),
@@ -251,7 +270,7 @@ def load(path):
         rope_freqs = f64("rope_freqs.weight")
     return Model(path=path, cfg=cfg, tok_embd=tok_embd, layers=layers,
                  out_norm=f64("output_norm.weight"), w_out=w_out, tied=tied,
-                 rope_mode="neox" if cfg.arch in ("qwen2", "qwen3", "phi3") else "norm",
+                 rope_mode="neox" if cfg.arch in ("qwen2", "qwen3", "phi3", "gemma3") else "norm",
                  rope_freqs=rope_freqs)
 
 
@@ -280,14 +299,18 @@ def log_softmax(x):
     return x - m - np.log(np.exp(x - m).sum(axis=-1, keepdims=True))
 
 
-def rope(x, positions, cfg, mode="norm", freqs=None):
+def gelu_tanh(x):
+    return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
+
+
+def rope(x, positions, cfg, mode="norm", freqs=None, base=None):
     """Rotary embedding of x: [T, n_h, head_dim] at the given positions.
 
     mode "norm": rotate adjacent pairs (x[2i], x[2i+1]) (llama.cpp's default, and
     what GGUF llama files are converted for).  mode "neox": rotate (x[i],
     x[i + n_rot/2]), the HF layout; only for the self-check."""
     half = cfg.n_rot // 2
-    inv_freq = cfg.rope_base ** (-2.0 * np.arange(half) / cfg.n_rot)      # [half]
+    inv_freq = (base or cfg.rope_base) ** (-2.0 * np.arange(half) / cfg.n_rot)  # [half]
     if freqs is not None:                                                 # Llama 3
         inv_freq = inv_freq / freqs
     angle = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq   # [T, half]
@@ -336,12 +359,18 @@ def forward_chunk(model, cache, tokens):
         raise ValueError("KV cache too small")
     positions = np.arange(p0, p0 + T)
     group = cfg.n_heads // cfg.n_kv_heads          # query heads per KV head
-    scale = 1.0 / math.sqrt(cfg.head_dim)
+    scale = cfg.attn_scale or 1.0 / math.sqrt(cfg.head_dim)
+    gemma = cfg.arch == "gemma3"
     # mask[t, s] is True where query t (at p0 + t) may not see key s
     mask = np.arange(p0 + T)[None, :] > positions[:, None]
 
     x = model.tok_embd[np.asarray(tokens)]         # [T, dim]
+    if gemma:
+        x = x * math.sqrt(cfg.dim)
     for l, L in enumerate(model.layers):
+        win = cfg.window(l)
+        base = cfg.rope_base_swa if win else None
+        lmask = mask | (positions[:, None] - np.arange(p0 + T)[None, :] >= win) if win else mask
         # attention
         h = rmsnorm(x, L.attn_norm, cfg.eps)
         q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
@@ -353,8 +382,8 @@ def forward_chunk(model, cache, tokens):
         if L.q_norm is not None:                   # qwen3: each head normed
             q = rmsnorm(q, L.q_norm, cfg.eps)
             k = rmsnorm(k, L.k_norm, cfg.eps)
-        q = rope(q, positions, cfg, model.rope_mode, model.rope_freqs)
-        k = rope(k, positions, cfg, model.rope_mode, model.rope_freqs)
+        q = rope(q, positions, cfg, model.rope_mode, model.rope_freqs, base)
+        k = rope(k, positions, cfg, model.rope_mode, model.rope_freqs, base)
         cache.k[l, p0:p0 + T] = cache.round(k)
         cache.v[l, p0:p0 + T] = cache.round(v)
         keys = cache.k[l, :p0 + T]                 # [S, n_kv_heads, head_dim]
@@ -363,12 +392,15 @@ def forward_chunk(model, cache, tokens):
         for hd in range(cfg.n_heads):
             kv = hd // group
             scores = (q[:, hd, :] @ keys[:, kv, :].T) * scale   # [T, S]
-            scores[mask] = -np.inf
+            scores[lmask] = -np.inf
             att_out[:, hd, :] = softmax(scores) @ vals[:, kv, :]
-        x = x + att_out.reshape(T, -1) @ L.wo.T
-        # feed-forward (SwiGLU)
+        a = att_out.reshape(T, -1) @ L.wo.T
+        x = x + (rmsnorm(a, L.post_attn_norm, cfg.eps) if gemma else a)
+        # feed-forward (SwiGLU; gemma3: GELU-gated, then normed)
         h = rmsnorm(x, L.ffn_norm, cfg.eps)
-        x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+        act = gelu_tanh if gemma else silu
+        f = (act(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+        x = x + (rmsnorm(f, L.post_ffn_norm, cfg.eps) if gemma else f)
     cache.n = p0 + T
     x = rmsnorm(x, model.out_norm, cfg.eps)
     return x @ model.w_out.T

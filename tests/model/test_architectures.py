@@ -16,6 +16,10 @@ small seeded model with that architecture's tensors and keys:
     dim 256 and 4 heads (attention.key_length: not dim / n_heads);
   * phi3: Q, K and V in one tensor, the gate and up projections in another,
     NeoX RoPE;
+  * gemma3: 7 layers, the sixth global and the others windows of 8 tokens
+    (so that 48 positions slide them; their RoPE base 10000, the global's
+    1e6), one KV head, the scaled embedding, per-head Q/K norms, the norms
+    after attention and FFN, GELU gating, tied embeddings;
   * llama: the plain layout, for comparison.
 
 dp-logits --teacher gives the logits at every position of a fixed token
@@ -47,6 +51,8 @@ ARCHS = {
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3": ["--arch", "phi3"],
+    "gemma3": ["--arch", "gemma3", "--layers", "7", "--kv-heads", "1", "--sliding-window", "8",
+               "--rope-base", "1000000"],
 }
 
 

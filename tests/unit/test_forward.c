@@ -224,9 +224,10 @@ static void check_errors(void)
 
 /* An architecture the forward pass does not describe is refused by name,
  * and each one it does describe loads its own tensors: a qwen2 file without
- * its Q/K/V biases, a qwen3 one without its per-head norms or a phi3 one
- * without its fused gate/up is refused naming the missing tensor (never run
- * as if it were llama). */
+ * its Q/K/V biases, a qwen3 one without its per-head norms, a phi3 one
+ * without its fused gate/up or a gemma3 one without a post-FFN norm is
+ * refused naming the missing tensor (never run as if it were llama); a
+ * gemma3 file without its window is refused naming the key. */
 static void check_arches(void)
 {
     char err[DP_ERRLEN];
@@ -236,12 +237,12 @@ static void check_arches(void)
     dp_gguf g;
     dp_hparams hp;
     CHECK(gguf_writer_init(&w) == 0);
-    gguf_writer_add_str(&w, "general.architecture", "gemma3");
+    gguf_writer_add_str(&w, "general.architecture", "gemma2");
     CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
     CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
     CHECK(hparams_load(&hp, &g, err, sizeof err) == DP_EUNSUPPORTED);
     printf("arches: %s\n", err);
-    CHECK(strstr(err, "'gemma3'") && strstr(err, "llama, qwen2, qwen3, phi3"));
+    CHECK(strstr(err, "'gemma2'") && strstr(err, "llama, qwen2, qwen3, phi3, gemma3"));
     gguf_close(&g);
     free(buf);
     gguf_writer_destroy(&w);
@@ -251,12 +252,14 @@ static void check_arches(void)
     static const struct {
         const char *arch, *drop;
     } cases[] = {{"qwen2", "blk.1.attn_k.bias"}, {"qwen3", "blk.0.attn_q_norm.weight"},
-                 {"phi3", "blk.0.ffn_up.weight"}, {"llama", "rope_freqs.weight"}};
+                 {"phi3", "blk.0.ffn_up.weight"}, {"gemma3", "blk.1.post_ffw_norm.weight"},
+                 {"llama", "rope_freqs.weight"}};
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         dp_synth_shape sh;
         CHECK(synth_shape_preset("tiny", &sh) == 0);
         sh.arch = cases[ci].arch;
         sh.rope_freqs = !strcmp(cases[ci].arch, "llama");
+        sh.sliding_window = !strcmp(cases[ci].arch, "gemma3") ? 4 : 0;
         CHECK(gguf_writer_init(&w) == 0);
         CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
         CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
@@ -265,6 +268,9 @@ static void check_arches(void)
         /* Whole, it loads. */
         CHECK_MSG(llama_init(&m, &g, be, 16, 4, err, sizeof err) == 0, "%s: %s", cases[ci].arch, err);
         CHECK(!strcmp(llama_hparams(m)->arch, cases[ci].arch));
+        /* gemma3: five window layers of each six, the sixth global. */
+        CHECK(hparams_layer_window(llama_hparams(m), 0) == (int32_t)sh.sliding_window);
+        CHECK(hparams_layer_window(llama_hparams(m), 5) == 0);
         llama_destroy(m);
         dp_gguf_tensor *t = (dp_gguf_tensor *)gguf_find_tensor(&g, cases[ci].drop);
         CHECK(t != NULL);
@@ -280,6 +286,26 @@ static void check_arches(void)
             CHECK(llama_init(&m, &g, be, 16, 4, err, sizeof err) == DP_EFORMAT);
             CHECK_MSG(strstr(err, "rope_freqs.weight") != NULL, "%s", err);
         }
+        printf("arches: %s\n", err);
+        gguf_close(&g);
+        free(buf);
+        gguf_writer_destroy(&w);
+    }
+    /* gemma3 without attention.sliding_window. */
+    {
+        dp_synth_shape sh;
+        CHECK(synth_shape_preset("tiny-gemma3", &sh) == 0);
+        CHECK(gguf_writer_init(&w) == 0);
+        CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
+        CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+        CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+        CHECK(hparams_load(&hp, &g, err, sizeof err) == 0 && hp.swa_window == 8);
+        dp_gguf_kv *kv = (dp_gguf_kv *)gguf_find_kv(&g, "gemma3.attention.sliding_window");
+        CHECK(kv != NULL);
+        kv->key.ptr = "gemma3.attention.renamed";
+        kv->key.len = strlen(kv->key.ptr);
+        CHECK(hparams_load(&hp, &g, err, sizeof err) == DP_EFORMAT);
+        CHECK_MSG(strstr(err, "gemma3.attention.sliding_window") != NULL, "%s", err);
         printf("arches: %s\n", err);
         gguf_close(&g);
         free(buf);

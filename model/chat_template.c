@@ -20,6 +20,49 @@ static const char chatml_src[] =
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
 
+/* Gemma's turn format, for its files that carry no template (the GGUF of
+ * Gemma 3 270M on PyPI has none): the template Gemma 3's instruction-tuned
+ * models are published with, text parts only. */
+static const char gemma_src[] =
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}"
+    "{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = \"\" -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}"
+    "{%- endif -%}"
+    "{%- if (message['role'] == 'assistant') -%}"
+    "{%- set role = \"model\" -%}"
+    "{%- else -%}"
+    "{%- set role = message['role'] -%}"
+    "{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}"
+    "{%- if message['content'] is string -%}"
+    "{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}"
+    "{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'text' -%}"
+    "{{ item['text'] | trim }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}"
+    "{{ raise_exception(\"Invalid content type\") }}"
+    "{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{{'<start_of_turn>model\n'}}"
+    "{%- endif -%}";
+
 typedef struct sbuf {
     char *p;
     size_t n, cap;
@@ -145,6 +188,15 @@ int chat_template_init_model(dp_chat_template *ct, const char *src, size_t len, 
         gguf_get_str(g, "tokenizer.chat_template", &s);
         src = s.ptr;
         len = s.len;
+    }
+    /* A file without a template whose vocabulary has Gemma's turn tokens
+     * is a Gemma: ChatML would be text it never saw. */
+    if ((!src || len == 0) && tokenizer_find(tok, "<start_of_turn>") >= 0 &&
+        tokenizer_find(tok, "<end_of_turn>") >= 0) {
+        dp_log(DP_LOG_INFO, "no chat template in the model or the configuration: using Gemma's "
+               "(the vocabulary has <start_of_turn>)");
+        src = gemma_src;
+        len = sizeof gemma_src - 1;
     }
     int rc = chat_template_init(ct, src, len, bos, eos, err, errsz);
     /* Only a BOS the tokenizer adds is taken out of the text: SmolLM2's BOS

@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import re
 import tempfile
 import time
 
@@ -70,6 +71,7 @@ SPECIAL = {
     "Qwen": ("", "<|im_end|>", False), "meta-llama": ("<|begin_of_text|>", "<|eot_id|>", True),
     "deepseek": ("<\uff5cbegin\u2581of\u2581sentence\uff5c>", "<\uff5cend\u2581of\u2581sentence\uff5c>", True),
     "google": ("<bos>", "<eos>", True), "microsoft": ("<s>", "<|endoftext|>", True),
+    "dualpath-gemma": ("<bos>", "<eos>", True),
     "HuggingFaceTB": ("", "<|im_end|>", False),
     # SmolLM2's BOS is <|im_start|>, which its renderings start with; it adds none
     "SmolLM2": ("<|im_start|>", "<|im_end|>", False),
@@ -144,6 +146,23 @@ def smollm2_template(tmp):
     return out
 
 
+def builtin_templates(tmp):
+    """The templates model/chat_template.c carries for files without one
+    (Gemma's), taken from its C string literals: what the daemon renders."""
+    src = open(os.path.join(ROOT, "model", "chat_template.c"), encoding="utf-8").read()
+    out = {}
+    for cname, name in (("gemma_src", "dualpath-gemma-builtin"),):
+        body = src[src.index("static const char %s[] =" % cname):]
+        body = body[body.index("=") + 1:body.index(";\n")]
+        lits = re.findall(r'"((?:[^"\\]|\\.)*)"', body)
+        text = "".join(bytes(x, "utf-8").decode("unicode_escape") for x in lits)
+        path = os.path.join(tmp, name + ".jinja")
+        with open(path, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        out[name] = path
+    return out
+
+
 def special(name):
     for k, v in SPECIAL.items():
         if name.startswith(k):
@@ -202,6 +221,9 @@ def main():
     if missing:
         sys.exit("test_templates: %s lacks %s" % (tdir, ", ".join(missing)))
     order = [n for n in REQUIRED]
+    for name, path in builtin_templates(tmp).items():
+        paths[name] = path
+        order.append(name)
     s2 = smollm2_template(tmp)
     if s2:
         paths["SmolLM2-135M-Instruct"] = s2

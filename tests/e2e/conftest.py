@@ -62,10 +62,12 @@ class UnixHTTPConnection(http.client.HTTPConnection):
 
 
 class Daemon:
-    """A dualpathd of its own; unix_path: listen there instead of TCP. The
-    health probe sends health_headers (an API key when /health needs one)."""
+    """A dualpathd of its own (model: another GGUF than the default); unix_path:
+    listen there instead of TCP. The health probe sends health_headers (an
+    API key when /health needs one)."""
 
-    def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None):
+    def __init__(self, extra=(), log_name="dualpathd", unix_path=None, health_headers=None,
+                 model=None):
         # TCP on port 0 (listening_url): test.sh runs two suites at once.
         self.unix_path = unix_path
         self.port = None
@@ -75,7 +77,7 @@ class Daemon:
         self.log = os.fdopen(fd, "w")
         listen = f"unix:{unix_path}" if unix_path else "127.0.0.1:0"
         self.proc = subprocess.Popen(
-            [BIN, "--config", "", "--model", MODEL, "--listen", listen, *extra],
+            [BIN, "--config", "", "--model", model or MODEL, "--listen", listen, *extra],
             stdout=self.log, stderr=subprocess.STDOUT)
         if not unix_path:
             self.url = listening_url(self.proc, self.log_path)

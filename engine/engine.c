@@ -432,6 +432,11 @@ int engine_init(dp_engine **out, dp_llama *model, const dp_tokenizer *tok,
     }
     if ((rc = eng_plan_memory(e, opts, err, errsz)))
         goto fail;
+    /* LongRoPE's factors follow the context served (llama.cpp's by n_ctx). */
+    llama_set_context(model, e->ctx_len);
+    if (hp->longrope)
+        dp_log(DP_LOG_INFO, "engine: LongRoPE: the %s factors (context %d, original %d)",
+               e->ctx_len > hp->n_ctx_orig ? "long" : "short", e->ctx_len, hp->n_ctx_orig);
     /* The model's logits rows beyond one per sequence score prompts. */
     e->score_rows = llama_max_out(model) - opts->max_seqs;
     dp_sched_opts so = {opts->max_batched_tokens, opts->max_seqs, e->score_rows};

@@ -218,7 +218,10 @@ typedef struct dp_rope_params {
     float freq_scale;    /* 1 / linear scaling factor; 1 when unscaled */
     bool neox;           /* rotate halves (NeoX) instead of adjacent pairs (LLaMA GGUF: false) */
     const float *freq_factors; /* [n_rot / 2] backend memory: pair d's angle is divided by
-                                  freq_factors[d] (Llama 3's rope_freqs); NULL: none */
+                                  freq_factors[d] (Llama 3's rope_freqs, LongRoPE's short or
+                                  long factors); NULL: none */
+    float mscale;        /* cos and sin are multiplied by it (LongRoPE's attention factor,
+                            llama.cpp's attn_factor); 1 without */
 } dp_rope_params;
 
 /* step_begin's answers, and step_end's request to issue a step again. */

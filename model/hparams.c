@@ -68,6 +68,47 @@ static int sliding_window_load(dp_hparams *hp, const dp_gguf *g, char *err, size
     return 0;
 }
 
+/* LongRoPE (Phi-3 and Phi-4-mini's 128k models): two sets of per-pair
+ * factors, the long ones where the served context passes the original
+ * one (llama_set_context), and an attention factor by which RoPE scales
+ * cos and sin, as llama.cpp reads them. Without the tensors: none. */
+static int longrope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
+{
+    const dp_gguf_tensor *lf = gguf_find_tensor(g, "rope_factors_long.weight");
+    const dp_gguf_tensor *sf = gguf_find_tensor(g, "rope_factors_short.weight");
+    hp->n_ctx_orig = hp->n_ctx_train;
+    hp->rope_mscale = 1.0f;
+    if (!lf && !sf)
+        return 0;
+    const dp_gguf_tensor *ts[2] = {lf, sf};
+    for (int i = 0; i < 2; i++)
+        if (!ts[i] || ts[i]->type != DP_TYPE_F32 || ts[i]->n_dims != 1 ||
+            ts[i]->ne[0] != (uint64_t)hp->n_rot / 2)
+            return dp_err(err, errsz, DP_EFORMAT, "model: LongRoPE needs rope_factors_long.weight "
+                          "and rope_factors_short.weight, %d F32 factors each", hp->n_rot / 2);
+    if (gguf_find_tensor(g, "rope_freqs.weight"))
+        return dp_err(err, errsz, DP_EFORMAT, "model: rope_freqs.weight and LongRoPE factors "
+                      "together");
+    char key[128];
+    uint32_t orig;
+    snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", hp->arch);
+    if (gguf_get_u32(g, key, &orig) == 0) {
+        if (orig < 1 || orig > (uint32_t)hp->n_ctx_train)
+            return dp_err(err, errsz, DP_EFORMAT, "model: %s = %u is out of range [1, %d]", key,
+                          orig, hp->n_ctx_train);
+        hp->n_ctx_orig = (int32_t)orig;
+    }
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", hp->arch);
+    float af;
+    if (gguf_get_f32(g, key, &af) == 0) {
+        if (!(af > 0.0f && af < 16.0f))
+            return dp_err(err, errsz, DP_EFORMAT, "model: %s = %g is out of range", key, af);
+        hp->rope_mscale = af;
+    }
+    hp->longrope = true;
+    return 0;
+}
+
 #define RANGE(v, lo, hi, name)                                                             \
     do {                                                                                   \
         if ((int64_t)(v) < (lo) || (int64_t)(v) > (hi))                                    \
@@ -178,12 +219,8 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
                       "model: rope_freqs.weight must be %d F32 factors (one per rotated pair)",
                       hp->n_rot / 2);
     hp->rope_freqs = rf != NULL;
-    /* LongRoPE (Phi-3's 128k models): per-pair factors chosen by context
-     * length, with an attention scale; not implemented. */
-    if (gguf_find_tensor(g, "rope_factors_long.weight") ||
-        gguf_find_tensor(g, "rope_factors_short.weight"))
-        return dp_err(err, errsz, DP_EUNSUPPORTED,
-                      "model: LongRoPE factors (rope_factors_long/short.weight) are not supported");
+    if ((rc = longrope_load(hp, g, err, errsz)))
+        return rc;
     if ((rc = sliding_window_load(hp, g, err, errsz)))
         return rc;
     hp->attn_scale = 1.0f / sqrtf((float)hp->head_dim);

@@ -28,7 +28,9 @@ struct dp_llama {
     bool capture;           /* false: no query capture buffer (llama_init_ex) */
     dp_weight tok_embd, out_norm, output;
     layer_w *layers;
-    float *rope_ff;         /* hp.rope_freqs: the factors, in backend memory */
+    float *rope_ff;         /* the RoPE factors in use (backend memory): rope_freqs', or
+                               LongRoPE's short or long ones (llama_set_context) */
+    float *rope_long, *rope_short; /* hp.longrope: both sets */
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
     /* A decode step padded for the backend (backend.h step_pad): host
@@ -130,8 +132,12 @@ void llama_destroy(dp_llama *m)
     }
     free(m->pad_i32);
     free(m->pad_store);
-    if (m->rope_ff)
+    if (m->rope_ff && m->rope_ff != m->rope_long && m->rope_ff != m->rope_short)
         be->ops->free(be, m->rope_ff);
+    if (m->rope_long)
+        be->ops->free(be, m->rope_long);
+    if (m->rope_short)
+        be->ops->free(be, m->rope_short);
     float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture_q};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -167,16 +173,38 @@ size_t llama_activation_bytes(const dp_hparams *hp, int32_t max_tokens, int32_t 
     return sum;
 }
 
-/* Llama 3's RoPE factors (hparams checked them: n_rot / 2 F32 values), in
+/* A set of RoPE factors (hparams checked it: n_rot / 2 F32 values), in
  * backend memory for the rope op. */
+static int load_factors(dp_llama *m, const dp_gguf *g, const char *name, float **out, char *err,
+                        size_t errsz)
+{
+    const dp_gguf_tensor *t = gguf_find_tensor(g, name);
+    const size_t bytes = (size_t)(m->hp.n_rot / 2) * sizeof(float);
+    if (!(*out = m->be->ops->alloc(m->be, bytes)))
+        return dp_err(err, errsz, DP_ENOMEM, "out of memory for the RoPE factors");
+    int rc = m->be->ops->upload(m->be, *out, t->data, bytes);
+    return rc ? dp_err(err, errsz, rc, "model: uploading %s failed", name) : 0;
+}
+
+/* Llama 3's factors, or LongRoPE's two sets (the short ones in use until
+ * llama_set_context says the context passes the original one). */
 static int load_rope_factors(dp_llama *m, const dp_gguf *g, char *err, size_t errsz)
 {
-    const dp_gguf_tensor *t = gguf_find_tensor(g, "rope_freqs.weight");
-    const size_t bytes = (size_t)(m->hp.n_rot / 2) * sizeof(float);
-    if (!(m->rope_ff = m->be->ops->alloc(m->be, bytes)))
-        return dp_err(err, errsz, DP_ENOMEM, "out of memory for the RoPE factors");
-    int rc = m->be->ops->upload(m->be, m->rope_ff, t->data, bytes);
-    return rc ? dp_err(err, errsz, rc, "model: uploading rope_freqs.weight failed") : 0;
+    if (m->hp.rope_freqs)
+        return load_factors(m, g, "rope_freqs.weight", &m->rope_ff, err, errsz);
+    if (!m->hp.longrope)
+        return 0;
+    int rc = load_factors(m, g, "rope_factors_long.weight", &m->rope_long, err, errsz);
+    if (!rc)
+        rc = load_factors(m, g, "rope_factors_short.weight", &m->rope_short, err, errsz);
+    m->rope_ff = m->rope_short;
+    return rc;
+}
+
+void llama_set_context(dp_llama *m, int32_t n_ctx)
+{
+    if (m->hp.longrope)
+        m->rope_ff = n_ctx > m->hp.n_ctx_orig ? m->rope_long : m->rope_short;
 }
 
 int llama_init(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_tokens,
@@ -270,7 +298,7 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
 #undef LW
 #undef LB
     }
-    if (hp->rope_freqs && (rc = load_rope_factors(m, g, err, errsz)))
+    if ((rc = load_rope_factors(m, g, err, errsz)))
         goto fail;
     size_t n[ACT_N];
     act_floats(hp, max_tokens, max_out, m->capture, n);
@@ -394,8 +422,8 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
     /* [0]: global layers; [1]: sliding-window layers (their own base, no
      * scaling: Gemma 3's local layers). */
     const dp_rope_params rp[2] = {
-        {hp->n_rot, hp->rope_base, hp->rope_freq_scale, a->rope_neox, m->rope_ff},
-        {hp->n_rot, a->rope_base_swa, 1.0f, a->rope_neox, NULL}};
+        {hp->n_rot, hp->rope_base, hp->rope_freq_scale, a->rope_neox, m->rope_ff, hp->rope_mscale},
+        {hp->n_rot, a->rope_base_swa, 1.0f, a->rope_neox, NULL, 1.0f}};
     const int64_t kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
 

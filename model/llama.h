@@ -25,6 +25,10 @@ typedef struct dp_hparams {
     float rope_base;
     float rope_freq_scale; /* 1 / linear scaling factor */
     bool rope_freqs;        /* rope_freqs.weight: per-frequency factors (Llama 3) */
+    bool longrope;          /* rope_factors_short/long.weight (Phi-3's 128k models): the
+                               long ones where the served context passes n_ctx_orig */
+    int32_t n_ctx_orig;     /* rope.scaling.original_context_length (n_ctx_train without) */
+    float rope_mscale;      /* rope.scaling.attn_factor: cos and sin times it (1 without) */
     float rms_eps;
     bool tied_output;       /* no output.weight: the embedding table projects */
     int32_t swa_window;     /* > 0: the sliding-window layers' window (tokens); 0: none */
@@ -62,6 +66,10 @@ size_t llama_activation_bytes(const dp_hparams *hp, int32_t max_tokens, int32_t 
 void llama_destroy(dp_llama *m);
 
 const dp_hparams *llama_hparams(const dp_llama *m);
+/* The context the model serves a sequence at most: with LongRoPE, past
+ * rope.scaling.original_context_length the long factors rotate, else the
+ * short ones (llama.cpp's choice, by its n_ctx). Until called: short. */
+void llama_set_context(dp_llama *m, int32_t n_ctx);
 dp_backend *llama_backend(const dp_llama *m);
 int32_t llama_max_tokens(const dp_llama *m);
 int32_t llama_max_out(const dp_llama *m);

@@ -21,6 +21,9 @@ ARCHS = {
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3 (head 96)": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3 (fused QKV, gate/up)": ["--arch", "phi3"],
+    "phi3 LongRoPE, long factors (original context 16)": ["--arch", "phi3", "--longrope", "16"],
+    "phi3 LongRoPE, short factors (original context 1000)": ["--arch", "phi3", "--ctx", "2048",
+                                                             "--longrope", "1000"],
     "gemma3 (7 layers, windows of 8)": ["--arch", "gemma3", "--layers", "7", "--kv-heads", "1",
                                         "--sliding-window", "8", "--rope-base", "1000000"],
 }

@@ -191,6 +191,10 @@ int main(int argc, char **argv)
     }
     dp_backend *be = mf.be;
     dp_llama *m = mf.m;
+    /* The context of this run as tools/llama_logits.cpp sizes llama.cpp's
+     * (n + steps + 16, which llama.cpp pads to a multiple of 256):
+     * LongRoPE's factors depend on it. */
+    llama_set_context(m, (n + steps + 16 + 255) / 256 * 256);
     if (be->ops->set_exact)
         be->ops->set_exact(be, exact);
     if (be->ops->kernel_level)

@@ -794,6 +794,14 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     }
     if (sh->sliding_window)
         gguf_writer_add_u32(w, KEY("attention.sliding_window"), sh->sliding_window);
+    if (sh->longrope_orig) {
+        const double r = (double)sh->ctx / sh->longrope_orig;
+        gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), sh->longrope_orig);
+        gguf_writer_add_f32(w, KEY("rope.scaling.attn_factor"),
+                            r > 1.0 && sh->longrope_orig > 1
+                                ? (float)sqrt(1.0 + log(r) / log((double)sh->longrope_orig))
+                                : 1.0f);
+    }
 #undef KEY
     if (w->err)
         return dp_err(err, errsz, w->err, "synth: writing metadata: %s", dp_strerror(w->err));
@@ -854,6 +862,10 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     add_rand(w, seed, "output_norm.weight", DP_TYPE_F32, sh->dim, 0, 1.0f, 0.1f);
     if (sh->rope_freqs) /* uniform in [1, 8], as Llama 3's range */
         add_rand(w, seed, "rope_freqs.weight", DP_TYPE_F32, hd / 2, 0, 4.5f, 3.5f);
+    if (sh->longrope_orig) { /* Phi-3.5's ranges: long up to ~60, short near 1 */
+        add_rand(w, seed, "rope_factors_long.weight", DP_TYPE_F32, hd / 2, 0, 30.5f, 29.5f);
+        add_rand(w, seed, "rope_factors_short.weight", DP_TYPE_F32, hd / 2, 0, 1.5f, 0.5f);
+    }
     if (!sh->tied)
         add_rand(w, seed, "output.weight", wt, sh->dim, sh->vocab, 0.0f, 3.0f * a_dim);
     if (w->err)

@@ -394,8 +394,8 @@ static void rope_row(void *p, int64_t i)
         double th = pos * pow((double)rp->freq_base, -2.0 * d / rp->n_rot);
         if (rp->freq_factors)
             th /= (double)rp->freq_factors[d];
-        cs[d] = (float)cos(th);
-        sn[d] = (float)sin(th);
+        cs[d] = (float)(cos(th) * (double)rp->mscale);
+        sn[d] = (float)(sin(th) * (double)rp->mscale);
     }
     for (int32_t h = 0; h < r->n_heads; h++)
         rope_vec(r->q + ((size_t)i * r->n_heads + h) * r->head_dim, rp->n_rot, cs, sn, rp->neox);

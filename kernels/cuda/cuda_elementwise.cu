@@ -152,7 +152,7 @@ void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w
 __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t n,
                                  int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                  int32_t n_rot, float freq_base, float freq_scale, bool neox,
-                                 const float *freq_factors)
+                                 const float *freq_factors, float mscale)
 {
     const int32_t half = n_rot / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -165,7 +165,7 @@ __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t
         th /= (double)freq_factors[d];
     double sd, cd;
     sincos(th, &sd, &cd);
-    const float cs = (float)cd, sn = (float)sd;
+    const float cs = (float)(cd * (double)mscale), sn = (float)(sd * (double)mscale);
     const int32_t a = neox ? d : 2 * d, b = neox ? d + half : 2 * d + 1;
     float *qr = q + (size_t)i * (size_t)n_heads * (size_t)head_dim;
     for (int32_t h = 0; h < n_heads; h++) {
@@ -195,7 +195,7 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
     CUDA_LAUNCH(cuda_rope_kernel, blocks, EW_THREADS, 0, c->stream, q, k, c->bd.pos, n, n_heads,
                 n_kv_heads, head_dim, rp->n_rot, rp->freq_base, rp->freq_scale, rp->neox,
-                rp->freq_factors);
+                rp->freq_factors, rp->mscale);
     cuda_check_launch(c, "rope");
 }
 

@@ -372,8 +372,9 @@ static void check_rope(dp_backend *be[2])
             hbatch_set(be[b], &hb);
             float *dq = dev_from(be[b], q, nq), *dk = dev_from(be[b], k, nk);
             float *dff = cases[ci].factors ? dev_from(be[b], ff, (size_t)half) : NULL;
+            /* (With factors, LongRoPE's attention factor too.) */
             dp_rope_params rp = {cases[ci].n_rot, cases[ci].base, cases[ci].scale, cases[ci].neox,
-                                 dff};
+                                 dff, cases[ci].factors ? 1.19f : 1.0f};
             be[b]->ops->rope(be[b], dq, dk, n, cases[ci].n_heads, cases[ci].n_kv, hd, &rp);
             if (dff)
                 be[b]->ops->free(be[b], dff);

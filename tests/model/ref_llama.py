@@ -31,7 +31,11 @@ Architectures (general.architecture; their keys carry its name as prefix):
   * qwen3: Q and K are RMS-normed per head (attn_{q,k}_norm, before rope);
     NeoX rope; heads may be larger than dim / n_heads (attention.key_length).
   * phi3: attn_qkv.weight holds Q, K and V (rows in that order), ffn_up.weight
-    the gate then the up projection; NeoX rope.
+    the gate then the up projection; NeoX rope. With LongRoPE
+    (rope_factors_long/short.weight), pair i's angle is divided by the long
+    factor where the context (the cache's capacity) passes
+    rope.scaling.original_context_length, else by the short one, and cos
+    and sin are multiplied by rope.scaling.attn_factor.
   * gemma3: the embedding times sqrt(dim); Q/K normed per head as qwen3;
     RMSNorm of the attention's and of the FFN's output (post_attention_norm,
     post_ffw_norm) before each residual add; GELU (tanh) gating; NeoX rope.
@@ -85,6 +89,8 @@ class Config:
     swa_window: int = 0      # gemma3: the window of its sliding-window layers
     rope_base_swa: float = 10000.0
     attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
+    n_ctx_orig: int = 0      # LongRoPE: rope.scaling.original_context_length
+    rope_mscale: float = 1.0  # LongRoPE: rope.scaling.attn_factor (cos and sin times it)
 
     def window(self, l):
         """gemma3: five sliding-window layers, then a global one."""
@@ -122,6 +128,8 @@ class Model:
     tied: bool
     rope_mode: str = "norm"  # "norm" (llama) or "neox" (qwen2, qwen3; selfcheck for llama)
     rope_freqs: np.ndarray = None  # Llama 3's per-pair factors, [n_rot / 2]
+    rope_long: np.ndarray = None   # LongRoPE's factors past n_ctx_orig, [n_rot / 2]
+    rope_short: np.ndarray = None  # ... and within it
 
 
 def read_config(reader):
@@ -159,6 +167,8 @@ def read_config(reader):
         eps=float(get(a + "attention.layer_norm_rms_epsilon")),
         arch=arch,
         swa_window=int(get(a + "attention.sliding_window", 0)) if arch == "gemma3" else 0,
+        n_ctx_orig=int(get(a + "rope.scaling.original_context_length", 0)),
+        rope_mscale=float(get(a + "rope.scaling.attn_factor", 1.0)),
     )
 
 
@@ -268,10 +278,15 @@ def load(path):
     if "rope_freqs.weight" in t:
         check("rope_freqs.weight", (cfg.n_rot // 2,))
         rope_freqs = f64("rope_freqs.weight")
+    longrope = {}
+    if "rope_factors_long.weight" in t:
+        for name in ("long", "short"):
+            check(f"rope_factors_{name}.weight", (cfg.n_rot // 2,))
+            longrope["rope_" + name] = f64(f"rope_factors_{name}.weight")
     return Model(path=path, cfg=cfg, tok_embd=tok_embd, layers=layers,
                  out_norm=f64("output_norm.weight"), w_out=w_out, tied=tied,
                  rope_mode="neox" if cfg.arch in ("qwen2", "qwen3", "phi3", "gemma3") else "norm",
-                 rope_freqs=rope_freqs)
+                 rope_freqs=rope_freqs, **longrope)
 
 
 # --------------------------------------------------------------------------
@@ -303,7 +318,7 @@ def gelu_tanh(x):
     return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x ** 3)))
 
 
-def rope(x, positions, cfg, mode="norm", freqs=None, base=None):
+def rope(x, positions, cfg, mode="norm", freqs=None, base=None, mscale=1.0):
     """Rotary embedding of x: [T, n_h, head_dim] at the given positions.
 
     mode "norm": rotate adjacent pairs (x[2i], x[2i+1]) (llama.cpp's default, and
@@ -314,8 +329,8 @@ def rope(x, positions, cfg, mode="norm", freqs=None, base=None):
     if freqs is not None:                                                 # Llama 3
         inv_freq = inv_freq / freqs
     angle = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq   # [T, half]
-    cos = np.cos(angle)[:, None, :]                                       # [T, 1, half]
-    sin = np.sin(angle)[:, None, :]
+    cos = np.cos(angle)[:, None, :] * mscale                              # [T, 1, half]
+    sin = np.sin(angle)[:, None, :] * mscale
     out = x.copy()
     if mode == "norm":
         a, b = x[..., 0:cfg.n_rot:2], x[..., 1:cfg.n_rot:2]
@@ -367,6 +382,10 @@ def forward_chunk(model, cache, tokens):
     x = model.tok_embd[np.asarray(tokens)]         # [T, dim]
     if gemma:
         x = x * math.sqrt(cfg.dim)
+    freqs, mscale = model.rope_freqs, 1.0
+    if model.rope_long is not None:                # LongRoPE: by the context (the cache's size)
+        freqs = model.rope_long if cache.k.shape[1] > cfg.n_ctx_orig else model.rope_short
+        mscale = cfg.rope_mscale
     for l, L in enumerate(model.layers):
         win = cfg.window(l)
         base = cfg.rope_base_swa if win else None
@@ -382,8 +401,10 @@ def forward_chunk(model, cache, tokens):
         if L.q_norm is not None:                   # qwen3: each head normed
             q = rmsnorm(q, L.q_norm, cfg.eps)
             k = rmsnorm(k, L.k_norm, cfg.eps)
-        q = rope(q, positions, cfg, model.rope_mode, model.rope_freqs, base)
-        k = rope(k, positions, cfg, model.rope_mode, model.rope_freqs, base)
+        q = rope(q, positions, cfg, model.rope_mode, None if win else freqs, base,
+                 1.0 if win else mscale)
+        k = rope(k, positions, cfg, model.rope_mode, None if win else freqs, base,
+                 1.0 if win else mscale)
         cache.k[l, p0:p0 + T] = cache.round(k)
         cache.v[l, p0:p0 + T] = cache.round(v)
         keys = cache.k[l, :p0 + T]                 # [S, n_kv_heads, head_dim]

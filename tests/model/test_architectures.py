@@ -15,7 +15,9 @@ small seeded model with that architecture's tensors and keys:
   * qwen3: per-head Q and K RMSNorms, NeoX RoPE, and heads of 96 with
     dim 256 and 4 heads (attention.key_length: not dim / n_heads);
   * phi3: Q, K and V in one tensor, the gate and up projections in another,
-    NeoX RoPE;
+    NeoX RoPE; phi3-longrope with LongRoPE's factors and attention factor,
+    an original context of 16 tokens (so that the long factors rotate), and
+    phi3-shortrope with one of 1000 (the short factors);
   * gemma3: 7 layers, the sixth global and the others windows of 8 tokens
     (so that 48 positions slide them; their RoPE base 10000, the global's
     1e6), one KV head, the scaled embedding, per-head Q/K norms, the norms
@@ -51,6 +53,8 @@ ARCHS = {
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3": ["--arch", "phi3"],
+    "phi3-longrope": ["--arch", "phi3", "--longrope", "16"],
+    "phi3-shortrope": ["--arch", "phi3", "--ctx", "2048", "--longrope", "1000"],
     "gemma3": ["--arch", "gemma3", "--layers", "7", "--kv-heads", "1", "--sliding-window", "8",
                "--rope-base", "1000000"],
 }
@@ -71,7 +75,7 @@ def main(argv=None):
             return 2
     rng = np.random.default_rng(20261207)
     tokens = [int(t) for t in rng.integers(3, 512, size=a.positions)]
-    print(f"{'arch':<7} {'matmul':<6} {'positions':>9} {'mean rel L2':>12} {'max rel L2':>11} "
+    print(f"{'arch':<13} {'matmul':<6} {'positions':>9} {'mean rel L2':>12} {'max rel L2':>11} "
           f"{'top-1':>8}")
     failures = []
     names = a.archs.split(",")

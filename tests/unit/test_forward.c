@@ -291,6 +291,28 @@ static void check_arches(void)
         free(buf);
         gguf_writer_destroy(&w);
     }
+    /* LongRoPE: both sets load; without the short one, refused naming it. */
+    {
+        dp_synth_shape sh;
+        CHECK(synth_shape_preset("tiny-phi3", &sh) == 0);
+        sh.longrope_orig = 16;
+        CHECK(gguf_writer_init(&w) == 0);
+        CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
+        CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+        CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+        CHECK(hparams_load(&hp, &g, err, sizeof err) == 0 && hp.longrope && hp.n_ctx_orig == 16);
+        CHECK(hp.rope_mscale > 1.0f && hp.rope_mscale < 2.0f);
+        dp_gguf_tensor *t = (dp_gguf_tensor *)gguf_find_tensor(&g, "rope_factors_short.weight");
+        CHECK(t != NULL);
+        t->name.ptr = "renamed.weight";
+        t->name.len = strlen(t->name.ptr);
+        CHECK(hparams_load(&hp, &g, err, sizeof err) == DP_EFORMAT);
+        CHECK_MSG(strstr(err, "rope_factors_short.weight") != NULL, "%s", err);
+        printf("arches: %s\n", err);
+        gguf_close(&g);
+        free(buf);
+        gguf_writer_destroy(&w);
+    }
     /* gemma3 without attention.sliding_window. */
     {
         dp_synth_shape sh;

@@ -33,6 +33,7 @@ struct dp_llama {
     float *rope_long, *rope_short; /* hp.longrope: both sets */
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
+    uint8_t *used;          /* during llama_init: which of the file's tensors it loaded */
     /* A decode step padded for the backend (backend.h step_pad): host
      * arrays, grown on demand. */
     int32_t *pad_i32;
@@ -72,6 +73,8 @@ static int load_w_rows(dp_llama *m, const dp_gguf *g, const char *name, int64_t 
     const dp_gguf_tensor *t = gguf_find_tensor(g, name);
     if (!t)
         return dp_err(err, errsz, DP_EFORMAT, "model: missing tensor '%s'", name);
+    if (m->used)
+        m->used[t - g->tensors] = 1;
     bool vec = total == 1;
     uint64_t ne1 = t->n_dims >= 2 ? t->ne[1] : 1;
     if (t->ne[0] != (uint64_t)cols || ne1 != (uint64_t)total || t->n_dims > (vec ? 1u : 2u))
@@ -132,6 +135,7 @@ void llama_destroy(dp_llama *m)
     }
     free(m->pad_i32);
     free(m->pad_store);
+    free(m->used);
     if (m->rope_ff && m->rope_ff != m->rope_long && m->rope_ff != m->rope_short)
         be->ops->free(be, m->rope_ff);
     if (m->rope_long)
@@ -180,10 +184,36 @@ static int load_factors(dp_llama *m, const dp_gguf *g, const char *name, float *
 {
     const dp_gguf_tensor *t = gguf_find_tensor(g, name);
     const size_t bytes = (size_t)(m->hp.n_rot / 2) * sizeof(float);
+    if (m->used)
+        m->used[t - g->tensors] = 1;
     if (!(*out = m->be->ops->alloc(m->be, bytes)))
         return dp_err(err, errsz, DP_ENOMEM, "out of memory for the RoPE factors");
     int rc = m->be->ops->upload(m->be, *out, t->data, bytes);
     return rc ? dp_err(err, errsz, rc, "model: uploading %s failed", name) : 0;
+}
+
+/* Every tensor of the file is one the architecture's description loaded:
+ * a tensor it does not know (a bias, a norm, a layer of another design)
+ * would be a model run without part of itself. llama.cpp refuses such a
+ * file too ("wrong number of tensors"). */
+static int check_all_used(dp_llama *m, const dp_gguf *g, char *err, size_t errsz)
+{
+    uint64_t n = 0, first = 0;
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (!m->used[i] && n++ == 0)
+            first = i;
+    free(m->used);
+    m->used = NULL;
+    if (!n)
+        return 0;
+    const dp_gguf_str nm = g->tensors[first].name;
+    char more[48] = "";
+    if (n > 1)
+        snprintf(more, sizeof more, " (and %llu more)", (unsigned long long)(n - 1));
+    return dp_err(err, errsz, DP_EUNSUPPORTED,
+                  "model: tensor '%.*s'%s is not part of architecture '%s' as implemented here: "
+                  "refusing the file rather than running without it",
+                  (int)(nm.len > 96 ? 96 : nm.len), nm.ptr, more, m->hp.arch);
 }
 
 /* Llama 3's factors, or LongRoPE's two sets (the short ones in use until
@@ -232,7 +262,8 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
     const dp_hparams *hp = &m->hp;
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    if (!m->layers) {
+    m->used = calloc(g->n_tensors ? (size_t)g->n_tensors : 1, 1);
+    if (!m->layers || !m->used) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
@@ -298,7 +329,7 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
 #undef LW
 #undef LB
     }
-    if ((rc = load_rope_factors(m, g, err, errsz)))
+    if ((rc = load_rope_factors(m, g, err, errsz)) || (rc = check_all_used(m, g, err, errsz)))
         goto fail;
     size_t n[ACT_N];
     act_floats(hp, max_tokens, max_out, m->capture, n);

@@ -291,6 +291,25 @@ static void check_arches(void)
         free(buf);
         gguf_writer_destroy(&w);
     }
+    /* A tensor the architecture does not use (a llama file with an output
+     * bias) is refused by name, as llama.cpp refuses it. */
+    {
+        dp_synth_shape sh;
+        CHECK(synth_shape_preset("tiny", &sh) == 0);
+        CHECK(gguf_writer_init(&w) == 0);
+        CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
+        const uint64_t ne[1] = {sh.dim};
+        CHECK(gguf_writer_add_tensor(&w, "blk.1.attn_output.bias", DP_TYPE_F32, 1, ne, NULL) == 0);
+        CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+        CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+        dp_llama *m;
+        CHECK(llama_init(&m, &g, be, 16, 4, err, sizeof err) == DP_EUNSUPPORTED);
+        CHECK_MSG(strstr(err, "blk.1.attn_output.bias") != NULL, "%s", err);
+        printf("arches: %s\n", err);
+        gguf_close(&g);
+        free(buf);
+        gguf_writer_destroy(&w);
+    }
     /* LongRoPE: both sets load; without the short one, refused naming it. */
     {
         dp_synth_shape sh;

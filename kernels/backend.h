@@ -221,7 +221,12 @@ typedef struct dp_rope_params {
                                   freq_factors[d] (Llama 3's rope_freqs, LongRoPE's short or
                                   long factors); NULL: none */
     float mscale;        /* cos and sin are multiplied by it (LongRoPE's attention factor,
-                            llama.cpp's attn_factor); 1 without */
+                            YaRN's magnitude scale: llama.cpp's attn_factor); 1 without */
+    /* YaRN (ext_factor 0: none): pair d's angle is theta_i (1 - m) + theta_e m, theta_e
+     * the unscaled angle, theta_i = freq_scale theta_e, m = ext_factor times a ramp
+     * from 1 at pair corr_lo to 0 at corr_hi, 1 - clamp((d - lo) / max(hi - lo,
+     * 0.001), 0, 1). */
+    float ext_factor, corr_lo, corr_hi;
 } dp_rope_params;
 
 /* step_begin's answers, and step_end's request to issue a step again. */

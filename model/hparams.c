@@ -70,14 +70,11 @@ static int sliding_window_load(dp_hparams *hp, const dp_gguf *g, char *err, size
 
 /* LongRoPE (Phi-3 and Phi-4-mini's 128k models): two sets of per-pair
  * factors, the long ones where the served context passes the original
- * one (llama_set_context), and an attention factor by which RoPE scales
- * cos and sin, as llama.cpp reads them. Without the tensors: none. */
+ * one (llama_set_context), with the attention factor rope_load reads. */
 static int longrope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
 {
     const dp_gguf_tensor *lf = gguf_find_tensor(g, "rope_factors_long.weight");
     const dp_gguf_tensor *sf = gguf_find_tensor(g, "rope_factors_short.weight");
-    hp->n_ctx_orig = hp->n_ctx_train;
-    hp->rope_mscale = 1.0f;
     if (!lf && !sf)
         return 0;
     const dp_gguf_tensor *ts[2] = {lf, sf};
@@ -86,10 +83,44 @@ static int longrope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t err
             ts[i]->ne[0] != (uint64_t)hp->n_rot / 2)
             return dp_err(err, errsz, DP_EFORMAT, "model: LongRoPE needs rope_factors_long.weight "
                           "and rope_factors_short.weight, %d F32 factors each", hp->n_rot / 2);
-    if (gguf_find_tensor(g, "rope_freqs.weight"))
+    if (hp->rope_freqs)
         return dp_err(err, errsz, DP_EFORMAT, "model: rope_freqs.weight and LongRoPE factors "
                       "together");
+    hp->longrope = true;
+    return 0;
+}
+
+/* YaRN (rope.scaling.type = yarn; Qwen 2.5 and Qwen 3's long-context
+ * settings), as llama.cpp runs it for these architectures: each pair's
+ * angle mixes the interpolated one (times 1 / factor) and the original by a
+ * ramp over the pairs between the correction dims of beta 32 and 1 at the
+ * original context, and cos and sin are scaled by 1 + 0.1 ln(factor). The
+ * dims are computed in float as llama.cpp computes them (a pair on the
+ * boundary goes the same way). */
+static void yarn_set(dp_hparams *hp, float factor)
+{
+    const float pi = 3.14159265358979323846f, n = (float)hp->n_rot;
+    const float lo = floorf(n * logf((float)hp->n_ctx_orig / (32.0f * 2.0f * pi)) /
+                            (2.0f * logf(hp->rope_base)));
+    const float hi = ceilf(n * logf((float)hp->n_ctx_orig / (1.0f * 2.0f * pi)) /
+                           (2.0f * logf(hp->rope_base)));
+    hp->yarn_ext = 1.0f;
+    hp->yarn_lo = lo > 0.0f ? lo : 0.0f;
+    hp->yarn_hi = hi < n - 1.0f ? hi : n - 1.0f;
+    hp->rope_mscale *= 1.0f + 0.1f * logf(factor);
+}
+
+/* RoPE's scaling: linear (a position scale), YaRN, Llama 3's per-pair
+ * factors (rope_freqs.weight: a pair's angle is divided by its factor),
+ * LongRoPE's; the attention factor (rope.scaling.attn_factor) by which
+ * cos and sin are scaled. Other kinds are refused rather than run subtly
+ * wrong. */
+static int rope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
+{
     char key[128];
+    hp->rope_freq_scale = 1.0f;
+    hp->rope_mscale = 1.0f;
+    hp->n_ctx_orig = hp->n_ctx_train;
     uint32_t orig;
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", hp->arch);
     if (gguf_get_u32(g, key, &orig) == 0) {
@@ -105,8 +136,34 @@ static int longrope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t err
             return dp_err(err, errsz, DP_EFORMAT, "model: %s = %g is out of range", key, af);
         hp->rope_mscale = af;
     }
-    hp->longrope = true;
-    return 0;
+    dp_gguf_str stype;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
+    const bool has_type = gguf_get_str(g, key, &stype) == 0;
+    const bool yarn = has_type && gguf_str_eq(stype, "yarn");
+    float factor = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", hp->arch);
+    if (gguf_get_f32(g, key, &factor) != 0) {
+        snprintf(key, sizeof key, "%s.rope.scale_linear", hp->arch);
+        if (gguf_get_f32(g, key, &factor) != 0)
+            factor = 0.0f;
+    }
+    if (has_type && !yarn && !gguf_str_eq(stype, "none") && !gguf_str_eq(stype, "linear"))
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "model: rope scaling type '%.*s' is not supported",
+                      (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
+    if (factor != 0.0f && (!has_type || !gguf_str_eq(stype, "none"))) {
+        if (!(factor >= 1.0f && factor <= 1024.0f))
+            return dp_err(err, errsz, DP_EFORMAT, "model: rope scaling factor %g is out of range", factor);
+        hp->rope_freq_scale = 1.0f / factor;
+    }
+    if (yarn)
+        yarn_set(hp, factor > 0.0f ? factor : 1.0f);
+    const dp_gguf_tensor *rf = gguf_find_tensor(g, "rope_freqs.weight");
+    if (rf && (rf->type != DP_TYPE_F32 || rf->n_dims != 1 || rf->ne[0] != (uint64_t)hp->n_rot / 2))
+        return dp_err(err, errsz, DP_EFORMAT,
+                      "model: rope_freqs.weight must be %d F32 factors (one per rotated pair)",
+                      hp->n_rot / 2);
+    hp->rope_freqs = rf != NULL;
+    return longrope_load(hp, g, err, errsz);
 }
 
 #define RANGE(v, lo, hi, name)                                                             \
@@ -188,38 +245,7 @@ int hparams_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
         return dp_err(err, errsz, DP_EFORMAT, "model: layer_norm_rms_epsilon %g is out of range",
                       hp->rms_eps);
 
-    /* RoPE scaling: linear is a position scale; other kinds change the
-     * frequencies in ways this forward pass does not implement, so refuse them
-     * rather than produce subtly wrong output. */
-    hp->rope_freq_scale = 1.0f;
-    char key[128];
-    dp_gguf_str stype;
-    snprintf(key, sizeof key, "%s.rope.scaling.type", hp->arch);
-    bool has_type = gguf_get_str(g, key, &stype) == 0;
-    float factor = 0.0f;
-    snprintf(key, sizeof key, "%s.rope.scaling.factor", hp->arch);
-    if (gguf_get_f32(g, key, &factor) != 0) {
-        snprintf(key, sizeof key, "%s.rope.scale_linear", hp->arch);
-        if (gguf_get_f32(g, key, &factor) != 0)
-            factor = 0.0f;
-    }
-    if (has_type && !gguf_str_eq(stype, "none") && !gguf_str_eq(stype, "linear"))
-        return dp_err(err, errsz, DP_EUNSUPPORTED, "model: rope scaling type '%.*s' is not supported",
-                      (int)(stype.len > 32 ? 32 : stype.len), stype.ptr);
-    if (factor != 0.0f && (!has_type || !gguf_str_eq(stype, "none"))) {
-        if (!(factor >= 1.0f && factor <= 1024.0f))
-            return dp_err(err, errsz, DP_EFORMAT, "model: rope scaling factor %g is out of range", factor);
-        hp->rope_freq_scale = 1.0f / factor;
-    }
-    /* Llama 3's frequency-dependent scaling comes as one factor per rotated
-     * pair: a pair's angle is divided by it. */
-    const dp_gguf_tensor *rf = gguf_find_tensor(g, "rope_freqs.weight");
-    if (rf && (rf->type != DP_TYPE_F32 || rf->n_dims != 1 || rf->ne[0] != (uint64_t)hp->n_rot / 2))
-        return dp_err(err, errsz, DP_EFORMAT,
-                      "model: rope_freqs.weight must be %d F32 factors (one per rotated pair)",
-                      hp->n_rot / 2);
-    hp->rope_freqs = rf != NULL;
-    if ((rc = longrope_load(hp, g, err, errsz)))
+    if ((rc = rope_load(hp, g, err, errsz)))
         return rc;
     if ((rc = sliding_window_load(hp, g, err, errsz)))
         return rc;

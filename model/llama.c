@@ -453,8 +453,9 @@ static void issue_step(dp_llama *m, const dp_batch *b, dp_kv_store *const *store
     /* [0]: global layers; [1]: sliding-window layers (their own base, no
      * scaling: Gemma 3's local layers). */
     const dp_rope_params rp[2] = {
-        {hp->n_rot, hp->rope_base, hp->rope_freq_scale, a->rope_neox, m->rope_ff, hp->rope_mscale},
-        {hp->n_rot, a->rope_base_swa, 1.0f, a->rope_neox, NULL, 1.0f}};
+        {hp->n_rot, hp->rope_base, hp->rope_freq_scale, a->rope_neox, m->rope_ff, hp->rope_mscale,
+         hp->yarn_ext, hp->yarn_lo, hp->yarn_hi},
+        {hp->n_rot, a->rope_base_swa, 1.0f, a->rope_neox, NULL, 1.0f, 0.0f, 0.0f, 0.0f}};
     const int64_t kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim;
 

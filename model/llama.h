@@ -28,7 +28,10 @@ typedef struct dp_hparams {
     bool longrope;          /* rope_factors_short/long.weight (Phi-3's 128k models): the
                                long ones where the served context passes n_ctx_orig */
     int32_t n_ctx_orig;     /* rope.scaling.original_context_length (n_ctx_train without) */
-    float rope_mscale;      /* rope.scaling.attn_factor: cos and sin times it (1 without) */
+    float rope_mscale;      /* cos and sin times it: rope.scaling.attn_factor (1 without),
+                               with YaRN times 1 + 0.1 ln(factor) */
+    float yarn_ext;         /* YaRN's extrapolation mix (1), 0 without YaRN */
+    float yarn_lo, yarn_hi; /* YaRN's correction dims: the pairs its ramp runs over */
     float rms_eps;
     bool tied_output;       /* no output.weight: the embedding table projects */
     int32_t swa_window;     /* > 0: the sliding-window layers' window (tokens); 0: none */

@@ -19,6 +19,8 @@ ARCHS = {
     "llama3 (rope_freqs)": ["--rope-freqs", "--rope-base", "500000"],
     "llama (head 96, as Mistral Nemo)": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
+    "qwen2 YaRN (factor 4, original context 4096)": ["--arch", "qwen2", "--rope-base", "1000000",
+                                                     "--ctx", "16384", "--yarn", "4096"],
     "qwen3 (head 96)": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3 (fused QKV, gate/up)": ["--arch", "phi3"],
     "phi3 LongRoPE, long factors (original context 16)": ["--arch", "phi3", "--longrope", "16"],

@@ -17,6 +17,7 @@ static void usage(FILE *f)
             "                [--kv-heads N] [--ffn N] [--vocab N] [--ctx N] [--rope-base F] [--tied|--untied]\n"
             "                [--type T] [--seed S] [--arch llama|qwen2|qwen3|phi3|gemma3] [--head-dim N]\n"
             "                [--rope-freqs] [--sliding-window N] [--longrope ORIG_CTX]\n"
+            "                [--yarn ORIG_CTX]\n"
             "  --type: the weight type as GGUF names it, any case (default f16; an unknown\n"
             "          name lists the types dp-synth writes)\n");
 }
@@ -106,6 +107,7 @@ int main(int argc, char **argv)
         else if (strcmp(a, "--head-dim") == 0) u = &sh.head_dim;
         else if (strcmp(a, "--sliding-window") == 0) u = &sh.sliding_window;
         else if (strcmp(a, "--longrope") == 0) u = &sh.longrope_orig;
+        else if (strcmp(a, "--yarn") == 0) u = &sh.yarn_orig;
         else if (strcmp(a, "--layers") == 0) u = &sh.n_layers;
         else if (strcmp(a, "--dim") == 0) u = &sh.dim;
         else if (strcmp(a, "--heads") == 0) u = &sh.n_heads;

@@ -794,6 +794,11 @@ int synth_llama_build(gguf_writer *w, const dp_synth_shape *sh, uint64_t seed, u
     }
     if (sh->sliding_window)
         gguf_writer_add_u32(w, KEY("attention.sliding_window"), sh->sliding_window);
+    if (sh->yarn_orig) {
+        gguf_writer_add_str(w, KEY("rope.scaling.type"), "yarn");
+        gguf_writer_add_f32(w, KEY("rope.scaling.factor"), (float)sh->ctx / (float)sh->yarn_orig);
+        gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), sh->yarn_orig);
+    }
     if (sh->longrope_orig) {
         const double r = (double)sh->ctx / sh->longrope_orig;
         gguf_writer_add_u32(w, KEY("rope.scaling.original_context_length"), sh->longrope_orig);

@@ -115,6 +115,8 @@ typedef struct dp_synth_shape {
     uint32_t head_dim;   /* 0: dim / n_heads; else written as attention.key_length */
     bool rope_freqs;     /* rope_freqs.weight (Llama 3's per-pair factors, 1..8) */
     uint32_t sliding_window; /* "gemma3": attention.sliding_window (required there) */
+    uint32_t yarn_orig;      /* > 0: rope.scaling.type yarn, factor ctx / this, and
+                                rope.scaling.original_context_length this */
     uint32_t longrope_orig;  /* > 0: LongRoPE (Phi-3's 128k models): rope_factors_long and
                                 _short.weight, rope.scaling.original_context_length = this
                                 and its attn_factor, sqrt(1 + ln(ctx / orig) / ln(orig)) */

@@ -394,6 +394,11 @@ static void rope_row(void *p, int64_t i)
         double th = pos * pow((double)rp->freq_base, -2.0 * d / rp->n_rot);
         if (rp->freq_factors)
             th /= (double)rp->freq_factors[d];
+        if (rp->ext_factor != 0.0f) { /* YaRN: mix with the unscaled angle */
+            double y = ((double)d - rp->corr_lo) / fmax(0.001, (double)rp->corr_hi - rp->corr_lo);
+            const double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * rp->ext_factor;
+            th = th * (1.0 - mix) + th / rp->freq_scale * mix;
+        }
         cs[d] = (float)(cos(th) * (double)rp->mscale);
         sn[d] = (float)(sin(th) * (double)rp->mscale);
     }

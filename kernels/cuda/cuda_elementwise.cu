@@ -152,7 +152,8 @@ void cuda_rmsnorm(dp_backend *be, float *out, const float *x, const dp_weight *w
 __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t n,
                                  int32_t n_heads, int32_t n_kv_heads, int32_t head_dim,
                                  int32_t n_rot, float freq_base, float freq_scale, bool neox,
-                                 const float *freq_factors, float mscale)
+                                 const float *freq_factors, float mscale, float ext_factor,
+                                 float corr_lo, float corr_hi)
 {
     const int32_t half = n_rot / 2;
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -163,6 +164,11 @@ __global__ void cuda_rope_kernel(float *q, float *k, const int32_t *pos, int32_t
     double th = p * pow((double)freq_base, -2.0 * d / n_rot);
     if (freq_factors)
         th /= (double)freq_factors[d];
+    if (ext_factor != 0.0f) { /* YaRN: mix with the unscaled angle (backend.h) */
+        const double y = ((double)d - corr_lo) / fmax(0.001, (double)corr_hi - corr_lo);
+        const double mix = (1.0 - fmin(1.0, fmax(0.0, y))) * ext_factor;
+        th = th * (1.0 - mix) + th / freq_scale * mix;
+    }
     double sd, cd;
     sincos(th, &sd, &cd);
     const float cs = (float)(cd * (double)mscale), sn = (float)(sd * (double)mscale);
@@ -195,7 +201,7 @@ void cuda_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_heads,
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
     CUDA_LAUNCH(cuda_rope_kernel, blocks, EW_THREADS, 0, c->stream, q, k, c->bd.pos, n, n_heads,
                 n_kv_heads, head_dim, rp->n_rot, rp->freq_base, rp->freq_scale, rp->neox,
-                rp->freq_factors, rp->mscale);
+                rp->freq_factors, rp->mscale, rp->ext_factor, rp->corr_lo, rp->corr_hi);
     cuda_check_launch(c, "rope");
 }
 

@@ -343,12 +343,14 @@ static void check_rope(dp_backend *be[2])
         bool neox;
         int32_t max_pos;
         bool factors; /* Llama 3's per-pair factors (rope_freqs) */
+        bool yarn;    /* YaRN's mix (Qwen's long-context setting) */
     } cases[] = {
-        {33, 4, 2, 64, 64, 10000.0f, 1.0f, false, 4096, false},
-        {17, 8, 8, 128, 128, 500000.0f, 1.0f, false, 120000, false},
-        {9, 6, 2, 128, 64, 10000.0f, 0.25f, true, 30000, false},
-        {21, 8, 2, 64, 64, 500000.0f, 1.0f, false, 100000, true},
-        {5, 4, 4, 128, 128, 1000000.0f, 1.0f, true, 30000, true},
+        {33, 4, 2, 64, 64, 10000.0f, 1.0f, false, 4096, false, false},
+        {17, 8, 8, 128, 128, 500000.0f, 1.0f, false, 120000, false, false},
+        {9, 6, 2, 128, 64, 10000.0f, 0.25f, true, 30000, false, false},
+        {21, 8, 2, 64, 64, 500000.0f, 1.0f, false, 100000, true, false},
+        {5, 4, 4, 128, 128, 1000000.0f, 1.0f, true, 30000, true, false},
+        {13, 4, 2, 128, 128, 1000000.0f, 0.25f, true, 120000, false, true},
     };
     char what[96];
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -372,9 +374,12 @@ static void check_rope(dp_backend *be[2])
             hbatch_set(be[b], &hb);
             float *dq = dev_from(be[b], q, nq), *dk = dev_from(be[b], k, nk);
             float *dff = cases[ci].factors ? dev_from(be[b], ff, (size_t)half) : NULL;
-            /* (With factors, LongRoPE's attention factor too.) */
+            /* (With factors, LongRoPE's attention factor too; with a
+             * scale, YaRN's mix over pairs 3..20.) */
+            const bool yarn = cases[ci].yarn;
             dp_rope_params rp = {cases[ci].n_rot, cases[ci].base, cases[ci].scale, cases[ci].neox,
-                                 dff, cases[ci].factors ? 1.19f : 1.0f};
+                                 dff, cases[ci].factors ? 1.19f : 1.0f, yarn ? 1.0f : 0.0f,
+                                 3.0f, 20.0f};
             be[b]->ops->rope(be[b], dq, dk, n, cases[ci].n_heads, cases[ci].n_kv, hd, &rp);
             if (dff)
                 be[b]->ops->free(be[b], dff);
@@ -387,11 +392,11 @@ static void check_rope(dp_backend *be[2])
         }
         snprintf(what, sizeof what, "q hd=%d n_rot=%d %s pos<%d%s", hd, cases[ci].n_rot,
                  cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos,
-                 cases[ci].factors ? " factors" : "");
+                 cases[ci].factors ? " factors" : cases[ci].yarn ? " yarn" : "");
         report("rope", what, oq[0], oq[1], nq, TOL_EW);
         snprintf(what, sizeof what, "k hd=%d n_rot=%d %s pos<%d%s", hd, cases[ci].n_rot,
                  cases[ci].neox ? "neox" : "pairs", cases[ci].max_pos,
-                 cases[ci].factors ? " factors" : "");
+                 cases[ci].factors ? " factors" : cases[ci].yarn ? " yarn" : "");
         report("rope", what, ok[0], ok[1], nk, TOL_EW);
         for (int b = 0; b < 2; b++) {
             free(oq[b]);

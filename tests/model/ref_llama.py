@@ -30,6 +30,11 @@ Architectures (general.architecture; their keys carry its name as prefix):
   * qwen2: Q, K and V get their biases (blk.N.attn_{q,k,v}.bias); NeoX rope.
   * qwen3: Q and K are RMS-normed per head (attn_{q,k}_norm, before rope);
     NeoX rope; heads may be larger than dim / n_heads (attention.key_length).
+  * YaRN (rope.scaling.type yarn, any of these): each pair's angle mixes the
+    interpolated one (divided by rope.scaling.factor) and the original by a
+    ramp over the pairs between the correction dims of beta 32 and 1 at
+    rope.scaling.original_context_length; cos and sin times
+    1 + 0.1 ln(factor) (and rope.scaling.attn_factor, where given).
   * phi3: attn_qkv.weight holds Q, K and V (rows in that order), ffn_up.weight
     the gate then the up projection; NeoX rope. With LongRoPE
     (rope_factors_long/short.weight), pair i's angle is divided by the long
@@ -89,7 +94,8 @@ class Config:
     swa_window: int = 0      # gemma3: the window of its sliding-window layers
     rope_base_swa: float = 10000.0
     attn_scale: float = 0.0  # 0: 1 / sqrt(head_dim)
-    n_ctx_orig: int = 0      # LongRoPE: rope.scaling.original_context_length
+    n_ctx_orig: int = 0      # LongRoPE, YaRN: rope.scaling.original_context_length
+    yarn_factor: float = 0.0  # YaRN: rope.scaling.factor (0: no YaRN)
     rope_mscale: float = 1.0  # LongRoPE: rope.scaling.attn_factor (cos and sin times it)
 
     def window(self, l):
@@ -151,8 +157,10 @@ def read_config(reader):
     vocab = get(a + "vocab_size", -1)
     if vocab == -1:
         vocab = len(reader.fields["tokenizer.ggml.tokens"].data)
+    yarn = str(get(a + "rope.scaling.type", "none")) == "yarn"
     for key in (a + "rope.scaling.type", a + "rope.scaling.factor"):
-        if key in reader.fields and str(reader.fields[key].contents()) not in ("none", "1.0"):
+        if not yarn and key in reader.fields and \
+                str(reader.fields[key].contents()) not in ("none", "1.0"):
             raise ValueError(f"{key} = {reader.fields[key].contents()} is not supported")
     return Config(
         n_layers=int(get(a + "block_count")),
@@ -168,6 +176,7 @@ def read_config(reader):
         arch=arch,
         swa_window=int(get(a + "attention.sliding_window", 0)) if arch == "gemma3" else 0,
         n_ctx_orig=int(get(a + "rope.scaling.original_context_length", 0)),
+        yarn_factor=float(get(a + "rope.scaling.factor", 1.0)) if yarn else 0.0,
         rope_mscale=float(get(a + "rope.scaling.attn_factor", 1.0)),
     )
 
@@ -328,6 +337,17 @@ def rope(x, positions, cfg, mode="norm", freqs=None, base=None, mscale=1.0):
     inv_freq = (base or cfg.rope_base) ** (-2.0 * np.arange(half) / cfg.n_rot)  # [half]
     if freqs is not None:                                                 # Llama 3
         inv_freq = inv_freq / freqs
+    if cfg.yarn_factor and base is None:
+        # YaRN: interpolated (1 / factor) below the ramp, original above it,
+        # the ramp over the pairs between the correction dims of beta 32
+        # and 1 at the original context; cos and sin times 1 + 0.1 ln(factor)
+        def corr(beta):
+            return cfg.n_rot * math.log(cfg.n_ctx_orig / (beta * 2 * math.pi)) / \
+                (2 * math.log(cfg.rope_base))
+        lo, hi = max(0.0, math.floor(corr(32.0))), min(cfg.n_rot - 1.0, math.ceil(corr(1.0)))
+        ramp = 1.0 - np.clip((np.arange(half) - lo) / max(0.001, hi - lo), 0.0, 1.0)
+        inv_freq = inv_freq / cfg.yarn_factor * (1.0 - ramp) + inv_freq * ramp
+        mscale = mscale * (1.0 + 0.1 * math.log(cfg.yarn_factor))
     angle = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq   # [T, half]
     cos = np.cos(angle)[:, None, :] * mscale                              # [T, 1, half]
     sin = np.sin(angle)[:, None, :] * mscale
@@ -385,7 +405,7 @@ def forward_chunk(model, cache, tokens):
     freqs, mscale = model.rope_freqs, 1.0
     if model.rope_long is not None:                # LongRoPE: by the context (the cache's size)
         freqs = model.rope_long if cache.k.shape[1] > cfg.n_ctx_orig else model.rope_short
-        mscale = cfg.rope_mscale
+    mscale = cfg.rope_mscale
     for l, L in enumerate(model.layers):
         win = cfg.window(l)
         base = cfg.rope_base_swa if win else None

@@ -11,7 +11,8 @@ small seeded model with that architecture's tensors and keys:
     uniform in [1, 8] here so that every pair is scaled);
   * mistral: LLaMA with heads of 96 at dim 256 and 4 heads
     (attention.key_length, as Mistral Nemo's heads are not dim / n_heads);
-  * qwen2: Q, K and V biases and NeoX RoPE;
+  * qwen2: Q, K and V biases and NeoX RoPE; qwen2-yarn with YaRN (factor 4
+    over an original context of 4096: its ramp runs over pairs 6 to 16);
   * qwen3: per-head Q and K RMSNorms, NeoX RoPE, and heads of 96 with
     dim 256 and 4 heads (attention.key_length: not dim / n_heads);
   * phi3: Q, K and V in one tensor, the gate and up projections in another,
@@ -51,6 +52,7 @@ ARCHS = {
     "llama3": ["--rope-freqs", "--rope-base", "500000"],
     "mistral": ["--head-dim", "96"],
     "qwen2": ["--arch", "qwen2", "--rope-base", "1000000"],
+    "qwen2-yarn": ["--arch", "qwen2", "--rope-base", "1000000", "--ctx", "16384", "--yarn", "4096"],
     "qwen3": ["--arch", "qwen3", "--head-dim", "96", "--rope-base", "1000000"],
     "phi3": ["--arch", "phi3"],
     "phi3-longrope": ["--arch", "phi3", "--longrope", "16"],

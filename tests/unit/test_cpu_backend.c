@@ -451,7 +451,7 @@ static void test_attention(dp_backend *be, int32_t type, int32_t BT, int32_t HD)
         be->ops->free(be, o1);
         CHECK(be->ops->batch_set(be, &b) == 0);
         /* rope: adjacent pairs rotated by pos * base^(-2i/n_rot). */
-        dp_rope_params rp = {HD, 10000.0f, 1.0f, false, NULL, 1.0f};
+        dp_rope_params rp = {HD, 10000.0f, 1.0f, false, NULL, 1.0f, 0.0f, 0.0f, 0.0f};
         memcpy(q, o, (size_t)n * NH * HD * 4);
         be->ops->rope(be, q, k, n, NH, NKV, HD, &rp);
         for (int i = 0; i < n; i++)

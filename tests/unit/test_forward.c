@@ -310,6 +310,27 @@ static void check_arches(void)
         free(buf);
         gguf_writer_destroy(&w);
     }
+    /* YaRN: factor 4 over 4096 at base 1e6 and 64 rotated dims: the ramp
+     * over pairs 6 to 16 (llama.cpp's correction dims), cos and sin times
+     * 1 + 0.1 ln 4. */
+    {
+        dp_synth_shape sh;
+        CHECK(synth_shape_preset("tiny-qwen2", &sh) == 0);
+        sh.dim = 256;
+        sh.ctx = 16384;
+        sh.yarn_orig = 4096;
+        CHECK(gguf_writer_init(&w) == 0);
+        CHECK_MSG(synth_llama_build(&w, &sh, 3, DP_TYPE_F32, err, sizeof err) == 0, "%s", err);
+        CHECK(gguf_writer_finish_mem(&w, &buf, &size) == 0);
+        CHECK_MSG(gguf_open_mem(&g, buf, size, err, sizeof err) == 0, "%s", err);
+        CHECK_MSG(hparams_load(&hp, &g, err, sizeof err) == 0, "%s", err);
+        CHECK(hp.yarn_ext == 1.0f && hp.yarn_lo == 6.0f && hp.yarn_hi == 16.0f);
+        CHECK(fabsf(hp.rope_mscale - (1.0f + 0.1f * logf(4.0f))) < 1e-6f);
+        CHECK(fabsf(hp.rope_freq_scale - 0.25f) < 1e-7f);
+        gguf_close(&g);
+        free(buf);
+        gguf_writer_destroy(&w);
+    }
     /* LongRoPE: both sets load; without the short one, refused naming it. */
     {
         dp_synth_shape sh;

@@ -16,9 +16,13 @@ int pretok_from_name(dp_gguf_str s, bool present)
         return PRE_QWEN2;
     if (gguf_str_eq(s, "dbrx") || gguf_str_eq(s, "smaug-bpe"))
         return PRE_DBRX;
-    dp_log(DP_LOG_WARN, "tokenizer: unknown pre-tokenizer '%.*s', using the GPT-2 regex",
-           (int)(s.len > 64 ? 64 : s.len), s.ptr);
-    return PRE_GPT2;
+    return -1;
+}
+
+const char *pretok_names(void)
+{
+    return "default, gpt2, smollm, llama3, llama-bpe, llama-v3, falcon3, qwen2, "
+           "deepseek-r1-qwen, megrez, dbrx, smaug-bpe";
 }
 
 uint8_t pretok_flags(uint32_t c)

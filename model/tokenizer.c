@@ -425,7 +425,14 @@ int tokenizer_init_gguf(dp_tokenizer **out, const dp_gguf *g, char *err, size_t 
 
     dp_gguf_str pre = {0};
     bool has_pre = gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0;
-    t->pre = kind == DP_TOK_BPE ? pretok_from_name(pre, has_pre) : PRE_GPT2;
+    const int pk = kind == DP_TOK_BPE ? pretok_from_name(pre, has_pre) : PRE_GPT2;
+    if (pk < 0) {
+        rc = dp_err(err, errsz, DP_EUNSUPPORTED,
+                    "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported "
+                    "(supported: %s)", (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, pretok_names());
+        goto fail;
+    }
+    t->pre = pk;
     t->ignore_merges = t->pre == PRE_LLAMA3;
 
     t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n);

@@ -433,6 +433,19 @@ int main(int argc, char **argv)
     int32_t *text = NULL;
     size_t n_text = 0;
     int rc = ev_open(&e, &o, err, sizeof err);
+    /* A sliding-window layer's window counts slots: a compacted or grouped
+     * cache would move them off its positions (the engine refuses the same). */
+    bool swa_bad = false;
+    for (int i = 0; !rc && e.hp->swa_window > 0 && i < o.n_ratios; i++)
+        swa_bad |= o.ratios[i] < 1.0f;
+    for (int t = 0; !rc && e.hp->swa_window > 0 && o.grid && t < o.n_dtypes; t++)
+        swa_bad |= kv_sim_is(o.dtypes[t]) || dp_kv_type_grouped(o.dtypes[t]);
+    if (swa_bad) {
+        fprintf(stderr, "dp-eval: this model (%s) has sliding-window layers, whose cache is kept "
+                "whole: --ratios 1 only, and no grouped or simulated decode types\n", e.hp->arch);
+        ev_close(&e);
+        return 2;
+    }
     if (!rc && o.exempt > 0 && (!o.grid || o.exempt > e.hp->n_layers)) {
         fprintf(stderr, "dp-eval: --exempt takes a layer count up to the model's %d, with --grid\n",
                 e.hp->n_layers);

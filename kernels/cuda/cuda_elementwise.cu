@@ -331,48 +331,44 @@ void cuda_add_bias(dp_backend *be, float *y, const dp_weight *b, int32_t n, int3
     cuda_check_launch(c, "add_bias");
 }
 
-/* out may alias gate (the forward pass writes SwiGLU in place). expf, not
- * __expf: the build does not use fast math, so this matches the CPU's expf. */
-__global__ void cuda_swiglu_kernel(float *out, const float *gate, const float *up, int64_t n)
+/* The gated FFN's activation times up: SiLU (SwiGLU) or GELU's tanh form
+ * (Gemma's GeGLU). out may alias gate (the forward pass writes it in
+ * place). expf and tanhf, not their fast forms: the build does not use
+ * fast math, so this matches the CPU's. */
+__global__ void cuda_gated_kernel(float *out, const float *gate, const float *up, int64_t n,
+                                  bool gelu)
 {
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (int64_t)gridDim.x * blockDim.x) {
         const float g = gate[i];
-        out[i] = g / (1.0f + expf(-g)) * up[i];
+        const float a = gelu ? 0.5f * g *
+                                   (1.0f + tanhf(0.79788456080286535588f *
+                                                 (g + 0.044715f * g * g * g)))
+                             : g / (1.0f + expf(-g));
+        out[i] = a * up[i];
     }
+}
+
+static void gated(dp_backend *be, float *out, const float *gate, const float *up, int64_t n,
+                  bool gelu)
+{
+    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
+    cuda_backend *c = cuda_of(be);
+    if (n <= 0)
+        return;
+    CUDA_LAUNCH(cuda_gated_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, out,
+                gate, up, n, gelu);
+    cuda_check_launch(c, gelu ? "geglu" : "swiglu");
 }
 
 void cuda_swiglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
 {
-    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
-    cuda_backend *c = cuda_of(be);
-    if (n <= 0)
-        return;
-    CUDA_LAUNCH(cuda_swiglu_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, out,
-                gate, up, n);
-    cuda_check_launch(c, "swiglu");
-}
-
-/* GELU's tanh form (Gemma's gated FFN); tanhf, as the CPU. */
-__global__ void cuda_geglu_kernel(float *out, const float *gate, const float *up, int64_t n)
-{
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (int64_t)gridDim.x * blockDim.x) {
-        const float g = gate[i];
-        out[i] = 0.5f * g * (1.0f + tanhf(0.79788456080286535588f * (g + 0.044715f * g * g * g))) *
-                 up[i];
-    }
+    gated(be, out, gate, up, n, false);
 }
 
 void cuda_geglu(dp_backend *be, float *out, const float *gate, const float *up, int64_t n)
 {
-    cuda_xh_forget(cuda_of(be)); /* it writes device floats */
-    cuda_backend *c = cuda_of(be);
-    if (n <= 0)
-        return;
-    CUDA_LAUNCH(cuda_geglu_kernel, cuda_grid(c, n, EW_THREADS), EW_THREADS, 0, c->stream, out,
-                gate, up, n);
-    cuda_check_launch(c, "geglu");
+    gated(be, out, gate, up, n, true);
 }
 
 __global__ void cuda_scale_kernel(float *x, float s, int64_t n)

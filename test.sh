@@ -90,7 +90,7 @@ tests/model/test_oneshot.sh build/daemon/dualpathd "$MODEL"
 GEMMA3=$(scripts/fetch-model.sh gemma3-270m)
 export DP_GEMMA3_MODEL="$GEMMA3"
 "$PY" tests/model/test_tokenizer_gemma3.py --model "$GEMMA3" --bin build/tools/dp-logits
-stage "chat templates of 12 model families (from llama.cpp's source in the llama-cpp-python sdist) rendered as jinja2 renders them"
+stage "chat templates of 13 model families (from llama.cpp's source in the llama-cpp-python sdist, and the built-in Gemma one) rendered as jinja2 renders them, tool round trips included"
 "$PY" tests/model/test_templates.py --bin build/tools/dp-template
 # The ASan daemon runs every test except those marked heavy (many or long
 # requests: 64 streams, preemption under a small arena, every JSON schema,

@@ -138,8 +138,11 @@ def run(tmp, host):
     bad = [l for l in lines if l.get("status") == "400"]
     check(len(bad) == 1, f"{len(bad)} lines with status=400", log)
     check(not any(l.get("path") == "/health" for l in lines), "/health logged at info", log)
+    # As a word: a random request id's hex may hold '417'
+    # (chatcmpl-...caeca417 failed a run).
     for word in SECRET.split():
-        check(word not in log, f"prompt text '{word}' in the log at info", log)
+        check(not re.search(rf"(?<![0-9A-Za-z]){re.escape(word)}(?![0-9A-Za-z])", log),
+              f"prompt text '{word}' in the log at info", log)
     print(f"access log ({host}): {len(lines)} request lines; e.g. request "
           + " ".join(f"{k}={v}" for k, v in one.items()))
 

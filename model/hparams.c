@@ -123,10 +123,12 @@ static int rope_load(dp_hparams *hp, const dp_gguf *g, char *err, size_t errsz)
     hp->n_ctx_orig = hp->n_ctx_train;
     uint32_t orig;
     snprintf(key, sizeof key, "%s.rope.scaling.original_context_length", hp->arch);
+    /* (It may exceed context_length, in a file whose context was cut:
+     * YaRN's dims still follow it, as llama.cpp's do.) */
     if (gguf_get_u32(g, key, &orig) == 0) {
-        if (orig < 1 || orig > (uint32_t)hp->n_ctx_train)
-            return dp_err(err, errsz, DP_EFORMAT, "model: %s = %u is out of range [1, %d]", key,
-                          orig, hp->n_ctx_train);
+        if (orig < 1 || orig > (1u << 24))
+            return dp_err(err, errsz, DP_EFORMAT, "model: %s = %u is out of range [1, %u]", key,
+                          orig, 1u << 24);
         hp->n_ctx_orig = (int32_t)orig;
     }
     snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", hp->arch);

@@ -25,28 +25,41 @@ def teacher(binary, model, tokens, exact, timeout):
         return np.fromfile(out.name, dtype=np.float32).astype(np.float64), None
 
 
+def path_stats(binary, path, tokens, ref, bounds, timeout):
+    """path's teacher-forced logits on the exact and the int8 matmul paths
+    against the reference logits ref ([len(tokens), vocab]): per mode, a
+    dict with its error (a string, or None) or its mean and max relative L2,
+    top-1 agreement, whether they hold bounds[mode] (mean, max, agreement)
+    and the message saying why not."""
+    ref_top = np.argmax(ref, axis=1)
+    for mode in ("exact", "int8"):
+        c, err = teacher(binary, path, tokens, mode == "exact", timeout)
+        if not err and c.size != ref.size:
+            err = f"{c.size} logits, expected {ref.size}"
+        if err:
+            yield {"mode": mode, "err": err}
+            continue
+        c = c.reshape(ref.shape)
+        rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
+        agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
+        mean_b, max_b, agree_b = bounds[mode]
+        ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
+        why = (f"mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max {rel.max():.3e} (< {max_b:g}), "
+               f"top-1 agreement {100 * agree:.1f} % (>= {100 * agree_b:g} %)")
+        yield {"mode": mode, "err": None, "mean": rel.mean(), "max": rel.max(), "agree": agree,
+               "ok": ok, "why": why}
+
+
 def check_paths(binary, path, tokens, label, width, timeout, failures):
     """path's teacher-forced logits on the exact and the int8 matmul paths
     against ref_llama's: prints a row per path (label padded to width) and
     appends each failure, label first, to failures."""
     ref = ref_llama.forward(ref_llama.load(path), tokens)
-    ref_top = np.argmax(ref, axis=1)
-    for mode in ("exact", "int8"):
-        c, err = teacher(binary, path, tokens, mode == "exact", timeout)
-        if err:
-            failures.append(f"{label} {mode}: {err}")
+    for s in path_stats(binary, path, tokens, ref, BOUNDS, timeout):
+        if s["err"]:
+            failures.append(f"{label} {s['mode']}: {s['err']}")
             continue
-        if c.size != ref.size:
-            failures.append(f"{label} {mode}: {c.size} logits, expected {ref.size}")
-            continue
-        c = c.reshape(ref.shape)
-        rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
-        agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
-        mean_b, max_b, agree_b = BOUNDS[mode]
-        ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
-        print(f"{label:<{width}} {mode:<6} {len(tokens):>9} {rel.mean():>12.3e} {rel.max():>11.3e} "
-              f"{100 * agree:>6.1f} %  {'ok' if ok else 'FAIL'}")
-        if not ok:
-            failures.append(f"{label} {mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max "
-                            f"{rel.max():.3e} (< {max_b:g}), top-1 {100 * agree:.1f} % "
-                            f"(>= {100 * agree_b:g} %)")
+        print(f"{label:<{width}} {s['mode']:<6} {len(tokens):>9} {s['mean']:>12.3e} "
+              f"{s['max']:>11.3e} {100 * s['agree']:>6.1f} %  {'ok' if s['ok'] else 'FAIL'}")
+        if not s["ok"]:
+            failures.append(f"{label} {s['mode']}: {s['why']}")

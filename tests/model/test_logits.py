@@ -41,7 +41,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import ref_llama  # noqa: E402
-from dp_logits import teacher  # noqa: E402
+from dp_logits import path_stats  # noqa: E402
 
 # The prompts, as token ids of SmolLM2-135M-Instruct (49152-token GPT-2-style
 # BPE).  They were made once with ref_llama.Vocab.encode (an HF `tokenizers`
@@ -157,27 +157,16 @@ def teacher_check(binary, model, ref_model, timeout, min_positions=256):
     if len(tokens) < min_positions:
         return [], [f"teacher text has only {len(tokens)} tokens (< {min_positions})"]
     ref = ref_llama.forward(ref_model, tokens)
-    ref_top = np.argmax(ref, axis=1)
     lines, fails = [], []
     bounds = {"exact": (1e-4, 1e-3, 0.99), "int8": (7e-2, 3e-1, 0.92)}
-    for mode in ("exact", "int8"):
-        c, err = teacher(binary, model, tokens, mode == "exact", timeout)
-        if err:
-            fails.append(f"{mode}: {err}")
+    for st in path_stats(binary, model, tokens, ref, bounds, timeout):
+        if st["err"]:
+            fails.append(f"{st['mode']}: {st['err']}")
             continue
-        if c.size != ref.size:
-            fails.append(f"{mode}: {c.size} logits, expected {ref.size}")
-            continue
-        c = c.reshape(ref.shape)
-        rel = np.linalg.norm(c - ref, axis=1) / np.linalg.norm(ref, axis=1)
-        agree = float(np.mean(np.argmax(c, axis=1) == ref_top))
-        mean_b, max_b, agree_b = bounds[mode]
-        ok = rel.mean() < mean_b and rel.max() < max_b and agree >= agree_b
-        lines.append(f"{mode:<6} {len(tokens):>9} {rel.mean():>13.3e} {rel.max():>12.3e} "
-                     f"{100 * agree:>8.1f} %  {'ok' if ok else 'FAIL'}")
-        if not ok:
-            fails.append(f"{mode}: mean rel L2 {rel.mean():.3e} (< {mean_b:g}), max {rel.max():.3e} "
-                         f"(< {max_b:g}), top-1 agreement {100 * agree:.1f} % (>= {100 * agree_b:g} %)")
+        lines.append(f"{st['mode']:<6} {len(tokens):>9} {st['mean']:>13.3e} {st['max']:>12.3e} "
+                     f"{100 * st['agree']:>8.1f} %  {'ok' if st['ok'] else 'FAIL'}")
+        if not st["ok"]:
+            fails.append(f"{st['mode']}: {st['why']}")
     return lines, fails
 
 

@@ -1,28 +1,41 @@
 /* pretok.c: the pre-tokenizers (pretok.h). */
 #include "pretok.h"
 
+#include <stdio.h>
+
 #include "common/dp.h"
 #include "unicode.h"
 
+/* The names tokenizer.ggml.pre gives each pre-tokenizer: one table for the
+ * lookup and for the message that lists them. */
+static const struct {
+    const char *name;
+    int kind;
+} k_pre[] = {
+    {"default", PRE_GPT2},         {"gpt2", PRE_GPT2},           {"gpt-2", PRE_GPT2},
+    {"smollm", PRE_SMOLLM},        {"llama3", PRE_LLAMA3},       {"llama-bpe", PRE_LLAMA3},
+    {"llama-v3", PRE_LLAMA3},      {"falcon3", PRE_LLAMA3},      {"qwen2", PRE_QWEN2},
+    {"deepseek-r1-qwen", PRE_QWEN2}, {"megrez", PRE_QWEN2},      {"dbrx", PRE_DBRX},
+    {"smaug-bpe", PRE_DBRX},
+};
+#define N_PRE (sizeof k_pre / sizeof k_pre[0])
+
 int pretok_from_name(dp_gguf_str s, bool present)
 {
-    if (!present || gguf_str_eq(s, "default") || gguf_str_eq(s, "gpt2") || gguf_str_eq(s, "gpt-2"))
+    if (!present)
         return PRE_GPT2;
-    if (gguf_str_eq(s, "smollm")) return PRE_SMOLLM;
-    if (gguf_str_eq(s, "llama3") || gguf_str_eq(s, "llama-bpe") || gguf_str_eq(s, "llama-v3") ||
-        gguf_str_eq(s, "falcon3"))
-        return PRE_LLAMA3;
-    if (gguf_str_eq(s, "qwen2") || gguf_str_eq(s, "deepseek-r1-qwen") || gguf_str_eq(s, "megrez"))
-        return PRE_QWEN2;
-    if (gguf_str_eq(s, "dbrx") || gguf_str_eq(s, "smaug-bpe"))
-        return PRE_DBRX;
+    for (size_t i = 0; i < N_PRE; i++)
+        if (gguf_str_eq(s, k_pre[i].name))
+            return k_pre[i].kind;
     return -1;
 }
 
-const char *pretok_names(void)
+void pretok_names(char *buf, size_t cap)
 {
-    return "default, gpt2, smollm, llama3, llama-bpe, llama-v3, falcon3, qwen2, "
-           "deepseek-r1-qwen, megrez, dbrx, smaug-bpe";
+    size_t n = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < N_PRE && n < cap; i++)
+        n += (size_t)snprintf(buf + n, cap - n, "%s%s", i ? ", " : "", k_pre[i].name);
 }
 
 uint8_t pretok_flags(uint32_t c)

@@ -28,8 +28,8 @@ enum { CF_L = 1, CF_N = 2, CF_WS = 4 };
  * absent: GPT-2's), or -1 for a name not implemented: the tokenizer refuses
  * it, as llama.cpp does, rather than split text as the model never saw. */
 int pretok_from_name(dp_gguf_str s, bool present);
-/* The names pretok_from_name knows, for messages. */
-const char *pretok_names(void);
+/* The names pretok_from_name knows, ", "-separated into buf (for messages). */
+void pretok_names(char *buf, size_t cap);
 /* c's CF_* classes (none for an invalid byte). */
 uint8_t pretok_flags(uint32_t c);
 /* The end (exclusive) of kind's match at i, i < end, over code points cp and

@@ -427,9 +427,11 @@ int tokenizer_init_gguf(dp_tokenizer **out, const dp_gguf *g, char *err, size_t 
     bool has_pre = gguf_get_str(g, "tokenizer.ggml.pre", &pre) == 0;
     const int pk = kind == DP_TOK_BPE ? pretok_from_name(pre, has_pre) : PRE_GPT2;
     if (pk < 0) {
+        char names[256];
+        pretok_names(names, sizeof names);
         rc = dp_err(err, errsz, DP_EUNSUPPORTED,
                     "tokenizer: pre-tokenizer '%.*s' (tokenizer.ggml.pre) is not supported "
-                    "(supported: %s)", (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, pretok_names());
+                    "(supported: %s)", (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, names);
         goto fail;
     }
     t->pre = pk;

@@ -5,8 +5,9 @@
 
 /* llama: LLaMA 1-3 (Llama 3's per-frequency RoPE factors come with the
  * file's rope_freqs.weight), Mistral 7B, SmolLM. qwen2: Qwen 2 and 2.5 and
- * the DeepSeek-R1 distills of them. qwen3: Qwen 3 (dense). phi3: Phi-3 and
- * Phi-4 (their fused tensors; LongRoPE's factors are refused). gemma3:
+ * the DeepSeek-R1 distills of them. qwen3: Qwen 3 (dense). phi3: Phi-3,
+ * Phi-3.5 and Phi-4 (their fused tensors; LongRoPE for the 128k ones, in
+ * hparams.c and llama.c). gemma3:
  * Gemma 3's text models, five sliding-window layers to one global (as
  * llama.cpp and the reference implementation lay them out; the files do
  * not say it), the local layers at RoPE base 10000. */

@@ -28,9 +28,11 @@ struct dp_llama {
     bool capture;           /* false: no query capture buffer (llama_init_ex) */
     dp_weight tok_embd, out_norm, output;
     layer_w *layers;
-    float *rope_ff;         /* the RoPE factors in use (backend memory): rope_freqs', or
-                               LongRoPE's short or long ones (llama_set_context) */
-    float *rope_long, *rope_short; /* hp.longrope: both sets */
+    /* RoPE factors in backend memory, each set owned: Llama 3's
+     * (hp.rope_freqs) or LongRoPE's two (hp.longrope). rope_ff points at
+     * the set in use (llama_set_context picks LongRoPE's). */
+    float *rope_freqs, *rope_long, *rope_short;
+    const float *rope_ff;
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
     uint8_t *used;          /* during llama_init: which of the file's tensors it loaded */
@@ -136,12 +138,10 @@ void llama_destroy(dp_llama *m)
     free(m->pad_i32);
     free(m->pad_store);
     free(m->used);
-    if (m->rope_ff && m->rope_ff != m->rope_long && m->rope_ff != m->rope_short)
-        be->ops->free(be, m->rope_ff);
-    if (m->rope_long)
-        be->ops->free(be, m->rope_long);
-    if (m->rope_short)
-        be->ops->free(be, m->rope_short);
+    float *factors[] = {m->rope_freqs, m->rope_long, m->rope_short};
+    for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
+        if (factors[i])
+            be->ops->free(be, factors[i]);
     float *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->tmp, m->gate, m->up, m->outx, m->logits, m->capture_q};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         if (bufs[i])
@@ -220,14 +220,14 @@ static int check_all_used(dp_llama *m, const dp_gguf *g, char *err, size_t errsz
  * llama_set_context says the context passes the original one). */
 static int load_rope_factors(dp_llama *m, const dp_gguf *g, char *err, size_t errsz)
 {
+    int rc = 0;
     if (m->hp.rope_freqs)
-        return load_factors(m, g, "rope_freqs.weight", &m->rope_ff, err, errsz);
-    if (!m->hp.longrope)
-        return 0;
-    int rc = load_factors(m, g, "rope_factors_long.weight", &m->rope_long, err, errsz);
-    if (!rc)
+        rc = load_factors(m, g, "rope_freqs.weight", &m->rope_freqs, err, errsz);
+    if (!rc && m->hp.longrope)
+        rc = load_factors(m, g, "rope_factors_long.weight", &m->rope_long, err, errsz);
+    if (!rc && m->hp.longrope)
         rc = load_factors(m, g, "rope_factors_short.weight", &m->rope_short, err, errsz);
-    m->rope_ff = m->rope_short;
+    m->rope_ff = m->hp.longrope ? m->rope_short : m->rope_freqs;
     return rc;
 }
 

@@ -102,11 +102,11 @@ typedef struct dp_kv_layout {
 
 typedef struct dp_kv_store dp_kv_store;
 
-/* A step addresses at most this many stores (the prefill pool, and for each
+/* A step addresses at most this many stores (the prefill pool, for each
  * decode type, DP_KV_TYPE_COUNT at most, the decode pool and its exempt
- * layers); the stores[] argument of the ops below always has this many
- * entries, NULL where unused. */
-#define DP_KV_MAX_STORES 9
+ * layers, and the sliding-window layers' store); the stores[] argument of
+ * the ops below always has this many entries, NULL where unused. */
+#define DP_KV_MAX_STORES 10
 
 /* A step's batch as the backend sees it: a flat list of tokens, each with its
  * sequence, its rotary position and its cache slot. A token's K/V go to slot
@@ -149,6 +149,19 @@ typedef struct dp_batch {
      * slot as groups from table[0], with no lead). */
     const int32_t *seq_sealed;      /* [n_seqs] */
     const int32_t *seq_roff;        /* [n_seqs] */
+    /* Sliding-window layers kept at their window, in a store of their own
+     * (a model with such layers, dp_hparams.swa_window): layer_map[l] >= 0
+     * makes layer l a global one, that layer of the stores above; < 0 a
+     * sliding one, layer -1 - layer_map[l] of stores[w_store], read and
+     * written through w_block_tables (w_max_blocks a row) at the token's
+     * position as its slot. A sequence's entries there for blocks wholly
+     * before its tokens' windows may be -1: they are never read. NULL: none
+     * (layer l is layer l); no exempt layers with it. The array is the
+     * model's and outlives the step (llama_kv_layer_map). */
+    const int32_t *layer_map;
+    int32_t w_store;
+    const int32_t *w_block_tables;  /* [n_seqs * w_max_blocks] */
+    int32_t w_max_blocks;
 } dp_batch;
 
 /* A decode step: one token per sequence (consecutive tokens belong to

@@ -36,6 +36,11 @@ struct dp_llama {
     /* Activations, sized for max_tokens. */
     float *x, *xn, *q, *k, *v, *att, *tmp, *gate, *up, *outx, *logits, *capture_q;
     uint8_t *used;          /* during llama_init: which of the file's tensors it loaded */
+    /* Sliding-window layers kept apart (backend.h layer_map): global layer
+     * l is layer layer_map[l] of the main stores, sliding layer l layer
+     * -1 - layer_map[l] of the sliding store; NULL: no sliding layers. */
+    int32_t *layer_map;
+    int32_t n_swa;
     /* A decode step padded for the backend (backend.h step_pad): host
      * arrays, grown on demand. */
     int32_t *pad_i32;
@@ -58,6 +63,9 @@ int32_t llama_capture_capacity(const dp_llama *m)
     return m->capture ? capture_rows(m->max_tokens, m->max_out) : 0;
 }
 const float *llama_captured_queries(const dp_llama *m) { return m->capture_q; }
+
+const int32_t *llama_kv_layer_map(const dp_llama *m) { return m->layer_map; }
+int32_t llama_swa_layers(const dp_llama *m) { return m->n_swa; }
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
@@ -138,6 +146,7 @@ void llama_destroy(dp_llama *m)
     free(m->pad_i32);
     free(m->pad_store);
     free(m->used);
+    free(m->layer_map);
     float *factors[] = {m->rope_freqs, m->rope_long, m->rope_short};
     for (size_t i = 0; i < sizeof factors / sizeof factors[0]; i++)
         if (factors[i])
@@ -263,10 +272,14 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
     const int64_t qd = (int64_t)hp->n_heads * hp->head_dim, kvd = (int64_t)hp->n_kv_heads * hp->head_dim;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
     m->used = calloc(g->n_tensors ? (size_t)g->n_tensors : 1, 1);
-    if (!m->layers || !m->used) {
+    if (hp->swa_window > 0)
+        m->layer_map = calloc((size_t)hp->n_layers, sizeof *m->layer_map);
+    if (!m->layers || !m->used || (hp->swa_window > 0 && !m->layer_map)) {
         rc = dp_err(err, errsz, DP_ENOMEM, "out of memory");
         goto fail;
     }
+    for (int32_t l = 0, ng = 0; m->layer_map && l < hp->n_layers; l++)
+        m->layer_map[l] = hparams_layer_window(hp, l) > 0 ? -1 - m->n_swa++ : ng++;
     if ((rc = load_w(m, g, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd, err, errsz)) ||
         (rc = load_w(m, g, "output_norm.weight", 1, hp->dim, &m->out_norm, err, errsz)))
         goto fail;
@@ -353,14 +366,15 @@ fail:
     return rc;
 }
 
-/* Every block token i attends to through (slot, store, tables) exists. */
+/* Every block token i attends to through (slot, store, tables) exists:
+ * from slot 0, or (window > 0) from its window's first slot. */
 static bool check_slots(const dp_kv_layout *const *layouts, const dp_batch *b, int32_t i,
-                        const int32_t *slot, const uint8_t *seq_store, const int32_t *tables,
-                        int32_t max_blocks, int32_t min_layers)
+                        const int32_t *slot, int32_t store, const int32_t *tables,
+                        int32_t max_blocks, int32_t min_layers, int32_t window)
 {
-    if (slot[i] < 0 || seq_store[b->seq[i]] >= DP_KV_MAX_STORES)
+    if (slot[i] < 0 || store >= DP_KV_MAX_STORES)
         return false;
-    const dp_kv_layout *l = layouts[seq_store[b->seq[i]]];
+    const dp_kv_layout *l = layouts[store];
     if (!l || l->n_layers < min_layers)
         return false;
     int32_t bi = slot[i] / l->block_tokens;
@@ -378,7 +392,8 @@ static bool check_slots(const dp_kv_layout *const *layouts, const dp_batch *b, i
     }
     if (bi >= max_blocks)
         return false;
-    for (int32_t j = 0; j <= bi; j++) {
+    const int32_t first = window > 0 && slot[i] + 1 > window ? (slot[i] + 1 - window) / l->block_tokens : 0;
+    for (int32_t j = first; j <= bi; j++) {
         int32_t blk = tables[(size_t)b->seq[i] * (size_t)max_blocks + (size_t)j];
         if (blk < 0 || blk >= l->n_blocks)
             return false;
@@ -404,18 +419,37 @@ static int check_batch(const dp_llama *m, const dp_batch *b, dp_kv_store *const 
     const bool x = b->n_exempt > 0;
     if (x && (!b->x_slot || !b->x_seq_store || !b->x_block_tables || b->x_max_blocks < 1))
         return DP_EINVAL;
+    /* Sliding-window layers apart: the model's own map, a store holding
+     * them, no exempt layers beside them. */
+    const bool w = b->layer_map != NULL;
+    int32_t n_global = m->hp.n_layers;
+    if (w) {
+        if (b->layer_map != m->layer_map || x || b->w_store < 0 ||
+            b->w_store >= DP_KV_MAX_STORES || !layouts[b->w_store] || !b->w_block_tables ||
+            b->w_max_blocks < 1 || layouts[b->w_store]->n_layers < m->n_swa ||
+            dp_kv_type_grouped(layouts[b->w_store]->type))
+            return DP_EINVAL;
+        n_global -= m->n_swa;
+    }
     for (int32_t i = 0; i < b->n_tokens; i++) {
         if (b->tokens[i] < 0 || b->tokens[i] >= m->hp.vocab || b->seq[i] < 0 ||
             b->seq[i] >= b->n_seqs || b->pos[i] < 0)
             return DP_EINVAL;
-        if (!check_slots(layouts, b, i, b->slot, b->seq_store, b->block_tables, b->max_blocks,
-                         m->hp.n_layers) ||
-            (x && !check_slots(layouts, b, i, b->x_slot, b->x_seq_store, b->x_block_tables,
-                               b->x_max_blocks, b->n_exempt)))
+        if (!check_slots(layouts, b, i, b->slot, b->seq_store[b->seq[i]], b->block_tables,
+                         b->max_blocks, n_global, 0) ||
+            (x && !check_slots(layouts, b, i, b->x_slot, b->x_seq_store[b->seq[i]],
+                               b->x_block_tables, b->x_max_blocks, b->n_exempt, 0)))
+            return DP_EINVAL;
+        /* (The sliding view: every sequence in one store, the position as
+         * its slot, blocks from the window on.) */
+        if (w && !check_slots(layouts, b, i, b->pos, b->w_store, b->w_block_tables,
+                              b->w_max_blocks, m->n_swa, m->hp.swa_window))
             return DP_EINVAL;
         /* A window counts slots (backend.h attention): a grouped store's
-         * sequence is a compacted one, whose slots are not positions. */
-        if (m->hp.swa_window > 0 && dp_kv_type_grouped(layouts[b->seq_store[b->seq[i]]]->type))
+         * sequence is a compacted one, whose slots are not positions; with
+         * the sliding layers apart, only the global layers read it. */
+        if (!w && m->hp.swa_window > 0 &&
+            dp_kv_type_grouped(layouts[b->seq_store[b->seq[i]]]->type))
             return DP_EUNSUPPORTED;
     }
     for (int32_t i = 0; i < b->n_out; i++)
@@ -517,7 +551,8 @@ static const dp_batch *pad_step(dp_llama *m, const dp_batch *b, dp_batch *pb)
 {
     const dp_backend_ops *op = m->be->ops;
     const int32_t n = b->n_tokens;
-    if (!op->step_pad || b->n_out != n || b->n_exempt > 0 || !dp_batch_is_decode(b))
+    if (!op->step_pad || b->n_out != n || b->n_exempt > 0 || b->layer_map ||
+        !dp_batch_is_decode(b))
         return b;
     const int32_t N = op->step_pad(m->be, n);
     if (N <= n || N > m->max_tokens || N > m->max_out)

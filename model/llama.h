@@ -76,6 +76,11 @@ void llama_set_context(dp_llama *m, int32_t n_ctx);
 dp_backend *llama_backend(const dp_llama *m);
 int32_t llama_max_tokens(const dp_llama *m);
 int32_t llama_max_out(const dp_llama *m);
+/* The map of a batch that keeps the sliding-window layers in a store of
+ * their own (backend.h layer_map; NULL: the model has none), and how many
+ * they are: the main stores then need the other layers only. */
+const int32_t *llama_kv_layer_map(const dp_llama *m);
+int32_t llama_swa_layers(const dp_llama *m);
 /* Layout of a KV store that fits this model, with the given block geometry. */
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks);
 

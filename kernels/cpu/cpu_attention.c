@@ -14,7 +14,8 @@
 typedef struct attn_job {
     cpu_backend *c;
     dp_kv_store *const *stores;
-    int32_t layer;
+    const dp_batch *b; /* the layer's view of the batch (cpu_batch_at) */
+    int32_t layer;     /* ... and its layer in that view's stores */
     float *out;
     const float *q;
     int32_t n_heads;
@@ -61,14 +62,14 @@ static void attn_token(const attn_job *j, const dp_batch *b, int32_t i, int32_t 
 static void attn_token_task(void *ctx, int64_t task, int thread)
 {
     const attn_job *j = ctx;
-    attn_token(j, cpu_batch_at(j->c, j->layer), (int32_t)(task / j->n_kv),
+    attn_token(j, j->b, (int32_t)(task / j->n_kv),
                (int32_t)(task % j->n_kv));
 }
 
 static void attn_task(void *ctx, int64_t task, int thread)
 {
     attn_job *j = ctx;
-    const dp_batch *b = cpu_batch_at(j->c, j->layer);
+    const dp_batch *b = j->b;
     const int32_t k = (int32_t)(task / j->n_kv), kvh = (int32_t)(task % j->n_kv);
     const int32_t i0 = j->tiles[k], nt = j->tiles[k + 1] - i0;
     const int32_t s = b->seq[i0];
@@ -127,9 +128,11 @@ void cpu_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, fl
     cpu_backend *c = cpu_of(be);
     /* Every store of a model has the same head geometry; take it from the
      * store of the first token's sequence. */
-    const dp_kv_store *kv0 = stores[c->b.seq_store[c->b.seq[0]]];
-    attn_job j = {c, stores, layer, out, q, n_heads, scale, window, kv0->l.n_kv_heads, NULL};
-    const int32_t n_tiles = attn_tiles(c, cpu_batch_at(c, layer));
+    int32_t kl;
+    const dp_batch *b = cpu_batch_at(c, layer, &kl);
+    const dp_kv_store *kv0 = stores[b->seq_store[b->seq[0]]];
+    attn_job j = {c, stores, b, kl, out, q, n_heads, scale, window, kv0->l.n_kv_heads, NULL};
+    const int32_t n_tiles = attn_tiles(c, b);
     if (n_tiles < 0) {
         /* Without memory for the tiles, one token a task (the same bits). */
         threadpool_run(c->tp, attn_token_task, &j, (int64_t)c->b.n_tokens * j.n_kv);

@@ -206,11 +206,13 @@ static const dp_kv_layout *kv_get_layout(dp_backend *be, const dp_kv_store *kv)
 static int batch_set(dp_backend *be, const dp_batch *b)
 {
     cpu_backend *c = cpu_of(be);
-    const bool x = b->n_exempt > 0;
+    const bool x = b->n_exempt > 0 && !b->layer_map;
     const size_t nxt = x ? (size_t)b->n_seqs * (size_t)b->x_max_blocks : 0;
     const size_t ngs = b->seq_sealed ? 2 * (size_t)b->n_seqs : 0;
+    const size_t nwt = b->layer_map ? (size_t)b->n_seqs * (size_t)b->w_max_blocks : 0;
     size_t need = (size_t)b->n_tokens * (x ? 5 : 4) + (size_t)b->n_seqs * (size_t)b->max_blocks +
-                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0) + nxt + ngs;
+                  (size_t)b->n_out + (size_t)(b->n_capture > 0 ? b->n_capture : 0) + nxt + ngs +
+                  nwt;
     if (need > c->arrays_cap) {
         int32_t *p = realloc(c->arrays, need * sizeof *p);
         if (!p)
@@ -218,12 +220,12 @@ static int batch_set(dp_backend *be, const dp_batch *b)
         c->arrays = p;
         c->arrays_cap = need;
     }
-    if ((size_t)b->n_seqs * 2 > c->seq_store_cap) {
-        uint8_t *p = realloc(c->seq_store, (size_t)b->n_seqs * 2);
+    if ((size_t)b->n_seqs * 3 > c->seq_store_cap) {
+        uint8_t *p = realloc(c->seq_store, (size_t)b->n_seqs * 3);
         if (!p)
             return DP_ENOMEM;
         c->seq_store = p;
-        c->seq_store_cap = (size_t)b->n_seqs * 2;
+        c->seq_store_cap = (size_t)b->n_seqs * 3;
     }
     int32_t *a = c->arrays;
     size_t nt = (size_t)b->n_tokens;
@@ -264,6 +266,19 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     } else {
         c->b.n_exempt = c->bx.n_exempt = 0;
     }
+    /* The sliding-window layers' view: a token's slot is its position, its
+     * sequence's table the w_ one, every sequence in stores[w_store]. */
+    c->bw = c->b;
+    c->bw.n_exempt = 0;
+    if (nwt) {
+        int32_t *wa = a + need - ngs - nwt;
+        memcpy(wa, b->w_block_tables, nwt * sizeof *a);
+        memset(c->seq_store + 2 * (size_t)b->n_seqs, b->w_store, (size_t)b->n_seqs);
+        c->bw.slot = c->b.pos;
+        c->bw.block_tables = wa;
+        c->bw.max_blocks = b->w_max_blocks;
+        c->bw.seq_store = c->seq_store + 2 * (size_t)b->n_seqs;
+    }
     if (ngs) {
         int32_t *ga = a + need - ngs;
         memcpy(ga, b->seq_sealed, (size_t)b->n_seqs * sizeof *a);
@@ -273,6 +288,7 @@ static int batch_set(dp_backend *be, const dp_batch *b)
     } else {
         c->b.seq_sealed = c->bx.seq_sealed = c->b.seq_roff = c->bx.seq_roff = NULL;
     }
+    c->bw.seq_sealed = c->bw.seq_roff = NULL; /* (the sliding store is never grouped) */
     /* Attention scratch holds one score per attended slot. */
     int32_t max_slots = 1;
     for (int32_t i = 0; i < b->n_tokens; i++) {
@@ -280,6 +296,8 @@ static int batch_set(dp_backend *be, const dp_batch *b)
             max_slots = b->slot[i] + 1;
         if (x && b->x_slot[i] + 1 > max_slots)
             max_slots = b->x_slot[i] + 1;
+        if (nwt && b->pos[i] + 1 > max_slots)
+            max_slots = b->pos[i] + 1;
     }
     if ((size_t)max_slots > c->sscratch_elems)
         return cpu_scratch_reserve(c, c->wscratch_elems, (size_t)max_slots * 2);
@@ -419,7 +437,9 @@ static void cpu_rope(dp_backend *be, float *q, float *k, int32_t n, int32_t n_he
 typedef struct kvw_ctx {
     cpu_backend *c;
     dp_kv_store *const *stores;
-    int32_t layer;
+    int32_t layer;   /* the model's */
+    int32_t kl;      /* its layer in the stores of view */
+    const dp_batch *view;
     const float *k, *v;
 } kvw_ctx;
 
@@ -446,9 +466,9 @@ static void kvw_put(kvw_ctx *w, const dp_batch *b, int64_t i)
         l = &kv->l;
     }
     for (int32_t h = 0; h < l->n_kv_heads; h++) {
-        kv_kput(kv, w->layer, block, h, slot % l->block_tokens,
+        kv_kput(kv, w->kl, block, h, slot % l->block_tokens,
                 w->k + (size_t)i * row + (size_t)h * l->head_dim);
-        kv_vput(kv, w->layer, block, h, slot % l->block_tokens,
+        kv_vput(kv, w->kl, block, h, slot % l->block_tokens,
                 w->v + (size_t)i * row + (size_t)h * l->head_dim);
     }
 }
@@ -456,6 +476,10 @@ static void kvw_put(kvw_ctx *w, const dp_batch *b, int64_t i)
 static void kvw_row(void *p, int64_t i)
 {
     kvw_ctx *w = p;
+    if (w->view == &w->c->bw) {
+        kvw_put(w, w->view, i);
+        return;
+    }
     kvw_put(w, &w->c->b, i);
     /* An exempt layer's token goes to its exempt table too (unless the
      * sequence has none: the same slot). */
@@ -467,7 +491,8 @@ static void kvw_row(void *p, int64_t i)
 static void cpu_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, const float *k,
                          const float *v)
 {
-    kvw_ctx w = {cpu_of(be), stores, layer, k, v};
+    kvw_ctx w = {cpu_of(be), stores, layer, 0, NULL, k, v};
+    w.view = cpu_batch_at(w.c, layer, &w.kl);
     for_rows(w.c, kvw_row, &w, w.c->b.n_tokens, 64);
 }
 

@@ -241,9 +241,10 @@ typedef struct cpu_backend {
     size_t wscratch_elems;
     float **sscratch;
     size_t sscratch_elems;
-    /* The current batch (copied by batch_set), and its exempt layers' view
-     * (bx: b with the x_ arrays as slot, seq_store and block_tables). */
-    dp_batch b, bx;
+    /* The current batch (copied by batch_set), its exempt layers' view
+     * (bx: b with the x_ arrays as slot, seq_store and block_tables) and its
+     * sliding-window layers' (bw: positions as slots, the w_ tables). */
+    dp_batch b, bx, bw;
     int32_t *arrays;       /* backing store of the batch's index arrays */
     size_t arrays_cap;
     uint8_t *seq_store;
@@ -257,9 +258,16 @@ typedef struct cpu_backend {
 } cpu_backend;
 
 static inline cpu_backend *cpu_of(dp_backend *be) { return (cpu_backend *)be; }
-/* Where a layer reads the batch's keys and values (backend.h n_exempt). */
-static inline const dp_batch *cpu_batch_at(const cpu_backend *c, int32_t layer)
+/* Where a layer reads the batch's keys and values (backend.h n_exempt,
+ * layer_map), and its layer in the stores of that view (*kl). */
+static inline const dp_batch *cpu_batch_at(const cpu_backend *c, int32_t layer, int32_t *kl)
 {
+    if (c->b.layer_map) {
+        const int32_t m = c->b.layer_map[layer];
+        *kl = m >= 0 ? m : -1 - m;
+        return m >= 0 ? &c->b : &c->bw;
+    }
+    *kl = layer;
     return layer < c->b.n_exempt ? &c->bx : &c->b;
 }
 

@@ -606,7 +606,7 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return DP_EINVAL;
     /* A step addresses two stores here (kv_max_stores): exempt layers and
      * decode types other than the server's would be more. */
-    if (b->n_exempt > 0)
+    if (b->n_exempt > 0 || b->layer_map)
         return DP_EUNSUPPORTED;
     for (int32_t s = 0; s < b->n_seqs; s++)
         if (b->seq_store[s] >= CUDA_KV_STORES)

@@ -52,6 +52,7 @@ void kv_seq_destroy(dp_kv_seq *kv)
     kv_table_init(&kv->table);
     free(kv->xtable.blocks);
     kv_table_init(&kv->xtable);
+    swa_tab_destroy(&kv->w);
 }
 
 /* ---- start-up: pool sizes and the objects that hang off them ------------- */
@@ -115,7 +116,7 @@ static void plan_blocks(const dp_kv_mgr *m, const dp_kv_mgr_opts *o, int32_t *n_
 static int32_t max_stores(const dp_backend *be)
 {
     const int32_t n = be ? be->ops->kv_max_stores : 0;
-    return n > 0 && n < DP_KV_MAX_STORES ? n : DP_KV_MAX_STORES;
+    return n > 0 && n < DP_KV_STORE_SWA ? n : DP_KV_STORE_SWA;
 }
 
 int32_t kv_mgr_group_tokens(dp_backend *be, const dp_kv_layout *l, size_t bytes)
@@ -463,6 +464,39 @@ static int init_parked(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t 
     return 0;
 }
 
+/* The sliding-window layers' store and pool (swa.h). What carries a
+ * sequence's cache past its own life (the prefix cache, parked turns, the
+ * swap space) and the exempt layers do not carry its sliding table yet:
+ * the engine keeps them off beside it. */
+static int init_swa(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t errsz)
+{
+    const dp_kv_layout *l = &o->swa;
+    if (o->swa_window < 1 || o->swa_chunk < 1 || l->n_blocks < 1 ||
+        l->block_tokens != o->prefill.block_tokens || dp_kv_type_grouped(l->type))
+        return dp_err(err, errsz, DP_EINVAL, "kvcache: bad sliding-window layout (window %d, "
+                      "chunk %d, %d blocks of %d tokens)", o->swa_window, o->swa_chunk,
+                      l->n_blocks, l->block_tokens);
+    if (o->exempt_layers > 0 || o->prefix_cache || (o->dual && o->max_parked > 0) ||
+        (o->dual && o->swap_bytes > 0))
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "kvcache: sliding-window layers kept at their "
+                      "window go without exempt layers, the prefix cache, parked turns and a swap "
+                      "space");
+    int rc = swa_init(&m->swa, m->be, l, o->swa_window, o->swa_chunk);
+    if (rc)
+        return dp_err(err, errsz, rc, "kvcache: cannot allocate the sliding-window layers' "
+                      "cache (%d blocks)", l->n_blocks);
+    /* One sequence alone must always be able to run a step. */
+    const int32_t one = swa_blocks_at(&m->swa, o->swa_chunk);
+    if (one > l->n_blocks) {
+        swa_destroy(&m->swa, m->be);
+        return dp_err(err, errsz, DP_EINVAL, "kvcache: the sliding-window layers' cache holds "
+                      "%d blocks, one sequence's window and chunk take %d", l->n_blocks, one);
+    }
+    m->has_swa = true;
+    m->swa_block_bytes = m->be ? m->be->ops->kv_bytes_per_block(m->be, l) : 0;
+    return 0;
+}
+
 int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err, size_t errsz)
 {
     memset(m, 0, sizeof *m);
@@ -484,7 +518,8 @@ int kv_mgr_init(dp_kv_mgr *m, dp_backend *be, const dp_kv_mgr_opts *o, char *err
         (rc = init_decode_types(m, o, &l, &dl, n_dblocks, err, errsz)) ||
         (o->dual && be && (rc = init_moves(m, o, err, errsz))) ||
         (o->prefix_cache && (rc = init_prefix_cache(m, o, err, errsz))) ||
-        (o->dual && o->max_parked > 0 && (rc = init_parked(m, o, err, errsz)))) {
+        (o->dual && o->max_parked > 0 && (rc = init_parked(m, o, err, errsz))) ||
+        (o->swa.n_layers > 0 && (rc = init_swa(m, o, err, errsz)))) {
         kv_mgr_destroy(m);
         return rc;
     }
@@ -513,6 +548,8 @@ void kv_mgr_destroy(dp_kv_mgr *m)
         m->be->ops->kv_destroy(m->be, m->store);
     if (m->has_swap)
         kv_swap_destroy(&m->swap);
+    if (m->has_swa)
+        swa_destroy(&m->swa, m->be);
     if (m->has_pc)
         prefix_destroy(&m->pc);
     if (m->has_host)
@@ -582,5 +619,14 @@ void kv_mgr_log_plan(const dp_kv_mgr *m)
     if (!m->be)
         return;
     log_memory_plan(m);
+    if (m->has_swa) {
+        const dp_kv_layout *l = m->be->ops->kv_layout(m->be, m->swa.store);
+        dp_log(DP_LOG_INFO, "engine: memory plan: the %d sliding-window layers apart, %d blocks x "
+               "%d tokens (%.0f MiB): a sequence holds its last %d tokens of them, at most %d "
+               "blocks; the other layers' KV above", l->n_layers, m->swa.pool.n_blocks,
+               m->swa.pool.block_tokens,
+               MIB((double)m->swa.pool.n_blocks * (double)m->swa_block_bytes), m->swa.window,
+               swa_blocks_at(&m->swa, 1));
+    }
     log_host_plan(m);
 }

@@ -25,6 +25,7 @@
 #include "migrate.h"
 #include "pool.h"
 #include "prefix.h"
+#include "swa.h"
 #include "swap.h"
 
 /* Which KV path (and pool) a sequence's cache is on. */
@@ -97,6 +98,9 @@ typedef struct dp_kv_seq {
         uint32_t gen;
     } *warm;
     int32_t n_warm;
+    /* The sliding-window layers' table (swa.h), on either path; empty where
+     * the manager keeps none apart. */
+    dp_kv_wtab w;
 } dp_kv_seq;
 
 void kv_seq_init(dp_kv_seq *kv, bool dual, const dp_compress_opts *co);
@@ -151,6 +155,14 @@ typedef struct dp_kv_mgr_opts {
      * decode type, in tables of their own); needs a shared arena and a
      * backend with kv_view. 0: none. */
     int32_t exempt_layers;
+    /* Sliding-window layers kept at their window in a store of their own
+     * (swa.h; a model's sliding layers, llama_kv_layer_map): its layout
+     * (the prefill type and block tokens, those layers only; n_layers 0:
+     * none, every layer in the stores above), their window, and a step's
+     * tokens of one sequence at most. Not with exempt layers, the prefix
+     * cache, parked turns or a swap space. */
+    dp_kv_layout swa;
+    int32_t swa_window, swa_chunk;
 } dp_kv_mgr_opts;
 
 /* A type the decode path keeps tokens in: the server's decode_kv_type
@@ -252,6 +264,10 @@ typedef struct dp_kv_mgr {
      * blocks of them (dt[].xbt slots), through each type's xstore (a folded
      * view of the arena, backend.h kv_view). */
     int32_t n_exempt, xfold;
+    /* Sliding-window layers apart (dp_kv_mgr_opts.swa). */
+    bool has_swa;
+    dp_kv_swa swa;
+    size_t swa_block_bytes;
 } dp_kv_mgr;
 
 /* The tokens of a group of a grouped KV type (layout l's type and geometry)
@@ -351,6 +367,8 @@ typedef struct dp_kv_mgr_stats {
     int64_t decode_recomputes;   /* decode-path preemptions recomputed (swap space full) */
     int64_t recompressions_staged; /* recompressions without free blocks (staged) */
     int64_t groups_sealed;       /* groups written to a grouped decode type (kivi4) */
+    int32_t swa_blocks_total;    /* the sliding-window layers' blocks (0: none apart) */
+    int32_t swa_blocks_used;     /* ... held by sequences */
     int64_t groups_shared;       /* ... of them, another sequence's taken (gshare.h) */
 } dp_kv_mgr_stats;
 
@@ -373,10 +391,12 @@ void kv_mgr_log_plan(const dp_kv_mgr *m);
  * views, a head size the type cannot hold). */
 int kv_mgr_dtype(const dp_kv_mgr *m, dp_kv_type type);
 
-/* What a sequence needs, in blocks of each pool. */
+/* What a sequence needs, in blocks of each pool (swa: of the sliding
+ * layers', at most at once). */
 typedef struct dp_kv_need {
     int32_t prefill;
     int32_t decode;
+    int32_t swa;
 } dp_kv_need;
 
 /* The one formula for a sequence's need, used by submit ("can this ever
@@ -388,6 +408,8 @@ dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached
 /* Whether a need fits the pools at all (when nothing else runs). */
 static inline bool kv_mgr_fits(const dp_kv_mgr *m, dp_kv_need n)
 {
+    if (m->has_swa && n.swa > m->swa.pool.n_blocks)
+        return false;
     if (m->shared) /* at the migration it holds both for a moment */
         return (int64_t)n.prefill + n.decode <= m->pool.n_blocks;
     return n.prefill <= m->pool.n_blocks && (!m->dual || n.decode <= m->dpool->n_blocks);
@@ -526,6 +548,8 @@ static inline dp_kv_pool *kv_mgr_pool_of(dp_kv_mgr *m, const dp_kv_seq *kv)
  * decode type its decode pool's and its exempt layers' (the server's at
  * DP_PATH_DECODE and DP_KV_STORE_EXEMPT). */
 #define DP_KV_STORE_EXEMPT 2
+/* The sliding-window layers' store, after every decode type's. */
+#define DP_KV_STORE_SWA (DP_KV_MAX_STORES - 1)
 static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
 {
     for (int i = 0; i < DP_KV_MAX_STORES; i++)
@@ -535,7 +559,14 @@ static inline void kv_mgr_stores(const dp_kv_mgr *m, dp_kv_store **stores)
         stores[DP_PATH_DECODE + 2 * i] = m->dt[i].store;
         stores[DP_KV_STORE_EXEMPT + 2 * i] = m->dt[i].xstore;
     }
+    if (m->has_swa)
+        stores[DP_KV_STORE_SWA] = m->swa.store;
 }
+/* Whether the sliding-window layers are apart (a batch then maps the
+ * layers, backend.h layer_map), and a sequence's table of them: entries
+ * [0, n) by position, -1 where given back. */
+static inline bool kv_mgr_has_swa(const dp_kv_mgr *m) { return m->has_swa; }
+static inline const dp_kv_wtab *kv_seq_wtab(const dp_kv_seq *kv) { return &kv->w; }
 /* The store index a batch gives a sequence on a path, and its exempt layers'. */
 static inline uint8_t kv_seq_store(const dp_kv_seq *kv, dp_path path)
 {

@@ -187,7 +187,10 @@ static int32_t decode_promise(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n
 
 dp_kv_need kv_mgr_need(const dp_kv_mgr *m, const dp_kv_seq *kv, int64_t n_cached, int64_t n_more)
 {
-    dp_kv_need n = {0, 0};
+    dp_kv_need n = {0, 0, 0};
+    /* The sliding layers hold a window and a chunk at most, on either path. */
+    if (m->has_swa)
+        n.swa = swa_need(&m->swa, n_cached, n_more);
     if (!m->dual || !kv->dual) {
         n.prefill = kv_pool_blocks_for(&m->pool, n_cached + n_more);
         return n;
@@ -379,6 +382,8 @@ void mgr_release_all(dp_kv_mgr *m, dp_kv_seq *kv)
     kv->hashed_blocks = 0;
     kv->chain = 0;
     kv->early_at = 0;
+    if (m->has_swa)
+        swa_release(&m->swa, &kv->w);
 }
 
 int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_tokens,
@@ -495,8 +500,13 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
         ok = mgr_park_reclaim(m, need_p + (dual ? need.decode + wm : 0));
     else
         ok = need_p <= kv_pool_n_free(&m->pool) && (!dual || mgr_park_reclaim(m, need.decode + wm));
+    /* The sliding-window layers' blocks for the prompt's window and chunk. */
+    if (ok && m->has_swa && swa_admit(&m->swa, &kv->w, n_tokens) != 0)
+        ok = false;
     if (!ok || kv_table_reserve(&kv->table, &m->pool, slots) != 0) {
         /* Not now: the matched blocks go back, still named, for the retry. */
+        if (m->has_swa)
+            swa_release(&m->swa, &kv->w);
         kv_table_release(&kv->table, &m->pool);
         kv->hashed_blocks = 0;
         kv->chain = 0;

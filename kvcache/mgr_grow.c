@@ -113,7 +113,8 @@ void mgr_seal_groups(dp_kv_mgr *m, dp_kv_seq *kv)
     }
 }
 
-int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
+/* The main tables' growth (kv_mgr_grow). */
+static int grow_tables(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     const int64_t slots = (int64_t)kv->n_slots + n;
     if (kv->path == DP_PATH_DECODE) {
@@ -148,6 +149,16 @@ int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
     return kv_table_reserve(&kv->table, &m->pool, slots);
 }
 
+int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
+{
+    int rc = grow_tables(m, kv, n);
+    /* The sliding layers by position: n more, on either path. (A failure
+     * here leaves the main growth taken: the retry finds it done.) */
+    if (!rc && m->has_swa)
+        rc = swa_grow(&m->swa, &kv->w, (int64_t)kv->w.pos + n);
+    return rc;
+}
+
 /* Names block as the one holding the sequence's next unnamed block of
  * tokens (tokens: the sequence's, from the start), chaining its name. */
 void mgr_name_next_block(dp_kv_mgr *m, dp_kv_seq *kv, int32_t block, const int32_t *tokens)
@@ -164,6 +175,8 @@ void kv_mgr_commit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n
     kv->n_slots += n;
     if (kv_seq_has_x(kv))
         kv->x_n += n;
+    if (m->has_swa)
+        swa_commit(&m->swa, &kv->w, n);
     if (!m->has_pc || kv->path != DP_PATH_PREFILL)
         return;
     /* Name the prefill blocks filled so far (slot == position there). */

@@ -54,6 +54,8 @@ void kv_mgr_stats(dp_kv_mgr *m, const dp_kv_seq *(*next)(void *it), void *it, dp
     s->recompressions_staged = m->staged_recompressions;
     s->groups_sealed = m->sealed_groups;
     s->groups_shared = m->gs.hits;
+    s->swa_blocks_total = m->has_swa ? m->swa.pool.n_blocks : 0;
+    s->swa_blocks_used = m->has_swa ? kv_pool_n_used(&m->swa.pool) : 0;
 }
 
 void kv_mgr_seq_bytes(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t kept, int32_t all,
@@ -73,4 +75,10 @@ void kv_mgr_seq_bytes(const dp_kv_mgr *m, const dp_kv_seq *kv, int32_t kept, int
                  (int64_t)((double)(kept - sealed) * pper + 0.5);
     }
     *bytes_full = (int64_t)((double)all * pper + 0.5);
+    if (m->has_swa) { /* the sliding layers: their window, of every token */
+        const double wper = (double)m->swa_block_bytes / m->swa.pool.block_tokens;
+        const int32_t held = all < m->swa.window ? all : m->swa.window;
+        *bytes += (int64_t)((double)held * wper + 0.5);
+        *bytes_full += (int64_t)((double)all * wper + 0.5);
+    }
 }

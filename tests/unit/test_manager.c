@@ -421,6 +421,96 @@ static void test_early_plan(void)
     backend_destroy(be);
 }
 
+/* Sliding-window layers apart (kvcache/swa.h; window 64, chunks of 32 at
+ * most, blocks of 16): a sequence holds at most its window and a step's
+ * tokens of them however long it runs, a prompt is promised that at
+ * admission, its promise goes when the prompt is done, and everything is
+ * free again at the end. */
+static void test_swa(void)
+{
+    dp_kv_mgr m;
+    dp_kv_mgr_opts o = {.prefill = {.block_tokens = BT, .n_blocks = 256},
+                        .decode = {.block_tokens = BT},
+                        .swa = {.n_layers = 5, .n_kv_heads = 1, .head_dim = 64,
+                                .block_tokens = BT, .n_blocks = 20, .type = DP_KV_F16},
+                        .swa_window = 64, .swa_chunk = 32};
+    char err[160];
+    /* Too small for one sequence's window and chunk (7 blocks), or beside
+     * what does not carry its table: refused. */
+    o.swa.n_blocks = 6;
+    CHECK(kv_mgr_init(&m, NULL, &o, err, sizeof err) == DP_EINVAL);
+    o.swa.n_blocks = 20;
+    o.prefix_cache = true;
+    CHECK(kv_mgr_init(&m, NULL, &o, err, sizeof err) == DP_EUNSUPPORTED);
+    o.prefix_cache = false;
+    CHECK_MSG(kv_mgr_init(&m, NULL, &o, err, sizeof err) == 0, "%s", err);
+    CHECK(kv_mgr_has_swa(&m));
+    dp_kv_seq a, b, c;
+    kv_seq_init(&a, false, &CO);
+    kv_seq_init(&b, false, &CO);
+    kv_seq_init(&c, false, &CO);
+    /* Need: a 100-token prompt in chunks of 32 holds 7 blocks at most, one
+     * token at a time 5; a short sequence no more than its tokens' blocks. */
+    CHECK_EQ_INT(kv_mgr_need(&m, &a, 100, 1000).swa, 7);
+    CHECK_EQ_INT(kv_mgr_need(&m, &a, 10, 0).swa, 1);
+    CHECK_EQ_INT(kv_mgr_need(&m, &a, 10, 100).swa, 5);
+    int32_t toks[400] = {0}, reused;
+    CHECK(kv_mgr_admit(&m, &a, toks, 100, 1, false, &reused) == 0);
+    CHECK_EQ_INT(m.swa.reserved + kv_pool_n_used(&m.swa.pool), 7);
+    CHECK_EQ_INT(a.w.n, 2); /* its first chunk's, taken at admission */
+    int held_max = 0;
+    for (int32_t pos = 0; pos < 400;) {
+        const int32_t n = pos < 100 ? (100 - pos < 32 ? 100 - pos : 32) : 1;
+        CHECK(kv_mgr_grow(&m, &a, n) == 0);
+        const int32_t held = a.w.n - a.w.lo;
+        held_max = held > held_max ? held : held_max;
+        CHECK_EQ_INT(held, kv_pool_n_used(&m.swa.pool));
+        /* Every block the step's first token's window reads is there. */
+        for (int32_t j = (pos + 1 - 64 > 0 ? (pos + 1 - 64) / BT : 0); j < a.w.n; j++)
+            CHECK(a.w.blocks[j] >= 0);
+        kv_mgr_commit(&m, &a, toks, n);
+        pos += n;
+        CHECK(pos < 100 || m.swa.reserved == 0); /* the prompt done, its promise went */
+        CHECK(pos < 100 || held <= 5 + 2);
+    }
+    CHECK(held_max >= 6 && held_max <= 7); /* (the bound, less where blocks align) */
+    CHECK(a.w.lo >= 400 / BT - 5);
+    /* Two more prompts: each promised its window and chunk. */
+    CHECK(kv_mgr_admit(&m, &b, toks, 100, 1, false, &reused) == 0);
+    CHECK(kv_mgr_admit(&m, &c, toks, 100, 1, false, &reused) == 0);
+    CHECK_EQ_INT(kv_pool_n_used(&m.swa.pool) + m.swa.reserved, a.w.n - a.w.lo + 7 + 7);
+    /* A 32-token prompt takes the last two: a's decode growth, which needs
+     * a new block at position 400, waits; once d is gone it finds one. */
+    dp_kv_seq d;
+    kv_seq_init(&d, false, &CO);
+    CHECK(kv_mgr_admit(&m, &d, toks, 32, 1, false, &reused) == 0);
+    CHECK_EQ_INT(kv_pool_n_used(&m.swa.pool) + m.swa.reserved, 20);
+    CHECK(kv_mgr_grow(&m, &a, 1) == DP_ENOSPC);
+    kv_mgr_free(&m, &d);
+    kv_seq_destroy(&d);
+    CHECK(kv_mgr_grow(&m, &a, 1) == 0);
+    kv_mgr_free(&m, &b);
+    kv_mgr_free(&m, &c);
+    kv_mgr_free(&m, &a);
+    CHECK_EQ_INT(kv_pool_n_free(&m.swa.pool), 20);
+    CHECK_EQ_INT(m.swa.reserved, 0);
+    /* A fourth prompt of 100 finds no room while three hold 19 of 20. */
+    dp_kv_seq s[3];
+    for (int i = 0; i < 3; i++) {
+        kv_seq_init(&s[i], false, &CO);
+        CHECK(kv_mgr_admit(&m, &s[i], toks, 100, 1, false, &reused) == (i < 2 ? 0 : DP_ENOSPC));
+    }
+    for (int i = 0; i < 3; i++) {
+        kv_mgr_free(&m, &s[i]);
+        kv_seq_destroy(&s[i]);
+    }
+    CHECK_EQ_INT(kv_pool_n_free(&m.swa.pool), 20);
+    kv_seq_destroy(&a);
+    kv_seq_destroy(&b);
+    kv_seq_destroy(&c);
+    kv_mgr_destroy(&m);
+}
+
 int main(void)
 {
     test_need();
@@ -431,5 +521,6 @@ int main(void)
     test_kept_share();
     test_whole_if_room();
     test_early_plan();
+    test_swa();
     T_DONE("manager");
 }

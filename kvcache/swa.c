@@ -1,0 +1,117 @@
+/* swa.c: the sliding-window layers' cache (swa.h). */
+#include "swa.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/dp.h"
+
+int swa_init(dp_kv_swa *w, dp_backend *be, const dp_kv_layout *l, int32_t window, int32_t chunk)
+{
+    memset(w, 0, sizeof *w);
+    w->window = window;
+    w->chunk = chunk;
+    int rc = kv_pool_init(&w->pool, l->n_blocks, l->block_tokens);
+    if (!rc && be)
+        rc = be->ops->kv_create(be, l, &w->store);
+    if (rc)
+        swa_destroy(w, be);
+    return rc;
+}
+
+void swa_destroy(dp_kv_swa *w, dp_backend *be)
+{
+    if (w->store)
+        be->ops->kv_destroy(be, w->store);
+    kv_pool_destroy(&w->pool);
+    memset(w, 0, sizeof *w);
+}
+
+static int32_t blocks_for(const dp_kv_swa *w, int64_t n)
+{
+    return (int32_t)((n + w->pool.block_tokens - 1) / w->pool.block_tokens);
+}
+
+/* What a prompt of n tokens holds at most while its chunks run. */
+static int32_t prompt_need(const dp_kv_swa *w, int64_t n)
+{
+    const int32_t c = n < w->chunk ? (int32_t)n : w->chunk, b = blocks_for(w, n);
+    return c < 1 ? 0 : swa_blocks_at(w, c) < b ? swa_blocks_at(w, c) : b;
+}
+
+int32_t swa_need(const dp_kv_swa *w, int64_t n_prompt, int64_t n_more)
+{
+    const int32_t p = prompt_need(w, n_prompt), b = blocks_for(w, n_prompt + n_more);
+    const int32_t d = swa_blocks_at(w, 1) < b ? swa_blocks_at(w, 1) : b;
+    return p > d ? p : d;
+}
+
+int swa_admit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
+{
+    const int32_t need = prompt_need(w, n_prompt);
+    if (need > w->pool.n_free - w->reserved)
+        return DP_ENOSPC;
+    t->n = t->lo = t->pos = 0;
+    t->prompt = n_prompt;
+    t->promise = need;
+    w->reserved += need;
+    const int rc = swa_grow(w, t, n_prompt < w->chunk ? n_prompt : w->chunk);
+    if (rc)
+        swa_release(w, t);
+    return rc;
+}
+
+int swa_grow(dp_kv_swa *w, dp_kv_wtab *t, int64_t end)
+{
+    const int32_t want = blocks_for(w, end);
+    if (want <= t->n)
+        return 0;
+    const int32_t k = want - t->n, own = k < t->promise ? k : t->promise;
+    if (k - own > w->pool.n_free - w->reserved)
+        return DP_ENOSPC;
+    if (want > t->cap) {
+        int32_t cap = t->cap ? t->cap : 16;
+        while (cap < want)
+            cap *= 2;
+        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
+        if (!nb)
+            return DP_ENOMEM;
+        t->blocks = nb;
+        t->cap = cap;
+    }
+    t->promise -= own;
+    w->reserved -= own;
+    while (t->n < want)
+        if (kv_pool_alloc(&w->pool, &t->blocks[t->n++]))
+            return DP_ENOSPC; /* cannot happen: n_free was checked */
+    return 0;
+}
+
+void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
+{
+    t->pos += n;
+    /* The next token (position pos) reads from pos + 1 - window on. */
+    const int32_t bt = w->pool.block_tokens;
+    while (t->lo < t->n && (int64_t)(t->lo + 1) * bt <= (int64_t)t->pos + 1 - w->window) {
+        kv_pool_unref(&w->pool, t->blocks[t->lo]);
+        t->blocks[t->lo++] = -1;
+    }
+    if (t->pos >= t->prompt && t->promise > 0) {
+        w->reserved -= t->promise;
+        t->promise = 0;
+    }
+}
+
+void swa_release(dp_kv_swa *w, dp_kv_wtab *t)
+{
+    for (int32_t j = t->n - 1; j >= t->lo; j--)
+        kv_pool_unref(&w->pool, t->blocks[j]);
+    w->reserved -= t->promise;
+    t->n = t->lo = t->pos = t->prompt = t->promise = 0;
+}
+
+void swa_tab_destroy(dp_kv_wtab *t)
+{
+    free(t->blocks);
+    memset(t, 0, sizeof *t);
+}

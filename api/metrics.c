@@ -112,35 +112,41 @@ static void hist_render(tbuf *b, const char *name, const char *help, const dp_hi
 
 /* What a series reads: a field of dp_engine_stats, of its type. */
 typedef enum { SRC_I32, SRC_I64, SRC_F64, SRC_BOOL } metric_src;
+enum { ONLY_DUAL = 1, ONLY_SWA = 2 };
 typedef struct metric_series {
     const char *labels;       /* "" or {name="value"} */
     size_t off;               /* offsetof(dp_engine_stats, ...) */
     metric_src src;
-    bool dual_only;           /* only where a decode pool exists */
+    int only;                 /* ONLY_DUAL: where a decode pool exists; ONLY_SWA: where
+                               * the sliding-window layers are apart; 0: always */
 } metric_series;
 typedef struct metric_def {
     const char *name, *type, *help;
     metric_series series[4];  /* the first with labels NULL ends them */
 } metric_def;
 
-#define I32(f) offsetof(dp_engine_stats, f), SRC_I32, false
-#define I64(f) offsetof(dp_engine_stats, f), SRC_I64, false
-#define F64(f) offsetof(dp_engine_stats, f), SRC_F64, false
-#define BOOL(f) offsetof(dp_engine_stats, f), SRC_BOOL, false
-#define I32_DUAL(f) offsetof(dp_engine_stats, f), SRC_I32, true
+#define I32(f) offsetof(dp_engine_stats, f), SRC_I32, 0
+#define I64(f) offsetof(dp_engine_stats, f), SRC_I64, 0
+#define F64(f) offsetof(dp_engine_stats, f), SRC_F64, 0
+#define BOOL(f) offsetof(dp_engine_stats, f), SRC_BOOL, 0
+#define I32_DUAL(f) offsetof(dp_engine_stats, f), SRC_I32, ONLY_DUAL
+#define I32_SWA(f) offsetof(dp_engine_stats, f), SRC_I32, ONLY_SWA
 
 /* Every family whose series are fields of the engine's statistics (per-
  * scorer and per-kind counters and the histograms are rendered below). */
 static const metric_def k_engine_metrics[] = {
     {"dualpath_kv_blocks_used", "gauge",
-     "KV cache blocks in use, per pool.",
+     "KV cache blocks in use, per pool (sliding: a model's sliding-window layers, kept "
+     "apart at their window).",
      {{"{pool=\"prefill\"}", I32(kv.blocks_used)},
-      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_used)}}},
+      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_used)},
+      {"{pool=\"sliding\"}", I32_SWA(kv.swa_blocks_used)}}},
     {"dualpath_kv_blocks_capacity", "gauge",
      "KV cache blocks in the pool, per pool (with one arena for both paths, each "
      "reports the arena's size; see dualpath_kv_arena_shared).",
      {{"{pool=\"prefill\"}", I32(kv.blocks_total)},
-      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_total)}}},
+      {"{pool=\"decode\"}", I32_DUAL(kv.decode_blocks_total)},
+      {"{pool=\"sliding\"}", I32_SWA(kv.swa_blocks_total)}}},
     {"dualpath_kv_arena_shared", "gauge",
      "1 when the prefill and decode paths draw on one arena of blocks.",
      {{"", BOOL(kv.shared)}}},
@@ -338,12 +344,12 @@ static void series_render(tbuf *b, const char *name, const metric_series *m,
 
 static void engine_metrics_render(tbuf *b, const dp_engine_stats *st)
 {
-    const bool dual = st->kv.decode_blocks_total > 0;
+    const bool dual = st->kv.decode_blocks_total > 0, swa = st->kv.swa_blocks_total > 0;
     for (size_t i = 0; i < sizeof k_engine_metrics / sizeof *k_engine_metrics; i++) {
         const metric_def *d = &k_engine_metrics[i];
         family(b, d->name, d->type, d->help);
         for (const metric_series *m = d->series; m->labels; m++)
-            if (dual || !m->dual_only)
+            if ((m->only != ONLY_DUAL || dual) && (m->only != ONLY_SWA || swa))
                 series_render(b, d->name, m, st);
     }
 }

@@ -72,6 +72,7 @@ typedef struct dp_config {
     uint64_t host_tier_bytes;
     uint64_t swap_space;
     bool prefix_cache;
+    bool swa_full;          /* sliding-window layers keep every token (llama.cpp's --swa-full) */
     int kv_cache_type;      /* dp_kv_type: 0 f32, 1 f16, 2 q8_0, 3 q4_0 */
 
     /* Dual path: what survives the prefill -> decode switch (kvcache/, sched/) */

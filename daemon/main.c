@@ -38,6 +38,7 @@ static void engine_from_config(const dp_config *c, dp_engine_opts *e)
     e->exempt_layers = c->exempt_layers;
     e->compress_turns = c->compress_turns; /* the enum's order is ENGINE_TURNS_* */
     e->prefix_cache = c->prefix_cache;
+    e->swa_full = c->swa_full;
     e->kv_type = c->kv_cache_type;
     /* The enum's order: auto, same, then the dp_kv_type values. */
     e->decode_kv_type = c->decode_kv_type == 0   ? ENGINE_DECODE_KV_AUTO

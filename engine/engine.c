@@ -335,14 +335,21 @@ static int check_opts(const dp_engine *e, const dp_engine_opts *opts, char *err,
                       "prefill fraction %g)", opts->compress.keep_ratio, opts->prefill_fraction);
     /* A sliding-window layer attends to its last slots, which are its
      * last positions only while nothing of the sequence was evicted
-     * (backend.h attention): the decode path keeps every token of such a
-     * model, in a type that is not grouped. */
+     * (backend.h attention): where such layers keep every token (swa_full)
+     * in the main stores, the decode path keeps every token of such a
+     * model, in a type that is not grouped. Apart (the default), they are
+     * read by position and the decode path serves the global layers. */
     const dp_hparams *hp = llama_hparams(e->model);
-    if (e->dual && hp->swa_window > 0 && opts->compress.keep_ratio < 1.0f)
+    if (eng_swa_apart(e, opts) && e->dual && opts->exempt_layers > 0)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: exempt_layers %d: this model (%s) "
+                      "keeps its sliding-window layers apart, at their window; exempt layers "
+                      "need swa_full = true", opts->exempt_layers, hp->arch);
+    const bool swa_whole = hp->swa_window > 0 && !eng_swa_apart(e, opts);
+    if (e->dual && swa_whole && opts->compress.keep_ratio < 1.0f)
         return dp_err(err, errsz, DP_EINVAL, "engine: keep_ratio %g: this model (%s) has "
                       "sliding-window layers, whose cache the decode path keeps whole: keep_ratio "
                       "must be 1 with it", opts->compress.keep_ratio, hp->arch);
-    if (e->dual && hp->swa_window > 0 && opts->decode_kv_type >= 0 &&
+    if (e->dual && swa_whole && opts->decode_kv_type >= 0 &&
         dp_kv_type_grouped(opts->decode_kv_type))
         return dp_err(err, errsz, DP_EINVAL, "engine: decode_kv_type %s: this model (%s) has "
                       "sliding-window layers, which a grouped type cannot serve; use q8_0, q4_0, "
@@ -571,9 +578,11 @@ static int check_request(dp_engine *e, const dp_request *req, char *err, size_t 
         return dp_err(err, errsz, DP_EINVAL, "dualpath.decode_kv_type %s is not available on "
                       "this server (it keeps %s)", dp_kv_type_name(p->kv_type - 1), have);
     }
-    /* (check_opts: a sliding-window model's decode path keeps every token,
-     * in a type that is not grouped.) */
-    if (llama_hparams(e->model)->swa_window > 0 && e->dual && runs_dual(e, p) &&
+    /* (check_opts: a sliding-window model whose sliding layers keep every
+     * token, swa_full, keeps every token on the decode path, in a type that
+     * is not grouped.) */
+    if (llama_hparams(e->model)->swa_window > 0 && !kv_mgr_has_swa(&e->kv) && e->dual &&
+        runs_dual(e, p) &&
         ((p->keep_ratio > 0.0f && p->keep_ratio < 1.0f) ||
          (p->kv_type > 0 && dp_kv_type_grouped(p->kv_type - 1))))
         return dp_err(err, errsz, DP_EINVAL, "dualpath.%s: this model has sliding-window "

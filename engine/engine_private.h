@@ -169,5 +169,17 @@ void eng_run_step(dp_engine *e);
  * planned where not given, the decode type's auto fallback), its plan
  * logged, the context capped to what it can hold. */
 int eng_plan_memory(dp_engine *e, const dp_engine_opts *opts, char *err, size_t errsz);
+/* Whether the model's sliding-window layers are kept apart, at their
+ * window (kvcache/swa.h): it has them and a global layer, and swa_full is
+ * off. */
+bool eng_swa_apart(const dp_engine *e, const dp_engine_opts *o);
+/* The layers of the main KV stores: the model's, less its sliding-window
+ * layers where the manager keeps those apart (kvcache/swa.h). */
+int32_t eng_kv_layers(const dp_engine *e);
+/* A step's nc captured queries as the main stores' layers see them (what
+ * scoring reads): every layer's, or only the global layers' where the
+ * sliding ones are apart. *layer_stride: floats from one such layer's
+ * queries to the next's. */
+const float *eng_kv_queries(const dp_engine *e, int32_t nc, int64_t *layer_stride);
 
 #endif

@@ -61,9 +61,10 @@ static int plan_kv_bytes(dp_backend *be, double fraction, int64_t *out, char *er
  * f16 bytes at KL 0.007-0.008 nats/token, needles and multi-turn recall as
  * the whole cache: docs/dualpath.md), else q8_0 (0.53 at KL 0.0045); where
  * the manager refuses kivi4 with the other settings, engine_init takes q8_0
- * (decode_auto_fallback), and on a model with sliding-window layers (a
- * grouped sequence's slots are not positions: engine.c check_opts). An f32
- * cache asked for exactness and keeps its type. */
+ * (decode_auto_fallback), and on a model whose sliding-window layers keep
+ * every token (swa_full: a grouped sequence's slots are not positions,
+ * engine.c check_opts; apart, only the global layers take the decode
+ * type). An f32 cache asked for exactness and keeps its type. */
 static dp_kv_type decode_auto_type(dp_backend *be, const dp_kv_layout *l, const dp_engine_opts *o,
                                    bool sliding)
 {
@@ -101,8 +102,62 @@ static dp_kv_layout kv_layout_of(dp_backend *be, const dp_llama *m, const dp_eng
     if (decode && o->decode_kv_type >= 0)
         l.type = o->decode_kv_type;
     else if (decode && o->decode_kv_type == ENGINE_DECODE_KV_AUTO)
-        l.type = decode_auto_type(be, &l, o, llama_hparams(m)->swa_window > 0);
+        l.type = decode_auto_type(be, &l, o, llama_hparams(m)->swa_window > 0 &&
+                                                 (o->swa_full || !llama_kv_layer_map(m)));
     return l;
+}
+
+bool eng_swa_apart(const dp_engine *e, const dp_engine_opts *o)
+{
+    return llama_hparams(e->model)->swa_window > 0 && !o->swa_full && llama_kv_layer_map(e->model);
+}
+
+/* A model's sliding-window layers kept at their window (kvcache/swa.h;
+ * not swa_full): the main pools keep the global layers only, and the
+ * sliding layers' pool gets what max_seqs sequences hold at their window,
+ * and a step's chunk (never more is held), but at most the share of
+ * kv_bytes those layers would have in a whole cache: so the global layers
+ * never hold fewer tokens than a whole cache would, and the sliding ones
+ * never fewer at once. What carries a cache past its sequence (the prefix
+ * cache, parked turns, the swap space) does not carry the sliding tables
+ * yet: off for such a model, and said so. */
+static int plan_swa(dp_engine *e, const dp_engine_opts *o, dp_kv_mgr_opts *ko, char *err,
+                    size_t errsz)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    const int32_t n_swa = llama_swa_layers(e->model), bt = o->block_tokens;
+    ko->prefill.n_layers -= n_swa;
+    ko->decode.n_layers -= n_swa;
+    ko->n_layers -= n_swa;
+    ko->swa = llama_kv_layout(e->model, bt, 1);
+    ko->swa.n_layers = n_swa;
+    ko->swa.type = o->kv_type;
+    ko->swa_window = hp->swa_window;
+    ko->swa_chunk = o->max_batched_tokens;
+    const size_t per = e->be->ops->kv_bytes_per_block(e->be, &ko->swa);
+    if (!per)
+        return dp_err(err, errsz, DP_EUNSUPPORTED, "engine: the %s backend keeps no %s block of "
+                      "%d sliding-window layers", e->be->ops->name, dp_kv_type_name(o->kv_type),
+                      n_swa);
+    int64_t blocks = (int64_t)o->max_seqs * swa_span_blocks(hp->swa_window, bt, 1) +
+                     swa_span_blocks(hp->swa_window, bt, o->max_batched_tokens);
+    if (ko->kv_bytes > 0) {
+        const int64_t share = (int64_t)((double)ko->kv_bytes * n_swa / hp->n_layers / (double)per);
+        if (blocks > share)
+            blocks = share;
+        ko->kv_bytes -= blocks * (int64_t)per;
+    }
+    ko->swa.n_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
+    const bool dropped = o->prefix_cache || (e->dual && o->resume_turns) ||
+                         (e->dual && o->swap_bytes > 0);
+    ko->prefix_cache = ko->reuse_replies = false;
+    ko->max_parked = 0;
+    ko->swap_bytes = 0;
+    dp_log(DP_LOG_INFO, "engine: %s keeps its %d sliding-window layers (of %d) at their window of "
+           "%d tokens%s", hp->arch, n_swa, hp->n_layers, hp->swa_window,
+           dropped ? "; the prefix cache, parked turns and the swap space are off for them "
+                     "(swa_full = true keeps every token and them)" : "");
+    return 0;
 }
 
 /* The context a request may use is what the KV memory can hold for one
@@ -157,6 +212,8 @@ int eng_plan_memory(dp_engine *e, const dp_engine_opts *opts, char *err, size_t 
         .max_parked = opts->resume_turns ? ENGINE_MAX_PARKED : 0,
         .exempt_layers = e->dual ? opts->exempt_layers : 0,
     };
+    if (eng_swa_apart(e, opts) && (rc = plan_swa(e, opts, &ko, err, errsz)))
+        return rc;
     decode_auto_fallback(e->be, opts, &ko);
     /* A grouped type's prompt is compacted once, at its end, where its
      * groups are sealed: it never switches early. */
@@ -179,4 +236,21 @@ int eng_plan_memory(dp_engine *e, const dp_engine_opts *opts, char *err, size_t 
     kv_mgr_log_plan(&e->kv);
     cap_context(e);
     return 0;
+}
+
+int32_t eng_kv_layers(const dp_engine *e)
+{
+    const int32_t n = llama_hparams(e->model)->n_layers;
+    return kv_mgr_has_swa(&e->kv) ? n - llama_swa_layers(e->model) : n;
+}
+
+const float *eng_kv_queries(const dp_engine *e, int32_t nc, int64_t *layer_stride)
+{
+    const dp_hparams *hp = llama_hparams(e->model);
+    const int64_t per = (int64_t)nc * hp->n_heads * hp->head_dim;
+    int32_t first = 0, step = 1;
+    if (kv_mgr_has_swa(&e->kv))
+        llama_global_layers(e->model, &first, &step);
+    *layer_stride = per * step;
+    return llama_captured_queries(e->model) + per * first;
 }

@@ -88,6 +88,8 @@ typedef struct eng_step {
     dp_batch b;
     int32_t nt, no, nc, ns;   /* tokens, sampled rows, captured queries, prompt-logprob rows */
     bool x;                   /* the model has exempt layers: the batch carries their tables */
+    bool w;                   /* its sliding-window layers are apart: ... their tables, in
+                               * the exempt tables' arrays (never both) */
     double t0, tf, tf_end;    /* the step's start, its forward pass's start and end */
     int64_t prompt_toks, gen_toks;
     /* Those whose outputs switch them: a prompt that ended (migrates), one
@@ -115,10 +117,14 @@ static int size_tables(dp_engine *e, eng_step *st)
     st->x = kv_mgr_exempt_layers(&e->kv) > 0;
     if (st->x && max_blocks > x_max)
         x_max = max_blocks;
+    st->w = kv_mgr_has_swa(&e->kv);
+    for (int32_t i = 0; st->w && i < st->plan.n_items; i++)
+        if (kv_seq_wtab(&st->plan.items[i].seq->kv)->n > x_max)
+            x_max = kv_seq_wtab(&st->plan.items[i].seq->kv)->n;
     st->b.max_blocks = max_blocks;
     st->b.x_max_blocks = x_max;
     return ensure_tables(e, (size_t)st->plan.n_items * (size_t)max_blocks,
-                         st->x ? (size_t)st->plan.n_items * (size_t)x_max : 0);
+                         st->x || st->w ? (size_t)st->plan.n_items * (size_t)x_max : 0);
 }
 
 /* A sequence the plan runs: first admission, a preemption it came back
@@ -227,6 +233,13 @@ static void add_tables(dp_engine *e, eng_step *st, int32_t i, const dp_sched_ite
     memcpy(row, q->kv.table.blocks, (size_t)q->kv.table.n_blocks * sizeof *row);
     for (int32_t k = q->kv.table.n_blocks; k < max_blocks; k++)
         row[k] = 0;
+    if (st->w) { /* the sliding layers' table by position, -1 where given back */
+        const dp_kv_wtab *w = kv_seq_wtab(&q->kv);
+        int32_t *wr = e->bb.x_tables + (size_t)i * (size_t)x_max;
+        memcpy(wr, w->blocks, (size_t)w->n * sizeof *wr);
+        for (int32_t k = w->n; k < x_max; k++)
+            wr[k] = -1;
+    }
     if (!st->x)
         return;
     int32_t *xr = e->bb.x_tables + (size_t)i * (size_t)x_max, nx;
@@ -276,6 +289,12 @@ static int build_batch(dp_engine *e, eng_step *st)
     st->b.n_capture = st->nc;
     st->b.n_exempt = kv_mgr_exempt_layers(&e->kv);
     st->b.x_max_blocks = x_max;
+    if (st->w) {
+        st->b.layer_map = llama_kv_layer_map(e->model);
+        st->b.w_store = DP_KV_STORE_SWA;
+        st->b.w_block_tables = e->bb.x_tables;
+        st->b.w_max_blocks = x_max;
+    }
     return 0;
 }
 
@@ -356,9 +375,7 @@ static void take_outputs(dp_engine *e, eng_step *st)
     st->migrate = e->lists[0];
     st->early = e->lists[1];
     st->tail_done = e->lists[2];
-    const dp_hparams *hp = llama_hparams(e->model);
-    st->captured = llama_captured_queries(e->model);
-    st->q_stride = (int64_t)st->nc * hp->n_heads * hp->head_dim;
+    st->captured = eng_kv_queries(e, st->nc, &st->q_stride);
     for (int32_t i = 0, o = 0; i < st->plan.n_items; i++)
         take_output(e, st, &st->plan.items[i], &o);
 }

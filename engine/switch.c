@@ -109,7 +109,8 @@ static bool has_twin(dp_engine *e, const eng_seq *es)
 static bool small_lists(const dp_engine *e, int32_t n_keep)
 {
     const dp_hparams *hp = llama_hparams(e->model);
-    return (int64_t)hp->n_layers * hp->n_kv_heads * n_keep * (int64_t)sizeof(int32_t) <= 256 * 1024;
+    return (int64_t)eng_kv_layers(e) * hp->n_kv_heads * n_keep * (int64_t)sizeof(int32_t) <=
+           256 * 1024;
 }
 
 /* A prompt's end on the decode path that keeps what it has (already at or
@@ -227,7 +228,7 @@ int eng_early_signal(dp_engine *e, eng_seq *es, const float *q, int64_t q_stride
 {
     const dp_hparams *hp = llama_hparams(e->model);
     const dp_kv_seq *kv = &es->seq->kv;
-    int32_t rows = hp->n_layers * hp->n_kv_heads;
+    int32_t rows = eng_kv_layers(e) * hp->n_kv_heads;
     int32_t k = compress_n_keep(&kv->copts, kv->n_slots);
     int32_t *cur = malloc((size_t)rows * (size_t)k * sizeof *cur);
     if (!cur)
@@ -265,8 +266,8 @@ void eng_note_decode_queries(dp_engine *e, const dp_sched_plan *plan, int32_t nc
 {
     const dp_hparams *hp = llama_hparams(e->model);
     const size_t q_row = (size_t)hp->n_heads * (size_t)hp->head_dim;
-    const float *q = llama_captured_queries(e->model);
-    const int64_t q_stride = (int64_t)nc * (int64_t)q_row;
+    int64_t q_stride;
+    const float *q = eng_kv_queries(e, nc, &q_stride);
     int64_t missed = 0;
     for (int32_t i = 0; i < plan->n_items; i++) {
         eng_seq *es = plan->items[i].seq->owner;

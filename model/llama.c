@@ -41,6 +41,7 @@ struct dp_llama {
      * -1 - layer_map[l] of the sliding store; NULL: no sliding layers. */
     int32_t *layer_map;
     int32_t n_swa;
+    int32_t g_first, g_step;  /* the global layers: g_first, g_first + g_step, ... */
     /* A decode step padded for the backend (backend.h step_pad): host
      * arrays, grown on demand. */
     int32_t *pad_i32;
@@ -66,6 +67,11 @@ const float *llama_captured_queries(const dp_llama *m) { return m->capture_q; }
 
 const int32_t *llama_kv_layer_map(const dp_llama *m) { return m->layer_map; }
 int32_t llama_swa_layers(const dp_llama *m) { return m->n_swa; }
+void llama_global_layers(const dp_llama *m, int32_t *first, int32_t *step)
+{
+    *first = m->layer_map ? m->g_first : 0;
+    *step = m->layer_map ? m->g_step : 1;
+}
 
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks)
 {
@@ -280,6 +286,14 @@ int llama_init_ex(dp_llama **out, const dp_gguf *g, dp_backend *be, int32_t max_
     }
     for (int32_t l = 0, ng = 0; m->layer_map && l < hp->n_layers; l++)
         m->layer_map[l] = hparams_layer_window(hp, l) > 0 ? -1 - m->n_swa++ : ng++;
+    /* The global layers come every swa_period-th (hparams_layer_window). */
+    m->g_first = hp->desc && hp->desc->swa_period > 0 ? hp->desc->swa_period - 1 : 0;
+    m->g_step = hp->desc && hp->desc->swa_period > 0 ? hp->desc->swa_period : 1;
+    if (m->layer_map && m->n_swa == hp->n_layers) { /* nothing to keep apart from */
+        free(m->layer_map);
+        m->layer_map = NULL;
+        m->n_swa = 0;
+    }
     if ((rc = load_w(m, g, "token_embd.weight", hp->vocab, hp->dim, &m->tok_embd, err, errsz)) ||
         (rc = load_w(m, g, "output_norm.weight", 1, hp->dim, &m->out_norm, err, errsz)))
         goto fail;

@@ -77,10 +77,16 @@ dp_backend *llama_backend(const dp_llama *m);
 int32_t llama_max_tokens(const dp_llama *m);
 int32_t llama_max_out(const dp_llama *m);
 /* The map of a batch that keeps the sliding-window layers in a store of
- * their own (backend.h layer_map; NULL: the model has none), and how many
- * they are: the main stores then need the other layers only. */
+ * their own (backend.h layer_map; NULL: the model has none, or no global
+ * layer beside them), and how many they are: the main stores then need
+ * the other layers only. */
 const int32_t *llama_kv_layer_map(const dp_llama *m);
 int32_t llama_swa_layers(const dp_llama *m);
+/* The model layers of the main stores' layers where the sliding ones are
+ * apart: layer j is the model's first + j * step (Gemma 3: 5, 11, 17, ...);
+ * 0 and 1 for a model without sliding layers. Captured queries of the
+ * global layers are then every step-th layer's, from the first. */
+void llama_global_layers(const dp_llama *m, int32_t *first, int32_t *step);
 /* Layout of a KV store that fits this model, with the given block geometry. */
 dp_kv_layout llama_kv_layout(const dp_llama *m, int32_t block_tokens, int32_t n_blocks);
 

@@ -1,8 +1,9 @@
 """Gemma 3 270M (the second real model, gemma3: sliding-window layers)
-served over HTTP: a chat answered in Gemma's turns, a prompt longer than
+served over HTTP: a chat answered in Gemma's turns; a prompt longer than
 its 512-token window answered with the tokens the forward pass gives
-alone, and the settings that would evict from a sliding-window layer
-refused by name.
+alone, with the sliding layers kept apart at their window (the default)
+and whole (swa_full); eviction on the global layers where the sliding
+ones are apart, and refused by name where they are whole.
 
 The model comes from scripts/fetch-model.sh gemma3-270m (test.sh fetches
 it and names it in DP_GEMMA3_MODEL). Marked heavy: 700-token prompts on a
@@ -89,25 +90,65 @@ def test_past_the_window_as_the_forward_pass(gemma_whole):
     assert c["choices"][0]["text"] == r["content"]
 
 
+def metric(d, name):
+    st, _, raw = d.request("GET", "/metrics")
+    assert st == 200
+    for line in raw.decode().splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(name + " not in /metrics")
+
+
+def test_whole_sliding_layers_same_text(gemma_whole):
+    """swa_full keeps every token of the sliding layers in the main store:
+    the same greedy text as with them apart (the window reads the same
+    keys)."""
+    ids = readme_tokens(700)
+    d = Daemon(model=GEMMA, extra=["--no-dualpath", "--kv-cache-type", "f32", "--swa-full"],
+               log_name="dualpathd-gemma3-swa-full")
+    try:
+        body = {"prompt": ids, "max_tokens": 24, "temperature": 0}
+        st, full = post(d, "/v1/completions", body)
+        assert st == 200, full
+        assert "sliding-window layers apart" not in d.log_text()
+    finally:
+        assert d.stop() == 0
+    st, apart = post(gemma_whole, "/v1/completions", body)
+    assert st == 200, apart
+    assert apart["choices"][0]["text"] == full["choices"][0]["text"]
+
+
 def test_past_the_window_with_the_defaults(gemma):
-    """The default dual path (f16 prefill, q8_0 decode path) answers a
-    prompt past the window and keeps every token (keep_ratio 1)."""
+    """The defaults: the 15 sliding layers apart at their window, the 3
+    global ones on the dual path (f16 prefill, kivi4 decode path); a prompt
+    past the window keeps every token (keep_ratio 1), and every sliding
+    block is back in the pool once it is answered."""
     ids = readme_tokens(700)
     st, r = post(gemma, "/v1/completions", {"prompt": ids, "max_tokens": 16, "temperature": 0})
     assert st == 200, r
     assert r["usage"]["completion_tokens"] == 16
     assert r["usage"]["dualpath"]["tokens_evicted"] == 0
+    log = gemma.log_text()
+    assert "keeps its 15 sliding-window layers (of 18) at their window of 512" in log
+    assert "the 15 sliding-window layers apart" in log
+    assert metric(gemma, 'dualpath_kv_blocks_capacity{pool="sliding"}') > 0
+    assert metric(gemma, 'dualpath_kv_blocks_used{pool="sliding"}') == 0
 
 
-def test_eviction_refused_by_name(gemma):
-    st, r = post(gemma, "/v1/completions", {"prompt": "Hello", "max_tokens": 4,
+def test_eviction_on_the_global_layers(gemma):
+    """Apart, the sliding layers are read by position: eviction applies to
+    the global layers, which have no window."""
+    ids = readme_tokens(700)
+    st, r = post(gemma, "/v1/completions", {"prompt": ids, "max_tokens": 8, "temperature": 0,
                                              "dualpath": {"keep_ratio": 0.5}})
-    assert st == 400, r
-    assert "keep_ratio" in r["error"]["message"] and "sliding-window" in r["error"]["message"]
+    assert st == 200, r
+    assert r["usage"]["completion_tokens"] == 8
+    assert r["usage"]["dualpath"]["tokens_evicted"] > 300
 
 
-def test_start_up_refuses_eviction():
+def test_whole_sliding_layers_refuse_eviction():
     p = subprocess.run([BIN, "--config", "", "--model", GEMMA, "--listen", "127.0.0.1:0",
-                        "--keep-ratio", "0.5"], capture_output=True, text=True, timeout=HANG_S)
+                        "--swa-full", "--keep-ratio", "0.5"], capture_output=True, text=True,
+                       timeout=HANG_S)
     assert p.returncode != 0
     assert "keep_ratio" in p.stderr and "sliding-window" in p.stderr, p.stderr[-500:]

@@ -21,25 +21,26 @@ void cuda_attention(dp_backend *be, dp_kv_store *const *stores, int32_t layer, f
 {
     cuda_xh_forget(cuda_of(be)); /* it writes device floats */
     cuda_backend *c = cuda_of(be);
-    cuda_kv_desc kd;
-    if (!cuda_kv_desc_make(stores, &kd) || c->n_tokens <= 0 || c->n_tiles <= 0)
+    cuda_layer_at a;
+    if (!cuda_layer_at_make(c, stores, layer, &a) || c->n_tokens <= 0 || c->n_tiles <= 0)
         return;
+    const cuda_kv_desc kd = a.kd;
     const int32_t n_kv = kd.n_kv, hd = kd.head_dim;
     if (n_heads < n_kv || n_heads % n_kv) {
         cuda_note_error(c, "attention: heads not a multiple of KV heads", cudaErrorInvalidValue);
         return;
     }
-    cuda_att_plan p = cuda_att_make_plan(c->n_tiles, c->max_tile_len, c->max_slots, c->n_tokens,
+    cuda_att_plan p = cuda_att_make_plan(c->n_tiles, c->max_tile_len, a.max_slots, c->n_tokens,
                                          n_heads, n_kv, hd, c->sm_count);
     if (p.splits > 1 && cuda_scratch_grow(c, (void **)&c->part, &c->part_cap,
                                           cuda_att_part_floats(&p, c->n_tokens, n_heads, hd),
                                           sizeof(float))) {
         p.splits = 1; /* no memory for partials: one pass still gives the answer */
-        p.split_len = (c->max_slots + KT - 1) / KT * KT;
+        p.split_len = (a.max_slots + KT - 1) / KT * KT;
     }
     dim3 grid((unsigned)c->n_tiles, (unsigned)(n_kv * p.n_rchunks), (unsigned)p.splits);
-    CUDA_LAUNCH(cuda_attn_kernel, grid, NT, cuda_att_smem(hd), c->stream, kd, layer, c->bd,
-                c->max_blocks, c->n_tokens, n_heads, p.n_rchunks, scale, window, q, out, c->part,
+    CUDA_LAUNCH(cuda_attn_kernel, grid, NT, cuda_att_smem(hd), c->stream, kd, a.layer, *a.bd,
+                a.max_blocks, c->n_tokens, n_heads, p.n_rchunks, scale, window, q, out, c->part,
                 p.split_len, p.splits);
     cuda_check_launch(c, "attention");
     if (p.splits > 1) {

@@ -606,7 +606,7 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         return DP_EINVAL;
     /* A step addresses two stores here (kv_max_stores): exempt layers and
      * decode types other than the server's would be more. */
-    if (b->n_exempt > 0 || b->layer_map)
+    if (b->n_exempt > 0 || (b->layer_map && (b->w_store < 0 || b->w_store >= DP_KV_MAX_STORES)))
         return DP_EUNSUPPORTED;
     for (int32_t s = 0; s < b->n_seqs; s++)
         if (b->seq_store[s] >= CUDA_KV_STORES)
@@ -614,12 +614,16 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     const size_t nt = (size_t)b->n_tokens, ns = (size_t)b->n_seqs;
     const int32_t n_capture = b->n_capture > 0 ? b->n_capture : 0;
     /* One token per sequence (so every query tile is one token) and no
-     * capture: a decode step. */
-    const bool decode = b->n_tokens <= CUDA_GRAPH_MAX_TOKENS && dp_batch_is_decode(b);
+     * capture: a decode step (recorded only without a layer map: the
+     * sliding layers' tables are not in a recorded step's key). */
+    const bool decode = b->n_tokens <= CUDA_GRAPH_MAX_TOKENS && dp_batch_is_decode(b) &&
+                        !b->layer_map;
     const int32_t stride = decode ? round_pow2(b->max_blocks, 8) : b->max_blocks;
     const size_t nbt = ns * (size_t)stride;
     /* Tiles: at most one per token. */
-    const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + 3 * ns + nt + 1;
+    /* The sliding layers' tables and one store index (0) per sequence. */
+    const size_t nwt = b->layer_map ? ns * (size_t)b->w_max_blocks + ns : 0;
+    const size_t need = 4 * nt + nbt + (size_t)b->n_out + (size_t)n_capture + 3 * ns + nwt + nt + 1;
     /* The previous step's copy may still be reading the staging buffer (a
      * step without logits ends without a download). */
     if (c->arrays_pending) {
@@ -664,6 +668,12 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
         h[o + ns + s] = b->seq_sealed ? b->seq_roff[s] : 0;
     }
     o += 2 * ns;
+    const size_t o_w = o;
+    if (nwt) {
+        memcpy(h + o, b->w_block_tables, ns * (size_t)b->w_max_blocks * sizeof *h);
+        memset(h + o + ns * (size_t)b->w_max_blocks, 0, ns * sizeof *h);
+        o += nwt;
+    }
     /* Query tiles: the keys of a prefill chunk are read once per tile. */
     const size_t o_tiles = o;
     int32_t max_len = 0, max_slots = 0;
@@ -704,6 +714,19 @@ static int cuda_batch_set(dp_backend *be, const dp_batch *b)
     c->n_tiles = n_tiles;
     c->max_tile_len = max_len;
     c->max_slots = max_slots;
+    c->layer_map = b->layer_map;
+    if (nwt) {
+        c->bw = c->bd;
+        c->bw.slot = c->bd.pos;
+        c->bw.block_tables = d + o_w;
+        c->bw.seq_store = d + o_w + ns * (size_t)b->w_max_blocks;
+        c->w_store = b->w_store;
+        c->w_max_blocks = b->w_max_blocks;
+        c->w_max_slots = 1;
+        for (int32_t i = 0; i < b->n_tokens; i++)
+            if (b->pos[i] + 1 > c->w_max_slots)
+                c->w_max_slots = b->pos[i] + 1;
+    }
     return 0;
 }
 

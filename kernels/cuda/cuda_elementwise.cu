@@ -43,6 +43,24 @@ bool cuda_kv_desc_make(dp_kv_store *const *stores, cuda_kv_desc *d)
     return any;
 }
 
+bool cuda_layer_at_make(const cuda_backend *c, dp_kv_store *const *stores, int32_t layer,
+                        cuda_layer_at *a)
+{
+    const int32_t m = c->layer_map ? c->layer_map[layer] : layer;
+    a->bd = &c->bd;
+    a->layer = m;
+    a->max_blocks = c->max_blocks;
+    a->max_slots = c->max_slots;
+    if (m >= 0)
+        return cuda_kv_desc_make(stores, &a->kd);
+    dp_kv_store *one[DP_KV_MAX_STORES] = {stores[c->w_store]};
+    a->bd = &c->bw;
+    a->layer = -1 - m;
+    a->max_blocks = c->w_max_blocks;
+    a->max_slots = c->w_max_slots;
+    return cuda_kv_desc_make(one, &a->kd);
+}
+
 /* ---- embedding ----------------------------------------------------------- */
 
 __device__ __forceinline__ float cuda_ld(const __half *p, size_t i) { return __half2float(p[i]); }
@@ -277,13 +295,13 @@ void cuda_kv_write(dp_backend *be, dp_kv_store *const *stores, int32_t layer, co
                    const float *v)
 {
     cuda_backend *c = cuda_of(be);
-    cuda_kv_desc kd;
-    if (!cuda_kv_desc_make(stores, &kd) || c->n_tokens <= 0)
+    cuda_layer_at a;
+    if (!cuda_layer_at_make(c, stores, layer, &a) || c->n_tokens <= 0)
         return;
-    const int64_t total = (int64_t)c->n_tokens * kd.n_kv * (kd.head_dim / CUDA_KV_VEC);
+    const int64_t total = (int64_t)c->n_tokens * a.kd.n_kv * (a.kd.head_dim / CUDA_KV_VEC);
     const unsigned blocks = (unsigned)((total + EW_THREADS - 1) / EW_THREADS);
-    CUDA_LAUNCH(cuda_kv_write_kernel, blocks, EW_THREADS, 0, c->stream, kd, layer, c->bd,
-                c->max_blocks, c->n_tokens, k, v);
+    CUDA_LAUNCH(cuda_kv_write_kernel, blocks, EW_THREADS, 0, c->stream, a.kd, a.layer, *a.bd,
+                a.max_blocks, c->n_tokens, k, v);
     cuda_check_launch(c, "kv_write");
 }
 

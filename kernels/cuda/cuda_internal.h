@@ -431,6 +431,13 @@ typedef struct cuda_backend {
     cudaEvent_t arrays_copied; /* staging may be rewritten once this fired */
     bool arrays_pending;
     cuda_batch_dev bd;
+    /* Sliding-window layers apart (backend.h layer_map, the model's host
+     * array; NULL: none): their view of the batch (positions as slots, the
+     * w_ tables, every sequence in store 0 of a descriptor of the sliding
+     * store alone) and its shape. */
+    const int32_t *layer_map;
+    int32_t w_store, w_max_blocks, w_max_slots;
+    cuda_batch_dev bw;
 
     /* matmul: activations converted to fp16; and the fp16 slab a quantized
      * weight is dequantized into for a GEMM (cuda_wquant.cu). */
@@ -482,6 +489,17 @@ typedef struct cuda_backend {
     uint16_t *wstage;
     size_t wstage_cap;   /* elements */
 } cuda_backend;
+
+/* Where a layer's kv_write and attention read: its stores' descriptor, its
+ * view of the batch, its layer in those stores and the view's shape (the
+ * sliding-window layers' own where the batch maps the layers). */
+typedef struct cuda_layer_at {
+    cuda_kv_desc kd;
+    const cuda_batch_dev *bd;
+    int32_t layer, max_blocks, max_slots;
+} cuda_layer_at;
+bool cuda_layer_at_make(const cuda_backend *c, dp_kv_store *const *stores, int32_t layer,
+                        cuda_layer_at *a);
 
 static inline cuda_backend *cuda_of(dp_backend *be) { return (cuda_backend *)be; }
 

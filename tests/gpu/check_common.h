@@ -109,6 +109,8 @@ void check_kv_saturate(dp_backend *be[2]);
 void check_kvpath(dp_backend *be[2], dp_kv_type dtype);
 /* The kivi4 decode path (check_kivi.c): groups, residual and attention. */
 void check_kivi(dp_backend *be[2]);
+/* Sliding-window layers in a store of their own (check_swa.c). */
+void check_swa(dp_backend *be[2]);
 /* Whole decode runs (check_generate.c): greedy tokens of a synthetic model
  * of weight type with the CPU's tokens fed to both (required: a
  * disagreement at a decisive step fails; else it is reported; the model

@@ -778,6 +778,8 @@ int main(int argc, char **argv)
         /* Gemma 3's scaled embedding, extra norms, GELU gating and windows
          * of 8 slots (its prompt and tokens slide them). */
         check_generation(be, "tiny-gemma3", seed, DP_TYPE_F16, true);
+        /* ... and its sliding layers apart, at their window. */
+        check_swa(be);
         /* Quantized weights: the same block values on both sides (the CPU's
          * exact path dequantizes them to f32, the device's GEMV too; its
          * prefill GEMM rounds them to fp16). */

@@ -5,7 +5,10 @@
  * turn and resume it with the conversation's next one, keep a reply, free)
  * in a random order, on several managers: dualpath off, one arena of one
  * type, a quantized decode type, exempt layers, split pools, a decode
- * budget, a grouped decode type (whole groups sealed from a residual). After every call the bookkeeping must add up:
+ * budget, a grouped decode type (whole groups sealed from a residual),
+ * sliding-window layers apart (kvcache/swa.h; without the prefix cache,
+ * parked turns and swap, which do not carry them). After every call the
+ * bookkeeping must add up:
  *   - each block's reference count equals the tables that hold it (live,
  *     swapped-in and parked sequences, exempt tables) plus the decode-pool
  *     shares that name it (dprefix.h), and the free count equals the blocks
@@ -13,6 +16,10 @@
  *   - the decode promises of the sequences add up to the manager's, and the
  *     blocks that are free or that dropping parked turns would free cover them;
  *   - the swap space's bytes are those of the swapped-out and spilled copies;
+ *   - the sliding pool's reference counts are the live entries of the
+ *     sequences' sliding tables, which hold no more than a window and a
+ *     chunk, cover the positions computed, and whose promises add up to
+ *     the pool's and fit in its free blocks;
  * and when everything has ended, every block but the parked turns' is free
  * and nothing is promised. The seed is fixed (DP_PROP_SEED overrides it,
  * DP_PROP_STEPS the length) so that a failure reproduces. */
@@ -27,6 +34,8 @@
 #include "t.h"
 
 enum { BT = 16, N_SEQ = 10, N_CONV = 6, SYS = 40, MAX_TOK = 1024 };
+/* Sliding layers apart: their window, and a step's tokens at most. */
+enum { SWA_WINDOW = 48, SWA_CHUNK = 32 };
 
 typedef struct setup {
     const char *name;
@@ -37,6 +46,7 @@ typedef struct setup {
     int32_t exempt;
     int32_t budget;         /* decode budget (0: none) */
     float keep;             /* the keep ratio (0: 0.5) */
+    int32_t swa_blocks;     /* sliding layers apart: their pool's blocks (0: none) */
 } setup;
 
 typedef enum { FREE, WAITING, RUNNING } state;
@@ -149,6 +159,40 @@ static void check_held(world *w)
     free(occ);
 }
 
+static void check_swa(world *w)
+{
+    dp_kv_mgr *m = &w->m;
+    int32_t *cnt = calloc((size_t)m->swa.pool.n_blocks, sizeof *cnt);
+    CHECK(cnt != NULL);
+    int64_t promised = 0;
+    for (int i = 0; i < N_SEQ; i++) {
+        const pseq *q = &w->s[i];
+        if (q->st == FREE)
+            continue;
+        const dp_kv_wtab *t = kv_seq_wtab(&q->kv);
+        for (int32_t j = 0; j < t->lo; j++)
+            CHECK_EQ_INT(t->blocks[j], -1);
+        for (int32_t j = t->lo; j < t->n; j++)
+            cnt[t->blocks[j]]++;
+        CHECK_MSG(t->n - t->lo <= swa_blocks_at(&m->swa, SWA_CHUNK), "%d sliding blocks held",
+                  t->n - t->lo);
+        CHECK(t->promise >= 0);
+        promised += t->promise;
+        if (q->st == RUNNING) {
+            /* Its positions computed, and the blocks the next token reads. */
+            CHECK_EQ_INT(t->pos, q->n_computed);
+            CHECK(t->pos < t->prompt || t->promise == 0); /* its prompt done: no promise */
+            CHECK((int64_t)t->lo * BT <= (t->pos + 1 - SWA_WINDOW > 0 ? t->pos + 1 - SWA_WINDOW : 0));
+        } else {
+            CHECK_EQ_INT(t->n, 0);
+        }
+    }
+    check_pool("sliding pool", &m->swa.pool, cnt);
+    CHECK_EQ_INT(m->swa.reserved, promised);
+    CHECK(m->swa.reserved <= kv_pool_n_free(&m->swa.pool));
+    free(cnt);
+}
+
 static void check(world *w)
 {
     dp_kv_mgr *m = &w->m;
@@ -186,6 +230,8 @@ static void check(world *w)
                 dcnt[x->blocks[b]]++;
     }
     check_held(w);
+    if (m->has_swa)
+        check_swa(w);
     check_pool("prefill pool", &m->pool, pcnt);
     if (split)
         check_pool("decode pool", m->dpool, dcnt);
@@ -316,6 +362,8 @@ static void step(world *w, pseq *q)
     dp_kv_seq *kv = &q->kv;
     const bool decode = q->n_tokens - q->n_computed == 1 && q->n_computed >= q->n_prompt;
     int32_t n = decode ? 1 : 1 + (int32_t)rnd(w, (uint32_t)(q->n_tokens - q->n_computed));
+    if (w->su->swa_blocks && n > SWA_CHUNK) /* (the scheduler's chunk at most) */
+        n = SWA_CHUNK;
     if (kv_mgr_grow(m, kv, n) != 0) {
         /* No room: it yields its own blocks, as the scheduler's last resort. */
         if (kv_mgr_swap_out(m, kv) == 0)
@@ -401,6 +449,16 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
         /* A small swap space: it fills, and a preempted cache is recomputed. */
         .swap_bytes = (int64_t)su->n_blocks * 4096,
     };
+    if (su->swa_blocks) {
+        o.swa = o.prefill;
+        o.swa.n_layers = 3;
+        o.swa.n_blocks = su->swa_blocks;
+        o.swa_window = SWA_WINDOW;
+        o.swa_chunk = SWA_CHUNK;
+        o.prefix_cache = o.reuse_replies = false;
+        o.max_parked = 0;
+        o.swap_bytes = 0;
+    }
     o.decode = o.prefill;
     o.decode.type = su->dtype;
     o.decode.n_blocks = su->n_dblocks;
@@ -415,6 +473,10 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
     check(w);
     CHECK_EQ_INT(w->m.decode_reserved, 0);
     CHECK_EQ_INT(kv_pool_n_used(w->m.dpool), kv_mgr_parked_blocks(&w->m));
+    if (su->swa_blocks) {
+        CHECK_EQ_INT(kv_pool_n_used(&w->m.swa.pool), 0);
+        CHECK_EQ_INT(w->m.swa.reserved, 0);
+    }
     if (w->m.dpool != &w->m.pool)
         CHECK_EQ_INT(kv_pool_n_used(&w->m.pool), 0);
     printf("%s:", su->name);
@@ -425,7 +487,8 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
      * nothing: each manager must have migrated, swapped and decoded. */
     CHECK(w->ops[OP_DECODE] > 0 && w->ops[OP_SWAP_OUT] + w->ops[OP_RECOMPUTE] > 0);
     if (su->dual)
-        CHECK(w->ops[OP_MIGRATE] > 0 && w->ops[OP_PARK] > 0 && w->ops[OP_RESUME] > 0);
+        CHECK(w->ops[OP_MIGRATE] > 0 &&
+              (su->swa_blocks || (w->ops[OP_PARK] > 0 && w->ops[OP_RESUME] > 0)));
     if (su->budget)
         CHECK(w->ops[OP_RECOMPRESS] > 0);
     if (dp_kv_type_grouped(su->dtype)) {
@@ -448,16 +511,21 @@ int main(void)
     uint64_t seed = se ? strtoull(se, NULL, 0) : 20261206;
     int64_t steps = st ? strtoll(st, NULL, 0) : 4000;
     static const setup setups[] = {
-        {"dualpath off", false, DP_KV_F16, 48, 0, 0, 0, 0},
-        {"one arena, f16", true, DP_KV_F16, 48, 0, 0, 0, 0},
-        {"one arena, q8_0 decode", true, DP_KV_Q8_0, 48, 0, 0, 0, 0},
-        {"one arena, q8_0 decode, 1 exempt layer", true, DP_KV_Q8_0, 48, 0, 1, 0, 0},
-        {"split pools", true, DP_KV_F16, 40, 24, 0, 0, 0},
-        {"one arena, q8_0 decode, budget 48", true, DP_KV_Q8_0, 48, 0, 0, 48, 0},
-        {"one arena, kivi4 decode", true, DP_KV_KIVI4, 48, 0, 0, 0, 0},
+        {"dualpath off", false, DP_KV_F16, 48, 0, 0, 0, 0, 0},
+        {"one arena, f16", true, DP_KV_F16, 48, 0, 0, 0, 0, 0},
+        {"one arena, q8_0 decode", true, DP_KV_Q8_0, 48, 0, 0, 0, 0, 0},
+        {"one arena, q8_0 decode, 1 exempt layer", true, DP_KV_Q8_0, 48, 0, 1, 0, 0, 0},
+        {"split pools", true, DP_KV_F16, 40, 24, 0, 0, 0, 0},
+        {"one arena, q8_0 decode, budget 48", true, DP_KV_Q8_0, 48, 0, 0, 48, 0, 0},
+        {"one arena, kivi4 decode", true, DP_KV_KIVI4, 48, 0, 0, 0, 0, 0},
         /* Every token kept: the prompt's blocks taken by reference, more
          * of them than its groups come to. */
-        {"one arena, kivi4 decode, keep 1", true, DP_KV_KIVI4, 64, 0, 0, 0, 1.0f},
+        {"one arena, kivi4 decode, keep 1", true, DP_KV_KIVI4, 64, 0, 0, 0, 1.0f, 0},
+        /* Sliding layers apart, in a pool smaller than ten windows. */
+        {"dualpath off, sliding layers apart", false, DP_KV_F16, 48, 0, 0, 0, 0, 30},
+        {"one arena, kivi4 decode, sliding layers apart", true, DP_KV_KIVI4, 64, 0, 0, 0, 0, 30},
+        {"one arena, q8_0 decode, budget 48, sliding layers apart", true, DP_KV_Q8_0, 48, 0, 0,
+         48, 0, 30},
     };
     for (size_t i = 0; i < sizeof setups / sizeof setups[0]; i++)
         run(&setups[i], seed + i, steps);

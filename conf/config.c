@@ -153,7 +153,7 @@ static const opt_desc options[] = {
     {"prefix_cache", DP_CONF_BOOL, F(prefix_cache), "true", 0, 0, NULL, NULL, 0, GROUP_KV, NULL,
      "reuse prefill blocks of earlier prompts (the next turn of a chat) [kvcache]"},
     {"swa_full", DP_CONF_BOOL, F(swa_full), "false", 0, 0, NULL, NULL, 0, GROUP_KV, NULL,
-     "sliding-window layers keep every token: prefix cache, parked turns, swap serve them "
+     "sliding-window layers keep every token: the prefix cache and swap serve them "
      "[kvcache]"},
     {"kv_cache_type", DP_CONF_ENUM, F(kv_cache_type), "f16", 0, 0, kv_types, NULL, 0, GROUP_KV, NULL,
      "KV cache type: f16 as llama.cpp, f32 exact (CUDA: f16); q8_0, q4_0: no dualpath "

@@ -49,8 +49,8 @@ typedef struct dp_engine_opts {
     bool prefix_cache;           /* reuse prefill blocks of earlier prompts (default on) */
     bool swa_full;               /* a model's sliding-window layers keep every token (false,
                                   * the default: their window, in a store of their own,
-                                  * kvcache/swa.h; the prefix cache, parked turns and swap
-                                  * then go without them) */
+                                  * kvcache/swa.h; the prefix cache and swap then go
+                                  * without them) */
     int32_t kv_type;             /* dp_kv_type of both pools (default f16; CUDA keeps f32 in f16) */
     int32_t decode_kv_type;      /* the decode path's dp_kv_type, or ENGINE_DECODE_KV_SAME
                                   * (kv_type) or ENGINE_DECODE_KV_AUTO (the default: kivi4

@@ -118,9 +118,9 @@ bool eng_swa_apart(const dp_engine *e, const dp_engine_opts *o)
  * and a step's chunk (never more is held), but at most the share of
  * kv_bytes those layers would have in a whole cache: so the global layers
  * never hold fewer tokens than a whole cache would, and the sliding ones
- * never fewer at once. What carries a cache past its sequence (the prefix
- * cache, parked turns, the swap space) does not carry the sliding tables
- * yet: off for such a model, and said so. */
+ * never fewer at once. Parked turns carry a sequence's sliding table; the
+ * prefix cache and the swap space do not yet: off for such a model, and
+ * said so. */
 static int plan_swa(dp_engine *e, const dp_engine_opts *o, dp_kv_mgr_opts *ko, char *err,
                     size_t errsz)
 {
@@ -148,15 +148,13 @@ static int plan_swa(dp_engine *e, const dp_engine_opts *o, dp_kv_mgr_opts *ko, c
         ko->kv_bytes -= blocks * (int64_t)per;
     }
     ko->swa.n_blocks = blocks > INT32_MAX ? INT32_MAX : (int32_t)blocks;
-    const bool dropped = o->prefix_cache || (e->dual && o->resume_turns) ||
-                         (e->dual && o->swap_bytes > 0);
+    const bool dropped = o->prefix_cache || (e->dual && o->swap_bytes > 0);
     ko->prefix_cache = ko->reuse_replies = false;
-    ko->max_parked = 0;
     ko->swap_bytes = 0;
     dp_log(DP_LOG_INFO, "engine: %s keeps its %d sliding-window layers (of %d) at their window of "
            "%d tokens%s", hp->arch, n_swa, hp->n_layers, hp->swa_window,
-           dropped ? "; the prefix cache, parked turns and the swap space are off for them "
-                     "(swa_full = true keeps every token and them)" : "");
+           dropped ? "; the prefix cache and the swap space are off for them (swa_full = true "
+                     "keeps every token and them)" : "");
     return 0;
 }
 

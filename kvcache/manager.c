@@ -464,10 +464,10 @@ static int init_parked(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t 
     return 0;
 }
 
-/* The sliding-window layers' store and pool (swa.h). What carries a
- * sequence's cache past its own life (the prefix cache, parked turns, the
- * swap space) and the exempt layers do not carry its sliding table yet:
- * the engine keeps them off beside it. */
+/* The sliding-window layers' store and pool (swa.h). Parked turns carry a
+ * sequence's sliding table (its window at the turn's end); the prefix
+ * cache, the swap space and the exempt layers do not yet: the engine keeps
+ * them off beside it. */
 static int init_swa(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t errsz)
 {
     const dp_kv_layout *l = &o->swa;
@@ -476,11 +476,9 @@ static int init_swa(dp_kv_mgr *m, const dp_kv_mgr_opts *o, char *err, size_t err
         return dp_err(err, errsz, DP_EINVAL, "kvcache: bad sliding-window layout (window %d, "
                       "chunk %d, %d blocks of %d tokens)", o->swa_window, o->swa_chunk,
                       l->n_blocks, l->block_tokens);
-    if (o->exempt_layers > 0 || o->prefix_cache || (o->dual && o->max_parked > 0) ||
-        (o->dual && o->swap_bytes > 0))
+    if (o->exempt_layers > 0 || o->prefix_cache || (o->dual && o->swap_bytes > 0))
         return dp_err(err, errsz, DP_EUNSUPPORTED, "kvcache: sliding-window layers kept at their "
-                      "window go without exempt layers, the prefix cache, parked turns and a swap "
-                      "space");
+                      "window go without exempt layers, the prefix cache and a swap space");
     int rc = swa_init(&m->swa, m->be, l, o->swa_window, o->swa_chunk);
     if (rc)
         return dp_err(err, errsz, rc, "kvcache: cannot allocate the sliding-window layers' "

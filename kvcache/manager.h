@@ -160,7 +160,7 @@ typedef struct dp_kv_mgr_opts {
      * (the prefill type and block tokens, those layers only; n_layers 0:
      * none, every layer in the stores above), their window, and a step's
      * tokens of one sequence at most. Not with exempt layers, the prefix
-     * cache, parked turns or a swap space. */
+     * cache or a swap space (parked turns carry the sliding table). */
     dp_kv_layout swa;
     int32_t swa_window, swa_chunk;
 } dp_kv_mgr_opts;

@@ -501,7 +501,8 @@ int kv_mgr_admit(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_t
     else
         ok = need_p <= kv_pool_n_free(&m->pool) && (!dual || mgr_park_reclaim(m, need.decode + wm));
     /* The sliding-window layers' blocks for the prompt's window and chunk. */
-    if (ok && m->has_swa && swa_admit(&m->swa, &kv->w, n_tokens) != 0)
+    if (ok && m->has_swa && (!mgr_swa_reclaim(m, swa_prompt_need(&m->swa, n_tokens)) ||
+                             swa_admit(&m->swa, &kv->w, n_tokens) != 0))
         ok = false;
     if (!ok || kv_table_reserve(&kv->table, &m->pool, slots) != 0) {
         /* Not now: the matched blocks go back, still named, for the retry. */

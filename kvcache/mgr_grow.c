@@ -152,10 +152,16 @@ static int grow_tables(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 int kv_mgr_grow(dp_kv_mgr *m, dp_kv_seq *kv, int32_t n)
 {
     int rc = grow_tables(m, kv, n);
-    /* The sliding layers by position: n more, on either path. (A failure
-     * here leaves the main growth taken: the retry finds it done.) */
-    if (!rc && m->has_swa)
-        rc = swa_grow(&m->swa, &kv->w, (int64_t)kv->w.pos + n);
+    /* The sliding layers by position: n more, on either path, parked
+     * turns dropped for room. (A failure here leaves the main growth
+     * taken: the retry finds it done.) */
+    if (!rc && m->has_swa &&
+        (rc = swa_grow(&m->swa, &kv->w, (int64_t)kv->w.pos + n)) == DP_ENOSPC) {
+        const int32_t bt = m->swa.pool.block_tokens;
+        const int32_t more = (int32_t)(((int64_t)kv->w.pos + n + bt - 1) / bt) - kv->w.n;
+        if (mgr_swa_reclaim(m, more - kv->w.promise))
+            rc = swa_grow(&m->swa, &kv->w, (int64_t)kv->w.pos + n);
+    }
     return rc;
 }
 

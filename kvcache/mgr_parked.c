@@ -141,6 +141,25 @@ bool mgr_park_reclaim(dp_kv_mgr *m, int32_t need)
     return have >= need;
 }
 
+/* Drops the oldest parked caches until the sliding-window layers' pool
+ * (swa.h) has need blocks beyond those promised; none when even all of
+ * them would not make the room. Whether the room is there. */
+bool mgr_swa_reclaim(dp_kv_mgr *m, int32_t need)
+{
+    int32_t have = kv_pool_n_free(&m->swa.pool) - m->swa.reserved, parked = 0;
+    for (int32_t i = 0; i < m->n_parked && have < need; i++)
+        parked += swa_held(&m->parked[i].kv.w);
+    if (have >= need || have + parked < need)
+        return have >= need;
+    while (have < need && m->n_parked > 0) {
+        const int32_t i = park_oldest(m, false) >= 0 ? park_oldest(m, false) : park_oldest(m, true);
+        mgr_park_drop(m, i);
+        m->park_evictions++;
+        have = kv_pool_n_free(&m->swa.pool) - m->swa.reserved;
+    }
+    return have >= need;
+}
+
 bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_computed)
 {
     /* Past its compaction's prompt, slot mig_keep + i holds position
@@ -149,7 +168,7 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
     if (m->max_parked <= 0 || !m->dual || !kv->dual || kv->path != DP_PATH_DECODE ||
         kv->swapped.slots || kv->recompressed || kv->mig_pos <= 0 || !tokens ||
         n_computed < kv->mig_pos || kv->n_slots != kv->mig_keep + (n_computed - kv->mig_pos) ||
-        (kv_seq_has_x(kv) && kv->x_n != n_computed))
+        (kv_seq_has_x(kv) && kv->x_n != n_computed) || (m->has_swa && kv->w.pos != n_computed))
         return false;
     int32_t *copy = malloc((size_t)n_computed * sizeof *copy);
     if (!copy)
@@ -166,6 +185,8 @@ bool kv_mgr_park(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t n_c
     free(kv->warm);
     kv->warm = NULL;
     drop_promise(m, kv);
+    if (m->has_swa)
+        swa_settle(&m->swa, &kv->w);
     attn_acc_destroy(&kv->attn);
     park_put(m, &(dp_kv_parked){*kv, copy, n_computed, ++m->park_clock});
     m->parks++;
@@ -326,6 +347,13 @@ int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t 
         p.kv.sealed = slots < bt ? 0 : slots;
         p.kv.roff = 0;
     }
+    /* Its sliding-window layers must still hold the window of position c
+     * (else its history is computed again), and find the blocks the rest
+     * of the prompt needs beside those (dropping older parked turns). */
+    if (m->has_swa && !swa_can_resume(&m->swa, &p.kv.w, c)) {
+        park_put(m, &p);
+        return 1;
+    }
     const int32_t keep_b = (int32_t)mgr_table_blocks(m, &p.kv, slots);
     /* (Its exempt layers hold positions 0..c.) */
     const int32_t keep_x = mgr_xblocks_for(m, &p.kv, c);
@@ -367,8 +395,11 @@ int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t 
     p.kv.n_slots = slots;
     p.kv.x_n = p.kv.xtable.n_blocks > 0 ? c : 0;
     p.n = c;
+    if (m->has_swa)
+        swa_cut(&m->swa, &p.kv.w, c);
     const int32_t need = total - keep_b - p.kv.xtable.n_blocks;
-    if (!mgr_park_reclaim(m, need + wm)) {
+    if (!mgr_park_reclaim(m, need + wm) ||
+        (m->has_swa && !mgr_swa_reclaim(m, swa_resume_need(&m->swa, &p.kv.w, c, n_tokens)))) {
         park_put(m, &p);
         return DP_ENOSPC;
     }
@@ -385,7 +416,8 @@ int mgr_park_resume(dp_kv_mgr *m, dp_kv_seq *kv, const int32_t *tokens, int32_t 
     /* Its tables cover the rest of the prompt now, as an admitted prompt's
      * do (from the promise: cannot fail). */
     if (mgr_decode_reserve(m, kv, &kv->table, (int64_t)slots + (n_tokens - c), NULL) != 0 ||
-        (kv_seq_has_x(kv) && mgr_x_reserve(m, kv, &kv->xtable, n_tokens, NULL) != 0)) {
+        (kv_seq_has_x(kv) && mgr_x_reserve(m, kv, &kv->xtable, n_tokens, NULL) != 0) ||
+        (m->has_swa && swa_resume(&m->swa, &kv->w, n_tokens) != 0)) {
         mgr_release_all(m, kv);
         free(p.tokens);
         return DP_ENOSPC;

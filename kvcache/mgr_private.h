@@ -90,6 +90,7 @@ void mgr_name_next_block(dp_kv_mgr *m, dp_kv_seq *kv, int32_t block, const int32
 
 void mgr_park_drop(dp_kv_mgr *m, int32_t i);
 bool mgr_swap_can_take(const dp_kv_mgr *m, int32_t n_blocks);
+bool mgr_swa_reclaim(dp_kv_mgr *m, int32_t need);
 bool mgr_park_drop_spilled(dp_kv_mgr *m);
 bool mgr_park_reclaim(dp_kv_mgr *m, int32_t need);
 int32_t mgr_parked_room(dp_kv_mgr *m);

@@ -33,7 +33,7 @@ static int32_t blocks_for(const dp_kv_swa *w, int64_t n)
 }
 
 /* What a prompt of n tokens holds at most while its chunks run. */
-static int32_t prompt_need(const dp_kv_swa *w, int64_t n)
+int32_t swa_prompt_need(const dp_kv_swa *w, int64_t n)
 {
     const int32_t c = n < w->chunk ? (int32_t)n : w->chunk, b = blocks_for(w, n);
     return c < 1 ? 0 : swa_blocks_at(w, c) < b ? swa_blocks_at(w, c) : b;
@@ -41,14 +41,14 @@ static int32_t prompt_need(const dp_kv_swa *w, int64_t n)
 
 int32_t swa_need(const dp_kv_swa *w, int64_t n_prompt, int64_t n_more)
 {
-    const int32_t p = prompt_need(w, n_prompt), b = blocks_for(w, n_prompt + n_more);
+    const int32_t p = swa_prompt_need(w, n_prompt), b = blocks_for(w, n_prompt + n_more);
     const int32_t d = swa_blocks_at(w, 1) < b ? swa_blocks_at(w, 1) : b;
     return p > d ? p : d;
 }
 
 int swa_admit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
 {
-    const int32_t need = prompt_need(w, n_prompt);
+    const int32_t need = swa_prompt_need(w, n_prompt);
     if (need > w->pool.n_free - w->reserved)
         return DP_ENOSPC;
     t->n = t->lo = t->pos = 0;
@@ -87,6 +87,48 @@ int swa_grow(dp_kv_swa *w, dp_kv_wtab *t, int64_t end)
     return 0;
 }
 
+bool swa_can_resume(const dp_kv_swa *w, const dp_kv_wtab *t, int32_t c)
+{
+    const int64_t first = (int64_t)c + 1 - w->window;
+    return c > 0 && c <= t->pos && (int64_t)t->lo * w->pool.block_tokens <= (first > 0 ? first : 0);
+}
+
+int32_t swa_resume_need(const dp_kv_swa *w, const dp_kv_wtab *t, int32_t c, int32_t n_prompt)
+{
+    /* It holds entries [lo, keep) up to c; its tail's chunks hold at most
+     * a window and a chunk, and no more than its positions' entries. */
+    const int32_t keep = blocks_for(w, c), tail = n_prompt - c;
+    const int32_t cc = tail < w->chunk ? tail : w->chunk;
+    int32_t most = cc > 0 ? swa_blocks_at(w, cc) : 0;
+    if (most > blocks_for(w, n_prompt) - t->lo)
+        most = blocks_for(w, n_prompt) - t->lo;
+    return most > keep - t->lo ? most - (keep - t->lo) : 0;
+}
+
+void swa_cut(dp_kv_swa *w, dp_kv_wtab *t, int32_t c)
+{
+    const int32_t keep = blocks_for(w, c);
+    for (int32_t j = t->n - 1; j >= keep && j >= t->lo; j--)
+        kv_pool_unref(&w->pool, t->blocks[j]);
+    if (t->n > keep)
+        t->n = keep > t->lo ? keep : t->lo;
+    if (t->pos > c)
+        t->pos = c;
+}
+
+int swa_resume(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
+{
+    const int32_t c = t->pos, need = swa_resume_need(w, t, c, n_prompt);
+    if (!swa_can_resume(w, t, c) || need > w->pool.n_free - w->reserved)
+        return DP_ENOSPC;
+    w->reserved -= t->promise;
+    t->prompt = n_prompt;
+    t->promise = need;
+    w->reserved += need;
+    const int64_t end = (int64_t)c + w->chunk < n_prompt ? (int64_t)c + w->chunk : n_prompt;
+    return swa_grow(w, t, end); /* (from the promise: cannot fail) */
+}
+
 void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
 {
     t->pos += n;
@@ -100,6 +142,12 @@ void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
         w->reserved -= t->promise;
         t->promise = 0;
     }
+}
+
+void swa_settle(dp_kv_swa *w, dp_kv_wtab *t)
+{
+    w->reserved -= t->promise;
+    t->promise = 0;
 }
 
 void swa_release(dp_kv_swa *w, dp_kv_wtab *t)

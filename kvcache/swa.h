@@ -58,15 +58,33 @@ static inline int32_t swa_blocks_at(const dp_kv_swa *w, int32_t n)
  * chunks, then n_more tokens one at a time (never more than its tokens'
  * blocks). */
 int32_t swa_need(const dp_kv_swa *w, int64_t n_prompt, int64_t n_more);
+/* What a prompt of n_prompt tokens is promised at its admission. */
+int32_t swa_prompt_need(const dp_kv_swa *w, int64_t n_prompt);
 /* Promises a prompt of n_prompt tokens its blocks and takes those of its
  * first chunk, which runs without a growth (DP_ENOSPC: not now). */
 int swa_admit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt);
+/* A parked turn's table continued by a prompt of n_prompt tokens whose
+ * first c are its positions: whether the window of position c is still
+ * held (else its history is computed again), and the blocks beyond what it
+ * holds up to c that the rest of the prompt needs. swa_cut gives back its
+ * entries past position c (its parked cache cut to what a prompt matched);
+ * swa_resume then promises it that need and takes its first chunk's
+ * blocks (DP_ENOSPC: no room, nothing changed). */
+bool swa_can_resume(const dp_kv_swa *w, const dp_kv_wtab *t, int32_t c);
+int32_t swa_resume_need(const dp_kv_swa *w, const dp_kv_wtab *t, int32_t c, int32_t n_prompt);
+void swa_cut(dp_kv_swa *w, dp_kv_wtab *t, int32_t c);
+int swa_resume(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt);
 /* Blocks for positions [pos, end): from its promise, else from what no one
  * was promised (DP_ENOSPC: none; nothing taken). */
 int swa_grow(dp_kv_swa *w, dp_kv_wtab *t, int64_t end);
 /* n more positions computed: the blocks no later window reads go back,
  * and a prompt done gives back what it was promised and did not take. */
 void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n);
+/* Gives back what a table was promised and did not take (a turn parked:
+ * it takes no more). */
+void swa_settle(dp_kv_swa *w, dp_kv_wtab *t);
+/* Blocks a table holds. */
+static inline int32_t swa_held(const dp_kv_wtab *t) { return t->n - t->lo; }
 /* Every block and promise back (the array stays for the next admission). */
 void swa_release(dp_kv_swa *w, dp_kv_wtab *t);
 /* Frees the array of a released table. */

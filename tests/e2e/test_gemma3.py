@@ -121,8 +121,8 @@ def test_whole_sliding_layers_same_text(gemma_whole):
 def test_past_the_window_with_the_defaults(gemma):
     """The defaults: the 15 sliding layers apart at their window, the 3
     global ones on the dual path (f16 prefill, kivi4 decode path); a prompt
-    past the window keeps every token (keep_ratio 1), and every sliding
-    block is back in the pool once it is answered."""
+    past the window keeps every token (keep_ratio 1), and once answered
+    only parked turns hold sliding blocks, a window's (33 blocks) each."""
     ids = readme_tokens(700)
     st, r = post(gemma, "/v1/completions", {"prompt": ids, "max_tokens": 16, "temperature": 0})
     assert st == 200, r
@@ -132,7 +132,9 @@ def test_past_the_window_with_the_defaults(gemma):
     assert "keeps its 15 sliding-window layers (of 18) at their window of 512" in log
     assert "the 15 sliding-window layers apart" in log
     assert metric(gemma, 'dualpath_kv_blocks_capacity{pool="sliding"}') > 0
-    assert metric(gemma, 'dualpath_kv_blocks_used{pool="sliding"}') == 0
+    parked = metric(gemma, "dualpath_parked_turns")
+    assert parked >= 1
+    assert metric(gemma, 'dualpath_kv_blocks_used{pool="sliding"}') <= 33 * parked
 
 
 def test_eviction_on_the_global_layers(gemma):
@@ -152,3 +154,24 @@ def test_whole_sliding_layers_refuse_eviction():
                        timeout=HANG_S)
     assert p.returncode != 0
     assert "keep_ratio" in p.stderr and "sliding-window" in p.stderr, p.stderr[-500:]
+
+
+def test_next_turn_continues_the_parked_turn(gemma):
+    """A finished turn parks its compact cache with its sliding layers'
+    window; the next turn (asked to be compressed) continues it: its
+    history is not computed again."""
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    st, o = post(gemma, "/v1/chat/completions", {"messages": msgs, "max_tokens": 12,
+                                                  "temperature": 0, "dualpath": {"enabled": True}})
+    assert st == 200, o
+    first = o["usage"]
+    msgs += [{"role": "assistant", "content": o["choices"][0]["message"]["content"]},
+             {"role": "user", "content": "And three fruits?"}]
+    m0 = metric(gemma, "dualpath_turns_resumed_total")
+    st, o = post(gemma, "/v1/chat/completions", {"messages": msgs, "max_tokens": 12,
+                                                  "temperature": 0, "dualpath": {"enabled": True}})
+    assert st == 200, o
+    d = o["usage"]["dualpath"]
+    assert metric(gemma, "dualpath_turns_resumed_total") == m0 + 1
+    assert d["tokens_resumed"] >= first["prompt_tokens"], (o["usage"], first)
+    assert metric(gemma, 'dualpath_kv_blocks_used{pool="sliding"}') > 0  # the parked window

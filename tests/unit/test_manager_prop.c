@@ -187,6 +187,13 @@ static void check_swa(world *w)
             CHECK_EQ_INT(t->n, 0);
         }
     }
+    for (int32_t i = 0; i < m->n_parked; i++) { /* parked turns hold their window */
+        const dp_kv_wtab *t = kv_seq_wtab(&m->parked[i].kv);
+        for (int32_t j = t->lo; j < t->n; j++)
+            cnt[t->blocks[j]]++;
+        CHECK_EQ_INT(t->promise, 0);
+        CHECK_EQ_INT(t->pos, m->parked[i].n);
+    }
     check_pool("sliding pool", &m->swa.pool, cnt);
     CHECK_EQ_INT(m->swa.reserved, promised);
     CHECK(m->swa.reserved <= kv_pool_n_free(&m->swa.pool));
@@ -456,7 +463,6 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
         o.swa_window = SWA_WINDOW;
         o.swa_chunk = SWA_CHUNK;
         o.prefix_cache = o.reuse_replies = false;
-        o.max_parked = 0;
         o.swap_bytes = 0;
     }
     o.decode = o.prefill;
@@ -474,7 +480,10 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
     CHECK_EQ_INT(w->m.decode_reserved, 0);
     CHECK_EQ_INT(kv_pool_n_used(w->m.dpool), kv_mgr_parked_blocks(&w->m));
     if (su->swa_blocks) {
-        CHECK_EQ_INT(kv_pool_n_used(&w->m.swa.pool), 0);
+        int32_t parked = 0;
+        for (int32_t i = 0; i < w->m.n_parked; i++)
+            parked += swa_held(&w->m.parked[i].kv.w);
+        CHECK_EQ_INT(kv_pool_n_used(&w->m.swa.pool), parked);
         CHECK_EQ_INT(w->m.swa.reserved, 0);
     }
     if (w->m.dpool != &w->m.pool)
@@ -487,8 +496,7 @@ static void run(const setup *su, uint64_t seed, int64_t steps)
      * nothing: each manager must have migrated, swapped and decoded. */
     CHECK(w->ops[OP_DECODE] > 0 && w->ops[OP_SWAP_OUT] + w->ops[OP_RECOMPUTE] > 0);
     if (su->dual)
-        CHECK(w->ops[OP_MIGRATE] > 0 &&
-              (su->swa_blocks || (w->ops[OP_PARK] > 0 && w->ops[OP_RESUME] > 0)));
+        CHECK(w->ops[OP_MIGRATE] > 0 && w->ops[OP_PARK] > 0 && w->ops[OP_RESUME] > 0);
     if (su->budget)
         CHECK(w->ops[OP_RECOMPRESS] > 0);
     if (dp_kv_type_grouped(su->dtype)) {
@@ -509,7 +517,7 @@ int main(void)
 {
     const char *se = getenv("DP_PROP_SEED"), *st = getenv("DP_PROP_STEPS");
     uint64_t seed = se ? strtoull(se, NULL, 0) : 20261206;
-    int64_t steps = st ? strtoll(st, NULL, 0) : 4000;
+    int64_t steps = st ? strtoll(st, NULL, 0) : 8000;
     static const setup setups[] = {
         {"dualpath off", false, DP_KV_F16, 48, 0, 0, 0, 0, 0},
         {"one arena, f16", true, DP_KV_F16, 48, 0, 0, 0, 0, 0},

@@ -129,6 +129,12 @@ int swa_resume(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
     return swa_grow(w, t, end); /* (from the promise: cannot fail) */
 }
 
+void swa_settle(dp_kv_swa *w, dp_kv_wtab *t)
+{
+    w->reserved -= t->promise;
+    t->promise = 0;
+}
+
 void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
 {
     t->pos += n;
@@ -138,16 +144,8 @@ void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
         kv_pool_unref(&w->pool, t->blocks[t->lo]);
         t->blocks[t->lo++] = -1;
     }
-    if (t->pos >= t->prompt && t->promise > 0) {
-        w->reserved -= t->promise;
-        t->promise = 0;
-    }
-}
-
-void swa_settle(dp_kv_swa *w, dp_kv_wtab *t)
-{
-    w->reserved -= t->promise;
-    t->promise = 0;
+    if (t->pos >= t->prompt)
+        swa_settle(w, t);
 }
 
 void swa_release(dp_kv_swa *w, dp_kv_wtab *t)

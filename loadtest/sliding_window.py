@@ -50,15 +50,6 @@ def agreement(d, prompts, gen):
     return out
 
 
-def common_prefix(a, b):
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
 def vm_hwm_mib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -134,7 +125,8 @@ def main():
         if ref is None:
             ref = texts
         r["same"] = sum(x == y for x, y in zip(texts, ref))
-        r["prefix"] = sum(common_prefix(x, y) for x, y in zip(texts, ref)) / len(ref)
+        r["prefix"] = sum(len(os.path.commonprefix([x, y]))
+                          for x, y in zip(texts, ref)) / len(ref)
         r["ref_len"] = sum(len(x) for x in ref) / len(ref)
         rows.append((label, flags, r))
         print(f"{label}: {json.dumps(r)}", file=sys.stderr)

@@ -102,7 +102,8 @@ def main():
     ap.add_argument("--kv-mib", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--config", action="append", required=True,
-                    help="LABEL:FLAGS (space-separated dualpathd flags); the first is the reference")
+                    help="LABEL:FLAGS (dualpathd flags, space-separated); the first is the "
+                         "reference")
     ap.add_argument("--prompts", type=int, default=12, help="agreement prompts")
     ap.add_argument("--prompt-words", type=int, default=600)
     ap.add_argument("--gen", type=int, default=48)
@@ -139,7 +140,8 @@ def main():
           "failed | sliding blocks at most (of) | VmHWM MiB |")
     print("|---|---|---|---|---|---|---|---|---|")
     for label, flags, r in rows:
-        print(f"| {label} | `{flags or '(defaults)'}` | {r['same']}/{a.prompts} | {r['prefix']:.0f} "
+        print(f"| {label} | `{flags or '(defaults)'}` | {r['same']}/{a.prompts} "
+              f"| {r['prefix']:.0f} "
               f"| {r['mean_running']:.1f} / {r['peak_running']:.0f} | {r['tok_s']:.1f} | "
               f"{r['completed']:.0f} / {r['failed']:.0f} | {r['sliding_max']:.0f} "
               f"({r['sliding_cap']:.0f}) | {r['hwm']:.0f} |")

@@ -53,7 +53,7 @@ int swa_admit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
         return DP_ENOSPC;
     t->n = t->lo = t->pos = 0;
     t->prompt = n_prompt;
-    t->promise = need;
+    t->promise = t->peak = need;
     w->reserved += need;
     const int rc = swa_grow(w, t, n_prompt < w->chunk ? n_prompt : w->chunk);
     if (rc)
@@ -124,6 +124,7 @@ int swa_resume(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
     w->reserved -= t->promise;
     t->prompt = n_prompt;
     t->promise = need;
+    t->peak = swa_held(t) + need;
     w->reserved += need;
     const int64_t end = (int64_t)c + w->chunk < n_prompt ? (int64_t)c + w->chunk : n_prompt;
     return swa_grow(w, t, end); /* (from the promise: cannot fail) */
@@ -132,7 +133,7 @@ int swa_resume(dp_kv_swa *w, dp_kv_wtab *t, int32_t n_prompt)
 void swa_settle(dp_kv_swa *w, dp_kv_wtab *t)
 {
     w->reserved -= t->promise;
-    t->promise = 0;
+    t->promise = t->peak = 0;
 }
 
 void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
@@ -144,8 +145,17 @@ void swa_commit(dp_kv_swa *w, dp_kv_wtab *t, int32_t n)
         kv_pool_unref(&w->pool, t->blocks[t->lo]);
         t->blocks[t->lo++] = -1;
     }
-    if (t->pos >= t->prompt)
+    if (t->pos >= t->prompt) {
         swa_settle(w, t);
+        return;
+    }
+    /* A prompt still running: what the window gave back is promised to it
+     * again (it was free a moment ago), up to its peak. */
+    const int32_t want = t->peak - swa_held(t);
+    if (want > t->promise) {
+        w->reserved += want - t->promise;
+        t->promise = want;
+    }
 }
 
 void swa_release(dp_kv_swa *w, dp_kv_wtab *t)
@@ -153,7 +163,7 @@ void swa_release(dp_kv_swa *w, dp_kv_wtab *t)
     for (int32_t j = t->n - 1; j >= t->lo; j--)
         kv_pool_unref(&w->pool, t->blocks[j]);
     w->reserved -= t->promise;
-    t->n = t->lo = t->pos = t->prompt = t->promise = 0;
+    t->n = t->lo = t->pos = t->prompt = t->promise = t->peak = 0;
 }
 
 void swa_tab_destroy(dp_kv_wtab *t)

@@ -37,6 +37,9 @@ typedef struct dp_kv_wtab {
     int32_t pos;           /* positions computed (kv_mgr_commit) */
     int32_t prompt;        /* positions its promise covers (its prompt at admission) */
     int32_t promise;       /* blocks promised, not yet taken */
+    int32_t peak;          /* ... while the prompt runs, promise + held stays this (the
+                            * most it holds at once): blocks the window gives back
+                            * return to its promise */
 } dp_kv_wtab;
 
 /* The store (layout l, n_blocks of them) and its pool. */

@@ -505,6 +505,28 @@ static void test_swa(void)
         kv_seq_destroy(&s[i]);
     }
     CHECK_EQ_INT(kv_pool_n_free(&m.swa.pool), 20);
+    /* A prompt longer than its window and chunk keeps its promise: what
+     * the window gives back is promised to it again, so prompts admitted
+     * later never take the blocks its next chunks need. */
+    CHECK(kv_mgr_admit(&m, &a, toks, 300, 1, false, &reused) == 0);
+    for (int32_t pos = 0; pos < 300; pos += 32) {
+        const int32_t n = 300 - pos < 32 ? 300 - pos : 32;
+        for (int i = 0; i < 3 && pos == 96; i++) { /* others take all they may */
+            kv_seq_init(&s[i], false, &CO);
+            kv_mgr_admit(&m, &s[i], toks, i == 2 ? 16 : 100, 1, false, &reused);
+        }
+        CHECK_MSG(kv_mgr_grow(&m, &a, n) == 0, "a 300-token prompt's chunk at %d waits", pos);
+        CHECK(a.w.n - a.w.lo + a.w.promise <= 7);
+        kv_mgr_commit(&m, &a, toks, n);
+    }
+    CHECK_EQ_INT(a.w.promise, 0);
+    for (int i = 0; i < 3; i++) {
+        kv_mgr_free(&m, &s[i]);
+        kv_seq_destroy(&s[i]);
+    }
+    kv_mgr_free(&m, &a);
+    CHECK_EQ_INT(kv_pool_n_free(&m.swa.pool), 20);
+    CHECK_EQ_INT(m.swa.reserved, 0);
     kv_seq_destroy(&a);
     kv_seq_destroy(&b);
     kv_seq_destroy(&c);

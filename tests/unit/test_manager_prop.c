@@ -182,6 +182,8 @@ static void check_swa(world *w)
             /* Its positions computed, and the blocks the next token reads. */
             CHECK_EQ_INT(t->pos, q->n_computed);
             CHECK(t->pos < t->prompt || t->promise == 0); /* its prompt done: no promise */
+            /* A prompt holds and is promised its peak at most. */
+            CHECK(t->pos >= t->prompt || swa_held(t) + t->promise <= t->peak);
             CHECK((int64_t)t->lo * BT <= (t->pos + 1 - SWA_WINDOW > 0 ? t->pos + 1 - SWA_WINDOW : 0));
         } else {
             CHECK_EQ_INT(t->n, 0);

@@ -65,6 +65,9 @@ static void step_failed(dp_engine *e, const dp_sched_plan *plan, int rc)
     dp_log(DP_LOG_ERROR, "engine: a forward pass failed (%s); failing its %d sequences",
            dp_strerror(rc), plan->n_items);
     e->st.failed_steps++;
+    /* Published before its sequences end: whoever waits for them and then
+     * reads the counters must find this step counted. */
+    eng_publish_stats(e);
     for (int32_t i = 0; i < plan->n_items; i++) {
         eng_seq *es = (eng_seq *)plan->items[i].seq->owner;
         if (es)

@@ -145,18 +145,18 @@ int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens)
     return kv_table_reserve_bt(t, p, n_tokens, p->block_tokens);
 }
 
-int kv_table_room(dp_block_table *t, int32_t need)
+int kv_ids_room(int32_t **ids, int32_t *cap, int32_t need)
 {
-    if (need <= t->cap)
+    if (need <= *cap)
         return 0;
-    int32_t cap = t->cap ? t->cap : 8;
-    while (cap < need)
-        cap *= 2;
-    int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
+    int32_t c = *cap ? *cap : 8;
+    while (c < need)
+        c *= 2;
+    int32_t *nb = realloc(*ids, (size_t)c * sizeof *nb);
     if (!nb)
         return DP_ENOMEM;
-    t->blocks = nb;
-    t->cap = cap;
+    *ids = nb;
+    *cap = c;
     return 0;
 }
 

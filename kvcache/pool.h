@@ -72,8 +72,14 @@ int kv_table_reserve(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens);
  * decode path's blocks in an arena shared with the prefill path: one block's
  * bytes hold more tokens of a quantized type). */
 int kv_table_reserve_bt(dp_block_table *t, dp_kv_pool *p, int64_t n_tokens, int32_t block_tokens);
-/* Room in t's array for need block ids (doubling); no block is taken. */
-int kv_table_room(dp_block_table *t, int32_t need);
+/* Room in an array of block ids (*ids, *cap entries) for need of them,
+ * doubling; no block is taken. */
+int kv_ids_room(int32_t **ids, int32_t *cap, int32_t need);
+/* Room in t's array for need block ids (kv_ids_room). */
+static inline int kv_table_room(dp_block_table *t, int32_t need)
+{
+    return kv_ids_room(&t->blocks, &t->cap, need);
+}
 /* Appends block (held by another table too) with one more reference. */
 int kv_table_push(dp_block_table *t, dp_kv_pool *p, int32_t block);
 /* Returns every block to p and empties the table. */

@@ -69,16 +69,8 @@ int swa_grow(dp_kv_swa *w, dp_kv_wtab *t, int64_t end)
     const int32_t k = want - t->n, own = k < t->promise ? k : t->promise;
     if (k - own > w->pool.n_free - w->reserved)
         return DP_ENOSPC;
-    if (want > t->cap) {
-        int32_t cap = t->cap ? t->cap : 16;
-        while (cap < want)
-            cap *= 2;
-        int32_t *nb = realloc(t->blocks, (size_t)cap * sizeof *nb);
-        if (!nb)
-            return DP_ENOMEM;
-        t->blocks = nb;
-        t->cap = cap;
-    }
+    if (kv_ids_room(&t->blocks, &t->cap, want))
+        return DP_ENOMEM;
     t->promise -= own;
     w->reserved -= own;
     while (t->n < want)
